@@ -1,0 +1,43 @@
+//! The wire protocol between the vmlet shim and `vmlet-agent`.
+//!
+//! - Control: ttrpc service `vmlet.agent.v1.Agent` on vsock port [`AGENT_PORT`], generated
+//!   from `protos/agent.proto` by `ttrpc-codegen` (pure Rust, no protoc).
+//! - Stdio: one raw vsock connection per stream to port [`STREAM_PORT`], opened by the host,
+//!   which first writes a [`StreamHeader`] line; after it the connection carries the bytes.
+
+mod stream;
+
+pub use stream::{StreamHeader, StreamKind, MAX_HEADER_LEN};
+
+/// vsock port of the agent's ttrpc server.
+pub const AGENT_PORT: u32 = 1024;
+/// vsock port for stdio stream connections.
+pub const STREAM_PORT: u32 = 1025;
+
+#[allow(
+    clippy::all,
+    non_upper_case_globals,
+    non_camel_case_types,
+    unused_mut,
+    unused_imports,
+    unused_qualifications,
+    missing_docs,
+    dead_code
+)]
+pub mod agent {
+    include!(concat!(env!("OUT_DIR"), "/agent.rs"));
+}
+
+#[allow(
+    clippy::all,
+    non_upper_case_globals,
+    non_camel_case_types,
+    unused_mut,
+    unused_imports,
+    unused_qualifications,
+    missing_docs,
+    dead_code
+)]
+pub mod agent_ttrpc {
+    include!(concat!(env!("OUT_DIR"), "/agent_ttrpc.rs"));
+}

@@ -1,0 +1,134 @@
+//! What PID 1 does before it serves: file systems, kernel modules, the shared directory.
+
+use std::path::{Path, PathBuf};
+
+use nix::mount::{mount, MsFlags};
+
+use crate::Error;
+
+/// The list of modules to load, in order, written by `vmlet-image` (paths relative to
+/// `/lib/modules/<release>`).
+pub const MODULE_LIST: &str = "/lib/modules/vmlet-modules.list";
+/// Where the virtio-fs share is mounted in the guest.
+pub const SHARE_DIR: &str = "/run/vmlet/share";
+/// Kernel command-line parameter naming the virtio-fs tag to mount.
+pub const SHARE_PARAM: &str = "vmlet.share=";
+
+/// What boot found out, handed to the service.
+pub struct Boot {
+    pub share: Option<PathBuf>,
+}
+
+pub fn boot() -> Result<Boot, Error> {
+    mount_basics()?;
+    load_modules()?;
+    let cmdline =
+        std::fs::read_to_string("/proc/cmdline").map_err(|e| Error::io("read /proc/cmdline", e))?;
+    let share = match cmdline
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix(SHARE_PARAM))
+    {
+        Some(tag) => {
+            mount_fs(tag, SHARE_DIR, "virtiofs", MsFlags::empty(), None)?;
+            Some(PathBuf::from(SHARE_DIR))
+        }
+        None => None,
+    };
+    let _ = nix::unistd::sethostname("vmlet");
+    Ok(Boot { share })
+}
+
+fn mount_fs(
+    source: &str,
+    target: &str,
+    fstype: &str,
+    flags: MsFlags,
+    data: Option<&str>,
+) -> Result<(), Error> {
+    std::fs::create_dir_all(target).map_err(|e| Error::io(format!("mkdir {target}"), e))?;
+    mount(Some(source), target, Some(fstype), flags, data)
+        .map_err(|e| Error::Boot(format!("mount {fstype} on {target}: {e}")))
+}
+
+fn mount_basics() -> Result<(), Error> {
+    let nosuid_nodev_noexec = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+    mount_fs("proc", "/proc", "proc", nosuid_nodev_noexec, None)?;
+    mount_fs("sysfs", "/sys", "sysfs", nosuid_nodev_noexec, None)?;
+    mount_fs(
+        "devtmpfs",
+        "/dev",
+        "devtmpfs",
+        MsFlags::MS_NOSUID,
+        Some("mode=0755"),
+    )?;
+    mount_fs(
+        "devpts",
+        "/dev/pts",
+        "devpts",
+        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+        Some("newinstance,ptmxmode=0666,mode=0620"),
+    )?;
+    mount_fs(
+        "shm",
+        "/dev/shm",
+        "tmpfs",
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        None,
+    )?;
+    mount_fs(
+        "cgroup2",
+        "/sys/fs/cgroup",
+        "cgroup2",
+        nosuid_nodev_noexec,
+        None,
+    )?;
+    mount_fs(
+        "tmpfs",
+        "/run",
+        "tmpfs",
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some("mode=0755"),
+    )?;
+    mount_fs(
+        "tmpfs",
+        "/tmp",
+        "tmpfs",
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        None,
+    )?;
+    Ok(())
+}
+
+fn load_modules() -> Result<(), Error> {
+    let release = nix::sys::utsname::uname()
+        .map_err(|e| Error::Boot(format!("uname: {e}")))?
+        .release()
+        .to_string_lossy()
+        .into_owned();
+    let base = Path::new("/lib/modules").join(&release);
+    let list = match std::fs::read_to_string(MODULE_LIST) {
+        Ok(list) => list,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(Error::io(format!("read {MODULE_LIST}"), e)),
+    };
+    for module in list.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        let path = base.join(module);
+        let file = std::fs::File::open(&path)
+            .map_err(|e| Error::io(format!("open module {}", path.display()), e))?;
+        match nix::kmod::finit_module(&file, c"", nix::kmod::ModuleInitFlags::empty()) {
+            Ok(()) | Err(nix::errno::Errno::EEXIST) => {}
+            Err(e) => return Err(Error::Boot(format!("load module {module}: {e}"))),
+        }
+    }
+    Ok(())
+}
+
+/// Flushes and powers the VM off. Used on shutdown and on fatal errors.
+pub fn power_off() -> ! {
+    nix::unistd::sync();
+    let _ = nix::sys::reboot::reboot(nix::sys::reboot::RebootMode::RB_POWER_OFF);
+    // reboot(2) only returns on error; PID 1 must not exit (that panics the kernel).
+    loop {
+        std::thread::sleep(std::time::Duration::from_secs(3600));
+    }
+}

@@ -1,0 +1,219 @@
+//! The container's first process, inside its new mount, PID, UTS and IPC namespaces.
+//!
+//! File descriptors set up by [`crate::launch`]: 0-2 stdio, 3 the [`InitSpec`] as JSON,
+//! 4 the start pipe (one byte means "start", EOF means "give up"), 5 the status pipe
+//! (close-on-exec: `R` when the rootfs is ready, `E<message>` on failure, EOF on a
+//! successful exec).
+
+use std::ffi::CString;
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::fd::FromRawFd;
+use std::os::unix::fs::symlink;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use nix::fcntl::{fcntl, FcntlArg, FdFlag};
+use nix::mount::{mount, MsFlags};
+use nix::unistd::{chdir, chroot, setgid, setgroups, sethostname, setsid, setuid, Gid, Uid};
+
+use crate::init_spec::{parse_mount_options, InitSpec};
+
+pub const SPEC_FD: i32 = 3;
+pub const START_FD: i32 = 4;
+pub const STATUS_FD: i32 = 5;
+
+/// Device nodes every container gets, bind-mounted from the guest's devtmpfs.
+const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
+
+/// Entry point of `vmlet-agent __container-init`. Never returns.
+pub fn run() -> ! {
+    for fd in [SPEC_FD, START_FD, STATUS_FD] {
+        let _ = fcntl(fd, FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC));
+    }
+    // SAFETY: launch.rs hands these descriptors over open and owned by nobody else.
+    let mut status = unsafe { File::from_raw_fd(STATUS_FD) };
+    let spec = match read_spec().and_then(|spec| prepare(&spec).map(|()| spec)) {
+        Ok(spec) => spec,
+        Err(message) => fail(&mut status, &message, 1),
+    };
+    if status.write_all(b"R").is_err() {
+        std::process::exit(1);
+    }
+    // SAFETY: as above.
+    let mut start = unsafe { File::from_raw_fd(START_FD) };
+    let mut byte = [0u8; 1];
+    match start.read(&mut byte) {
+        Ok(1) => {}
+        _ => std::process::exit(0),
+    }
+    drop(start);
+    let message = exec(&spec);
+    fail(&mut status, &message, 127)
+}
+
+fn fail(status: &mut File, message: &str, code: i32) -> ! {
+    let _ = status.write_all(format!("E{message}").as_bytes());
+    std::process::exit(code)
+}
+
+fn read_spec() -> Result<InitSpec, String> {
+    // SAFETY: launch.rs hands this descriptor over open and owned by nobody else.
+    let mut file = unsafe { File::from_raw_fd(SPEC_FD) };
+    let mut json = Vec::new();
+    file.read_to_end(&mut json)
+        .map_err(|e| format!("read init spec: {e}"))?;
+    serde_json::from_slice(&json).map_err(|e| format!("parse init spec: {e}"))
+}
+
+/// Everything that needs root and the guest's view: mounts, devices, hostname, rlimits,
+/// then the move into the rootfs.
+fn prepare(spec: &InitSpec) -> Result<(), String> {
+    let rootfs = PathBuf::from(&spec.rootfs);
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .map_err(|e| format!("make / private: {e}"))?;
+    mount(
+        Some(&rootfs),
+        &rootfs,
+        None::<&str>,
+        MsFlags::MS_BIND | MsFlags::MS_REC,
+        None::<&str>,
+    )
+    .map_err(|e| format!("bind rootfs {}: {e}", rootfs.display()))?;
+    for m in &spec.mounts {
+        mount_one(&rootfs, m)?;
+    }
+    populate_dev(&rootfs)?;
+    if !spec.hostname.is_empty() {
+        sethostname(&spec.hostname).map_err(|e| format!("sethostname: {e}"))?;
+    }
+    for limit in &spec.rlimits {
+        let rlim = libc::rlimit {
+            rlim_cur: limit.soft,
+            rlim_max: limit.hard,
+        };
+        // SAFETY: setrlimit reads a valid rlimit struct; the resource number was checked
+        // by the kernel, which answers EINVAL for an unknown one.
+        let rc = unsafe { libc::setrlimit(limit.resource as _, &rlim) };
+        if rc != 0 {
+            return Err(format!(
+                "setrlimit({}): {}",
+                limit.resource,
+                std::io::Error::last_os_error()
+            ));
+        }
+    }
+    if spec.readonly_rootfs {
+        mount(
+            Some(&rootfs),
+            &rootfs,
+            None::<&str>,
+            MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY,
+            None::<&str>,
+        )
+        .map_err(|e| format!("remount rootfs read-only: {e}"))?;
+    }
+    // The guest's root is the initramfs, where pivot_root(2) is refused: move the rootfs
+    // over / and chroot into it, as runc does with --no-pivot. The VM is the boundary.
+    chdir(&rootfs).map_err(|e| format!("chdir rootfs: {e}"))?;
+    mount(Some("."), "/", None::<&str>, MsFlags::MS_MOVE, None::<&str>)
+        .map_err(|e| format!("move rootfs to /: {e}"))?;
+    chroot(".").map_err(|e| format!("chroot: {e}"))?;
+    chdir("/").map_err(|e| format!("chdir /: {e}"))?;
+    Ok(())
+}
+
+fn mount_one(rootfs: &Path, m: &crate::init_spec::MountSpec) -> Result<(), String> {
+    let target = rootfs.join(m.destination.trim_start_matches('/'));
+    std::fs::create_dir_all(&target).map_err(|e| format!("mkdir {}: {e}", m.destination))?;
+    let (flags, data) = parse_mount_options(&m.options);
+    // The guest runs cgroup v2 only; a v1 "cgroup" mount means the unified hierarchy.
+    let (fstype, source) = match m.fstype.as_str() {
+        "cgroup" => ("cgroup2", "cgroup2"),
+        other => (other, m.source.as_str()),
+    };
+    let data = (!data.is_empty()).then_some(data.as_str());
+    mount(Some(source), &target, Some(fstype), flags, data)
+        .map_err(|e| format!("mount {} on {}: {e}", fstype, m.destination))
+}
+
+fn populate_dev(rootfs: &Path) -> Result<(), String> {
+    let dev = rootfs.join("dev");
+    if !dev.is_dir() {
+        return Ok(());
+    }
+    for name in DEVICES {
+        let target = dev.join(name);
+        if !target.exists() {
+            File::create(&target).map_err(|e| format!("create /dev/{name}: {e}"))?;
+        }
+        let source = Path::new("/dev").join(name);
+        mount(
+            Some(&source),
+            &target,
+            None::<&str>,
+            MsFlags::MS_BIND,
+            None::<&str>,
+        )
+        .map_err(|e| format!("bind /dev/{name}: {e}"))?;
+    }
+    let links = [
+        ("/proc/self/fd", "fd"),
+        ("/proc/self/fd/0", "stdin"),
+        ("/proc/self/fd/1", "stdout"),
+        ("/proc/self/fd/2", "stderr"),
+        ("pts/ptmx", "ptmx"),
+    ];
+    for (to, name) in links {
+        let link = dev.join(name);
+        if link.symlink_metadata().is_err() {
+            symlink(to, &link).map_err(|e| format!("symlink /dev/{name}: {e}"))?;
+        }
+    }
+    Ok(())
+}
+
+/// Becomes the container's process. Returns only with the reason it could not.
+fn exec(spec: &InitSpec) -> String {
+    if let Err(e) = setsid() {
+        return format!("setsid: {e}");
+    }
+    let gids: Vec<Gid> = spec
+        .additional_gids
+        .iter()
+        .map(|g| Gid::from_raw(*g))
+        .collect();
+    if let Err(e) = setgroups(&gids) {
+        return format!("setgroups: {e}");
+    }
+    if let Err(e) = setgid(Gid::from_raw(spec.gid)) {
+        return format!("setgid {}: {e}", spec.gid);
+    }
+    if let Err(e) = setuid(Uid::from_raw(spec.uid)) {
+        return format!("setuid {}: {e}", spec.uid);
+    }
+    let Some(program) = spec.args.first() else {
+        return "no process args".into();
+    };
+    if CString::new(program.as_str()).is_err() {
+        return format!("bad program name {program:?}");
+    }
+    let mut command = Command::new(program);
+    command.args(&spec.args[1..]).env_clear();
+    for pair in &spec.env {
+        let (key, value) = pair.split_once('=').unwrap_or((pair.as_str(), ""));
+        command.env(key, value);
+    }
+    if !spec.cwd.is_empty() {
+        command.current_dir(&spec.cwd);
+    }
+    let error = command.exec();
+    format!("exec {program:?}: {error}")
+}

@@ -1,0 +1,202 @@
+//! The agent's table of containers and their processes.
+
+use std::collections::HashMap;
+use std::io::Read;
+use std::os::fd::OwnedFd;
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::watch;
+use vmlet_protocol::StreamKind;
+
+use crate::reaper::ExitStatus;
+use crate::Error;
+
+/// Where a process is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    Created,
+    Running,
+}
+
+/// The agent's ends of a process's stdio pipes, until a stream connection takes them.
+#[derive(Default)]
+pub struct HostEnds {
+    pub stdin: Option<OwnedFd>,
+    pub stdout: Option<OwnedFd>,
+    pub stderr: Option<OwnedFd>,
+}
+
+impl HostEnds {
+    pub fn take(&mut self, kind: StreamKind) -> Option<OwnedFd> {
+        match kind {
+            StreamKind::Stdin => self.stdin.take(),
+            StreamKind::Stdout => self.stdout.take(),
+            StreamKind::Stderr => self.stderr.take(),
+        }
+    }
+}
+
+pub struct Process {
+    pub pid: i32,
+    exit: watch::Receiver<Option<ExitStatus>>,
+    phase: Mutex<Phase>,
+    start: Mutex<Option<OwnedFd>>,
+    status: Mutex<Option<OwnedFd>>,
+    pub stdio: Mutex<HostEnds>,
+}
+
+impl Process {
+    pub fn new(
+        pid: i32,
+        exit: watch::Receiver<Option<ExitStatus>>,
+        start: OwnedFd,
+        status: OwnedFd,
+        stdio: HostEnds,
+    ) -> Self {
+        Self {
+            pid,
+            exit,
+            phase: Mutex::new(Phase::Created),
+            start: Mutex::new(Some(start)),
+            status: Mutex::new(Some(status)),
+            stdio: Mutex::new(stdio),
+        }
+    }
+
+    pub fn exit_status(&self) -> Option<ExitStatus> {
+        *self.exit.borrow()
+    }
+
+    /// Waits until the process has exited and returns its status.
+    pub async fn wait(&self) -> ExitStatus {
+        let mut rx = self.exit.clone();
+        loop {
+            if let Some(status) = *rx.borrow_and_update() {
+                return status;
+            }
+            if rx.changed().await.is_err() {
+                // The reaper never drops a sender without sending.
+                return 255;
+            }
+        }
+    }
+
+    /// Blocks until the init reports its rootfs ready, or returns its error.
+    pub fn await_ready(&self, id: &str) -> Result<(), Error> {
+        let mut guard = self.status.lock().unwrap();
+        let fd = guard.as_ref().ok_or_else(|| Error::WrongState {
+            id: id.into(),
+            state: "not created",
+            action: "wait for readiness",
+        })?;
+        let mut file = std::fs::File::from(fd.try_clone().map_err(|e| Error::io("dup", e))?);
+        let mut first = [0u8; 1];
+        let n = file
+            .read(&mut first)
+            .map_err(|e| Error::io("read init status", e))?;
+        match (n, first[0]) {
+            (1, b'R') => Ok(()),
+            (1, b'E') => {
+                let mut rest = String::new();
+                let _ = file.take(64 * 1024).read_to_string(&mut rest);
+                *guard = None;
+                Err(Error::ContainerSetup {
+                    id: id.into(),
+                    message: rest,
+                })
+            }
+            _ => {
+                *guard = None;
+                Err(Error::ContainerSetup {
+                    id: id.into(),
+                    message: "container init exited before it was ready".into(),
+                })
+            }
+        }
+    }
+
+    /// Tells the init to execute the process; blocks until the exec happened or failed.
+    pub fn start(&self, id: &str) -> Result<(), Error> {
+        let mut phase = self.phase.lock().unwrap();
+        if *phase != Phase::Created {
+            return Err(Error::WrongState {
+                id: id.into(),
+                state: "running",
+                action: "start",
+            });
+        }
+        let start = self.start.lock().unwrap().take();
+        let status = self.status.lock().unwrap().take();
+        let (Some(start), Some(status)) = (start, status) else {
+            return Err(Error::WrongState {
+                id: id.into(),
+                state: "failed",
+                action: "start",
+            });
+        };
+        let mut start = std::fs::File::from(start);
+        std::io::Write::write_all(&mut start, b"S")
+            .map_err(|e| Error::io("signal container start", e))?;
+        drop(start);
+        let mut message = String::new();
+        std::fs::File::from(status)
+            .take(64 * 1024)
+            .read_to_string(&mut message)
+            .map_err(|e| Error::io("read exec status", e))?;
+        if let Some(error) = message.strip_prefix('E') {
+            return Err(Error::ContainerSetup {
+                id: id.into(),
+                message: error.to_owned(),
+            });
+        }
+        *phase = Phase::Running;
+        Ok(())
+    }
+}
+
+pub struct Container {
+    pub init: Arc<Process>,
+}
+
+#[derive(Default)]
+pub struct Containers {
+    map: Mutex<HashMap<String, Arc<Container>>>,
+}
+
+impl Containers {
+    pub fn get(&self, id: &str) -> Result<Arc<Container>, Error> {
+        self.map
+            .lock()
+            .unwrap()
+            .get(id)
+            .cloned()
+            .ok_or_else(|| Error::ContainerNotFound(id.into()))
+    }
+
+    pub fn insert(&self, id: &str, container: Container) -> Result<(), Error> {
+        let mut map = self.map.lock().unwrap();
+        if map.contains_key(id) {
+            return Err(Error::ContainerExists(id.into()));
+        }
+        map.insert(id.into(), Arc::new(container));
+        Ok(())
+    }
+
+    pub fn contains(&self, id: &str) -> bool {
+        self.map.lock().unwrap().contains_key(id)
+    }
+
+    pub fn remove(&self, id: &str) -> Option<Arc<Container>> {
+        self.map.lock().unwrap().remove(id)
+    }
+
+    /// The process named by a container id and an exec id (empty for the init).
+    pub fn process(&self, container_id: &str, exec_id: &str) -> Result<Arc<Process>, Error> {
+        let container = self.get(container_id)?;
+        if exec_id.is_empty() {
+            Ok(container.init.clone())
+        } else {
+            Err(Error::ProcessNotFound(format!("{container_id}/{exec_id}")))
+        }
+    }
+}

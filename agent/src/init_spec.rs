@@ -1,0 +1,131 @@
+//! What the agent hands to a container's init process (as JSON on fd 3), and the parsing of
+//! mount options into flags and data.
+
+use nix::mount::MsFlags;
+use serde::{Deserialize, Serialize};
+
+/// One guest-local mount inside the container.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MountSpec {
+    pub destination: String,
+    pub fstype: String,
+    pub source: String,
+    pub options: Vec<String>,
+}
+
+/// One rlimit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RlimitSpec {
+    pub resource: u32,
+    pub soft: u64,
+    pub hard: u64,
+}
+
+/// Everything the container init needs, already validated by the agent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InitSpec {
+    /// Absolute guest path of the rootfs.
+    pub rootfs: String,
+    pub readonly_rootfs: bool,
+    pub hostname: String,
+    pub mounts: Vec<MountSpec>,
+    pub args: Vec<String>,
+    pub env: Vec<String>,
+    pub cwd: String,
+    pub uid: u32,
+    pub gid: u32,
+    pub additional_gids: Vec<u32>,
+    pub rlimits: Vec<RlimitSpec>,
+}
+
+/// Splits mount options into mount(2) flags and the data string the file system gets.
+pub fn parse_mount_options(options: &[String]) -> (MsFlags, String) {
+    let mut flags = MsFlags::empty();
+    let mut data = Vec::new();
+    for option in options {
+        let (set, clear) = match option.as_str() {
+            "ro" => (MsFlags::MS_RDONLY, MsFlags::empty()),
+            "rw" => (MsFlags::empty(), MsFlags::MS_RDONLY),
+            "nosuid" => (MsFlags::MS_NOSUID, MsFlags::empty()),
+            "suid" => (MsFlags::empty(), MsFlags::MS_NOSUID),
+            "nodev" => (MsFlags::MS_NODEV, MsFlags::empty()),
+            "dev" => (MsFlags::empty(), MsFlags::MS_NODEV),
+            "noexec" => (MsFlags::MS_NOEXEC, MsFlags::empty()),
+            "exec" => (MsFlags::empty(), MsFlags::MS_NOEXEC),
+            "sync" => (MsFlags::MS_SYNCHRONOUS, MsFlags::empty()),
+            "async" => (MsFlags::empty(), MsFlags::MS_SYNCHRONOUS),
+            "dirsync" => (MsFlags::MS_DIRSYNC, MsFlags::empty()),
+            "noatime" => (MsFlags::MS_NOATIME, MsFlags::empty()),
+            "atime" => (MsFlags::empty(), MsFlags::MS_NOATIME),
+            "nodiratime" => (MsFlags::MS_NODIRATIME, MsFlags::empty()),
+            "diratime" => (MsFlags::empty(), MsFlags::MS_NODIRATIME),
+            "relatime" => (MsFlags::MS_RELATIME, MsFlags::empty()),
+            "norelatime" => (MsFlags::empty(), MsFlags::MS_RELATIME),
+            "strictatime" => (MsFlags::MS_STRICTATIME, MsFlags::empty()),
+            "nostrictatime" => (MsFlags::empty(), MsFlags::MS_STRICTATIME),
+            "bind" => (MsFlags::MS_BIND, MsFlags::empty()),
+            "rbind" => (MsFlags::MS_BIND | MsFlags::MS_REC, MsFlags::empty()),
+            "private" | "rprivate" | "shared" | "rshared" | "slave" | "rslave" => {
+                (MsFlags::empty(), MsFlags::empty())
+            }
+            other => {
+                data.push(other.to_owned());
+                (MsFlags::empty(), MsFlags::empty())
+            }
+        };
+        flags.insert(set);
+        flags.remove(clear);
+    }
+    (flags, data.join(","))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts(list: &[&str]) -> Vec<String> {
+        list.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn flags_and_data_are_separated() {
+        let (flags, data) =
+            parse_mount_options(&opts(&["nosuid", "strictatime", "mode=755", "size=65536k"]));
+        assert!(flags.contains(MsFlags::MS_NOSUID | MsFlags::MS_STRICTATIME));
+        assert_eq!(data, "mode=755,size=65536k");
+    }
+
+    #[test]
+    fn later_option_wins() {
+        let (flags, _) = parse_mount_options(&opts(&["ro", "rw"]));
+        assert!(!flags.contains(MsFlags::MS_RDONLY));
+    }
+
+    #[test]
+    fn spec_round_trips_as_json() {
+        let spec = InitSpec {
+            rootfs: "/run/vmlet/share/c/rootfs".into(),
+            readonly_rootfs: false,
+            hostname: "h".into(),
+            mounts: vec![MountSpec {
+                destination: "/proc".into(),
+                fstype: "proc".into(),
+                source: "proc".into(),
+                options: vec![],
+            }],
+            args: vec!["sh".into()],
+            env: vec!["PATH=/bin".into()],
+            cwd: "/".into(),
+            uid: 0,
+            gid: 0,
+            additional_gids: vec![],
+            rlimits: vec![RlimitSpec {
+                resource: 7,
+                soft: 1024,
+                hard: 1024,
+            }],
+        };
+        let json = serde_json::to_vec(&spec).unwrap();
+        assert_eq!(serde_json::from_slice::<InitSpec>(&json).unwrap(), spec);
+    }
+}

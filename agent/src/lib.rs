@@ -1,0 +1,44 @@
+//! vmlet guest agent.
+//!
+//! Runs as PID 1 in the VM ([`run_agent`]): mounts the basic file systems, loads the kernel
+//! modules listed by the image builder, mounts the virtio-fs share, reaps every child, and
+//! serves the `vmlet.agent.v1.Agent` ttrpc service on vsock port 1024 plus raw stdio stream
+//! connections on port 1025.
+//!
+//! Containers are started by re-executing this binary as [`CONTAINER_INIT_ARG`] in fresh
+//! mount, PID, UTS and IPC namespaces ([`launch`]); that process ([`container_init`]) sets up
+//! the rootfs and waits for the start signal before it executes the container's process.
+
+pub mod boot;
+pub mod container_init;
+mod containers;
+mod error;
+pub mod init_spec;
+pub mod launch;
+mod logger;
+mod reaper;
+mod service;
+mod streams;
+
+pub use error::Error;
+
+/// First argument that turns this binary into the container init.
+pub const CONTAINER_INIT_ARG: &str = "__container-init";
+
+/// Runs the agent as the guest's PID 1. Never returns: on a fatal error it powers off, so
+/// that the host sees the VM stop instead of a hang.
+pub fn run_agent() -> ! {
+    logger::init();
+    let result = boot::boot().and_then(|boot| {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .map_err(|e| Error::Boot(format!("tokio runtime: {e}")))?;
+        runtime.block_on(service::serve(boot))
+    });
+    if let Err(e) = result {
+        log::error!("vmlet-agent: fatal: {e}");
+    }
+    boot::power_off()
+}

@@ -1,0 +1,10 @@
+//! `vmlet-agent`: PID 1 of a vmlet guest, or (re-executed as `__container-init`) the first
+//! process of a container inside its new namespaces.
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    match args.next().as_deref() {
+        Some(vmlet_agent::CONTAINER_INIT_ARG) => vmlet_agent::container_init::run(),
+        _ => vmlet_agent::run_agent(),
+    }
+}

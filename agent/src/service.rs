@@ -1,0 +1,364 @@
+//! The ttrpc `Agent` service: requests become calls on [`Containers`].
+
+use std::fs::File;
+use std::os::fd::OwnedFd;
+use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use nix::fcntl::OFlag;
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::{pipe2, Pid};
+use ttrpc::r#async::{Server, TtrpcContext};
+use vmlet_protocol::agent::{
+    CreateContainerRequest, CreateContainerResponse, Empty, PingRequest, PingResponse,
+    RemoveContainerRequest, ShutdownRequest, SignalProcessRequest, StartProcessRequest,
+    StartProcessResponse, WaitProcessRequest, WaitProcessResponse,
+};
+use vmlet_protocol::{agent_ttrpc, AGENT_PORT};
+
+use crate::boot::Boot;
+use crate::containers::{Container, Containers, HostEnds, Process};
+use crate::init_spec::{InitSpec, MountSpec, RlimitSpec};
+use crate::launch::{launch, ChildStdio};
+use crate::reaper::Reaper;
+use crate::Error;
+
+pub struct AgentService {
+    share: Option<PathBuf>,
+    containers: Arc<Containers>,
+    reaper: Arc<Reaper>,
+}
+
+/// Serves the agent until a fatal error.
+pub async fn serve(boot: Boot) -> Result<(), Error> {
+    let reaper = Arc::new(Reaper::default());
+    tokio::spawn(reaper.clone().run());
+    let containers = Arc::new(Containers::default());
+    let service = Arc::new(AgentService {
+        share: boot.share,
+        containers: containers.clone(),
+        reaper,
+    });
+    let mut server = Server::new()
+        .bind(&format!("vsock://-1:{AGENT_PORT}"))
+        .map_err(|e| Error::Boot(format!("bind ttrpc on vsock port {AGENT_PORT}: {e}")))?
+        .register_service(agent_ttrpc::create_agent(service));
+    server
+        .start()
+        .await
+        .map_err(|e| Error::Boot(format!("start ttrpc server: {e}")))?;
+    log::info!("agent ready on vsock port {AGENT_PORT}");
+    crate::streams::serve(containers).await
+}
+
+/// A rootfs path below the share: relative, no `..`.
+fn rootfs_path(share: &Path, rootfs: &str) -> Result<PathBuf, Error> {
+    let relative = Path::new(rootfs);
+    let clean = relative
+        .components()
+        .all(|c| matches!(c, Component::Normal(_)));
+    if rootfs.is_empty() || !clean {
+        return Err(Error::InvalidRequest(format!(
+            "rootfs {rootfs:?} must be a relative path inside the share"
+        )));
+    }
+    Ok(share.join(relative))
+}
+
+fn pipe_pair() -> Result<(OwnedFd, OwnedFd), Error> {
+    pipe2(OFlag::O_CLOEXEC).map_err(|e| Error::io("pipe", e.into()))
+}
+
+fn dev_null() -> Result<OwnedFd, Error> {
+    File::options()
+        .read(true)
+        .write(true)
+        .open("/dev/null")
+        .map(OwnedFd::from)
+        .map_err(|e| Error::io("open /dev/null", e))
+}
+
+/// Pipes for the streams the host asked for, `/dev/null` for the others.
+fn stdio_for(req: &CreateContainerRequest) -> Result<(ChildStdio, HostEnds), Error> {
+    let stdio = req.stdio.as_ref();
+    let mut host = HostEnds::default();
+    let stdin = if stdio.is_some_and(|s| s.stdin) {
+        let (r, w) = pipe_pair()?;
+        host.stdin = Some(w);
+        r
+    } else {
+        dev_null()?
+    };
+    let output = |wanted: bool, slot: &mut Option<OwnedFd>| -> Result<OwnedFd, Error> {
+        if wanted {
+            let (r, w) = pipe_pair()?;
+            *slot = Some(r);
+            Ok(w)
+        } else {
+            dev_null()
+        }
+    };
+    let stdout = output(stdio.is_some_and(|s| s.stdout), &mut host.stdout)?;
+    let stderr = output(stdio.is_some_and(|s| s.stderr), &mut host.stderr)?;
+    Ok((
+        ChildStdio {
+            stdin,
+            stdout,
+            stderr,
+        },
+        host,
+    ))
+}
+
+fn init_spec(share: &Path, req: &CreateContainerRequest) -> Result<InitSpec, Error> {
+    let process = req
+        .process
+        .as_ref()
+        .ok_or_else(|| Error::InvalidRequest("no process".into()))?;
+    if process.args.is_empty() {
+        return Err(Error::InvalidRequest("process has no args".into()));
+    }
+    if process.terminal {
+        return Err(Error::InvalidRequest(
+            "terminal processes are not supported yet".into(),
+        ));
+    }
+    let user = process.user.as_ref();
+    Ok(InitSpec {
+        rootfs: rootfs_path(share, &req.rootfs)?
+            .to_string_lossy()
+            .into_owned(),
+        readonly_rootfs: req.readonly_rootfs,
+        hostname: req.hostname.clone(),
+        mounts: req
+            .mounts
+            .iter()
+            .map(|m| MountSpec {
+                destination: m.destination.clone(),
+                fstype: m.type_.clone(),
+                source: m.source.clone(),
+                options: m.options.clone(),
+            })
+            .collect(),
+        args: process.args.clone(),
+        env: process.env.clone(),
+        cwd: process.cwd.clone(),
+        uid: user.map_or(0, |u| u.uid),
+        gid: user.map_or(0, |u| u.gid),
+        additional_gids: user.map_or_else(Vec::new, |u| u.additional_gids.clone()),
+        rlimits: process
+            .rlimits
+            .iter()
+            .map(|r| RlimitSpec {
+                resource: r.resource,
+                soft: r.soft,
+                hard: r.hard,
+            })
+            .collect(),
+    })
+}
+
+impl AgentService {
+    async fn create(&self, req: CreateContainerRequest) -> Result<CreateContainerResponse, Error> {
+        let id = req.container_id.clone();
+        if id.is_empty() {
+            return Err(Error::InvalidRequest("empty container id".into()));
+        }
+        if self.containers.contains(&id) {
+            return Err(Error::ContainerExists(id));
+        }
+        let share = self
+            .share
+            .as_deref()
+            .ok_or_else(|| Error::InvalidRequest("this VM has no shared directory".into()))?;
+        let spec = init_spec(share, &req)?;
+        let (child, host) = stdio_for(&req)?;
+        let (pid, launched, exit) = self.reaper.track(|| launch(&spec, child))?;
+        let process = Arc::new(Process::new(
+            pid,
+            exit,
+            launched.start,
+            launched.status,
+            host,
+        ));
+        let ready = {
+            let process = process.clone();
+            let id = id.clone();
+            tokio::task::spawn_blocking(move || process.await_ready(&id))
+                .await
+                .map_err(|e| Error::Boot(format!("join: {e}")))?
+        };
+        if let Err(e) = ready {
+            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+            return Err(e);
+        }
+        self.containers.insert(&id, Container { init: process })?;
+        log::info!("container {id} created, pid {pid}");
+        Ok(CreateContainerResponse {
+            pid: pid as u32,
+            ..Default::default()
+        })
+    }
+
+    async fn start(&self, req: StartProcessRequest) -> Result<StartProcessResponse, Error> {
+        let r = req.process.unwrap_or_default();
+        let process = self.containers.process(&r.container_id, &r.exec_id)?;
+        let id = r.container_id.clone();
+        let p = process.clone();
+        tokio::task::spawn_blocking(move || p.start(&id))
+            .await
+            .map_err(|e| Error::Boot(format!("join: {e}")))??;
+        Ok(StartProcessResponse {
+            pid: process.pid as u32,
+            ..Default::default()
+        })
+    }
+
+    async fn wait(&self, req: WaitProcessRequest) -> Result<WaitProcessResponse, Error> {
+        let r = req.process.unwrap_or_default();
+        let process = self.containers.process(&r.container_id, &r.exec_id)?;
+        Ok(WaitProcessResponse {
+            exit_status: process.wait().await,
+            ..Default::default()
+        })
+    }
+
+    fn signal(&self, req: SignalProcessRequest) -> Result<Empty, Error> {
+        let r = req.process.clone().unwrap_or_default();
+        let process = self.containers.process(&r.container_id, &r.exec_id)?;
+        let signal = Signal::try_from(req.signal as i32)
+            .map_err(|_| Error::InvalidRequest(format!("unknown signal {}", req.signal)))?;
+        if process.exit_status().is_some() {
+            return Err(Error::ProcessNotFound(r.container_id));
+        }
+        let targets = if req.all {
+            pids_in_pid_namespace_of(process.pid)
+        } else {
+            vec![process.pid]
+        };
+        for pid in targets {
+            match kill(Pid::from_raw(pid), signal) {
+                Ok(()) => {}
+                Err(nix::errno::Errno::ESRCH) if pid != process.pid => {}
+                Err(nix::errno::Errno::ESRCH) => {
+                    return Err(Error::ProcessNotFound(r.container_id.clone()))
+                }
+                Err(e) => return Err(Error::io("kill", e.into())),
+            }
+        }
+        Ok(Empty::default())
+    }
+
+    async fn remove(&self, req: RemoveContainerRequest) -> Result<Empty, Error> {
+        let container = self.containers.get(&req.container_id)?;
+        if container.init.exit_status().is_none() {
+            let _ = kill(Pid::from_raw(container.init.pid), Signal::SIGKILL);
+            container.init.wait().await;
+        }
+        self.containers.remove(&req.container_id);
+        Ok(Empty::default())
+    }
+}
+
+/// Every process that shares `pid`'s PID namespace (for "signal all").
+fn pids_in_pid_namespace_of(pid: i32) -> Vec<i32> {
+    let ns = |p: &str| std::fs::read_link(format!("/proc/{p}/ns/pid")).ok();
+    let Some(target) = ns(&pid.to_string()) else {
+        return vec![pid];
+    };
+    let mut pids: Vec<i32> = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse().ok()))
+        .filter(|p: &i32| ns(&p.to_string()).as_ref() == Some(&target))
+        .collect();
+    if !pids.contains(&pid) {
+        pids.push(pid);
+    }
+    pids
+}
+
+#[async_trait]
+impl agent_ttrpc::Agent for AgentService {
+    async fn ping(&self, _: &TtrpcContext, _: PingRequest) -> ttrpc::Result<PingResponse> {
+        let release = nix::sys::utsname::uname()
+            .map(|u| u.release().to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let boot_id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+            .map(|s| s.trim().to_owned())
+            .unwrap_or_default();
+        Ok(PingResponse {
+            agent_version: env!("CARGO_PKG_VERSION").into(),
+            kernel_release: release,
+            boot_id,
+            ..Default::default()
+        })
+    }
+
+    async fn create_container(
+        &self,
+        _: &TtrpcContext,
+        req: CreateContainerRequest,
+    ) -> ttrpc::Result<CreateContainerResponse> {
+        Ok(self.create(req).await?)
+    }
+
+    async fn start_process(
+        &self,
+        _: &TtrpcContext,
+        req: StartProcessRequest,
+    ) -> ttrpc::Result<StartProcessResponse> {
+        Ok(self.start(req).await?)
+    }
+
+    async fn wait_process(
+        &self,
+        _: &TtrpcContext,
+        req: WaitProcessRequest,
+    ) -> ttrpc::Result<WaitProcessResponse> {
+        Ok(self.wait(req).await?)
+    }
+
+    async fn signal_process(
+        &self,
+        _: &TtrpcContext,
+        req: SignalProcessRequest,
+    ) -> ttrpc::Result<Empty> {
+        Ok(self.signal(req)?)
+    }
+
+    async fn remove_container(
+        &self,
+        _: &TtrpcContext,
+        req: RemoveContainerRequest,
+    ) -> ttrpc::Result<Empty> {
+        Ok(self.remove(req).await?)
+    }
+
+    async fn shutdown(&self, _: &TtrpcContext, _: ShutdownRequest) -> ttrpc::Result<Empty> {
+        tokio::spawn(async {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            crate::boot::power_off();
+        });
+        Ok(Empty::default())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rootfs_must_stay_inside_the_share() {
+        let share = Path::new("/run/vmlet/share");
+        assert_eq!(
+            rootfs_path(share, "c1/rootfs").unwrap(),
+            PathBuf::from("/run/vmlet/share/c1/rootfs")
+        );
+        for bad in ["", "/etc", "../x", "c1/../../x", "./c1"] {
+            assert!(rootfs_path(share, bad).is_err(), "{bad}");
+        }
+    }
+}

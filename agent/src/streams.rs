@@ -1,0 +1,79 @@
+//! Raw stdio stream connections: the host connects to [`vmlet_protocol::STREAM_PORT`],
+//! writes a [`StreamHeader`] line, and from then on the connection carries the bytes of
+//! one stream of one process.
+
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::unix::pipe;
+use tokio_vsock::{VsockAddr, VsockListener, VsockStream, VMADDR_CID_ANY};
+use vmlet_protocol::{StreamHeader, StreamKind, MAX_HEADER_LEN, STREAM_PORT};
+
+use crate::containers::Containers;
+use crate::Error;
+
+pub async fn serve(containers: Arc<Containers>) -> Result<(), Error> {
+    let listener = VsockListener::bind(VsockAddr::new(VMADDR_CID_ANY, STREAM_PORT))
+        .map_err(|e| Error::io("listen on the stream port", e))?;
+    loop {
+        let (stream, _) = listener
+            .accept()
+            .await
+            .map_err(|e| Error::io("accept stream", e))?;
+        let containers = containers.clone();
+        tokio::spawn(async move {
+            if let Err(e) = attach(stream, &containers).await {
+                log::warn!("stream connection: {e}");
+            }
+        });
+    }
+}
+
+async fn read_header(stream: &mut VsockStream) -> Result<StreamHeader, Error> {
+    let mut line = Vec::with_capacity(64);
+    loop {
+        let byte = stream
+            .read_u8()
+            .await
+            .map_err(|e| Error::io("read stream header", e))?;
+        if byte == b'\n' {
+            break;
+        }
+        line.push(byte);
+        if line.len() >= MAX_HEADER_LEN {
+            return Err(Error::InvalidRequest("stream header too long".into()));
+        }
+    }
+    let line = String::from_utf8(line)
+        .map_err(|_| Error::InvalidRequest("stream header is not UTF-8".into()))?;
+    StreamHeader::parse(&line).map_err(Error::InvalidRequest)
+}
+
+async fn attach(mut stream: VsockStream, containers: &Containers) -> Result<(), Error> {
+    let header = read_header(&mut stream).await?;
+    let process = containers.process(&header.container_id, &header.exec_id)?;
+    let fd: OwnedFd = process
+        .stdio
+        .lock()
+        .unwrap()
+        .take(header.kind)
+        .ok_or_else(|| Error::InvalidRequest(format!("{header} is not available").trim().into()))?;
+    match header.kind {
+        StreamKind::Stdin => {
+            let mut sink =
+                pipe::Sender::from_owned_fd(fd).map_err(|e| Error::io("stdin pipe", e))?;
+            // Ends when the host closes the connection; dropping the pipe gives EOF.
+            let _ = tokio::io::copy(&mut stream, &mut sink).await;
+        }
+        StreamKind::Stdout | StreamKind::Stderr => {
+            let mut source =
+                pipe::Receiver::from_owned_fd(fd).map_err(|e| Error::io("output pipe", e))?;
+            let copied = tokio::io::copy(&mut source, &mut stream).await;
+            let _ = stream.flush().await;
+            let _ = stream.shutdown(std::net::Shutdown::Both);
+            copied.map_err(|e| Error::io(format!("copy {header}").trim().to_owned(), e))?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,25 @@
+//! Typed configuration for vmlet.
+//!
+//! Two inputs decide what a pod's VM looks like:
+//! - the node config file ([`NodeConfig`]), owned by the operator: TOML at
+//!   [`DEFAULT_CONFIG_PATH`] or at the path in [`CONFIG_ENV`], every key optional with a
+//!   documented default, unknown keys refused;
+//! - the pod's annotations ([`PodAnnotations`]) under `vmlet.io/`, parsed once from one table
+//!   of keys into typed values.
+//!
+//! [`VmShape::resolve`] combines both. Every error names the key (and value) that was wrong.
+#![forbid(unsafe_code)]
+
+mod annotations;
+mod error;
+mod node;
+mod quantity;
+mod shape;
+
+pub use annotations::{AnnotationKey, PodAnnotations, ANNOTATION_KEYS, ANNOTATION_PREFIX};
+pub use error::Error;
+pub use node::{
+    Accel, GuestConfig, HelperPaths, NodeConfig, VsockTransport, CONFIG_ENV, DEFAULT_CONFIG_PATH,
+};
+pub use quantity::parse_memory_mib;
+pub use shape::VmShape;

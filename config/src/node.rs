@@ -1,0 +1,268 @@
+//! The node config file, owned by the operator.
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::Error;
+
+/// Where the shim looks for its config file unless [`CONFIG_ENV`] names another.
+pub const DEFAULT_CONFIG_PATH: &str = "/etc/vmlet/config.toml";
+/// Environment variable naming the config file.
+pub const CONFIG_ENV: &str = "VMLET_CONFIG";
+
+/// How the VM's CPU is virtualised.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Accel {
+    /// KVM when libvirt reports it usable for this host, TCG otherwise.
+    Auto,
+    /// Always KVM; fails where KVM is not usable.
+    Kvm,
+    /// Always TCG (software emulation).
+    Tcg,
+}
+
+/// How the shim reaches the agent's vsock port.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum VsockTransport {
+    /// `vhost` where `/dev/vhost-vsock` exists, `vhost-user` otherwise.
+    Auto,
+    /// The kernel's vhost-vsock (libvirt `<vsock>`, AF_VSOCK on the host).
+    Vhost,
+    /// A per-VM `vhost-device-vsock` process, reached through a unix socket.
+    VhostUser,
+}
+
+/// The guest: kernel, initramfs and default shape.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GuestConfig {
+    /// Guest kernel (`vmlet-image build` writes `vmlinuz`).
+    pub kernel: PathBuf,
+    /// Guest initramfs holding the agent and modules.
+    pub initrd: PathBuf,
+    /// QEMU machine type.
+    pub machine: String,
+    /// vCPUs of a pod that asks for nothing.
+    pub vcpus: u32,
+    /// Memory (MiB) of a pod that asks for nothing.
+    pub memory_mib: u64,
+    /// Largest vCPU count a pod may ask for.
+    pub max_vcpus: u32,
+    /// Largest memory (MiB) a pod may ask for.
+    pub max_memory_mib: u64,
+    /// Extra kernel command line parameters, appended to vmlet's own.
+    pub kernel_params: String,
+}
+
+impl Default for GuestConfig {
+    fn default() -> Self {
+        Self {
+            kernel: PathBuf::from("/usr/share/vmlet/vmlinuz"),
+            initrd: PathBuf::from("/usr/share/vmlet/initrd.img"),
+            machine: "q35".into(),
+            vcpus: 1,
+            memory_mib: 256,
+            max_vcpus: 8,
+            max_memory_mib: 16 * 1024,
+            kernel_params: String::new(),
+        }
+    }
+}
+
+/// Paths of the helper programs the shim and libvirt start.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HelperPaths {
+    /// The QEMU binary `vmlet-vmwrapper` executes.
+    pub qemu: PathBuf,
+    /// `vmlet-vmwrapper`, the domain's `<emulator>`.
+    pub vmwrapper: PathBuf,
+    /// `virtiofsd`, started by libvirt for the shared directory.
+    pub virtiofsd: PathBuf,
+    /// `vhost-device-vsock`, started by the shim for the vhost-user vsock transport.
+    pub vhost_device_vsock: PathBuf,
+}
+
+impl Default for HelperPaths {
+    fn default() -> Self {
+        Self {
+            qemu: PathBuf::from("/usr/bin/qemu-system-x86_64"),
+            vmwrapper: PathBuf::from("/usr/local/bin/vmlet-vmwrapper"),
+            virtiofsd: PathBuf::from("/usr/local/bin/virtiofsd"),
+            vhost_device_vsock: PathBuf::from("/usr/local/bin/vhost-device-vsock"),
+        }
+    }
+}
+
+/// The whole node config. Every key has a default; unknown keys are refused.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NodeConfig {
+    /// libvirt connection URI.
+    pub libvirt_uri: String,
+    /// Where the shim keeps per-pod state (shared dirs, sockets, state files).
+    pub state_dir: PathBuf,
+    /// CPU virtualisation.
+    pub accel: Accel,
+    /// Agent channel transport.
+    pub vsock: VsockTransport,
+    /// The user QEMU runs as under libvirt; sockets QEMU opens are handed to it.
+    pub qemu_user: String,
+    /// Seconds to wait for the agent to answer after the VM started.
+    pub agent_timeout_secs: u64,
+    /// Guest image and default shape.
+    pub guest: GuestConfig,
+    /// Helper programs.
+    pub helpers: HelperPaths,
+}
+
+impl Default for NodeConfig {
+    fn default() -> Self {
+        Self {
+            libvirt_uri: "qemu:///system".into(),
+            state_dir: PathBuf::from("/run/vmlet"),
+            accel: Accel::Auto,
+            vsock: VsockTransport::Auto,
+            qemu_user: "libvirt-qemu".into(),
+            agent_timeout_secs: 30,
+            guest: GuestConfig::default(),
+            helpers: HelperPaths::default(),
+        }
+    }
+}
+
+impl NodeConfig {
+    /// Parses and validates a config file's text. `path` only names the file in errors.
+    pub fn from_toml(text: &str, path: &Path) -> Result<Self, Error> {
+        let config: NodeConfig = toml::from_str(text).map_err(|e| Error::ParseConfig {
+            path: path.to_owned(),
+            message: e.to_string().trim_end().replace('\n', " "),
+        })?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Loads the config from [`CONFIG_ENV`] or [`DEFAULT_CONFIG_PATH`]. A missing file at the
+    /// default path means "all defaults"; a missing file named by the environment is an error.
+    pub fn load() -> Result<Self, Error> {
+        match std::env::var_os(CONFIG_ENV) {
+            Some(path) => Self::load_from(Path::new(&path)),
+            None => match std::fs::read_to_string(DEFAULT_CONFIG_PATH) {
+                Ok(text) => Self::from_toml(&text, Path::new(DEFAULT_CONFIG_PATH)),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    let config = Self::default();
+                    config.validate()?;
+                    Ok(config)
+                }
+                Err(source) => Err(Error::ReadConfig {
+                    path: DEFAULT_CONFIG_PATH.into(),
+                    source,
+                }),
+            },
+        }
+    }
+
+    /// Loads and validates the config file at `path`.
+    pub fn load_from(path: &Path) -> Result<Self, Error> {
+        let text = std::fs::read_to_string(path).map_err(|source| Error::ReadConfig {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::from_toml(&text, path)
+    }
+
+    fn validate(&self) -> Result<(), Error> {
+        let g = &self.guest;
+        let invalid = |key, reason: String| Err(Error::InvalidConfig { key, reason });
+        if g.vcpus == 0 {
+            return invalid("guest.vcpus", "must be at least 1".into());
+        }
+        if g.max_vcpus < g.vcpus {
+            return invalid(
+                "guest.max_vcpus",
+                format!("{} is below guest.vcpus ({})", g.max_vcpus, g.vcpus),
+            );
+        }
+        if g.memory_mib < 64 {
+            return invalid("guest.memory_mib", "must be at least 64".into());
+        }
+        if g.max_memory_mib < g.memory_mib {
+            return invalid(
+                "guest.max_memory_mib",
+                format!(
+                    "{} is below guest.memory_mib ({})",
+                    g.max_memory_mib, g.memory_mib
+                ),
+            );
+        }
+        if self.agent_timeout_secs == 0 {
+            return invalid("agent_timeout_secs", "must be at least 1".into());
+        }
+        if !self.state_dir.is_absolute() {
+            return invalid("state_dir", "must be an absolute path".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<NodeConfig, Error> {
+        NodeConfig::from_toml(text, Path::new("/test/config.toml"))
+    }
+
+    #[test]
+    fn empty_file_gives_defaults() {
+        assert_eq!(parse("").unwrap(), NodeConfig::default());
+    }
+
+    #[test]
+    fn overrides_nested_keys() {
+        let c = parse(
+            "libvirt_uri = \"qemu:///system?socket=/x\"\naccel = \"tcg\"\nvsock = \"vhost-user\"\n\
+             [guest]\nmemory_mib = 512\n[helpers]\nqemu = \"/opt/qemu\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.libvirt_uri, "qemu:///system?socket=/x");
+        assert_eq!(c.accel, Accel::Tcg);
+        assert_eq!(c.vsock, VsockTransport::VhostUser);
+        assert_eq!(c.guest.memory_mib, 512);
+        assert_eq!(c.guest.vcpus, 1);
+        assert_eq!(c.helpers.qemu, PathBuf::from("/opt/qemu"));
+    }
+
+    #[test]
+    fn unknown_key_names_key_and_line() {
+        let err = parse("accel = \"tcg\"\nbogus = 1\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("bogus"), "{err}");
+        assert!(err.contains("line 2"), "{err}");
+        assert!(err.contains("/test/config.toml"), "{err}");
+    }
+
+    #[test]
+    fn bad_enum_value_names_value() {
+        let err = parse("accel = \"fast\"\n").unwrap_err().to_string();
+        assert!(err.contains("fast"), "{err}");
+    }
+
+    #[test]
+    fn out_of_range_value_names_key() {
+        let err = parse("[guest]\nvcpus = 4\nmax_vcpus = 2\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("guest.max_vcpus"), "{err}");
+    }
+
+    #[test]
+    fn missing_file_named_by_path_is_an_error() {
+        let err = NodeConfig::load_from(Path::new("/nonexistent/vmlet.toml")).unwrap_err();
+        assert!(matches!(err, Error::ReadConfig { .. }));
+    }
+}
