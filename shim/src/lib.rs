@@ -1,1 +1,28 @@
-//! shim
+//! `containerd-shim-vmlet-v2`: a containerd shim v2 that runs each task in its own
+//! libvirt/QEMU VM and talks to `vmlet-agent` inside it over vsock.
+//!
+//! - [`task`]: containerd's task API, translated at the edge into calls on [`vm::Vm`];
+//! - [`vm`]: one pod's VM (state dir, virtio-fs share, vsock backend, domain, agent);
+//! - [`domain`]: the libvirt domain XML from typed structs;
+//! - [`vmm`]: the VM manager seam (libvirt, and a fake for tests);
+//! - [`vsock`]: reaching guest ports (vhost-vsock or hybrid vsock);
+//! - [`stdio`]: containerd FIFOs <-> raw vsock stream connections;
+//! - [`state`]: what a pod created, persisted for `shim delete`.
+
+pub mod domain;
+mod error;
+pub mod shim;
+pub mod spec;
+pub mod state;
+pub mod stdio;
+pub mod task;
+pub mod vm;
+pub mod vmm;
+pub mod vsock;
+
+pub use error::Error;
+
+/// Runs the shim (all actions containerd asks of it).
+pub async fn run() {
+    containerd_shim::asynchronous::run::<shim::VmletShim>(shim::RUNTIME_ID, None).await;
+}

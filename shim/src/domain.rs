@@ -1,0 +1,417 @@
+//! The libvirt domain, rendered from typed structs (one per device) with serde + quick-xml.
+
+use serde::Serialize;
+
+use crate::Error;
+
+/// The QEMU namespace for `<qemu:commandline>`.
+const QEMU_NS: &str = "http://libvirt.org/schemas/domain/qemu/1.0";
+
+#[derive(Debug, Serialize)]
+#[serde(rename = "domain")]
+pub struct Domain {
+    #[serde(rename = "@type")]
+    pub kind: String,
+    #[serde(rename = "@xmlns:qemu")]
+    pub qemu_ns: &'static str,
+    pub name: String,
+    pub metadata: Metadata,
+    pub memory: Memory,
+    pub vcpu: u32,
+    #[serde(rename = "memoryBacking")]
+    pub memory_backing: MemoryBacking,
+    pub os: Os,
+    pub features: Features,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<Cpu>,
+    pub on_poweroff: &'static str,
+    pub on_reboot: &'static str,
+    pub on_crash: &'static str,
+    pub devices: Devices,
+    #[serde(rename = "qemu:commandline")]
+    pub qemu_commandline: QemuCommandline,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Metadata {
+    #[serde(rename = "vmlet:pod")]
+    pub pod: VmletPod,
+}
+
+#[derive(Debug, Serialize)]
+pub struct VmletPod {
+    #[serde(rename = "@xmlns:vmlet")]
+    pub ns: &'static str,
+    #[serde(rename = "@id")]
+    pub id: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Memory {
+    #[serde(rename = "@unit")]
+    pub unit: &'static str,
+    #[serde(rename = "$text")]
+    pub value: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct MemoryBacking {
+    pub source: TypeAttr,
+    pub access: ModeAttr,
+}
+
+#[derive(Debug, Serialize)]
+pub struct TypeAttr {
+    #[serde(rename = "@type")]
+    pub kind: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ModeAttr {
+    #[serde(rename = "@mode")]
+    pub mode: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Os {
+    #[serde(rename = "type")]
+    pub kind: OsType,
+    pub kernel: String,
+    pub initrd: String,
+    pub cmdline: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct OsType {
+    #[serde(rename = "@arch")]
+    pub arch: &'static str,
+    #[serde(rename = "@machine")]
+    pub machine: String,
+    #[serde(rename = "$text")]
+    pub value: &'static str,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Features {
+    pub acpi: Empty,
+}
+
+#[derive(Debug, Serialize, Default)]
+pub struct Empty {}
+
+#[derive(Debug, Serialize)]
+pub struct Cpu {
+    #[serde(rename = "@mode")]
+    pub mode: &'static str,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Devices {
+    pub emulator: String,
+    pub filesystem: Vec<Filesystem>,
+    pub serial: Serial,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vsock: Option<Vsock>,
+    pub controller: Vec<Controller>,
+    pub memballoon: ModelAttr,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Filesystem {
+    #[serde(rename = "@type")]
+    pub kind: &'static str,
+    #[serde(rename = "@accessmode")]
+    pub accessmode: &'static str,
+    pub driver: TypeAttr,
+    pub binary: PathAttr,
+    pub source: DirAttr,
+    pub target: DirAttr,
+}
+
+#[derive(Debug, Serialize)]
+pub struct PathAttr {
+    #[serde(rename = "@path")]
+    pub path: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct DirAttr {
+    #[serde(rename = "@dir")]
+    pub dir: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Serial {
+    #[serde(rename = "@type")]
+    pub kind: &'static str,
+    pub source: PathAttr,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Vsock {
+    #[serde(rename = "@model")]
+    pub model: &'static str,
+    pub cid: Cid,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Cid {
+    #[serde(rename = "@auto")]
+    pub auto: &'static str,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Controller {
+    #[serde(rename = "@type")]
+    pub kind: &'static str,
+    #[serde(rename = "@model")]
+    pub model: &'static str,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ModelAttr {
+    #[serde(rename = "@model")]
+    pub model: &'static str,
+}
+
+#[derive(Debug, Serialize, Default)]
+pub struct QemuCommandline {
+    #[serde(rename = "qemu:arg")]
+    pub args: Vec<QemuArg>,
+    #[serde(rename = "qemu:env")]
+    pub env: Vec<QemuEnv>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct QemuArg {
+    #[serde(rename = "@value")]
+    pub value: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct QemuEnv {
+    #[serde(rename = "@name")]
+    pub name: String,
+    #[serde(rename = "@value")]
+    pub value: String,
+}
+
+/// Namespace of vmlet's own domain metadata (the pod id marks vmlet's domains).
+pub const VMLET_METADATA_NS: &str = "https://vmlet.io/xmlns/domain/1";
+
+/// Everything a domain is built from.
+#[derive(Debug, Clone)]
+pub struct DomainParams {
+    pub name: String,
+    pub pod_id: String,
+    pub kvm: bool,
+    pub vcpus: u32,
+    pub memory_mib: u64,
+    pub machine: String,
+    pub kernel: String,
+    pub initrd: String,
+    pub cmdline: String,
+    pub emulator: String,
+    pub qemu: String,
+    pub virtiofsd: String,
+    pub share_dir: String,
+    pub share_tag: String,
+    pub console_log: String,
+    pub vsock: VsockDevice,
+}
+
+/// How the guest's vsock device is provided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VsockDevice {
+    /// Kernel vhost-vsock, CID chosen by libvirt.
+    Vhost,
+    /// `vhost-user-vsock-pci` connected to a `vhost-device-vsock` socket.
+    VhostUser { socket: String },
+}
+
+/// PCI slot of the vhost-user vsock device (slot 1 is libvirt's first root port).
+const VHOST_USER_VSOCK_ADDR: &str = "0x10";
+
+impl Domain {
+    pub fn new(p: &DomainParams) -> Self {
+        let mut commandline = QemuCommandline::default();
+        commandline.env.push(QemuEnv {
+            name: "VMLET_QEMU".into(),
+            value: p.qemu.clone(),
+        });
+        let vsock = match &p.vsock {
+            VsockDevice::Vhost => Some(Vsock {
+                model: "virtio",
+                cid: Cid { auto: "yes" },
+            }),
+            VsockDevice::VhostUser { socket } => {
+                for arg in [
+                    "-chardev".to_string(),
+                    format!("socket,id=vmlet-vsock,path={socket}"),
+                    "-device".to_string(),
+                    format!(
+                        "vhost-user-vsock-pci,chardev=vmlet-vsock,bus=pcie.0,addr={VHOST_USER_VSOCK_ADDR}"
+                    ),
+                ] {
+                    commandline.args.push(QemuArg { value: arg });
+                }
+                None
+            }
+        };
+        Domain {
+            kind: if p.kvm { "kvm" } else { "qemu" }.into(),
+            qemu_ns: QEMU_NS,
+            name: p.name.clone(),
+            metadata: Metadata {
+                pod: VmletPod {
+                    ns: VMLET_METADATA_NS,
+                    id: p.pod_id.clone(),
+                },
+            },
+            memory: Memory {
+                unit: "MiB",
+                value: p.memory_mib,
+            },
+            vcpu: p.vcpus,
+            memory_backing: MemoryBacking {
+                source: TypeAttr {
+                    kind: "memfd".into(),
+                },
+                access: ModeAttr {
+                    mode: "shared".into(),
+                },
+            },
+            os: Os {
+                kind: OsType {
+                    arch: "x86_64",
+                    machine: p.machine.clone(),
+                    value: "hvm",
+                },
+                kernel: p.kernel.clone(),
+                initrd: p.initrd.clone(),
+                cmdline: p.cmdline.clone(),
+            },
+            features: Features { acpi: Empty {} },
+            cpu: p.kvm.then_some(Cpu {
+                mode: "host-passthrough",
+            }),
+            on_poweroff: "destroy",
+            on_reboot: "destroy",
+            on_crash: "destroy",
+            devices: Devices {
+                emulator: p.emulator.clone(),
+                filesystem: vec![Filesystem {
+                    kind: "mount",
+                    accessmode: "passthrough",
+                    driver: TypeAttr {
+                        kind: "virtiofs".into(),
+                    },
+                    binary: PathAttr {
+                        path: p.virtiofsd.clone(),
+                    },
+                    source: DirAttr {
+                        dir: p.share_dir.clone(),
+                    },
+                    target: DirAttr {
+                        dir: p.share_tag.clone(),
+                    },
+                }],
+                serial: Serial {
+                    kind: "file",
+                    source: PathAttr {
+                        path: p.console_log.clone(),
+                    },
+                },
+                vsock,
+                controller: vec![Controller {
+                    kind: "usb",
+                    model: "none",
+                }],
+                memballoon: ModelAttr { model: "none" },
+            },
+            qemu_commandline: commandline,
+        }
+    }
+
+    pub fn to_xml(&self) -> Result<String, Error> {
+        let mut xml = String::new();
+        let ser = quick_xml::se::Serializer::new(&mut xml);
+        self.serialize(ser)
+            .map_err(|e| Error::Internal(format!("render domain XML: {e}")))?;
+        Ok(xml)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(vsock: VsockDevice) -> DomainParams {
+        DomainParams {
+            name: "vmlet-t1".into(),
+            pod_id: "t1".into(),
+            kvm: false,
+            vcpus: 2,
+            memory_mib: 512,
+            machine: "q35".into(),
+            kernel: "/img/vmlinuz".into(),
+            initrd: "/img/initrd.img".into(),
+            cmdline: "console=ttyS0 vmlet.share=vmlet".into(),
+            emulator: "/usr/local/bin/vmlet-vmwrapper".into(),
+            qemu: "/usr/bin/qemu-system-x86_64".into(),
+            virtiofsd: "/usr/local/bin/virtiofsd".into(),
+            share_dir: "/run/vmlet/t1/share".into(),
+            share_tag: "vmlet".into(),
+            console_log: "/run/vmlet/t1/console.log".into(),
+            vsock,
+        }
+    }
+
+    #[test]
+    fn renders_tcg_domain_with_vhost_user_vsock() {
+        let xml = Domain::new(&params(VsockDevice::VhostUser {
+            socket: "/run/vmlet/t1/vhost.sock".into(),
+        }))
+        .to_xml()
+        .unwrap();
+        for expected in [
+            "<domain type=\"qemu\" xmlns:qemu=\"http://libvirt.org/schemas/domain/qemu/1.0\">",
+            "<name>vmlet-t1</name>",
+            "<memory unit=\"MiB\">512</memory>",
+            "<vcpu>2</vcpu>",
+            "<source type=\"memfd\"/>",
+            "<access mode=\"shared\"/>",
+            "<type arch=\"x86_64\" machine=\"q35\">hvm</type>",
+            "<emulator>/usr/local/bin/vmlet-vmwrapper</emulator>",
+            "<driver type=\"virtiofs\"/>",
+            "<binary path=\"/usr/local/bin/virtiofsd\"/>",
+            "<source dir=\"/run/vmlet/t1/share\"/>",
+            "<target dir=\"vmlet\"/>",
+            "<qemu:arg value=\"socket,id=vmlet-vsock,path=/run/vmlet/t1/vhost.sock\"/>",
+            "<qemu:env name=\"VMLET_QEMU\" value=\"/usr/bin/qemu-system-x86_64\"/>",
+            "<vmlet:pod xmlns:vmlet=\"https://vmlet.io/xmlns/domain/1\" id=\"t1\"/>",
+        ] {
+            assert!(xml.contains(expected), "missing {expected} in\n{xml}");
+        }
+        assert!(!xml.contains("<vsock"), "{xml}");
+    }
+
+    #[test]
+    fn renders_kvm_domain_with_vhost_vsock() {
+        let mut p = params(VsockDevice::Vhost);
+        p.kvm = true;
+        let xml = Domain::new(&p).to_xml().unwrap();
+        assert!(xml.contains("<domain type=\"kvm\""), "{xml}");
+        assert!(xml.contains("<cpu mode=\"host-passthrough\"/>"), "{xml}");
+        assert!(xml.contains("<vsock model=\"virtio\">"), "{xml}");
+        assert!(!xml.contains("vhost-user-vsock-pci"), "{xml}");
+    }
+
+    #[test]
+    fn values_are_escaped() {
+        let mut p = params(VsockDevice::Vhost);
+        p.cmdline = "a<b & c".into();
+        let xml = Domain::new(&p).to_xml().unwrap();
+        assert!(xml.contains("<cmdline>a&lt;b &amp; c</cmdline>"), "{xml}");
+    }
+}

@@ -1,0 +1,152 @@
+//! The shim's error type and its one mapping to ttrpc codes.
+
+use containerd_shim_protos::ttrpc;
+use ttrpc::Code;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Bad input from the user: spec, annotations, request fields.
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// The node config is wrong; the operator must fix it.
+    #[error("node config: {0}")]
+    Config(#[source] vmlet_config::Error),
+    #[error("{0} not found")]
+    NotFound(String),
+    #[error("{0} already exists")]
+    AlreadyExists(String),
+    #[error("{0}")]
+    FailedPrecondition(String),
+    #[error("{0} is not supported yet")]
+    Unimplemented(String),
+    #[error("libvirt: {0}")]
+    Libvirt(String),
+    /// The agent answered with an error (its ttrpc code is kept).
+    #[error("agent: {message}")]
+    Agent { code: Code, message: String },
+    #[error("{0}")]
+    Timeout(String),
+    #[error("{context}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl Error {
+    pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        Error::Io {
+            context: context.into(),
+            source,
+        }
+    }
+
+    pub fn code(&self) -> Code {
+        match self {
+            Error::InvalidArgument(_) => Code::INVALID_ARGUMENT,
+            Error::Config(e) => match e {
+                vmlet_config::Error::InvalidAnnotation { .. }
+                | vmlet_config::Error::UnknownAnnotation { .. } => Code::INVALID_ARGUMENT,
+                _ => Code::FAILED_PRECONDITION,
+            },
+            Error::NotFound(_) => Code::NOT_FOUND,
+            Error::AlreadyExists(_) => Code::ALREADY_EXISTS,
+            Error::FailedPrecondition(_) => Code::FAILED_PRECONDITION,
+            Error::Unimplemented(_) => Code::UNIMPLEMENTED,
+            Error::Agent { code, .. } => *code,
+            Error::Timeout(_) => Code::DEADLINE_EXCEEDED,
+            Error::Libvirt(_) | Error::Io { .. } | Error::Internal(_) => Code::INTERNAL,
+        }
+    }
+
+    /// The full message, sources included.
+    pub fn message(&self) -> String {
+        let mut message = self.to_string();
+        let mut source = std::error::Error::source(self);
+        while let Some(s) = source {
+            message.push_str(": ");
+            message.push_str(&s.to_string());
+            source = s.source();
+        }
+        message
+    }
+}
+
+impl From<vmlet_config::Error> for Error {
+    fn from(e: vmlet_config::Error) -> Self {
+        match e {
+            vmlet_config::Error::InvalidAnnotation { .. }
+            | vmlet_config::Error::UnknownAnnotation { .. } => {
+                Error::InvalidArgument(e.to_string())
+            }
+            other => Error::Config(other),
+        }
+    }
+}
+
+impl From<ttrpc::Error> for Error {
+    fn from(e: ttrpc::Error) -> Self {
+        match e {
+            ttrpc::Error::RpcStatus(status) => Error::Agent {
+                code: status.code(),
+                message: status.message,
+            },
+            other => Error::Agent {
+                code: Code::UNAVAILABLE,
+                message: other.to_string(),
+            },
+        }
+    }
+}
+
+impl From<Error> for ttrpc::Error {
+    fn from(e: Error) -> Self {
+        ttrpc::Error::RpcStatus(ttrpc::get_status(e.code(), e.message()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_containerd_depends_on() {
+        let cases = [
+            (Error::InvalidArgument("x".into()), Code::INVALID_ARGUMENT),
+            (Error::NotFound("x".into()), Code::NOT_FOUND),
+            (Error::AlreadyExists("x".into()), Code::ALREADY_EXISTS),
+            (
+                Error::FailedPrecondition("x".into()),
+                Code::FAILED_PRECONDITION,
+            ),
+            (Error::Unimplemented("x".into()), Code::UNIMPLEMENTED),
+        ];
+        for (error, code) in cases {
+            assert_eq!(error.code(), code, "{error}");
+        }
+    }
+
+    #[test]
+    fn bad_annotation_is_invalid_argument_and_names_the_key() {
+        let e: Error = vmlet_config::Error::InvalidAnnotation {
+            key: "vmlet.io/memory".into(),
+            value: "lots".into(),
+            reason: "no".into(),
+        }
+        .into();
+        assert_eq!(e.code(), Code::INVALID_ARGUMENT);
+        match ttrpc::Error::from(e) {
+            ttrpc::Error::RpcStatus(s) => assert!(s.message.contains("vmlet.io/memory")),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn agent_codes_pass_through() {
+        let e: Error = ttrpc::Error::RpcStatus(ttrpc::get_status(Code::NOT_FOUND, "gone")).into();
+        assert_eq!(e.code(), Code::NOT_FOUND);
+    }
+}

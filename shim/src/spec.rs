@@ -1,0 +1,176 @@
+//! OCI spec -> agent request: the shim checks the spec and keeps only what the guest uses.
+
+use oci_spec::runtime::{PosixRlimitType, Spec};
+use vmlet_protocol::agent::{CreateContainerRequest, Mount, Process, Rlimit, Stdio, User};
+
+use crate::Error;
+
+/// File systems the guest mounts itself inside the container.
+const GUEST_LOCAL_FS: &[&str] = &[
+    "proc", "sysfs", "tmpfs", "devpts", "mqueue", "cgroup", "cgroup2",
+];
+
+/// Path of a container's rootfs inside the VM's shared directory.
+pub fn rootfs_in_share(container_id: &str) -> String {
+    format!("{container_id}/rootfs")
+}
+
+fn rlimit_resource(kind: PosixRlimitType) -> u32 {
+    let resource = match kind {
+        PosixRlimitType::RlimitCpu => libc::RLIMIT_CPU,
+        PosixRlimitType::RlimitFsize => libc::RLIMIT_FSIZE,
+        PosixRlimitType::RlimitData => libc::RLIMIT_DATA,
+        PosixRlimitType::RlimitStack => libc::RLIMIT_STACK,
+        PosixRlimitType::RlimitCore => libc::RLIMIT_CORE,
+        PosixRlimitType::RlimitRss => libc::RLIMIT_RSS,
+        PosixRlimitType::RlimitNproc => libc::RLIMIT_NPROC,
+        PosixRlimitType::RlimitNofile => libc::RLIMIT_NOFILE,
+        PosixRlimitType::RlimitMemlock => libc::RLIMIT_MEMLOCK,
+        PosixRlimitType::RlimitAs => libc::RLIMIT_AS,
+        PosixRlimitType::RlimitLocks => libc::RLIMIT_LOCKS,
+        PosixRlimitType::RlimitSigpending => libc::RLIMIT_SIGPENDING,
+        PosixRlimitType::RlimitMsgqueue => libc::RLIMIT_MSGQUEUE,
+        PosixRlimitType::RlimitNice => libc::RLIMIT_NICE,
+        PosixRlimitType::RlimitRtprio => libc::RLIMIT_RTPRIO,
+        PosixRlimitType::RlimitRttime => libc::RLIMIT_RTTIME,
+    };
+    resource as u32
+}
+
+/// Builds the agent's create request. Which stdio streams exist is the caller's to say.
+pub fn create_request(
+    container_id: &str,
+    spec: &Spec,
+    stdio: Stdio,
+) -> Result<CreateContainerRequest, Error> {
+    let process = spec
+        .process()
+        .as_ref()
+        .ok_or_else(|| Error::InvalidArgument("the OCI spec has no process".into()))?;
+    if process.terminal().unwrap_or(false) {
+        return Err(Error::Unimplemented("a terminal (ctr -t)".into()));
+    }
+    let args = process.args().clone().unwrap_or_default();
+    if args.is_empty() {
+        return Err(Error::InvalidArgument(
+            "the OCI spec's process has no args".into(),
+        ));
+    }
+    let user = process.user();
+    let mut mounts = Vec::new();
+    for m in spec.mounts().iter().flatten() {
+        let fstype = m.typ().clone().unwrap_or_default();
+        let destination = m.destination().to_string_lossy().into_owned();
+        if !GUEST_LOCAL_FS.contains(&fstype.as_str()) {
+            return Err(Error::Unimplemented(format!(
+                "mount of type {fstype:?} at {destination} (only guest-local file systems for now)"
+            )));
+        }
+        mounts.push(Mount {
+            destination,
+            type_: fstype,
+            source: m
+                .source()
+                .as_ref()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+            options: m.options().clone().unwrap_or_default(),
+            ..Default::default()
+        });
+    }
+    Ok(CreateContainerRequest {
+        container_id: container_id.into(),
+        rootfs: rootfs_in_share(container_id),
+        readonly_rootfs: spec
+            .root()
+            .as_ref()
+            .and_then(|r| r.readonly())
+            .unwrap_or(false),
+        hostname: spec.hostname().clone().unwrap_or_default(),
+        process: Some(Process {
+            args,
+            env: process.env().clone().unwrap_or_default(),
+            cwd: process.cwd().to_string_lossy().into_owned(),
+            user: Some(User {
+                uid: user.uid(),
+                gid: user.gid(),
+                additional_gids: user.additional_gids().clone().unwrap_or_default(),
+                ..Default::default()
+            })
+            .into(),
+            rlimits: process
+                .rlimits()
+                .iter()
+                .flatten()
+                .map(|r| Rlimit {
+                    resource: rlimit_resource(r.typ()),
+                    soft: r.soft(),
+                    hard: r.hard(),
+                    ..Default::default()
+                })
+                .collect(),
+            terminal: false,
+            ..Default::default()
+        })
+        .into(),
+        mounts,
+        stdio: Some(stdio).into(),
+        ..Default::default()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(json: &str) -> Spec {
+        serde_json::from_str(json).unwrap()
+    }
+
+    const BASE: &str = r#"{
+        "ociVersion": "1.0.2",
+        "process": {"args": ["sh", "-c", "exit 7"], "env": ["PATH=/bin"], "cwd": "/",
+                    "user": {"uid": 1000, "gid": 100, "additionalGids": [10]},
+                    "rlimits": [{"type": "RLIMIT_NOFILE", "hard": 1024, "soft": 512}]},
+        "root": {"path": "rootfs", "readonly": true},
+        "hostname": "box",
+        "mounts": [{"destination": "/proc", "type": "proc", "source": "proc"},
+                   {"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "mode=755"]}]
+    }"#;
+
+    #[test]
+    fn translates_process_mounts_and_root() {
+        let req = create_request("c1", &spec(BASE), Stdio::default()).unwrap();
+        assert_eq!(req.rootfs, "c1/rootfs");
+        assert!(req.readonly_rootfs);
+        assert_eq!(req.hostname, "box");
+        let p = req.process.unwrap();
+        assert_eq!(p.args, ["sh", "-c", "exit 7"]);
+        let user = p.user.unwrap();
+        assert_eq!(
+            (user.uid, user.gid, user.additional_gids.clone()),
+            (1000, 100, vec![10])
+        );
+        assert_eq!(p.rlimits[0].resource, libc::RLIMIT_NOFILE as u32);
+        assert_eq!((p.rlimits[0].soft, p.rlimits[0].hard), (512, 1024));
+        assert_eq!(req.mounts.len(), 2);
+        assert_eq!(req.mounts[1].options, ["nosuid", "mode=755"]);
+    }
+
+    #[test]
+    fn bind_mounts_are_refused_clearly() {
+        let s = spec(&BASE.replace(
+            r#"{"destination": "/proc", "type": "proc", "source": "proc"}"#,
+            r#"{"destination": "/data", "type": "bind", "source": "/srv", "options": ["rbind"]}"#,
+        ));
+        let err = create_request("c1", &s, Stdio::default()).unwrap_err();
+        assert!(err.to_string().contains("/data"), "{err}");
+    }
+
+    #[test]
+    fn terminal_is_refused_clearly() {
+        let s = spec(&BASE.replace(r#""args""#, r#""terminal": true, "args""#));
+        let err = create_request("c1", &s, Stdio::default()).unwrap_err();
+        assert!(err.to_string().contains("terminal"), "{err}");
+    }
+}

@@ -1,0 +1,58 @@
+//! What a pod created, persisted before each resource is created, so that `shim delete`
+//! (containerd's cleanup after a shim died) can remove everything from the file alone.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::Error;
+
+/// File name inside the pod's state directory.
+pub const STATE_FILE: &str = "state.json";
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PodState {
+    /// The pod's state directory (removed last).
+    pub dir: PathBuf,
+    /// libvirt domain name, once defining it was attempted.
+    pub domain: Option<String>,
+    /// PID of the pod's `vhost-device-vsock`, if one was started.
+    pub vsock_pid: Option<u32>,
+    /// Mount points created, in creation order.
+    pub mounts: Vec<PathBuf>,
+}
+
+impl PodState {
+    pub fn save(&self) -> Result<(), Error> {
+        let json = serde_json::to_vec_pretty(self).map_err(|e| Error::Internal(e.to_string()))?;
+        let tmp = self.dir.join(".state.json.tmp");
+        std::fs::write(&tmp, json).map_err(|e| Error::io("write pod state", e))?;
+        std::fs::rename(&tmp, self.dir.join(STATE_FILE)).map_err(|e| Error::io("save pod state", e))
+    }
+
+    pub fn load(dir: &Path) -> Result<Self, Error> {
+        let text = std::fs::read(dir.join(STATE_FILE))
+            .map_err(|e| Error::io(format!("read {}", dir.join(STATE_FILE).display()), e))?;
+        serde_json::from_slice(&text).map_err(|e| Error::Internal(format!("parse pod state: {e}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip() {
+        let dir = std::env::temp_dir().join(format!("vmlet-state-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let state = PodState {
+            dir: dir.clone(),
+            domain: Some("vmlet-x".into()),
+            vsock_pid: Some(42),
+            mounts: vec![dir.join("share/c/rootfs")],
+        };
+        state.save().unwrap();
+        assert_eq!(PodState::load(&dir).unwrap(), state);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

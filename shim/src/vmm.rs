@@ -1,0 +1,138 @@
+//! The VM manager seam: libvirt in production, a fake in unit tests. Calls block; callers
+//! run them on a blocking thread.
+
+use std::sync::Mutex;
+
+use virt::connect::Connect;
+use virt::domain::Domain;
+
+use crate::Error;
+
+pub trait VmManager: Send + Sync + 'static {
+    /// Whether libvirt can run `machine` guests of this emulator with KVM here.
+    fn kvm_usable(&self, emulator: &str, machine: &str) -> bool;
+    /// Defines and starts a domain; leaves nothing defined if the start fails.
+    fn start(&self, xml: &str) -> Result<(), Error>;
+    /// Stops (if running) and undefines the domain; no such domain is not an error.
+    fn remove(&self, name: &str) -> Result<(), Error>;
+    /// The live XML of a running domain.
+    fn live_xml(&self, name: &str) -> Result<String, Error>;
+}
+
+/// libvirt through the `virt` crate; one connection per call, opened from the URI.
+pub struct Libvirt {
+    uri: String,
+}
+
+impl Libvirt {
+    pub fn new(uri: &str) -> Self {
+        Self { uri: uri.into() }
+    }
+
+    fn with_conn<T>(&self, f: impl FnOnce(&Connect) -> Result<T, Error>) -> Result<T, Error> {
+        let mut conn = Connect::open(Some(&self.uri))
+            .map_err(|e| Error::Libvirt(format!("connect to {}: {e}", self.uri)))?;
+        let result = f(&conn);
+        let _ = conn.close();
+        result
+    }
+}
+
+fn is_no_domain(e: &virt::error::Error) -> bool {
+    matches!(e.code(), virt::error::ErrorNumber::NoDomain)
+}
+
+impl VmManager for Libvirt {
+    fn kvm_usable(&self, emulator: &str, machine: &str) -> bool {
+        self.with_conn(|conn| {
+            Ok(conn
+                .get_domain_capabilities(
+                    Some(emulator),
+                    Some("x86_64"),
+                    Some(machine),
+                    Some("kvm"),
+                    0,
+                )
+                .is_ok())
+        })
+        .unwrap_or(false)
+    }
+
+    fn start(&self, xml: &str) -> Result<(), Error> {
+        self.with_conn(|conn| {
+            let domain = Domain::define_xml(conn, xml)
+                .map_err(|e| Error::Libvirt(format!("define domain: {e}")))?;
+            if let Err(e) = domain.create() {
+                let _ = domain.undefine();
+                return Err(Error::Libvirt(format!("start domain: {e}")));
+            }
+            Ok(())
+        })
+    }
+
+    fn remove(&self, name: &str) -> Result<(), Error> {
+        self.with_conn(|conn| {
+            let domain = match Domain::lookup_by_name(conn, name) {
+                Ok(d) => d,
+                Err(e) if is_no_domain(&e) => return Ok(()),
+                Err(e) => return Err(Error::Libvirt(format!("look up {name}: {e}"))),
+            };
+            if domain.is_active().unwrap_or(false) {
+                if let Err(e) = domain.destroy() {
+                    if domain.is_active().unwrap_or(true) {
+                        return Err(Error::Libvirt(format!("destroy {name}: {e}")));
+                    }
+                }
+            }
+            match domain.undefine() {
+                Ok(()) => Ok(()),
+                Err(e) if is_no_domain(&e) => Ok(()),
+                Err(e) => Err(Error::Libvirt(format!("undefine {name}: {e}"))),
+            }
+        })
+    }
+
+    fn live_xml(&self, name: &str) -> Result<String, Error> {
+        self.with_conn(|conn| {
+            Domain::lookup_by_name(conn, name)
+                .and_then(|d| d.get_xml_desc(0))
+                .map_err(|e| Error::Libvirt(format!("read XML of {name}: {e}")))
+        })
+    }
+}
+
+/// An in-memory VM manager for unit tests: records what was started and removed.
+#[derive(Default)]
+pub struct FakeVmm {
+    pub running: Mutex<Vec<String>>,
+    pub fail_start: bool,
+}
+
+impl VmManager for FakeVmm {
+    fn kvm_usable(&self, _: &str, _: &str) -> bool {
+        false
+    }
+
+    fn start(&self, xml: &str) -> Result<(), Error> {
+        if self.fail_start {
+            return Err(Error::Libvirt("start domain: fake failure".into()));
+        }
+        let name = xml
+            .split("<name>")
+            .nth(1)
+            .and_then(|s| s.split("</name>").next())
+            .unwrap_or_default()
+            .to_owned();
+        self.running.lock().unwrap().push(name);
+        Ok(())
+    }
+
+    fn remove(&self, name: &str) -> Result<(), Error> {
+        self.running.lock().unwrap().retain(|n| n != name);
+        Ok(())
+    }
+
+    fn live_xml(&self, name: &str) -> Result<String, Error> {
+        Err(Error::NotFound(format!("domain {name}")))
+    }
+}
