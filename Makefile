@@ -1,9 +1,35 @@
-# The two set-up commands of the README are `make demo` and `make test`.
+# vmlet. The README's two set-up commands for a fresh Debian 12 machine are `make demo`
+# and `make test`; .ci/run calls `make test`.
 SHELL := /bin/bash
 
-.PHONY: test unit
-test: unit
+.PHONY: demo test unit e2e bench-start lint stack-up stack-down
+
+## demo: boot a container in a VM with ctr against the embedded defaults, then tear down.
+demo:
+	scripts/demo
+
+## test: everything: lint, unit tests, the private stack, end-to-end tests, benchmark.
+test:
+	scripts/test-all
 
 unit:
 	scripts/install-deps
 	cargo test --workspace --locked
+
+lint:
+	cargo fmt --all -- --check
+	cargo clippy --workspace --all-targets --locked -- -D warnings
+
+## e2e / bench-start: against a stack that is already up (eval "$$(scripts/stack up)").
+e2e:
+	cargo test --locked -p vmlet-integration --test ctr -- --ignored --test-threads=1
+	cargo test --locked -p vmlet-integration --test leftovers -- --ignored
+
+bench-start:
+	cargo run --locked --release -p vmlet-integration --bin bench-start
+
+stack-up:
+	scripts/stack up
+
+stack-down:
+	scripts/stack down

@@ -46,7 +46,7 @@ impl Reaper {
         let mut state = self.state.lock().unwrap();
         match state.watchers.remove(&pid) {
             Some(tx) => {
-                let _ = tx.send(Some(status));
+                tx.send_replace(Some(status));
             }
             None => {
                 if state.unclaimed.len() >= MAX_UNCLAIMED {

@@ -1,1 +1,160 @@
-//! placeholder
+//! Helpers for vmlet's end-to-end tests and benchmarks. They drive the real clients (`ctr`,
+//! `virsh`) against the private stack that `scripts/stack up` started; its export lines
+//! must be in the environment. Without them every test fails loudly: nothing passes by
+//! skipping.
+
+use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+
+/// The runtime name tests ask containerd for.
+pub const RUNTIME: &str = "io.containerd.vmlet.v2";
+
+/// The stack's coordinates, from `scripts/stack env`.
+#[derive(Debug, Clone)]
+pub struct Stack {
+    pub dir: String,
+    pub containerd: String,
+    pub libvirt_uri: String,
+    pub image: String,
+    pub guest_dir: String,
+}
+
+fn var(name: &str) -> anyhow::Result<String> {
+    std::env::var(name).with_context(|| {
+        format!("{name} is not set: start the stack with `eval \"$(scripts/stack up)\"` (make test does)")
+    })
+}
+
+impl Stack {
+    pub fn from_env() -> anyhow::Result<Self> {
+        Ok(Self {
+            dir: var("VMLET_STACK_DIR")?,
+            containerd: var("CONTAINERD_ADDRESS")?,
+            libvirt_uri: var("LIBVIRT_DEFAULT_URI")?,
+            image: var("VMLET_TEST_IMAGE")?,
+            guest_dir: var("VMLET_GUEST_DIR")?,
+        })
+    }
+
+    /// `ctr` against the stack's containerd, namespace `default`.
+    pub fn ctr(&self) -> Command {
+        let mut c = Command::new("ctr");
+        c.args(["-a", &self.containerd, "-n", "default"]);
+        c
+    }
+
+    /// Runs `ctr ARGS` to completion with no stdin.
+    pub fn ctr_output(&self, args: &[&str]) -> anyhow::Result<Output> {
+        self.ctr()
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .context("run ctr")
+    }
+
+    /// `ctr run --rm --runtime vmlet IMAGE ID ARGS...`, returning its output.
+    pub fn run(&self, id: &str, extra: &[&str], command: &[&str]) -> anyhow::Result<Output> {
+        let mut args = vec!["run", "--rm", "--runtime", RUNTIME];
+        args.extend_from_slice(extra);
+        args.push(&self.image);
+        args.push(id);
+        args.extend_from_slice(command);
+        self.ctr_output(&args)
+    }
+
+    /// The status column of `ctr task ls` for `id`, if it is listed.
+    pub fn task_status(&self, id: &str) -> anyhow::Result<Option<String>> {
+        let out = self.ctr_output(&["task", "ls"])?;
+        Ok(String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .skip(1)
+            .map(|l| l.split_whitespace().collect::<Vec<_>>())
+            .find(|cols| cols.first() == Some(&id))
+            .and_then(|cols| cols.last().map(|s| s.to_string())))
+    }
+
+    /// Waits until `ctr task ls` shows `id` in `status`.
+    pub fn wait_status(&self, id: &str, status: &str, timeout: Duration) -> anyhow::Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let now = self.task_status(id)?;
+            if now.as_deref() == Some(status) {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("task {id} is {now:?}, not {status}, after {timeout:?}");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Names of the libvirt domains vmlet owns on the stack's libvirtd.
+    pub fn vmlet_domains(&self) -> anyhow::Result<Vec<String>> {
+        let out = Command::new("virsh")
+            .args(["-c", &self.libvirt_uri, "list", "--all", "--name"])
+            .output()
+            .context("run virsh")?;
+        if !out.status.success() {
+            bail!("virsh list: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| l.starts_with("vmlet-"))
+            .map(str::to_owned)
+            .collect())
+    }
+
+    /// Processes of the kinds vmlet starts (QEMU, virtiofsd, vhost-device-vsock, shims)
+    /// that belong to this stack: `(pid, command line)`.
+    pub fn stack_processes(&self) -> Vec<(u32, String)> {
+        let mut found = Vec::new();
+        let Ok(entries) = std::fs::read_dir("/proc") else {
+            return found;
+        };
+        for entry in entries.flatten() {
+            let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+                continue;
+            };
+            let Ok(raw) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+                continue;
+            };
+            let cmdline = String::from_utf8_lossy(&raw).replace('\0', " ");
+            let kind = [
+                "qemu-system",
+                "virtiofsd",
+                "vhost-device-vsock",
+                "containerd-shim-vmlet",
+            ]
+            .iter()
+            .any(|k| cmdline.contains(k));
+            if kind && cmdline.contains(&self.dir) {
+                found.push((pid, cmdline));
+            }
+        }
+        found
+    }
+
+    /// Mount points below the shim's state dir (the state dir's own bind excluded).
+    pub fn state_mounts(&self) -> Vec<String> {
+        let state = format!("{}/state/", self.dir);
+        std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.split_whitespace().nth(4).map(str::to_owned))
+            .filter(|m| m.starts_with(&state))
+            .collect()
+    }
+}
+
+/// A container id unique within this test run.
+pub fn unique_id(prefix: &str) -> String {
+    static N: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "{prefix}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}

@@ -16,7 +16,7 @@ pub fn rootfs_in_share(container_id: &str) -> String {
 }
 
 fn rlimit_resource(kind: PosixRlimitType) -> u32 {
-    let resource = match kind {
+    match kind {
         PosixRlimitType::RlimitCpu => libc::RLIMIT_CPU,
         PosixRlimitType::RlimitFsize => libc::RLIMIT_FSIZE,
         PosixRlimitType::RlimitData => libc::RLIMIT_DATA,
@@ -33,8 +33,7 @@ fn rlimit_resource(kind: PosixRlimitType) -> u32 {
         PosixRlimitType::RlimitNice => libc::RLIMIT_NICE,
         PosixRlimitType::RlimitRtprio => libc::RLIMIT_RTPRIO,
         PosixRlimitType::RlimitRttime => libc::RLIMIT_RTTIME,
-    };
-    resource as u32
+    }
 }
 
 /// Builds the agent's create request. Which stdio streams exist is the caller's to say.
@@ -151,7 +150,7 @@ mod tests {
             (user.uid, user.gid, user.additional_gids.clone()),
             (1000, 100, vec![10])
         );
-        assert_eq!(p.rlimits[0].resource, libc::RLIMIT_NOFILE as u32);
+        assert_eq!(p.rlimits[0].resource, libc::RLIMIT_NOFILE);
         assert_eq!((p.rlimits[0].soft, p.rlimits[0].hard), (512, 1024));
         assert_eq!(req.mounts.len(), 2);
         assert_eq!(req.mounts[1].options, ["nosuid", "mode=755"]);

@@ -307,7 +307,7 @@ impl TaskService {
         }
         let exit = Exit { status, at: now() };
         *task.phase.lock().unwrap() = Phase::Stopped;
-        let _ = task.exit.send(Some(exit.clone()));
+        task.exit.send_replace(Some(exit.clone()));
         self.publish(
             topics::TASK_EXIT_EVENT_TOPIC,
             Box::new(TaskExit {

@@ -11,7 +11,7 @@ use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use vmlet_config::{Accel, NodeConfig, VmShape, VsockTransport};
-use vmlet_protocol::agent::PingRequest;
+use vmlet_protocol::agent::{PingRequest, ShutdownRequest};
 use vmlet_protocol::agent_ttrpc::AgentClient;
 use vmlet_protocol::AGENT_PORT;
 
@@ -23,6 +23,8 @@ use crate::Error;
 
 /// virtio-fs tag of the shared directory.
 const SHARE_TAG: &str = "vmlet";
+/// How long teardown waits for the guest to power itself off.
+const POWER_OFF_WAIT: Duration = Duration::from_secs(2);
 /// How much of the console log an agent timeout error carries.
 const CONSOLE_TAIL: usize = 2048;
 
@@ -74,14 +76,11 @@ pub enum RootfsSource {
     Dir(PathBuf),
 }
 
-fn block<T: Send + 'static>(
-    f: impl FnOnce() -> T + Send + 'static,
-) -> impl std::future::Future<Output = Result<T, Error>> {
-    async move {
-        tokio::task::spawn_blocking(f)
-            .await
-            .map_err(|e| Error::Internal(format!("blocking task: {e}")))
-    }
+/// Runs a blocking call (libvirt, mounts) off the async executor.
+async fn block<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, Error> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Error::Internal(format!("blocking task: {e}")))
 }
 
 impl Vm {
@@ -239,10 +238,15 @@ impl Vm {
             if kvm { "kvm" } else { "tcg" }
         );
         save(&|s| s.domain = Some(name.clone()))?;
+        let started = Instant::now();
         {
             let vmm = vmm.clone();
             block(move || vmm.start(&xml)).await??;
         }
+        log::info!(
+            "pod {pod_id}: domain started in {} ms",
+            started.elapsed().as_millis()
+        );
         let endpoint = match vsock_device {
             VsockDevice::VhostUser { .. } => Endpoint::Hybrid {
                 uds: paths.vsock_uds.clone(),
@@ -265,14 +269,46 @@ impl Vm {
                 console_tail(&paths.console)
             ))
         })?;
+        log::info!(
+            "pod {pod_id}: agent answered {} ms after start",
+            started.elapsed().as_millis()
+        );
         Ok((endpoint, agent, boot_id))
     }
 
-    /// Stops the VM and removes everything the pod created.
+    /// Stops the VM and removes everything the pod created. The guest is asked to power
+    /// itself off first: that is faster than libvirt's destroy (SIGTERM, then waiting for
+    /// QEMU), which remains the fallback.
     pub async fn teardown(&self) -> Result<(), Error> {
+        let started = Instant::now();
+        let name = domain_name(&self.pod_id);
+        let asked = tokio::time::timeout(
+            POWER_OFF_WAIT,
+            self.agent.shutdown(
+                ttrpc::context::with_timeout(1_000_000_000),
+                &ShutdownRequest::default(),
+            ),
+        )
+        .await;
+        if matches!(asked, Ok(Ok(_))) {
+            let deadline = Instant::now() + POWER_OFF_WAIT;
+            while Instant::now() < deadline {
+                let (vmm, n) = (self.vmm.clone(), name.clone());
+                if !block(move || vmm.is_active(&n)).await?.unwrap_or(true) {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
         let state = self.state.lock().unwrap().clone();
         let vmm = self.vmm.clone();
-        block(move || teardown(&*vmm, &state)).await?
+        let result = block(move || teardown(&*vmm, &state)).await?;
+        log::info!(
+            "pod {}: torn down in {} ms",
+            self.pod_id,
+            started.elapsed().as_millis()
+        );
+        result
     }
 }
 

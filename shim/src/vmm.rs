@@ -17,6 +17,8 @@ pub trait VmManager: Send + Sync + 'static {
     fn remove(&self, name: &str) -> Result<(), Error>;
     /// The live XML of a running domain.
     fn live_xml(&self, name: &str) -> Result<String, Error>;
+    /// Whether the domain is running; no such domain is "not running".
+    fn is_active(&self, name: &str) -> Result<bool, Error>;
 }
 
 /// libvirt through the `virt` crate; one connection per call, opened from the URI.
@@ -99,6 +101,16 @@ impl VmManager for Libvirt {
                 .map_err(|e| Error::Libvirt(format!("read XML of {name}: {e}")))
         })
     }
+
+    fn is_active(&self, name: &str) -> Result<bool, Error> {
+        self.with_conn(|conn| match Domain::lookup_by_name(conn, name) {
+            Ok(d) => d
+                .is_active()
+                .map_err(|e| Error::Libvirt(format!("state of {name}: {e}"))),
+            Err(e) if is_no_domain(&e) => Ok(false),
+            Err(e) => Err(Error::Libvirt(format!("look up {name}: {e}"))),
+        })
+    }
 }
 
 /// An in-memory VM manager for unit tests: records what was started and removed.
@@ -134,5 +146,9 @@ impl VmManager for FakeVmm {
 
     fn live_xml(&self, name: &str) -> Result<String, Error> {
         Err(Error::NotFound(format!("domain {name}")))
+    }
+
+    fn is_active(&self, name: &str) -> Result<bool, Error> {
+        Ok(self.running.lock().unwrap().iter().any(|n| n == name))
     }
 }

@@ -1,0 +1,169 @@
+//! `make bench-start`: cold start of a vmlet task beside the floor, measured in the same run.
+//!
+//! - vmlet: median wall time of 5 cold `ctr run --rm --runtime io.containerd.vmlet.v2 IMAGE ID true`;
+//! - floor: median of 5 runs of QEMU started directly (no libvirt, no shim) on the same
+//!   kernel and initramfs, with its own vhost-device-vsock, until the agent answers a ping,
+//!   then powered off through the agent.
+//!
+//! Prints both, and the ratio. Nothing is asserted.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use vmlet_integration::{unique_id, Stack};
+use vmlet_protocol::agent::{PingRequest, ShutdownRequest};
+use vmlet_protocol::agent_ttrpc::AgentClient;
+use vmlet_shim::vsock::Endpoint;
+
+const RUNS: usize = 5;
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+fn vmlet_once(stack: &Stack) -> anyhow::Result<Duration> {
+    let start = Instant::now();
+    let out = stack.run(&unique_id("bench"), &[], &["true"])?;
+    if !out.status.success() {
+        bail!("ctr run: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(start.elapsed())
+}
+
+async fn floor_once(guest_dir: &str, qemu: &str, vsock_bin: &str) -> anyhow::Result<Duration> {
+    let dir = std::env::temp_dir().join(unique_id("vmlet-floor"));
+    std::fs::create_dir_all(&dir)?;
+    let result = floor_in(&dir, guest_dir, qemu, vsock_bin).await;
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
+
+async fn floor_in(
+    dir: &Path,
+    guest_dir: &str,
+    qemu: &str,
+    vsock_bin: &str,
+) -> anyhow::Result<Duration> {
+    let vhost = dir.join("vhost.sock");
+    let uds = dir.join("vsock.sock");
+    let start = Instant::now();
+    let mut vsock = Command::new(vsock_bin)
+        .arg("--vm")
+        .arg(format!(
+            "guest-cid=3,socket={},uds-path={}",
+            vhost.display(),
+            uds.display()
+        ))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("start vhost-device-vsock")?;
+    while !vhost.exists() {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let mut vm = Command::new(qemu)
+        .args([
+            "-machine",
+            "q35,accel=tcg",
+            "-m",
+            "256",
+            "-smp",
+            "1",
+            "-nodefaults",
+            "-display",
+            "none",
+            "-no-reboot",
+        ])
+        .args([
+            "-object",
+            "memory-backend-memfd,id=mem,size=256M,share=on",
+            "-numa",
+            "node,memdev=mem",
+        ])
+        .arg("-chardev")
+        .arg(format!("socket,id=vs,path={}", vhost.display()))
+        .args(["-device", "vhost-user-vsock-pci,chardev=vs"])
+        .arg("-serial")
+        .arg(format!("file:{}", dir.join("console.log").display()))
+        .arg("-kernel")
+        .arg(format!("{guest_dir}/vmlinuz"))
+        .arg("-initrd")
+        .arg(format!("{guest_dir}/initrd.img"))
+        .args(["-append", "console=ttyS0 panic=-1 quiet"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("start qemu")?;
+    let endpoint = Endpoint::Hybrid { uds };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let client = loop {
+        if Instant::now() > deadline {
+            let _ = vm.kill();
+            let _ = vsock.kill();
+            bail!("the agent did not answer within 60 s");
+        }
+        if let Ok(stream) = endpoint.connect(vmlet_protocol::AGENT_PORT).await {
+            let client = AgentClient::new(ttrpc::r#async::Client::new(
+                ttrpc::r#async::transport::Socket::new(stream),
+            ));
+            if client
+                .ping(
+                    ttrpc::context::with_timeout(2_000_000_000),
+                    &PingRequest::default(),
+                )
+                .await
+                .is_ok()
+            {
+                break client;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let _ = client
+        .shutdown(
+            ttrpc::context::with_timeout(2_000_000_000),
+            &ShutdownRequest::default(),
+        )
+        .await;
+    let _ = tokio::task::spawn_blocking(move || vm.wait()).await;
+    let elapsed = start.elapsed();
+    let _ = vsock.kill();
+    let _ = vsock.wait();
+    Ok(elapsed)
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let stack = Stack::from_env()?;
+    let qemu = "/usr/bin/qemu-system-x86_64";
+    let vsock_bin = "/usr/local/bin/vhost-device-vsock";
+    let mut vmlet = Vec::new();
+    let mut floor = Vec::new();
+    for i in 0..RUNS {
+        let f = floor_once(&stack.guest_dir, qemu, vsock_bin).await?;
+        let s = stack.clone();
+        let v = tokio::task::spawn_blocking(move || vmlet_once(&s)).await??;
+        println!(
+            "run {}: vmlet {:.3} s, floor {:.3} s",
+            i + 1,
+            v.as_secs_f64(),
+            f.as_secs_f64()
+        );
+        vmlet.push(v);
+        floor.push(f);
+    }
+    let (v, f) = (median(vmlet), median(floor));
+    println!(
+        "bench-start: vmlet ctr run --rm true median {:.3} s",
+        v.as_secs_f64()
+    );
+    println!("bench-start: floor (direct QEMU, same kernel+initramfs, until agent ping, power off) median {:.3} s", f.as_secs_f64());
+    println!(
+        "bench-start: ratio {:.2} (target <= 1.5)",
+        v.as_secs_f64() / f.as_secs_f64()
+    );
+    Ok(())
+}

@@ -1,0 +1,244 @@
+//! End to end through `ctr` against the private stack (real containerd 1.6, libvirtd, QEMU
+//! under TCG, virtiofsd, vhost-device-vsock). Run by `make test`; run alone with
+//! `eval "$(scripts/stack up)"; cargo test -p vmlet-integration --test ctr -- --ignored`.
+
+use std::io::Write;
+use std::process::Stdio;
+use std::time::Duration;
+
+use vmlet_integration::{unique_id, Stack, RUNTIME};
+
+const BOOT: Duration = Duration::from_secs(90);
+
+fn stack() -> Stack {
+    Stack::from_env().expect("the vmlet stack")
+}
+
+#[test]
+#[ignore = "needs the vmlet stack: make test"]
+fn guest_kernel_differs_from_host() {
+    let s = stack();
+    let out = s.run(&unique_id("uname"), &[], &["uname", "-r"]).unwrap();
+    assert!(
+        out.status.success(),
+        "ctr run: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let guest = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    let host = std::process::Command::new("uname")
+        .arg("-r")
+        .output()
+        .unwrap();
+    let host = String::from_utf8_lossy(&host.stdout).trim().to_owned();
+    let manifest = std::fs::read_to_string(format!("{}/manifest.json", s.guest_dir)).unwrap();
+    assert!(!guest.is_empty());
+    assert_ne!(guest, host, "the container ran on the host kernel");
+    assert!(
+        manifest.contains(&guest),
+        "guest kernel {guest} is not the image's"
+    );
+}
+
+#[test]
+#[ignore = "needs the vmlet stack: make test"]
+fn exit_code_propagates() {
+    let s = stack();
+    let out = s
+        .run(&unique_id("exit"), &[], &["sh", "-c", "exit 7"])
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(7),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+#[ignore = "needs the vmlet stack: make test"]
+fn stdin_and_stdout_reach_the_container() {
+    let s = stack();
+    let id = unique_id("stdin");
+    let mut child = s
+        .ctr()
+        .args([
+            "run",
+            "--rm",
+            "--runtime",
+            RUNTIME,
+            &s.image,
+            &id,
+            "sh",
+            "-c",
+            "read x; echo got-$x; echo err >&2",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // ctr forwards stdin but never closes it: the reader stops by itself after one line.
+    child.stdin.as_mut().unwrap().write_all(b"hello\n").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "got-hello");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("err"));
+}
+
+#[test]
+#[ignore = "needs the vmlet stack: make test"]
+fn sigterm_reaches_a_handler() {
+    let s = stack();
+    let id = unique_id("term");
+    let child = s
+        .ctr()
+        .args([
+            "run",
+            "--rm",
+            "--runtime",
+            RUNTIME,
+            &s.image,
+            &id,
+            "sh",
+            "-c",
+            "trap 'exit 143' TERM; while :; do sleep 1; done",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    s.wait_status(&id, "RUNNING", BOOT).unwrap();
+    let kill = s.ctr_output(&["task", "kill", &id]).unwrap();
+    assert!(
+        kill.status.success(),
+        "{}",
+        String::from_utf8_lossy(&kill.stderr)
+    );
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(143),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+#[ignore = "needs the vmlet stack: make test"]
+fn pid1_ignores_sigterm_and_dies_on_sigkill() {
+    let s = stack();
+    let id = unique_id("kill");
+    let child = s
+        .ctr()
+        .args([
+            "run",
+            "--rm",
+            "--runtime",
+            RUNTIME,
+            &s.image,
+            &id,
+            "sleep",
+            "1000",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    s.wait_status(&id, "RUNNING", BOOT).unwrap();
+    assert!(s
+        .ctr_output(&["task", "kill", &id])
+        .unwrap()
+        .status
+        .success());
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        s.task_status(&id).unwrap().as_deref(),
+        Some("RUNNING"),
+        "PID 1 without a handler must ignore SIGTERM"
+    );
+    assert!(s
+        .ctr_output(&["task", "kill", "-s", "SIGKILL", &id])
+        .unwrap()
+        .status
+        .success());
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(137),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+#[ignore = "needs the vmlet stack: make test"]
+fn killed_detached_task_can_be_deleted() {
+    let s = stack();
+    let id = unique_id("detached");
+    let run = s
+        .ctr_output(&[
+            "run",
+            "-d",
+            "--runtime",
+            RUNTIME,
+            &s.image,
+            &id,
+            "sleep",
+            "1000",
+        ])
+        .unwrap();
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    s.wait_status(&id, "RUNNING", BOOT).unwrap();
+    assert!(s
+        .ctr_output(&["task", "kill", "-s", "SIGKILL", &id])
+        .unwrap()
+        .status
+        .success());
+    s.wait_status(&id, "STOPPED", Duration::from_secs(30))
+        .unwrap();
+    let delete = s.ctr_output(&["task", "delete", &id]).unwrap();
+    assert!(
+        delete.status.success(),
+        "{}",
+        String::from_utf8_lossy(&delete.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&delete.stderr).contains("137"),
+        "ctr reports the exit code: {}",
+        String::from_utf8_lossy(&delete.stderr)
+    );
+    assert!(s
+        .ctr_output(&["container", "rm", &id])
+        .unwrap()
+        .status
+        .success());
+}
+
+#[test]
+#[ignore = "needs the vmlet stack: make test"]
+fn bad_memory_annotation_is_refused_by_name() {
+    let s = stack();
+    let id = unique_id("badmem");
+    let out = s
+        .run(&id, &["--annotation", "vmlet.io/memory=lots"], &["true"])
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("vmlet.io/memory"), "{stderr}");
+    assert!(stderr.contains("lots"), "{stderr}");
+    assert!(
+        !std::path::Path::new(&format!("{}/state/{id}", s.dir)).exists(),
+        "state left behind"
+    );
+    let _ = s.ctr_output(&["container", "rm", &id]);
+}
