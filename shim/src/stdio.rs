@@ -100,19 +100,14 @@ pub async fn attach(
         let mut stream = open_stream(endpoint, container_id, StreamKind::Stdin).await?;
         let path = PathBuf::from(&paths.stdin);
         let closed = close_stdin.clone();
+        // Read-write: the open never blocks (a blocking open would wait for containerd's
+        // writer forever if it came and went first, and keep the shim from exiting). The
+        // stream then ends with close_io (containerd's "stdin closed") or the task's end.
+        let mut fifo = pipe::OpenOptions::new()
+            .read_write(true)
+            .open_receiver(&path)
+            .map_err(|e| Error::io(format!("open {}", path.display()), e))?;
         tokio::spawn(async move {
-            // Opening for reading waits for containerd's writer; EOF then means it closed.
-            let open = tokio::task::spawn_blocking(move || std::fs::File::open(path));
-            let file = tokio::select! {
-                opened = open => match opened {
-                    Ok(Ok(file)) => file,
-                    _ => return,
-                },
-                _ = closed.notified() => return,
-            };
-            let Ok(mut fifo) = pipe::Receiver::from_file(file) else {
-                return;
-            };
             tokio::select! {
                 _ = tokio::io::copy(&mut fifo, &mut stream) => {}
                 _ = closed.notified() => {}

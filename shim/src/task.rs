@@ -295,6 +295,7 @@ impl TaskService {
             }
         };
         if let Some(copies) = task.copies.lock().await.as_mut() {
+            copies.close_stdin();
             if tokio::time::timeout(OUTPUT_DRAIN, copies.drain())
                 .await
                 .is_err()

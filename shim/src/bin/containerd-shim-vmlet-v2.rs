@@ -1,6 +1,13 @@
 //! containerd-shim-vmlet-v2: see the `vmlet_shim` crate.
 
-#[tokio::main]
-async fn main() {
-    vmlet_shim::run().await;
+use std::time::Duration;
+
+fn main() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    runtime.block_on(vmlet_shim::run());
+    // Never let a stuck blocking call keep an exiting shim alive.
+    runtime.shutdown_timeout(Duration::from_secs(1));
 }
