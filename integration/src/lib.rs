@@ -3,7 +3,7 @@
 //! must be in the environment. Without them every test fails loudly: nothing passes by
 //! skipping.
 
-use std::process::{Command, Output, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
@@ -63,6 +63,19 @@ impl Stack {
         args.push(id);
         args.extend_from_slice(command);
         self.ctr_output(&args)
+    }
+
+    /// Starts an attached `ctr run --rm --runtime vmlet IMAGE ID COMMAND...` with no stdin
+    /// and piped output.
+    pub fn spawn_run(&self, id: &str, command: &[&str]) -> anyhow::Result<Child> {
+        self.ctr()
+            .args(["run", "--rm", "--runtime", RUNTIME, &self.image, id])
+            .args(command)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("spawn ctr run")
     }
 
     /// The status column of `ctr task ls` for `id`, if it is listed.

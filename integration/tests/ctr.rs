@@ -95,22 +95,14 @@ fn sigterm_reaches_a_handler() {
     let s = stack();
     let id = unique_id("term");
     let child = s
-        .ctr()
-        .args([
-            "run",
-            "--rm",
-            "--runtime",
-            RUNTIME,
-            &s.image,
+        .spawn_run(
             &id,
-            "sh",
-            "-c",
-            "trap 'exit 143' TERM; while :; do sleep 1; done",
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
+            &[
+                "sh",
+                "-c",
+                "trap 'exit 143' TERM; while :; do sleep 1; done",
+            ],
+        )
         .unwrap();
     s.wait_status(&id, "RUNNING", BOOT).unwrap();
     let kill = s.ctr_output(&["task", "kill", &id]).unwrap();
@@ -133,23 +125,7 @@ fn sigterm_reaches_a_handler() {
 fn pid1_ignores_sigterm_and_dies_on_sigkill() {
     let s = stack();
     let id = unique_id("kill");
-    let child = s
-        .ctr()
-        .args([
-            "run",
-            "--rm",
-            "--runtime",
-            RUNTIME,
-            &s.image,
-            &id,
-            "sleep",
-            "1000",
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = s.spawn_run(&id, &["sleep", "1000"]).unwrap();
     s.wait_status(&id, "RUNNING", BOOT).unwrap();
     assert!(s
         .ctr_output(&["task", "kill", &id])

@@ -373,7 +373,7 @@ fn console_tail(path: &Path) -> String {
 }
 
 /// Connects to the agent and pings it until it answers or `timeout` passes.
-async fn connect_agent(
+pub async fn connect_agent(
     endpoint: &Endpoint,
     timeout: Duration,
 ) -> Result<(AgentClient, String), Error> {

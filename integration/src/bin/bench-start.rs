@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use vmlet_integration::{unique_id, Stack};
-use vmlet_protocol::agent::{PingRequest, ShutdownRequest};
-use vmlet_protocol::agent_ttrpc::AgentClient;
+use vmlet_protocol::agent::ShutdownRequest;
+use vmlet_shim::vm::connect_agent;
 use vmlet_shim::vsock::Endpoint;
 
 const RUNS: usize = 5;
@@ -98,29 +98,13 @@ async fn floor_in(
         .spawn()
         .context("start qemu")?;
     let endpoint = Endpoint::Hybrid { uds };
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let client = loop {
-        if Instant::now() > deadline {
+    let client = match connect_agent(&endpoint, Duration::from_secs(60)).await {
+        Ok((client, _)) => client,
+        Err(e) => {
             let _ = vm.kill();
             let _ = vsock.kill();
-            bail!("the agent did not answer within 60 s");
+            bail!("{}", e.message());
         }
-        if let Ok(stream) = endpoint.connect(vmlet_protocol::AGENT_PORT).await {
-            let client = AgentClient::new(ttrpc::r#async::Client::new(
-                ttrpc::r#async::transport::Socket::new(stream),
-            ));
-            if client
-                .ping(
-                    ttrpc::context::with_timeout(2_000_000_000),
-                    &PingRequest::default(),
-                )
-                .await
-                .is_ok()
-            {
-                break client;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
     };
     let _ = client
         .shutdown(
