@@ -22,6 +22,7 @@ lint:
 
 ## e2e / bench-start: against a stack that is already up (eval "$$(scripts/stack up)").
 e2e:
+	cargo test --locked -p vmlet-integration --test netns -- --ignored --test-threads=1
 	cargo test --locked -p vmlet-integration --test ctr -- --ignored --test-threads=1
 	cargo test --locked -p vmlet-integration --test leftovers -- --ignored
 

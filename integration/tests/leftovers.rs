@@ -18,4 +18,13 @@ fn nothing_is_left_behind() {
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect::<Vec<_>>();
     assert_eq!(state, Vec::<String>::new(), "pod state dirs left");
+    let netns = std::process::Command::new("ip")
+        .args(["netns", "list"])
+        .output()
+        .unwrap();
+    let netns = String::from_utf8_lossy(&netns.stdout);
+    assert!(
+        !netns.contains("vmlet-"),
+        "test network namespaces left: {netns}"
+    );
 }

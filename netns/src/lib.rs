@@ -1,15 +1,20 @@
 //! Pod network namespace plumbing for vmlet.
 //!
-//! The walking skeleton boots VMs without a network; issue 3 fills this crate with what
-//! DESIGN.md describes: entering the pod netns on a dedicated thread, reading the CNI
-//! interfaces, creating taps and joining them to the CNI interfaces with tc mirred.
-//! Until then it only names the error type the shim will map to ttrpc codes.
-#![forbid(unsafe_code)]
+//! The CNI plugins configured the pod's network namespace before the sandbox is created.
+//! [`wire`] carries that network into the VM without changing what the cluster sees: inside
+//! the namespace (on a dedicated thread, see [`worker`]) it lists the CNI interfaces, creates
+//! one tap per interface with the same MTU, and joins each pair with an `ingress` qdisc and a
+//! match-all u32 filter with `mirred egress redirect` in both directions (the model Kata
+//! calls tcfilter). The tap file descriptors go to QEMU; the guest gets the interface's MAC,
+//! addresses and MTU. [`unwire`] removes exactly what was added.
 
-/// Errors of the netns crate.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// Pod networking is not wired into the VM yet.
-    #[error("pod networking is not supported yet")]
-    Unsupported,
-}
+mod error;
+mod interface;
+mod tap;
+mod wiring;
+pub mod worker;
+
+pub use error::Error;
+pub use interface::{Interface, IpNet};
+pub use tap::TAP_PREFIX;
+pub use wiring::{unwire, wire, Wired, Wiring};

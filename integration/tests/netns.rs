@@ -1,0 +1,264 @@
+//! The netns crate against real network namespaces, veth pairs and tc (root, no VM).
+//! Run by `make test`; alone: `cargo test -p vmlet-integration --test netns -- --ignored`.
+//!
+//! Traffic stays between two namespaces the test creates ("pod" and "peer", joined by a
+//! veth pair on 10.213.0.0/24); nothing is sent from or to the host's own interfaces.
+
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+
+const POD_IP: [u8; 4] = [10, 213, 0, 2];
+const PEER_IP: [u8; 4] = [10, 213, 0, 1];
+/// virtio_net_hdr in front of every frame on an IFF_VNET_HDR tap.
+const VNET_HDR_LEN: usize = 10;
+
+fn ip(args: &[&str]) -> String {
+    let out = Command::new("ip").args(args).output().expect("run ip");
+    assert!(
+        out.status.success(),
+        "ip {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn tc(ns: &str, args: &[&str]) -> String {
+    let mut all = vec!["netns", "exec", ns, "tc"];
+    all.extend_from_slice(args);
+    ip(&all)
+}
+
+/// Two namespaces joined by a veth pair; removed on drop.
+struct TestNet {
+    pod: String,
+    peer: String,
+}
+
+impl TestNet {
+    fn new(mtu: u32) -> Self {
+        let id = std::process::id() % 100_000;
+        let net = TestNet {
+            pod: format!("vmlet-pod-{id}"),
+            peer: format!("vmlet-peer-{id}"),
+        };
+        ip(&["netns", "add", &net.pod]);
+        ip(&["netns", "add", &net.peer]);
+        ip(&[
+            "-n", &net.pod, "link", "add", "eth0", "type", "veth", "peer", "name", "peer0",
+            "netns", &net.peer,
+        ]);
+        let mtu = mtu.to_string();
+        ip(&["-n", &net.pod, "link", "set", "eth0", "mtu", &mtu, "up"]);
+        ip(&["-n", &net.pod, "link", "set", "lo", "up"]);
+        ip(&[
+            "-n",
+            &net.pod,
+            "addr",
+            "add",
+            "10.213.0.2/24",
+            "dev",
+            "eth0",
+        ]);
+        ip(&["-n", &net.peer, "link", "set", "peer0", "mtu", &mtu, "up"]);
+        ip(&[
+            "-n",
+            &net.peer,
+            "addr",
+            "add",
+            "10.213.0.1/24",
+            "dev",
+            "peer0",
+        ]);
+        net
+    }
+
+    fn pod_path(&self) -> PathBuf {
+        PathBuf::from("/run/netns").join(&self.pod)
+    }
+
+    fn mac(&self, ns: &str, dev: &str) -> [u8; 6] {
+        let json: serde_json::Value =
+            serde_json::from_str(&ip(&["-n", ns, "-j", "link", "show", dev])).unwrap();
+        let text = json[0]["address"].as_str().unwrap().to_owned();
+        let bytes: Vec<u8> = text
+            .split(':')
+            .map(|b| u8::from_str_radix(b, 16).unwrap())
+            .collect();
+        bytes.try_into().unwrap()
+    }
+}
+
+impl Drop for TestNet {
+    fn drop(&mut self) {
+        for ns in [&self.pod, &self.peer] {
+            let _ = Command::new("ip").args(["netns", "del", ns]).status();
+        }
+    }
+}
+
+fn checksum(data: &[u8]) -> u16 {
+    let mut sum: u32 = data
+        .chunks(2)
+        .map(|c| u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)])))
+        .sum();
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
+/// An ICMP echo request from the pod's address to the peer, as the guest would send it.
+fn echo_request(src_mac: [u8; 6], dst_mac: [u8; 6], id: u16) -> Vec<u8> {
+    let mut icmp = vec![8, 0, 0, 0];
+    icmp.extend_from_slice(&id.to_be_bytes());
+    icmp.extend_from_slice(&1u16.to_be_bytes());
+    icmp.extend_from_slice(b"vmlet-netns-test");
+    let c = checksum(&icmp);
+    icmp[2..4].copy_from_slice(&c.to_be_bytes());
+    let total = (20 + icmp.len()) as u16;
+    let mut ipv4 = vec![0x45, 0, 0, 0, 0, 0, 0x40, 0, 64, 1, 0, 0];
+    ipv4[2..4].copy_from_slice(&total.to_be_bytes());
+    ipv4.extend_from_slice(&POD_IP);
+    ipv4.extend_from_slice(&PEER_IP);
+    let c = checksum(&ipv4);
+    ipv4[10..12].copy_from_slice(&c.to_be_bytes());
+    let mut frame = vec![0u8; VNET_HDR_LEN];
+    frame.extend_from_slice(&dst_mac);
+    frame.extend_from_slice(&src_mac);
+    frame.extend_from_slice(&[0x08, 0x00]);
+    frame.extend_from_slice(&ipv4);
+    frame.extend_from_slice(&icmp);
+    frame
+}
+
+/// Reads frames from the tap until an ICMP echo reply with `id` arrives.
+fn wait_for_echo_reply(tap: &OwnedFd, id: u16, timeout: Duration) -> bool {
+    let mut file = std::fs::File::from(tap.try_clone().unwrap());
+    let deadline = Instant::now() + timeout;
+    let mut buf = vec![0u8; 65536];
+    while Instant::now() < deadline {
+        let mut fds = [PollFd::new(tap.as_fd(), PollFlags::POLLIN)];
+        if poll(&mut fds, PollTimeout::from(200u16)).unwrap_or(0) == 0 {
+            continue;
+        }
+        let n = file.read(&mut buf).unwrap();
+        let frame = &buf[VNET_HDR_LEN.min(n)..n];
+        let is_reply = frame.len() >= 14 + 20 + 8
+            && frame[12..14] == [0x08, 0x00]
+            && frame[14 + 9] == 1
+            && frame[14 + 20] == 0
+            && frame[14 + 24..14 + 26] == id.to_be_bytes();
+        if is_reply {
+            return true;
+        }
+    }
+    false
+}
+
+#[test]
+#[ignore = "needs root and iproute2: make test"]
+fn wires_taps_to_cni_interfaces_and_unwires_them() {
+    let net = TestNet::new(1400);
+    let pod_mac = net.mac(&net.pod, "eth0");
+    let peer_mac = net.mac(&net.peer, "peer0");
+
+    let wired = vmlet_netns::wire(&net.pod_path()).unwrap();
+    assert_eq!(wired.wirings.len(), 1);
+    assert_eq!(wired.taps.len(), 1);
+    let w = &wired.wirings[0];
+    assert_eq!(w.interface.name, "eth0");
+    assert_eq!(w.interface.mac, pod_mac);
+    assert_eq!(w.interface.mtu, 1400);
+    assert_eq!(
+        w.interface
+            .addresses
+            .iter()
+            .map(|a| a.to_string())
+            .collect::<Vec<_>>(),
+        ["10.213.0.2/24"]
+    );
+    assert_eq!(w.tap_name, "vmtap0");
+
+    let tap_link: serde_json::Value =
+        serde_json::from_str(&ip(&["-n", &net.pod, "-j", "link", "show", "vmtap0"])).unwrap();
+    assert_eq!(tap_link[0]["mtu"], 1400);
+    for (dev, to) in [("eth0", "vmtap0"), ("vmtap0", "eth0")] {
+        let filters = tc(&net.pod, &["filter", "show", "dev", dev, "ingress"]);
+        assert!(
+            filters.contains("mirred") && filters.contains(&format!("Redirect to device {to}")),
+            "{dev}: {filters}"
+        );
+    }
+
+    // A frame the guest would send leaves through eth0; the peer's reply comes back to the
+    // tap. The peer knows the pod's MAC already: the test does not answer ARP.
+    let mac_text = pod_mac
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":");
+    ip(&[
+        "-n",
+        &net.peer,
+        "neigh",
+        "replace",
+        "10.213.0.2",
+        "lladdr",
+        &mac_text,
+        "dev",
+        "peer0",
+    ]);
+    let mut tap = std::fs::File::from(wired.taps[0].try_clone().unwrap());
+    tap.write_all(&echo_request(pod_mac, peer_mac, 0x5a5a))
+        .unwrap();
+    let replied = wait_for_echo_reply(&wired.taps[0], 0x5a5a, Duration::from_secs(5));
+    assert!(
+        replied,
+        "no echo reply reached the tap\npeer: {}\ntap filter: {}\neth0 filter: {}",
+        ip(&["-n", &net.peer, "-s", "link", "show", "peer0"]),
+        tc(
+            &net.pod,
+            &["-s", "filter", "show", "dev", "vmtap0", "ingress"]
+        ),
+        tc(
+            &net.pod,
+            &["-s", "filter", "show", "dev", "eth0", "ingress"]
+        ),
+    );
+
+    drop(tap);
+    let wirings = wired.wirings.clone();
+    drop(wired);
+    vmlet_netns::unwire(&net.pod_path(), &wirings).unwrap();
+    let qdiscs = tc(&net.pod, &["qdisc", "show", "dev", "eth0"]);
+    assert!(!qdiscs.contains("ingress"), "{qdiscs}");
+    let links = ip(&["-n", &net.pod, "link", "show"]);
+    assert!(!links.contains("vmtap"), "{links}");
+    // Unwiring twice finds nothing to do.
+    vmlet_netns::unwire(&net.pod_path(), &wirings).unwrap();
+}
+
+#[test]
+#[ignore = "needs root and iproute2: make test"]
+fn a_namespace_without_interfaces_is_refused() {
+    let name = format!("vmlet-empty-{}", std::process::id() % 100_000);
+    ip(&["netns", "add", &name]);
+    let result = vmlet_netns::wire(&PathBuf::from("/run/netns").join(&name));
+    let _ = Command::new("ip").args(["netns", "del", &name]).status();
+    let err = result.unwrap_err().to_string();
+    assert!(err.contains("no usable interface"), "{err}");
+}
+
+#[test]
+#[ignore = "needs root and iproute2: make test"]
+fn a_missing_namespace_is_refused() {
+    let err = vmlet_netns::wire(&PathBuf::from("/run/netns/vmlet-does-not-exist"))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("cannot enter network namespace"), "{err}");
+}

@@ -1,0 +1,243 @@
+//! Wiring each CNI interface to a tap with tc mirred, and removing exactly that again.
+
+use std::os::fd::OwnedFd;
+use std::path::Path;
+
+use futures_util::TryStreamExt;
+use rtnetlink::packet_route::address::AddressAttribute;
+use rtnetlink::packet_route::link::{LinkAttribute, LinkFlags};
+use rtnetlink::packet_route::tc::TcHandle;
+use rtnetlink::{Handle, LinkUnspec};
+
+use crate::interface::{is_link_local, is_pod_interface, Interface, IpNet};
+use crate::tap::{open_tap, tap_name};
+use crate::worker::in_netns;
+use crate::Error;
+
+/// tc filter parent of the ingress qdisc (`ffff:`).
+const INGRESS_PARENT: u32 = 0xffff_0000;
+/// `ETH_P_ALL` in network byte order, as tc wants the filter protocol: every protocol.
+const ETH_P_ALL_BE: u16 = 0x0003u16.to_be();
+
+/// One CNI interface joined to one tap.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Wiring {
+    pub interface: Interface,
+    pub tap_name: String,
+    pub tap_index: u32,
+}
+
+/// The result of [`wire`]: what was joined, and the taps' queue fds for QEMU (same order).
+#[derive(Debug, Default)]
+pub struct Wired {
+    pub wirings: Vec<Wiring>,
+    pub taps: Vec<OwnedFd>,
+}
+
+/// Lists the pod interfaces in the namespace at `netns` and joins each to a new tap.
+/// On failure, whatever was added is removed again before the error is returned.
+pub fn wire(netns: &Path) -> Result<Wired, Error> {
+    let path = netns.to_owned();
+    in_netns(netns, move |handle| async move {
+        let interfaces = list_interfaces(&handle).await?;
+        if interfaces.is_empty() {
+            return Err(Error::NoInterface(path));
+        }
+        let mut wired = Wired::default();
+        for (n, interface) in interfaces.into_iter().enumerate() {
+            match wire_one(&handle, n, interface).await {
+                Ok((wiring, tap)) => {
+                    wired.wirings.push(wiring);
+                    wired.taps.push(tap);
+                }
+                Err(e) => {
+                    if let Err(undo) = unwire_all(&handle, &wired.wirings).await {
+                        log::warn!("undo partial wiring: {undo}");
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(wired)
+    })
+}
+
+/// Removes what [`wire`] added: the ingress qdiscs (and with them the filters) and the
+/// taps. Things already gone are not an error.
+pub fn unwire(netns: &Path, wirings: &[Wiring]) -> Result<(), Error> {
+    let wirings = wirings.to_vec();
+    in_netns(netns, move |handle| async move {
+        unwire_all(&handle, &wirings).await
+    })
+}
+
+async fn list_interfaces(handle: &Handle) -> Result<Vec<Interface>, Error> {
+    let mut links = handle.link().get().execute();
+    let mut found = Vec::new();
+    while let Some(link) = links
+        .try_next()
+        .await
+        .map_err(|e| Error::netlink("list links", e))?
+    {
+        let mut name = String::new();
+        let mut mac = None;
+        let mut mtu = 1500;
+        for attribute in &link.attributes {
+            match attribute {
+                LinkAttribute::IfName(n) => name = n.clone(),
+                LinkAttribute::Address(a) => mac = Some(a.clone()),
+                LinkAttribute::Mtu(m) => mtu = *m,
+                _ => {}
+            }
+        }
+        let loopback = link.header.flags.contains(LinkFlags::Loopback);
+        if !is_pod_interface(&name, loopback, mac.as_deref()) {
+            continue;
+        }
+        let mac: [u8; 6] = mac.unwrap_or_default().try_into().unwrap_or_default();
+        found.push(Interface {
+            addresses: addresses_of(handle, link.header.index).await?,
+            name,
+            index: link.header.index,
+            mac,
+            mtu,
+        });
+    }
+    found.sort_by_key(|i| i.index);
+    Ok(found)
+}
+
+async fn addresses_of(handle: &Handle, index: u32) -> Result<Vec<IpNet>, Error> {
+    let mut stream = handle
+        .address()
+        .get()
+        .set_link_index_filter(index)
+        .execute();
+    let mut addresses = Vec::new();
+    while let Some(message) = stream
+        .try_next()
+        .await
+        .map_err(|e| Error::netlink("list addresses", e))?
+    {
+        for attribute in &message.attributes {
+            if let AddressAttribute::Address(addr) = attribute {
+                if is_link_local(addr) {
+                    // The guest derives its own from the same MAC.
+                    continue;
+                }
+                addresses.push(IpNet {
+                    addr: *addr,
+                    prefix: message.header.prefix_len,
+                });
+            }
+        }
+    }
+    Ok(addresses)
+}
+
+async fn link_index(handle: &Handle, name: &str) -> Result<u32, Error> {
+    handle
+        .link()
+        .get()
+        .match_name(name.to_owned())
+        .execute()
+        .try_next()
+        .await
+        .map_err(|e| Error::netlink(format!("look up {name}"), e))?
+        .map(|l| l.header.index)
+        .ok_or_else(|| Error::netlink(format!("look up {name}"), "no such link"))
+}
+
+async fn wire_one(
+    handle: &Handle,
+    n: usize,
+    interface: Interface,
+) -> Result<(Wiring, OwnedFd), Error> {
+    let name = tap_name(n);
+    let tap = open_tap(&name)?;
+    let tap_index = link_index(handle, &name).await?;
+    let wiring = Wiring {
+        interface,
+        tap_name: name.clone(),
+        tap_index,
+    };
+    let joined = async {
+        handle
+            .link()
+            .set(
+                LinkUnspec::new_with_index(tap_index)
+                    .mtu(wiring.interface.mtu)
+                    .up()
+                    .build(),
+            )
+            .execute()
+            .await
+            .map_err(|e| Error::netlink(format!("set {name} up"), e))?;
+        for (from, to) in [
+            (wiring.interface.index, tap_index),
+            (tap_index, wiring.interface.index),
+        ] {
+            handle
+                .qdisc()
+                .add(from as i32)
+                .ingress()
+                .execute()
+                .await
+                .map_err(|e| Error::netlink(format!("add ingress qdisc on link {from}"), e))?;
+            handle
+                .traffic_filter(from as i32)
+                .add()
+                .parent(INGRESS_PARENT)
+                .protocol(ETH_P_ALL_BE)
+                .redirect(to)
+                .map_err(|e| Error::netlink("build mirred filter", e))?
+                .execute()
+                .await
+                .map_err(|e| Error::netlink(format!("add mirred filter {from} -> {to}"), e))?;
+        }
+        Ok::<_, Error>(())
+    }
+    .await;
+    match joined {
+        Ok(()) => Ok((wiring, tap)),
+        Err(e) => {
+            let _ = unwire_all(handle, std::slice::from_ref(&wiring)).await;
+            Err(e)
+        }
+    }
+}
+
+/// Whether a netlink error means "it is not there" (already removed).
+fn is_gone(e: &rtnetlink::Error) -> bool {
+    match e {
+        rtnetlink::Error::NetlinkError(message) => message
+            .code
+            .map(|c| matches!(-c.get(), libc::ENOENT | libc::ENODEV | libc::EINVAL))
+            .unwrap_or(false),
+        _ => false,
+    }
+}
+
+async fn unwire_all(handle: &Handle, wirings: &[Wiring]) -> Result<(), Error> {
+    let mut first = None;
+    for wiring in wirings {
+        let mut request = handle.qdisc().del(wiring.interface.index as i32);
+        request.message_mut().header.parent = TcHandle::INGRESS;
+        request.message_mut().header.handle = TcHandle::from(INGRESS_PARENT);
+        if let Err(e) = request.execute().await {
+            if !is_gone(&e) {
+                first.get_or_insert(Error::netlink(
+                    format!("remove ingress qdisc of {}", wiring.interface.name),
+                    e,
+                ));
+            }
+        }
+        // The tap's own qdisc and filter go with it.
+        if let Err(e) = handle.link().del(wiring.tap_index).execute().await {
+            if !is_gone(&e) {
+                first.get_or_insert(Error::netlink(format!("remove {}", wiring.tap_name), e));
+            }
+        }
+    }
+    first.map_or(Ok(()), Err)
+}
