@@ -24,6 +24,7 @@ lint:
 e2e:
 	cargo test --locked -p vmlet-integration --test netns -- --ignored --test-threads=1
 	cargo test --locked -p vmlet-integration --test ctr -- --ignored --test-threads=1
+	cargo test --locked -p vmlet-integration --test network -- --ignored --test-threads=1
 	cargo test --locked -p vmlet-integration --test leftovers -- --ignored
 
 bench-start:

@@ -21,6 +21,8 @@ pub enum Error {
     },
     #[error("container {id}: {message}")]
     ContainerSetup { id: String, message: String },
+    #[error("network: {0}")]
+    Network(String),
     #[error("{context}")]
     Io {
         context: String,
@@ -43,7 +45,10 @@ impl Error {
             Error::ContainerExists(_) => Code::ALREADY_EXISTS,
             Error::InvalidRequest(_) => Code::INVALID_ARGUMENT,
             Error::WrongState { .. } => Code::FAILED_PRECONDITION,
-            Error::ContainerSetup { .. } | Error::Boot(_) | Error::Io { .. } => Code::INTERNAL,
+            Error::ContainerSetup { .. }
+            | Error::Boot(_)
+            | Error::Network(_)
+            | Error::Io { .. } => Code::INTERNAL,
         }
     }
 

@@ -16,6 +16,7 @@ mod error;
 pub mod init_spec;
 pub mod launch;
 mod logger;
+mod network;
 mod reaper;
 mod service;
 mod streams;

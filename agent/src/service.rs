@@ -11,9 +11,9 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::{pipe2, Pid};
 use ttrpc::r#async::{Server, TtrpcContext};
 use vmlet_protocol::agent::{
-    CreateContainerRequest, CreateContainerResponse, Empty, PingRequest, PingResponse,
-    RemoveContainerRequest, ShutdownRequest, SignalProcessRequest, StartProcessRequest,
-    StartProcessResponse, WaitProcessRequest, WaitProcessResponse,
+    ConfigureNetworkRequest, CreateContainerRequest, CreateContainerResponse, Empty, PingRequest,
+    PingResponse, RemoveContainerRequest, ShutdownRequest, SignalProcessRequest,
+    StartProcessRequest, StartProcessResponse, WaitProcessRequest, WaitProcessResponse,
 };
 use vmlet_protocol::{agent_ttrpc, AGENT_PORT};
 
@@ -32,6 +32,9 @@ pub struct AgentService {
 
 /// Serves the agent until a fatal error.
 pub async fn serve(boot: Boot) -> Result<(), Error> {
+    if let Err(e) = crate::network::loopback_up().await {
+        log::warn!("loopback: {e}");
+    }
     let reaper = Arc::new(Reaper::default());
     tokio::spawn(reaper.clone().run());
     let containers = Arc::new(Containers::default());
@@ -335,6 +338,16 @@ impl agent_ttrpc::Agent for AgentService {
         req: RemoveContainerRequest,
     ) -> ttrpc::Result<Empty> {
         Ok(self.remove(req).await?)
+    }
+
+    async fn configure_network(
+        &self,
+        _: &TtrpcContext,
+        req: ConfigureNetworkRequest,
+    ) -> ttrpc::Result<Empty> {
+        crate::network::configure(&req).await?;
+        log::info!("network configured ({} interfaces)", req.interfaces.len());
+        Ok(Empty::default())
     }
 
     async fn shutdown(&self, _: &TtrpcContext, _: ShutdownRequest) -> ttrpc::Result<Empty> {

@@ -9,6 +9,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 
+pub mod testnet;
+
 /// The runtime name tests ask containerd for.
 pub const RUNTIME: &str = "io.containerd.vmlet.v2";
 

@@ -8,7 +8,9 @@ use std::io::{Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::PathBuf;
 use std::process::Command;
+
 use std::time::{Duration, Instant};
+use vmlet_integration::testnet::{ip, tc, TestNet};
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
@@ -16,90 +18,6 @@ const POD_IP: [u8; 4] = [10, 213, 0, 2];
 const PEER_IP: [u8; 4] = [10, 213, 0, 1];
 /// virtio_net_hdr in front of every frame on an IFF_VNET_HDR tap.
 const VNET_HDR_LEN: usize = 10;
-
-fn ip(args: &[&str]) -> String {
-    let out = Command::new("ip").args(args).output().expect("run ip");
-    assert!(
-        out.status.success(),
-        "ip {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn tc(ns: &str, args: &[&str]) -> String {
-    let mut all = vec!["netns", "exec", ns, "tc"];
-    all.extend_from_slice(args);
-    ip(&all)
-}
-
-/// Two namespaces joined by a veth pair; removed on drop.
-struct TestNet {
-    pod: String,
-    peer: String,
-}
-
-impl TestNet {
-    fn new(mtu: u32) -> Self {
-        let id = std::process::id() % 100_000;
-        let net = TestNet {
-            pod: format!("vmlet-pod-{id}"),
-            peer: format!("vmlet-peer-{id}"),
-        };
-        ip(&["netns", "add", &net.pod]);
-        ip(&["netns", "add", &net.peer]);
-        ip(&[
-            "-n", &net.pod, "link", "add", "eth0", "type", "veth", "peer", "name", "peer0",
-            "netns", &net.peer,
-        ]);
-        let mtu = mtu.to_string();
-        ip(&["-n", &net.pod, "link", "set", "eth0", "mtu", &mtu, "up"]);
-        ip(&["-n", &net.pod, "link", "set", "lo", "up"]);
-        ip(&[
-            "-n",
-            &net.pod,
-            "addr",
-            "add",
-            "10.213.0.2/24",
-            "dev",
-            "eth0",
-        ]);
-        ip(&["-n", &net.peer, "link", "set", "peer0", "mtu", &mtu, "up"]);
-        ip(&[
-            "-n",
-            &net.peer,
-            "addr",
-            "add",
-            "10.213.0.1/24",
-            "dev",
-            "peer0",
-        ]);
-        net
-    }
-
-    fn pod_path(&self) -> PathBuf {
-        PathBuf::from("/run/netns").join(&self.pod)
-    }
-
-    fn mac(&self, ns: &str, dev: &str) -> [u8; 6] {
-        let json: serde_json::Value =
-            serde_json::from_str(&ip(&["-n", ns, "-j", "link", "show", dev])).unwrap();
-        let text = json[0]["address"].as_str().unwrap().to_owned();
-        let bytes: Vec<u8> = text
-            .split(':')
-            .map(|b| u8::from_str_radix(b, 16).unwrap())
-            .collect();
-        bytes.try_into().unwrap()
-    }
-}
-
-impl Drop for TestNet {
-    fn drop(&mut self) {
-        for ns in [&self.pod, &self.peer] {
-            let _ = Command::new("ip").args(["netns", "del", ns]).status();
-        }
-    }
-}
 
 fn checksum(data: &[u8]) -> u16 {
     let mut sum: u32 = data
@@ -163,7 +81,7 @@ fn wait_for_echo_reply(tap: &OwnedFd, id: u16, timeout: Duration) -> bool {
 #[test]
 #[ignore = "needs root and iproute2: make test"]
 fn wires_taps_to_cni_interfaces_and_unwires_them() {
-    let net = TestNet::new(1400);
+    let net = TestNet::new("wire", 1400);
     let pod_mac = net.mac(&net.pod, "eth0");
     let peer_mac = net.mac(&net.peer, "peer0");
 
@@ -183,6 +101,12 @@ fn wires_taps_to_cni_interfaces_and_unwires_them() {
         ["10.213.0.2/24"]
     );
     assert_eq!(w.tap_name, "vmtap0");
+    assert_eq!(w.interface.routes.len(), 1, "{:?}", w.interface.routes);
+    assert_eq!(w.interface.routes[0].destination, None);
+    assert_eq!(
+        w.interface.routes[0].gateway,
+        Some("10.213.0.1".parse().unwrap())
+    );
 
     let tap_link: serde_json::Value =
         serde_json::from_str(&ip(&["-n", &net.pod, "-j", "link", "show", "vmtap0"])).unwrap();
@@ -235,10 +159,7 @@ fn wires_taps_to_cni_interfaces_and_unwires_them() {
     let wirings = wired.wirings.clone();
     drop(wired);
     vmlet_netns::unwire(&net.pod_path(), &wirings).unwrap();
-    let qdiscs = tc(&net.pod, &["qdisc", "show", "dev", "eth0"]);
-    assert!(!qdiscs.contains("ingress"), "{qdiscs}");
-    let links = ip(&["-n", &net.pod, "link", "show"]);
-    assert!(!links.contains("vmtap"), "{links}");
+    assert_eq!(net.vmlet_leftovers(), Vec::<String>::new());
     // Unwiring twice finds nothing to do.
     vmlet_netns::unwire(&net.pod_path(), &wirings).unwrap();
 }

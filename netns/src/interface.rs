@@ -3,8 +3,10 @@
 use std::fmt;
 use std::net::IpAddr;
 
+use serde::{Deserialize, Serialize};
+
 /// An address with its prefix length.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IpNet {
     pub addr: IpAddr,
     pub prefix: u8,
@@ -16,14 +18,23 @@ impl fmt::Display for IpNet {
     }
 }
 
+/// A route CNI set up through an interface (IPv4 main table, not the kernel's own).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Route {
+    /// `None` for the default route.
+    pub destination: Option<IpNet>,
+    pub gateway: Option<IpAddr>,
+}
+
 /// A network interface in the pod's namespace, as CNI left it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Interface {
     pub name: String,
     pub index: u32,
     pub mac: [u8; 6],
     pub mtu: u32,
     pub addresses: Vec<IpNet>,
+    pub routes: Vec<Route>,
 }
 
 impl Interface {

@@ -15,6 +15,6 @@ mod wiring;
 pub mod worker;
 
 pub use error::Error;
-pub use interface::{Interface, IpNet};
+pub use interface::{format_mac, Interface, IpNet, Route};
 pub use tap::TAP_PREFIX;
 pub use wiring::{unwire, wire, Wired, Wiring};

@@ -6,10 +6,13 @@ use std::path::Path;
 use futures_util::TryStreamExt;
 use rtnetlink::packet_route::address::AddressAttribute;
 use rtnetlink::packet_route::link::{LinkAttribute, LinkFlags};
+use rtnetlink::packet_route::route::{
+    RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteProtocol,
+};
 use rtnetlink::packet_route::tc::TcHandle;
 use rtnetlink::{Handle, LinkUnspec};
 
-use crate::interface::{is_link_local, is_pod_interface, Interface, IpNet};
+use crate::interface::{is_link_local, is_pod_interface, Interface, IpNet, Route};
 use crate::tap::{open_tap, tap_name};
 use crate::worker::in_netns;
 use crate::Error;
@@ -20,7 +23,7 @@ const INGRESS_PARENT: u32 = 0xffff_0000;
 const ETH_P_ALL_BE: u16 = 0x0003u16.to_be();
 
 /// One CNI interface joined to one tap.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Wiring {
     pub interface: Interface,
     pub tap_name: String,
@@ -97,6 +100,7 @@ async fn list_interfaces(handle: &Handle) -> Result<Vec<Interface>, Error> {
         let mac: [u8; 6] = mac.unwrap_or_default().try_into().unwrap_or_default();
         found.push(Interface {
             addresses: addresses_of(handle, link.header.index).await?,
+            routes: Vec::new(),
             name,
             index: link.header.index,
             mac,
@@ -104,7 +108,60 @@ async fn list_interfaces(handle: &Handle) -> Result<Vec<Interface>, Error> {
         });
     }
     found.sort_by_key(|i| i.index);
+    let mut routes = handle
+        .route()
+        .get(rtnetlink::RouteMessageBuilder::<std::net::Ipv4Addr>::new().build())
+        .execute();
+    while let Some(message) = routes
+        .try_next()
+        .await
+        .map_err(|e| Error::netlink("list routes", e))?
+    {
+        if let Some((oif, route)) = cni_route(&message) {
+            if let Some(interface) = found.iter_mut().find(|i| i.index == oif) {
+                interface.routes.push(route);
+            }
+        }
+    }
     Ok(found)
+}
+
+/// A route to hand to the guest: main table, not created by the kernel for an address
+/// (the guest's kernel adds those itself), with an output interface.
+fn cni_route(message: &RouteMessage) -> Option<(u32, Route)> {
+    if message.header.table != RouteHeader::RT_TABLE_MAIN
+        || message.header.protocol == RouteProtocol::Kernel
+    {
+        return None;
+    }
+    let mut oif = None;
+    let mut destination = None;
+    let mut gateway = None;
+    let ip = |a: &RouteAddress| match a {
+        RouteAddress::Inet(v4) => Some(std::net::IpAddr::V4(*v4)),
+        RouteAddress::Inet6(v6) => Some(std::net::IpAddr::V6(*v6)),
+        _ => None,
+    };
+    for attribute in &message.attributes {
+        match attribute {
+            RouteAttribute::Oif(index) => oif = Some(*index),
+            RouteAttribute::Destination(a) => {
+                destination = ip(a).map(|addr| IpNet {
+                    addr,
+                    prefix: message.header.destination_prefix_length,
+                })
+            }
+            RouteAttribute::Gateway(a) => gateway = ip(a),
+            _ => {}
+        }
+    }
+    Some((
+        oif?,
+        Route {
+            destination,
+            gateway,
+        },
+    ))
 }
 
 async fn addresses_of(handle: &Handle, index: u32) -> Result<Vec<IpNet>, Error> {

@@ -218,6 +218,8 @@ pub struct DomainParams {
     pub share_tag: String,
     pub console_log: String,
     pub vsock: VsockDevice,
+    /// The shim's tap socket, for `vmlet-vmwrapper`, when the pod has a network.
+    pub tap_socket: Option<String>,
 }
 
 /// How the guest's vsock device is provided.
@@ -239,6 +241,12 @@ impl Domain {
             name: "VMLET_QEMU".into(),
             value: p.qemu.clone(),
         });
+        if let Some(socket) = &p.tap_socket {
+            commandline.env.push(QemuEnv {
+                name: crate::taps::TAP_SOCKET_ENV.into(),
+                value: socket.clone(),
+            });
+        }
         let vsock = match &p.vsock {
             VsockDevice::Vhost => Some(Vsock {
                 model: "virtio",
@@ -364,6 +372,7 @@ mod tests {
             share_tag: "vmlet".into(),
             console_log: "/run/vmlet/t1/console.log".into(),
             vsock,
+            tap_socket: Some("/run/vmlet/t1/taps.sock".into()),
         }
     }
 
@@ -389,6 +398,7 @@ mod tests {
             "<target dir=\"vmlet\"/>",
             "<qemu:arg value=\"socket,id=vmlet-vsock,path=/run/vmlet/t1/vhost.sock\"/>",
             "<qemu:env name=\"VMLET_QEMU\" value=\"/usr/bin/qemu-system-x86_64\"/>",
+            "<qemu:env name=\"VMLET_TAP_SOCKET\" value=\"/run/vmlet/t1/taps.sock\"/>",
             "<vmlet:pod xmlns:vmlet=\"https://vmlet.io/xmlns/domain/1\" id=\"t1\"/>",
         ] {
             assert!(xml.contains(expected), "missing {expected} in\n{xml}");

@@ -21,6 +21,9 @@ pub enum Error {
     Unimplemented(String),
     #[error("libvirt: {0}")]
     Libvirt(String),
+    /// The pod network could not be carried into the VM.
+    #[error("pod network")]
+    Network(#[source] vmlet_netns::Error),
     /// The agent answered with an error (its ttrpc code is kept).
     #[error("agent: {message}")]
     Agent { code: Code, message: String },
@@ -57,6 +60,12 @@ impl Error {
             Error::FailedPrecondition(_) => Code::FAILED_PRECONDITION,
             Error::Unimplemented(_) => Code::UNIMPLEMENTED,
             Error::Agent { code, .. } => *code,
+            Error::Network(e) => match e {
+                vmlet_netns::Error::Enter { .. } | vmlet_netns::Error::NoInterface(_) => {
+                    Code::FAILED_PRECONDITION
+                }
+                _ => Code::INTERNAL,
+            },
             Error::Timeout(_) => Code::DEADLINE_EXCEEDED,
             Error::Libvirt(_) | Error::Io { .. } | Error::Internal(_) => Code::INTERNAL,
         }

@@ -15,6 +15,7 @@ pub mod shim;
 pub mod spec;
 pub mod state;
 pub mod stdio;
+pub mod taps;
 pub mod task;
 pub mod vm;
 pub mod vmm;

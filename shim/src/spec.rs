@@ -1,6 +1,8 @@
 //! OCI spec -> agent request: the shim checks the spec and keeps only what the guest uses.
 
-use oci_spec::runtime::{PosixRlimitType, Spec};
+use std::path::PathBuf;
+
+use oci_spec::runtime::{LinuxNamespaceType, PosixRlimitType, Spec};
 use vmlet_protocol::agent::{CreateContainerRequest, Mount, Process, Rlimit, Stdio, User};
 
 use crate::Error;
@@ -9,6 +11,27 @@ use crate::Error;
 const GUEST_LOCAL_FS: &[&str] = &[
     "proc", "sysfs", "tmpfs", "devpts", "mqueue", "cgroup", "cgroup2",
 ];
+
+/// The pod network namespace to carry into the VM: the path of the spec's network
+/// namespace. A network namespace without a path means a new, empty one (the VM gets no
+/// NIC, as runc gives such a container only loopback); no network namespace at all means
+/// the host's network, which a VM cannot share.
+pub fn network_namespace(spec: &Spec) -> Result<Option<PathBuf>, Error> {
+    let namespaces = spec
+        .linux()
+        .as_ref()
+        .and_then(|l| l.namespaces().clone())
+        .unwrap_or_default();
+    match namespaces
+        .iter()
+        .find(|n| n.typ() == LinuxNamespaceType::Network)
+    {
+        Some(ns) => Ok(ns.path().clone()),
+        None => Err(Error::Unimplemented(
+            "the host network namespace (--net-host)".into(),
+        )),
+    }
+}
 
 /// Path of a container's rootfs inside the VM's shared directory.
 pub fn rootfs_in_share(container_id: &str) -> String {
@@ -164,6 +187,27 @@ mod tests {
         ));
         let err = create_request("c1", &s, Stdio::default()).unwrap_err();
         assert!(err.to_string().contains("/data"), "{err}");
+    }
+
+    #[test]
+    fn network_namespace_path_empty_or_host() {
+        let with = |namespaces: &str| {
+            spec(&BASE.replace(
+                r#""hostname": "box","#,
+                &format!(r#""hostname": "box", "linux": {{"namespaces": {namespaces}}},"#),
+            ))
+        };
+        let pod = with(r#"[{"type": "pid"}, {"type": "network", "path": "/var/run/netns/cni-1"}]"#);
+        assert_eq!(
+            network_namespace(&pod).unwrap(),
+            Some(PathBuf::from("/var/run/netns/cni-1"))
+        );
+        assert_eq!(
+            network_namespace(&with(r#"[{"type": "network"}]"#)).unwrap(),
+            None
+        );
+        let err = network_namespace(&with(r#"[{"type": "pid"}]"#)).unwrap_err();
+        assert!(err.to_string().contains("host network"), "{err}");
     }
 
     #[test]

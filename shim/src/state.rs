@@ -20,6 +20,12 @@ pub struct PodState {
     pub vsock_pid: Option<u32>,
     /// Mount points created, in creation order.
     pub mounts: Vec<PathBuf>,
+    /// The pod network namespace whose interfaces were wired to taps.
+    #[serde(default)]
+    pub netns: Option<PathBuf>,
+    /// What was wired there (removed again by teardown).
+    #[serde(default)]
+    pub wirings: Vec<vmlet_netns::Wiring>,
 }
 
 impl PodState {
@@ -50,6 +56,8 @@ mod tests {
             domain: Some("vmlet-x".into()),
             vsock_pid: Some(42),
             mounts: vec![dir.join("share/c/rootfs")],
+            netns: None,
+            wirings: vec![],
         };
         state.save().unwrap();
         assert_eq!(PodState::load(&dir).unwrap(), state);

@@ -23,7 +23,7 @@ use vmlet_protocol::agent::{
 };
 
 use crate::stdio::{self, Copies, StdioPaths};
-use crate::vm::{RootfsSource, Vm};
+use crate::vm::{BootRequest, RootfsSource, Vm};
 use crate::vmm::VmManager;
 use crate::Error;
 
@@ -167,8 +167,16 @@ impl TaskService {
         } else {
             RootfsSource::Mounts(req.rootfs.to_vec())
         };
+        let netns = crate::spec::network_namespace(&spec)?;
         let vmm = (self.vmm_factory)(&config);
-        let vm = Vm::boot(&config, vmm, &req.id, &req.id, shape, rootfs).await?;
+        let boot = BootRequest {
+            pod_id: req.id.clone(),
+            container_id: req.id.clone(),
+            shape,
+            rootfs,
+            netns,
+        };
+        let vm = Vm::boot(&config, vmm, boot).await?;
         let created = async {
             let response = vm
                 .agent

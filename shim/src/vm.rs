@@ -11,12 +11,15 @@ use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use vmlet_config::{Accel, NodeConfig, VmShape, VsockTransport};
-use vmlet_protocol::agent::{PingRequest, ShutdownRequest};
+use vmlet_protocol::agent::{
+    ConfigureNetworkRequest, NetworkInterface, PingRequest, Route, ShutdownRequest,
+};
 use vmlet_protocol::agent_ttrpc::AgentClient;
 use vmlet_protocol::AGENT_PORT;
 
 use crate::domain::{Domain, DomainParams, VsockDevice};
 use crate::state::PodState;
+use crate::taps::TapDescription;
 use crate::vmm::VmManager;
 use crate::vsock::{self, Endpoint};
 use crate::Error;
@@ -41,6 +44,7 @@ pub struct PodPaths {
     pub vsock_uds: PathBuf,
     pub console: PathBuf,
     pub vsock_log: PathBuf,
+    pub tap_socket: PathBuf,
 }
 
 impl PodPaths {
@@ -52,6 +56,7 @@ impl PodPaths {
             vsock_uds: dir.join("vsock.sock"),
             console: dir.join("console.log"),
             vsock_log: dir.join("vhost-device-vsock.log"),
+            tap_socket: dir.join("taps.sock"),
             dir,
         }
     }
@@ -66,6 +71,25 @@ pub struct Vm {
     pub boot_id: String,
     state: Mutex<PodState>,
     vmm: Arc<dyn VmManager>,
+    /// Serves the tap fds to vmlet-vmwrapper; aborting it closes the shim's copies.
+    tap_server: Option<tokio::task::JoinHandle<()>>,
+}
+
+/// What to boot: the pod, its first container's rootfs, its shape and network.
+pub struct BootRequest {
+    pub pod_id: String,
+    pub container_id: String,
+    pub shape: VmShape,
+    pub rootfs: RootfsSource,
+    /// The pod network namespace to carry into the VM (none: no NIC).
+    pub netns: Option<PathBuf>,
+}
+
+/// What the boot steps produced.
+struct Booted {
+    endpoint: Endpoint,
+    agent: AgentClient,
+    boot_id: String,
 }
 
 /// Where the container's rootfs comes from.
@@ -84,17 +108,14 @@ async fn block<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Res
 }
 
 impl Vm {
-    /// Boots the pod's VM with one container's rootfs in the share. On failure everything
-    /// created so far is removed before the error is returned.
+    /// Boots the pod's VM with one container's rootfs in the share and the pod network
+    /// wired in. On failure everything created so far is removed before the error returns.
     pub async fn boot(
         config: &NodeConfig,
         vmm: Arc<dyn VmManager>,
-        pod_id: &str,
-        container_id: &str,
-        shape: VmShape,
-        rootfs: RootfsSource,
+        req: BootRequest,
     ) -> Result<Vm, Error> {
-        let paths = PodPaths::new(&config.state_dir, pod_id);
+        let paths = PodPaths::new(&config.state_dir, &req.pod_id);
         if paths.dir.exists() {
             return Err(Error::AlreadyExists(format!(
                 "pod state {}",
@@ -103,37 +124,40 @@ impl Vm {
         }
         std::fs::create_dir_all(&paths.share)
             .map_err(|e| Error::io(format!("create {}", paths.share.display()), e))?;
-        let state = PodState {
+        let state = Arc::new(Mutex::new(PodState {
             dir: paths.dir.clone(),
             ..Default::default()
-        };
-        let state = Arc::new(Mutex::new(state));
+        }));
+        let mut tap_server = None;
         let result = Self::boot_steps(
             config,
             vmm.clone(),
-            pod_id,
-            container_id,
-            shape,
-            rootfs,
+            &req,
             &paths,
             state.clone(),
+            &mut tap_server,
         )
         .await;
         match result {
-            Ok((endpoint, agent, boot_id)) => Ok(Vm {
-                pod_id: pod_id.into(),
+            Ok(booted) => Ok(Vm {
+                pod_id: req.pod_id,
                 paths,
-                endpoint,
-                agent,
-                boot_id,
+                endpoint: booted.endpoint,
+                agent: booted.agent,
+                boot_id: booted.boot_id,
                 state: Mutex::new(state.lock().unwrap().clone()),
                 vmm,
+                tap_server,
             }),
             Err(e) => {
+                if let Some(server) = tap_server {
+                    server.abort();
+                }
                 let state = state.lock().unwrap().clone();
                 if let Ok(Err(cleanup)) = block(move || teardown(&*vmm, &state)).await {
                     log::error!(
-                        "cleanup after failed boot of {pod_id}: {}",
+                        "cleanup after failed boot of {}: {}",
+                        req.pod_id,
                         cleanup.message()
                     );
                 }
@@ -142,17 +166,15 @@ impl Vm {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
     async fn boot_steps(
         config: &NodeConfig,
         vmm: Arc<dyn VmManager>,
-        pod_id: &str,
-        container_id: &str,
-        shape: VmShape,
-        rootfs: RootfsSource,
+        req: &BootRequest,
         paths: &PodPaths,
         state: Arc<Mutex<PodState>>,
-    ) -> Result<(Endpoint, AgentClient, String), Error> {
+        tap_server: &mut Option<tokio::task::JoinHandle<()>>,
+    ) -> Result<Booted, Error> {
+        let (pod_id, shape) = (req.pod_id.as_str(), req.shape);
         let save = |f: &dyn Fn(&mut PodState)| -> Result<(), Error> {
             let mut s = state.lock().unwrap();
             f(&mut s);
@@ -162,11 +184,51 @@ impl Vm {
         std::fs::set_permissions(&paths.dir, std::fs::Permissions::from_mode(0o755))
             .map_err(|e| Error::io("chmod pod dir", e))?;
 
-        let target = paths.share.join(crate::spec::rootfs_in_share(container_id));
+        let target = paths
+            .share
+            .join(crate::spec::rootfs_in_share(&req.container_id));
         std::fs::create_dir_all(&target)
             .map_err(|e| Error::io(format!("create {}", target.display()), e))?;
         save(&|s| s.mounts.push(target.clone()))?;
-        mount_rootfs(&rootfs, &target)?;
+        mount_rootfs(&req.rootfs, &target)?;
+
+        let mut interfaces = Vec::new();
+        let tap_socket = match &req.netns {
+            Some(netns) => {
+                save(&|s| s.netns = Some(netns.clone()))?;
+                let path = netns.clone();
+                let wired = block(move || vmlet_netns::wire(&path))
+                    .await?
+                    .map_err(Error::Network)?;
+                save(&|s| s.wirings = wired.wirings.clone())?;
+                let taps: Vec<TapDescription> = wired
+                    .wirings
+                    .iter()
+                    .map(|w| TapDescription {
+                        mac: w.interface.mac_string(),
+                        mtu: w.interface.mtu,
+                    })
+                    .collect();
+                if taps.len() > crate::taps::MAX_TAPS {
+                    return Err(Error::Unimplemented(format!(
+                        "more than {} pod interfaces",
+                        crate::taps::MAX_TAPS
+                    )));
+                }
+                let listener = tokio::net::UnixListener::bind(&paths.tap_socket)
+                    .map_err(|e| Error::io(format!("bind {}", paths.tap_socket.display()), e))?;
+                chown_to_user(&paths.tap_socket, &config.qemu_user)?;
+                *tap_server = Some(crate::taps::serve(listener, taps, wired.taps));
+                interfaces = wired.wirings.into_iter().map(|w| w.interface).collect();
+                log::info!(
+                    "pod {pod_id}: wired {} interface(s) from {}",
+                    interfaces.len(),
+                    netns.display()
+                );
+                Some(paths.tap_socket.to_string_lossy().into_owned())
+            }
+            None => None,
+        };
 
         let transport = match config.vsock {
             VsockTransport::Auto if Path::new("/dev/vhost-vsock").exists() => VsockTransport::Vhost,
@@ -229,6 +291,7 @@ impl Vm {
             share_tag: SHARE_TAG.into(),
             console_log: paths.console.to_string_lossy().into_owned(),
             vsock: vsock_device.clone(),
+            tap_socket,
         };
         let xml = Domain::new(&params).to_xml()?;
         log::info!(
@@ -273,7 +336,17 @@ impl Vm {
             "pod {pod_id}: agent answered {} ms after start",
             started.elapsed().as_millis()
         );
-        Ok((endpoint, agent, boot_id))
+        if !interfaces.is_empty() {
+            agent
+                .configure_network(agent_ctx(), &network_request(&interfaces))
+                .await
+                .map_err(Error::from)?;
+        }
+        Ok(Booted {
+            endpoint,
+            agent,
+            boot_id,
+        })
     }
 
     /// Stops the VM and removes everything the pod created. The guest is asked to power
@@ -281,6 +354,9 @@ impl Vm {
     /// QEMU), which remains the fallback.
     pub async fn teardown(&self) -> Result<(), Error> {
         let started = Instant::now();
+        if let Some(server) = &self.tap_server {
+            server.abort();
+        }
         let name = domain_name(&self.pod_id);
         let asked = tokio::time::timeout(
             POWER_OFF_WAIT,
@@ -366,6 +442,35 @@ fn guest_cid(xml: &str) -> Option<u32> {
         .ok()
 }
 
+fn agent_ctx() -> ttrpc::context::Context {
+    ttrpc::context::with_timeout(30_000_000_000)
+}
+
+/// The agent's view of the wired interfaces.
+fn network_request(interfaces: &[vmlet_netns::Interface]) -> ConfigureNetworkRequest {
+    ConfigureNetworkRequest {
+        interfaces: interfaces
+            .iter()
+            .map(|i| NetworkInterface {
+                mac: i.mac_string(),
+                mtu: i.mtu,
+                addresses: i.addresses.iter().map(|a| a.to_string()).collect(),
+                routes: i
+                    .routes
+                    .iter()
+                    .map(|r| Route {
+                        destination: r.destination.map(|d| d.to_string()).unwrap_or_default(),
+                        gateway: r.gateway.map(|g| g.to_string()).unwrap_or_default(),
+                        ..Default::default()
+                    })
+                    .collect(),
+                ..Default::default()
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
 fn console_tail(path: &Path) -> String {
     let text = std::fs::read(path).unwrap_or_default();
     let start = text.len().saturating_sub(CONSOLE_TAIL);
@@ -418,6 +523,15 @@ pub fn teardown(vmm: &dyn VmManager, state: &PodState) -> Result<(), Error> {
     };
     if let Some(domain) = &state.domain {
         note(vmm.remove(domain));
+    }
+    if let Some(netns) = &state.netns {
+        if !state.wirings.is_empty() {
+            match vmlet_netns::unwire(netns, &state.wirings) {
+                // The namespace is gone (CNI DEL ran first): so is everything in it.
+                Err(vmlet_netns::Error::Enter { .. }) => {}
+                other => note(other.map_err(Error::Network)),
+            }
+        }
     }
     if let Some(pid) = state.vsock_pid {
         if is_vhost_device_vsock(pid) {
@@ -479,6 +593,8 @@ mod tests {
             domain: Some("vmlet-p".into()),
             vsock_pid: None,
             mounts: vec![],
+            netns: None,
+            wirings: vec![],
         };
         teardown(&vmm, &state).unwrap();
         assert!(vmm.running.lock().unwrap().is_empty());

@@ -1,18 +1,35 @@
-//! `vmlet-vmwrapper`: the domain's `<emulator>`. libvirt runs it for capability probes and
-//! for the domain; it executes QEMU with the arguments it was given. (Pod networking will
-//! make it fetch tap file descriptors from the shim before it does.)
+//! `vmlet-vmwrapper`: the domain's `<emulator>`. libvirt runs it for capability probes
+//! (no vmlet environment: it simply executes QEMU) and for the domain, whose `<qemu:env>`
+//! names the QEMU binary and, for a pod with a network, the shim's tap socket: then it
+//! fetches the tap fds and appends their `-netdev`/`-device` arguments before it executes
+//! QEMU.
 
+use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
 
-/// QEMU used when the domain names none (libvirt's capability probes run without the
-/// domain's environment).
+use vmlet_shim::taps::{fetch, qemu_args, TAP_SOCKET_ENV};
+
+/// QEMU used when the domain names none (libvirt's capability probes).
 const DEFAULT_QEMU: &str = "/usr/bin/qemu-system-x86_64";
 
 fn main() {
     let qemu = std::env::var("VMLET_QEMU").unwrap_or_else(|_| DEFAULT_QEMU.into());
-    let error = std::process::Command::new(&qemu)
-        .args(std::env::args_os().skip(1))
-        .exec();
+    let mut args: Vec<OsString> = std::env::args_os().skip(1).collect();
+    if let Some(socket) = std::env::var_os(TAP_SOCKET_ENV) {
+        match fetch(&PathBuf::from(&socket)) {
+            Ok((taps, fds)) => args.extend(qemu_args(&taps, &fds).into_iter().map(OsString::from)),
+            Err(e) => {
+                eprintln!(
+                    "vmlet-vmwrapper: taps from {}: {}",
+                    PathBuf::from(socket).display(),
+                    e.message()
+                );
+                std::process::exit(1);
+            }
+        }
+    }
+    let error = std::process::Command::new(&qemu).args(args).exec();
     eprintln!("vmlet-vmwrapper: exec {qemu}: {error}");
     std::process::exit(127);
 }

@@ -1,0 +1,107 @@
+//! Test networks: two network namespaces the test creates ("pod", as CNI would leave it,
+//! and "peer"), joined by a veth pair on 10.213.0.0/24. Traffic stays between them.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+/// The pod side's address.
+pub const POD_CIDR: &str = "10.213.0.2/24";
+/// The peer's address (the pod's gateway).
+pub const PEER_ADDR: &str = "10.213.0.1";
+
+/// Runs `ip ARGS`, panicking with its stderr on failure.
+pub fn ip(args: &[&str]) -> String {
+    let out = Command::new("ip").args(args).output().expect("run ip");
+    assert!(
+        out.status.success(),
+        "ip {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Runs `tc ARGS` inside namespace `ns`.
+pub fn tc(ns: &str, args: &[&str]) -> String {
+    let mut all = vec!["netns", "exec", ns, "tc"];
+    all.extend_from_slice(args);
+    ip(&all)
+}
+
+/// The two namespaces; removed on drop.
+pub struct TestNet {
+    pub pod: String,
+    pub peer: String,
+}
+
+impl TestNet {
+    /// `eth0` (pod) and `peer0` (peer) with `mtu`, addresses, and a default route in the
+    /// pod via the peer, as the bridge plugin would set up.
+    pub fn new(tag: &str, mtu: u32) -> Self {
+        let id = std::process::id() % 100_000;
+        let net = TestNet {
+            pod: format!("vmlet-{tag}-pod-{id}"),
+            peer: format!("vmlet-{tag}-peer-{id}"),
+        };
+        ip(&["netns", "add", &net.pod]);
+        ip(&["netns", "add", &net.peer]);
+        ip(&[
+            "-n", &net.pod, "link", "add", "eth0", "type", "veth", "peer", "name", "peer0",
+            "netns", &net.peer,
+        ]);
+        let mtu = mtu.to_string();
+        ip(&["-n", &net.pod, "link", "set", "eth0", "mtu", &mtu, "up"]);
+        ip(&["-n", &net.pod, "link", "set", "lo", "up"]);
+        ip(&["-n", &net.pod, "addr", "add", POD_CIDR, "dev", "eth0"]);
+        ip(&["-n", &net.pod, "route", "add", "default", "via", PEER_ADDR]);
+        ip(&["-n", &net.peer, "link", "set", "peer0", "mtu", &mtu, "up"]);
+        ip(&["-n", &net.peer, "link", "set", "lo", "up"]);
+        ip(&[
+            "-n",
+            &net.peer,
+            "addr",
+            "add",
+            "10.213.0.1/24",
+            "dev",
+            "peer0",
+        ]);
+        net
+    }
+
+    pub fn pod_path(&self) -> PathBuf {
+        PathBuf::from("/run/netns").join(&self.pod)
+    }
+
+    /// The MAC of `dev` in namespace `ns`.
+    pub fn mac(&self, ns: &str, dev: &str) -> [u8; 6] {
+        let json: serde_json::Value =
+            serde_json::from_str(&ip(&["-n", ns, "-j", "link", "show", dev])).unwrap();
+        let text = json[0]["address"].as_str().unwrap().to_owned();
+        let bytes: Vec<u8> = text
+            .split(':')
+            .map(|b| u8::from_str_radix(b, 16).unwrap())
+            .collect();
+        bytes.try_into().unwrap()
+    }
+
+    /// Whether anything vmlet adds (taps, ingress qdiscs) is left in the pod namespace.
+    pub fn vmlet_leftovers(&self) -> Vec<String> {
+        let mut left = Vec::new();
+        let links = ip(&["-n", &self.pod, "link", "show"]);
+        if links.contains("vmtap") {
+            left.push(format!("taps: {links}"));
+        }
+        let qdiscs = tc(&self.pod, &["qdisc", "show", "dev", "eth0"]);
+        if qdiscs.contains("ingress") {
+            left.push(format!("qdiscs: {qdiscs}"));
+        }
+        left
+    }
+}
+
+impl Drop for TestNet {
+    fn drop(&mut self) {
+        for ns in [&self.pod, &self.peer] {
+            let _ = Command::new("ip").args(["netns", "del", ns]).status();
+        }
+    }
+}

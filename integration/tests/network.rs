@@ -1,0 +1,134 @@
+//! The pod network reaches the VM: a container started with `ctr run --with-ns
+//! network:<pod netns>` (the namespace set up as CNI's bridge plugin would) gets the pod's
+//! address, MTU and default route, reaches its gateway, and serves TCP to the peer.
+//! Run by `make test` (needs the stack and root).
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use vmlet_integration::testnet::{TestNet, PEER_ADDR};
+use vmlet_integration::{unique_id, Stack, RUNTIME};
+
+/// One TCP exchange from the peer namespace with the container's listener; `None` while
+/// nothing listens yet.
+fn exchange_from_peer(net: &TestNet) -> Option<String> {
+    let mut child = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &net.peer,
+            "busybox",
+            "nc",
+            "-w",
+            "3",
+            "10.213.0.2",
+            "8080",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("run busybox nc in the peer namespace");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"from-peer\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    (!text.is_empty()).then_some(text)
+}
+
+#[test]
+#[ignore = "needs the vmlet stack and root: make test"]
+fn container_gets_the_pod_network() {
+    let s = Stack::from_env().expect("the vmlet stack");
+    let net = TestNet::new("ctr", 1400);
+    let id = unique_id("net");
+    let script = format!(
+        "ip addr; ip route; cat /sys/class/net/eth0/mtu; \
+         ping -c 1 -W 5 {PEER_ADDR} >/dev/null && echo PING-OK; \
+         echo from-pod | nc -l -p 8080"
+    );
+    let with_ns = format!("network:{}", net.pod_path().display());
+    let child = s
+        .ctr()
+        .args([
+            "run",
+            "--rm",
+            "--runtime",
+            RUNTIME,
+            "--with-ns",
+            &with_ns,
+            &s.image,
+            &id,
+            "sh",
+            "-c",
+            &script,
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let reply = loop {
+        if let Some(reply) = exchange_from_peer(&net) {
+            break reply;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the container never accepted a connection"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "ctr run: {}\n{stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(reply.contains("from-pod"), "peer got {reply:?}");
+    for expected in [
+        "10.213.0.2/24",
+        "default via 10.213.0.1",
+        "1400",
+        "PING-OK",
+        "from-peer",
+    ] {
+        assert!(
+            stdout.contains(expected),
+            "missing {expected:?} in:\n{stdout}"
+        );
+    }
+    assert_eq!(net.vmlet_leftovers(), Vec::<String>::new());
+}
+
+#[test]
+#[ignore = "needs the vmlet stack and root: make test"]
+fn a_pod_namespace_without_interfaces_fails_clearly() {
+    let s = Stack::from_env().expect("the vmlet stack");
+    let name = format!("vmlet-empty-ctr-{}", std::process::id() % 100_000);
+    vmlet_integration::testnet::ip(&["netns", "add", &name]);
+    let id = unique_id("nonet");
+    let out = s
+        .run(
+            &id,
+            &["--with-ns", &format!("network:/run/netns/{name}")],
+            &["true"],
+        )
+        .unwrap();
+    let _ = Command::new("ip").args(["netns", "del", &name]).status();
+    let _ = s.ctr_output(&["container", "rm", &id]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("no usable interface"), "{stderr}");
+    assert!(
+        !std::path::Path::new(&format!("{}/state/{id}", s.dir)).exists(),
+        "state left behind"
+    );
+}
