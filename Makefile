@@ -2,7 +2,7 @@
 # and `make test`; .ci/run calls `make test`.
 SHELL := /bin/bash
 
-.PHONY: demo test unit e2e bench-start lint stack-up stack-down
+.PHONY: demo test unit e2e bench-start bench-net lint stack-up stack-down
 
 ## demo: boot a container in a VM with ctr against the embedded defaults, then tear down.
 demo:
@@ -20,7 +20,7 @@ lint:
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets --locked -- -D warnings
 
-## e2e / bench-start: against a stack that is already up (eval "$$(scripts/stack up)").
+## e2e / bench-start / bench-net: against a stack that is already up (eval "$$(scripts/stack up)").
 e2e:
 	cargo test --locked -p vmlet-integration --test netns -- --ignored --test-threads=1
 	cargo test --locked -p vmlet-integration --test ctr -- --ignored --test-threads=1
@@ -29,6 +29,9 @@ e2e:
 
 bench-start:
 	cargo run --locked --release -p vmlet-integration --bin bench-start
+
+bench-net:
+	cargo run --locked --release -p vmlet-integration --bin bench-net
 
 stack-up:
 	scripts/stack up
