@@ -25,6 +25,7 @@ e2e:
 	cargo test --locked -p vmlet-integration --test netns -- --ignored --test-threads=1
 	cargo test --locked -p vmlet-integration --test ctr -- --ignored --test-threads=1
 	cargo test --locked -p vmlet-integration --test network -- --ignored --test-threads=1
+	cargo test --locked -p vmlet-integration --test cni -- --ignored --test-threads=1
 	cargo test --locked -p vmlet-integration --test leftovers -- --ignored
 
 bench-start:
