@@ -9,7 +9,7 @@ pub enum Error {
     #[error("{0}")]
     InvalidArgument(String),
     /// The node config is wrong; the operator must fix it.
-    #[error("node config: {0}")]
+    #[error("node config")]
     Config(#[source] vmlet_config::Error),
     #[error("{0} not found")]
     NotFound(String),
