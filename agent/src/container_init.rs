@@ -132,6 +132,9 @@ fn prepare(spec: &InitSpec) -> Result<(), String> {
 
 fn mount_one(rootfs: &Path, m: &crate::init_spec::MountSpec) -> Result<(), String> {
     let target = rootfs.join(m.destination.trim_start_matches('/'));
+    if m.fstype == "bind" {
+        return bind_one(&target, m);
+    }
     std::fs::create_dir_all(&target).map_err(|e| format!("mkdir {}: {e}", m.destination))?;
     let (flags, data) = parse_mount_options(&m.options);
     // The guest runs cgroup v2 only; a v1 "cgroup" mount means the unified hierarchy.
@@ -142,6 +145,47 @@ fn mount_one(rootfs: &Path, m: &crate::init_spec::MountSpec) -> Result<(), Strin
     let data = (!data.is_empty()).then_some(data.as_str());
     mount(Some(source), &target, Some(fstype), flags, data)
         .map_err(|e| format!("mount {} on {}: {e}", fstype, m.destination))
+}
+
+/// A bind from the share: the mount point is a file or a directory like its source; `ro`
+/// needs a second, remounting call (the kernel ignores MS_RDONLY on the first).
+fn bind_one(target: &Path, m: &crate::init_spec::MountSpec) -> Result<(), String> {
+    let source = Path::new(&m.source);
+    let made = if source.is_dir() {
+        std::fs::create_dir_all(target)
+    } else {
+        target
+            .parent()
+            .map_or(Ok(()), std::fs::create_dir_all)
+            .and_then(|()| {
+                if target.exists() {
+                    Ok(())
+                } else {
+                    File::create(target).map(drop)
+                }
+            })
+    };
+    made.map_err(|e| format!("create mount point {}: {e}", m.destination))?;
+    let (flags, _) = parse_mount_options(&m.options);
+    mount(
+        Some(source),
+        target,
+        None::<&str>,
+        MsFlags::MS_BIND | MsFlags::MS_REC,
+        None::<&str>,
+    )
+    .map_err(|e| format!("bind {}: {e}", m.destination))?;
+    if flags.contains(MsFlags::MS_RDONLY) {
+        mount(
+            None::<&str>,
+            target,
+            None::<&str>,
+            MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY,
+            None::<&str>,
+        )
+        .map_err(|e| format!("make {} read-only: {e}", m.destination))?;
+    }
+    Ok(())
 }
 
 fn populate_dev(rootfs: &Path) -> Result<(), String> {

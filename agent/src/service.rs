@@ -55,7 +55,7 @@ pub async fn serve(boot: Boot) -> Result<(), Error> {
     crate::streams::serve(containers).await
 }
 
-/// A rootfs path below the share: relative, no `..`.
+/// A path below the share (rootfs, bind source): relative, no `..`.
 fn rootfs_path(share: &Path, rootfs: &str) -> Result<PathBuf, Error> {
     let relative = Path::new(rootfs);
     let clean = relative
@@ -63,7 +63,7 @@ fn rootfs_path(share: &Path, rootfs: &str) -> Result<PathBuf, Error> {
         .all(|c| matches!(c, Component::Normal(_)));
     if rootfs.is_empty() || !clean {
         return Err(Error::InvalidRequest(format!(
-            "rootfs {rootfs:?} must be a relative path inside the share"
+            "{rootfs:?} must be a relative path inside the share"
         )));
     }
     Ok(share.join(relative))
@@ -137,13 +137,23 @@ fn init_spec(share: &Path, req: &CreateContainerRequest) -> Result<InitSpec, Err
         mounts: req
             .mounts
             .iter()
-            .map(|m| MountSpec {
-                destination: m.destination.clone(),
-                fstype: m.type_.clone(),
-                source: m.source.clone(),
-                options: m.options.clone(),
+            .map(|m| {
+                // A bind's source is a path inside the share, where the shim put it.
+                let source = if m.type_ == "bind" {
+                    rootfs_path(share, &m.source)?
+                        .to_string_lossy()
+                        .into_owned()
+                } else {
+                    m.source.clone()
+                };
+                Ok(MountSpec {
+                    destination: m.destination.clone(),
+                    fstype: m.type_.clone(),
+                    source,
+                    options: m.options.clone(),
+                })
             })
-            .collect(),
+            .collect::<Result<_, Error>>()?,
         args: process.args.clone(),
         env: process.env.clone(),
         cwd: process.cwd.clone(),

@@ -218,3 +218,49 @@ fn bad_memory_annotation_is_refused_by_name() {
     );
     let _ = s.ctr_output(&["container", "rm", &id]);
 }
+
+#[test]
+#[ignore = "needs the vmlet stack: make test"]
+fn bind_mounts_reach_the_container() {
+    let s = stack();
+    let base = std::env::temp_dir().join(unique_id("vmlet-bind"));
+    let dir = base.join("dir");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("in.txt"), "from-host\n").unwrap();
+    let file = base.join("file");
+    std::fs::write(&file, "file-content\n").unwrap();
+    let rw = format!("type=bind,src={},dst=/data,options=rbind:rw", dir.display());
+    let ro = format!(
+        "type=bind,src={},dst=/etc/vmlet-file,options=rbind:ro",
+        file.display()
+    );
+    let out = s
+        .run(
+            &unique_id("bind"),
+            &["--mount", &rw, "--mount", &ro],
+            &[
+                "sh",
+                "-c",
+                "cat /data/in.txt; echo from-pod > /data/out.txt; cat /etc/vmlet-file; \
+                 (echo x > /etc/vmlet-file) 2>/dev/null || echo RO-OK",
+            ],
+        )
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let written = std::fs::read_to_string(dir.join("out.txt"));
+    let file_after = std::fs::read_to_string(&file).unwrap();
+    std::fs::remove_dir_all(&base).unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for expected in ["from-host", "file-content", "RO-OK"] {
+        assert!(
+            stdout.contains(expected),
+            "missing {expected:?} in:\n{stdout}"
+        );
+    }
+    assert_eq!(written.unwrap(), "from-pod\n");
+    assert_eq!(file_after, "file-content\n");
+}

@@ -33,6 +33,19 @@ pub fn network_namespace(spec: &Spec) -> Result<Option<PathBuf>, Error> {
     }
 }
 
+/// A host path a container bind-mounts: the shim binds it into the share at `share_path`
+/// (relative to the share's root), where the guest binds it into the container.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostBind {
+    pub source: PathBuf,
+    pub share_path: String,
+    pub readonly: bool,
+}
+
+fn is_bind(fstype: &str, options: &[String]) -> bool {
+    fstype == "bind" || options.iter().any(|o| o == "bind" || o == "rbind")
+}
+
 /// Path of a container's rootfs inside the VM's shared directory.
 pub fn rootfs_in_share(container_id: &str) -> String {
     format!("{container_id}/rootfs")
@@ -59,12 +72,13 @@ fn rlimit_resource(kind: PosixRlimitType) -> u32 {
     }
 }
 
-/// Builds the agent's create request. Which stdio streams exist is the caller's to say.
+/// Builds the agent's create request and the host paths to bind into the share. Which stdio
+/// streams exist is the caller's to say.
 pub fn create_request(
     container_id: &str,
     spec: &Spec,
     stdio: Stdio,
-) -> Result<CreateContainerRequest, Error> {
+) -> Result<(CreateContainerRequest, Vec<HostBind>), Error> {
     let process = spec
         .process()
         .as_ref()
@@ -80,9 +94,36 @@ pub fn create_request(
     }
     let user = process.user();
     let mut mounts = Vec::new();
+    let mut binds = Vec::new();
     for m in spec.mounts().iter().flatten() {
         let fstype = m.typ().clone().unwrap_or_default();
         let destination = m.destination().to_string_lossy().into_owned();
+        let options = m.options().clone().unwrap_or_default();
+        if is_bind(&fstype, &options) {
+            let source = m.source().clone().ok_or_else(|| {
+                Error::InvalidArgument(format!("bind mount at {destination} has no source"))
+            })?;
+            if !source.exists() {
+                return Err(Error::InvalidArgument(format!(
+                    "bind mount source {} for {destination} does not exist",
+                    source.display()
+                )));
+            }
+            let share_path = format!("{container_id}/mounts/{}", binds.len());
+            binds.push(HostBind {
+                source,
+                share_path: share_path.clone(),
+                readonly: options.iter().any(|o| o == "ro"),
+            });
+            mounts.push(Mount {
+                destination,
+                type_: "bind".into(),
+                source: share_path,
+                options,
+                ..Default::default()
+            });
+            continue;
+        }
         if !GUEST_LOCAL_FS.contains(&fstype.as_str()) {
             return Err(Error::Unimplemented(format!(
                 "mount of type {fstype:?} at {destination} (only guest-local file systems for now)"
@@ -96,11 +137,11 @@ pub fn create_request(
                 .as_ref()
                 .map(|s| s.to_string_lossy().into_owned())
                 .unwrap_or_default(),
-            options: m.options().clone().unwrap_or_default(),
+            options,
             ..Default::default()
         });
     }
-    Ok(CreateContainerRequest {
+    let request = CreateContainerRequest {
         container_id: container_id.into(),
         rootfs: rootfs_in_share(container_id),
         readonly_rootfs: spec
@@ -138,7 +179,8 @@ pub fn create_request(
         mounts,
         stdio: Some(stdio).into(),
         ..Default::default()
-    })
+    };
+    Ok((request, binds))
 }
 
 #[cfg(test)]
@@ -162,7 +204,8 @@ mod tests {
 
     #[test]
     fn translates_process_mounts_and_root() {
-        let req = create_request("c1", &spec(BASE), Stdio::default()).unwrap();
+        let (req, binds) = create_request("c1", &spec(BASE), Stdio::default()).unwrap();
+        assert!(binds.is_empty());
         assert_eq!(req.rootfs, "c1/rootfs");
         assert!(req.readonly_rootfs);
         assert_eq!(req.hostname, "box");
@@ -180,10 +223,43 @@ mod tests {
     }
 
     #[test]
-    fn bind_mounts_are_refused_clearly() {
+    fn bind_mounts_go_through_the_share() {
+        let dir = std::env::temp_dir();
         let s = spec(&BASE.replace(
             r#"{"destination": "/proc", "type": "proc", "source": "proc"}"#,
-            r#"{"destination": "/data", "type": "bind", "source": "/srv", "options": ["rbind"]}"#,
+            &format!(r#"{{"destination": "/data", "type": "bind", "source": "{}", "options": ["rbind", "ro"]}}"#, dir.display()),
+        ));
+        let (req, binds) = create_request("c1", &s, Stdio::default()).unwrap();
+        assert_eq!(
+            binds,
+            [HostBind {
+                source: dir,
+                share_path: "c1/mounts/0".into(),
+                readonly: true
+            }]
+        );
+        let m = &req.mounts[0];
+        assert_eq!(
+            (m.destination.as_str(), m.type_.as_str(), m.source.as_str()),
+            ("/data", "bind", "c1/mounts/0")
+        );
+    }
+
+    #[test]
+    fn missing_bind_source_is_refused_clearly() {
+        let s = spec(&BASE.replace(
+            r#"{"destination": "/proc", "type": "proc", "source": "proc"}"#,
+            r#"{"destination": "/data", "type": "none", "source": "/nonexistent/vmlet", "options": ["rbind"]}"#,
+        ));
+        let err = create_request("c1", &s, Stdio::default()).unwrap_err();
+        assert!(err.to_string().contains("/nonexistent/vmlet"), "{err}");
+    }
+
+    #[test]
+    fn other_host_file_systems_are_refused_clearly() {
+        let s = spec(&BASE.replace(
+            r#"{"destination": "/proc", "type": "proc", "source": "proc"}"#,
+            r#"{"destination": "/data", "type": "nfs", "source": "srv:/x"}"#,
         ));
         let err = create_request("c1", &s, Stdio::default()).unwrap_err();
         assert!(err.to_string().contains("/data"), "{err}");

@@ -152,7 +152,7 @@ impl TaskService {
             stderr: !paths.stderr.is_empty(),
             ..Default::default()
         };
-        let agent_request = crate::spec::create_request(&req.id, &spec, wanted)?;
+        let (agent_request, binds) = crate::spec::create_request(&req.id, &spec, wanted)?;
         let rootfs = if req.rootfs.is_empty() {
             let root = spec
                 .root()
@@ -174,6 +174,7 @@ impl TaskService {
             container_id: req.id.clone(),
             shape,
             rootfs,
+            binds,
             netns,
         };
         let vm = Vm::boot(&config, vmm, boot).await?;

@@ -81,6 +81,8 @@ pub struct BootRequest {
     pub container_id: String,
     pub shape: VmShape,
     pub rootfs: RootfsSource,
+    /// Host paths the container bind-mounts, bound into the share before the VM starts.
+    pub binds: Vec<crate::spec::HostBind>,
     /// The pod network namespace to carry into the VM (none: no NIC).
     pub netns: Option<PathBuf>,
 }
@@ -191,6 +193,11 @@ impl Vm {
             .map_err(|e| Error::io(format!("create {}", target.display()), e))?;
         save(&|s| s.mounts.push(target.clone()))?;
         mount_rootfs(&req.rootfs, &target)?;
+        for bind in &req.binds {
+            let target = paths.share.join(&bind.share_path);
+            save(&|s| s.mounts.push(target.clone()))?;
+            bind_into_share(bind, &target)?;
+        }
 
         let mut interfaces = Vec::new();
         let tap_socket = match &req.netns {
@@ -415,6 +422,46 @@ fn mount_rootfs(rootfs: &RootfsSource, target: &Path) -> Result<(), Error> {
             .map_err(|e| Error::Internal(format!("mount rootfs: {e}")))
         }
     }
+}
+
+/// Binds a host path into the share (an empty file or directory is the mount point);
+/// read-only binds are read-only on the host side too, so virtiofsd cannot write them.
+fn bind_into_share(bind: &crate::spec::HostBind, target: &Path) -> Result<(), Error> {
+    let source = &bind.source;
+    let created = if source.is_dir() {
+        std::fs::create_dir_all(target)
+    } else {
+        target
+            .parent()
+            .map_or(Ok(()), std::fs::create_dir_all)
+            .and_then(|()| std::fs::File::create(target).map(drop))
+    };
+    created.map_err(|e| Error::io(format!("create {}", target.display()), e))?;
+    let io = |what: &str, e: nix::errno::Errno| {
+        Error::io(
+            format!("{what} {} to the share", source.display()),
+            e.into(),
+        )
+    };
+    mount(
+        Some(source),
+        target,
+        None::<&str>,
+        MsFlags::MS_BIND | MsFlags::MS_REC,
+        None::<&str>,
+    )
+    .map_err(|e| io("bind", e))?;
+    if bind.readonly {
+        mount(
+            None::<&str>,
+            target,
+            None::<&str>,
+            MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY,
+            None::<&str>,
+        )
+        .map_err(|e| io("make read-only the bind of", e))?;
+    }
+    Ok(())
 }
 
 fn chown_to_user(path: &Path, user: &str) -> Result<(), Error> {
