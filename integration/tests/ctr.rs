@@ -264,3 +264,91 @@ fn bind_mounts_reach_the_container() {
     assert_eq!(written.unwrap(), "from-pod\n");
     assert_eq!(file_after, "file-content\n");
 }
+
+#[test]
+#[ignore = "needs the vmlet stack: make test"]
+fn containers_of_a_pod_share_its_vm() {
+    let s = stack();
+    let pod = unique_id("pod");
+    let sandbox_type = "io.kubernetes.cri.container-type=sandbox";
+    let container_type = "io.kubernetes.cri.container-type=container";
+    let in_pod = format!("io.kubernetes.cri.sandbox-id={pod}");
+    let run = s
+        .ctr_output(&[
+            "run",
+            "-d",
+            "--runtime",
+            RUNTIME,
+            "--annotation",
+            sandbox_type,
+            "--annotation",
+            &in_pod,
+            &s.image,
+            &pod,
+            "sleep",
+            "1000",
+        ])
+        .unwrap();
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    s.wait_status(&pod, "RUNNING", BOOT).unwrap();
+
+    let in_container = |id: &str, script: &str| {
+        let out = s
+            .run(
+                id,
+                &["--annotation", container_type, "--annotation", &in_pod],
+                &["sh", "-c", script],
+            )
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{id}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let one = in_container(
+        &unique_id("c1"),
+        "cat /proc/sys/kernel/random/boot_id; touch /only-in-c1",
+    );
+    let two = in_container(
+        &unique_id("c2"),
+        "cat /proc/sys/kernel/random/boot_id; ls /",
+    );
+    let boot_one = one.lines().next().unwrap_or_default();
+    assert!(!boot_one.is_empty());
+    assert_eq!(
+        Some(boot_one),
+        two.lines().next(),
+        "the containers ran in different VMs"
+    );
+    assert!(!two.contains("only-in-c1"), "c2 sees c1's rootfs:\n{two}");
+    let shims = s
+        .stack_processes()
+        .into_iter()
+        .filter(|(_, cmdline)| cmdline.contains("containerd-shim-vmlet"))
+        .count();
+    assert_eq!(shims, 1, "one shim per pod");
+
+    assert!(s
+        .ctr_output(&["task", "kill", "-s", "SIGKILL", &pod])
+        .unwrap()
+        .status
+        .success());
+    s.wait_status(&pod, "STOPPED", Duration::from_secs(30))
+        .unwrap();
+    assert!(s
+        .ctr_output(&["task", "delete", &pod])
+        .unwrap()
+        .status
+        .success());
+    assert!(s
+        .ctr_output(&["container", "rm", &pod])
+        .unwrap()
+        .status
+        .success());
+}

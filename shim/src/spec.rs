@@ -1,5 +1,6 @@
 //! OCI spec -> agent request: the shim checks the spec and keeps only what the guest uses.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 
 use oci_spec::runtime::{LinuxNamespaceType, PosixRlimitType, Spec};
@@ -31,6 +32,50 @@ pub fn network_namespace(spec: &Spec) -> Result<Option<PathBuf>, Error> {
             "the host network namespace (--net-host)".into(),
         )),
     }
+}
+
+/// CRI's annotation naming a task's role: `sandbox` or `container`.
+pub const CONTAINER_TYPE_ANNOTATION: &str = "io.kubernetes.cri.container-type";
+/// CRI's annotation naming the pod (sandbox) a task belongs to.
+pub const SANDBOX_ID_ANNOTATION: &str = "io.kubernetes.cri.sandbox-id";
+
+/// Whether a task brings up its pod's VM or joins an existing one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PodRole {
+    /// A pod sandbox, or a plain task (`ctr run`): it owns a VM.
+    Sandbox,
+    /// A container of the pod `sandbox_id`: it runs in that pod's VM.
+    Container { sandbox_id: String },
+}
+
+/// Reads the task's role from CRI's annotations.
+pub fn pod_role(annotations: &HashMap<String, String>) -> Result<PodRole, Error> {
+    match annotations
+        .get(CONTAINER_TYPE_ANNOTATION)
+        .map(String::as_str)
+    {
+        None | Some("sandbox") => Ok(PodRole::Sandbox),
+        Some("container") => match annotations.get(SANDBOX_ID_ANNOTATION) {
+            Some(id) if !id.is_empty() => Ok(PodRole::Container {
+                sandbox_id: id.clone(),
+            }),
+            _ => Err(Error::InvalidArgument(format!(
+                "a container task needs the {SANDBOX_ID_ANNOTATION} annotation"
+            ))),
+        },
+        Some(other) => Err(Error::InvalidArgument(format!(
+            "annotation {CONTAINER_TYPE_ANNOTATION}: unknown value {other:?}"
+        ))),
+    }
+}
+
+/// The shim grouping key: every task of one pod goes to one shim (and one VM).
+pub fn grouping(annotations: &HashMap<String, String>, task_id: &str) -> String {
+    annotations
+        .get(SANDBOX_ID_ANNOTATION)
+        .filter(|id| !id.is_empty())
+        .cloned()
+        .unwrap_or_else(|| task_id.to_owned())
 }
 
 /// A host path a container bind-mounts: the shim binds it into the share at `share_path`
@@ -284,6 +329,37 @@ mod tests {
         );
         let err = network_namespace(&with(r#"[{"type": "pid"}]"#)).unwrap_err();
         assert!(err.to_string().contains("host network"), "{err}");
+    }
+
+    #[test]
+    fn roles_and_grouping_follow_cri_annotations() {
+        let map = |pairs: &[(&str, &str)]| -> HashMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        assert_eq!(pod_role(&map(&[])).unwrap(), PodRole::Sandbox);
+        let sandbox = map(&[
+            (CONTAINER_TYPE_ANNOTATION, "sandbox"),
+            (SANDBOX_ID_ANNOTATION, "p1"),
+        ]);
+        assert_eq!(pod_role(&sandbox).unwrap(), PodRole::Sandbox);
+        assert_eq!(grouping(&sandbox, "p1"), "p1");
+        let container = map(&[
+            (CONTAINER_TYPE_ANNOTATION, "container"),
+            (SANDBOX_ID_ANNOTATION, "p1"),
+        ]);
+        assert_eq!(
+            pod_role(&container).unwrap(),
+            PodRole::Container {
+                sandbox_id: "p1".into()
+            }
+        );
+        assert_eq!(grouping(&container, "c1"), "p1");
+        assert_eq!(grouping(&map(&[]), "t1"), "t1");
+        assert!(pod_role(&map(&[(CONTAINER_TYPE_ANNOTATION, "container")])).is_err());
+        assert!(pod_role(&map(&[(CONTAINER_TYPE_ANNOTATION, "weird")])).is_err());
     }
 
     #[test]

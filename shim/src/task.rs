@@ -19,7 +19,8 @@ use oci_spec::runtime::Spec;
 use tokio::sync::watch;
 use vmlet_config::{NodeConfig, PodAnnotations, VmShape};
 use vmlet_protocol::agent::{
-    ProcessRef, SignalProcessRequest, StartProcessRequest, Stdio, WaitProcessRequest,
+    ProcessRef, RemoveContainerRequest, SignalProcessRequest, StartProcessRequest, Stdio,
+    WaitProcessRequest,
 };
 
 use crate::stdio::{self, Copies, StdioPaths};
@@ -51,7 +52,9 @@ struct TaskEntry {
     bundle: String,
     pid: u32,
     stdio: StdioPaths,
-    vm: Vm,
+    vm: Arc<Vm>,
+    /// The pod (sandbox) this task belongs to; a sandbox's is its own id.
+    pod_id: String,
     phase: Mutex<Phase>,
     exit: watch::Sender<Option<Exit>>,
     copies: tokio::sync::Mutex<Option<Copies>>,
@@ -69,6 +72,8 @@ pub struct TaskService {
     exit: Arc<ExitSignal>,
     vmm_factory: VmmFactory,
     tasks: Mutex<HashMap<String, Arc<TaskEntry>>>,
+    /// The pods' VMs, by sandbox id.
+    vms: Mutex<HashMap<String, Arc<Vm>>>,
 }
 
 fn now() -> Timestamp {
@@ -99,6 +104,7 @@ impl TaskService {
             exit,
             vmm_factory,
             tasks: Mutex::new(HashMap::new()),
+            vms: Mutex::new(HashMap::new()),
         }
     }
 
@@ -139,7 +145,8 @@ impl TaskService {
         let spec = Spec::load(bundle.join("config.json"))
             .map_err(|e| Error::InvalidArgument(format!("read {}/config.json: {e}", req.bundle)))?;
         let annotations = spec.annotations().clone().unwrap_or_default();
-        let shape = VmShape::resolve(&config.guest, &PodAnnotations::from_map(&annotations)?)?;
+        let pod_annotations = PodAnnotations::from_map(&annotations)?;
+        let role = crate::spec::pod_role(&annotations)?;
         let paths = StdioPaths {
             stdin: req.stdin.clone(),
             stdout: req.stdout.clone(),
@@ -167,17 +174,41 @@ impl TaskService {
         } else {
             RootfsSource::Mounts(req.rootfs.to_vec())
         };
-        let netns = crate::spec::network_namespace(&spec)?;
-        let vmm = (self.vmm_factory)(&config);
-        let boot = BootRequest {
-            pod_id: req.id.clone(),
-            container_id: req.id.clone(),
-            shape,
-            rootfs,
-            binds,
-            netns,
+        let (vm, pod_id) = match role {
+            crate::spec::PodRole::Sandbox => {
+                let shape = VmShape::resolve(&config.guest, &pod_annotations)?;
+                let netns = crate::spec::network_namespace(&spec)?;
+                let vmm = (self.vmm_factory)(&config);
+                let boot = BootRequest {
+                    pod_id: req.id.clone(),
+                    container_id: req.id.clone(),
+                    shape,
+                    rootfs,
+                    binds,
+                    netns,
+                };
+                (
+                    Arc::new(Vm::boot(&config, vmm, boot).await?),
+                    req.id.clone(),
+                )
+            }
+            crate::spec::PodRole::Container { sandbox_id } => {
+                let vm = self
+                    .vms
+                    .lock()
+                    .unwrap()
+                    .get(&sandbox_id)
+                    .cloned()
+                    .ok_or_else(|| {
+                        Error::NotFound(format!(
+                            "pod sandbox {sandbox_id} (its VM is not in this shim)"
+                        ))
+                    })?;
+                vm.add_container(&req.id, &rootfs, &binds)?;
+                (vm, sandbox_id)
+            }
         };
-        let vm = Vm::boot(&config, vmm, boot).await?;
+        let owns_vm = pod_id == req.id;
         let created = async {
             let response = vm
                 .agent
@@ -190,7 +221,22 @@ impl TaskService {
         let (pid, copies) = match created {
             Ok(v) => v,
             Err(e) => {
-                if let Err(cleanup) = vm.teardown().await {
+                let cleanup = if owns_vm {
+                    vm.teardown().await
+                } else {
+                    let _ = vm
+                        .agent
+                        .remove_container(
+                            agent_ctx(),
+                            &RemoveContainerRequest {
+                                container_id: req.id.clone(),
+                                ..Default::default()
+                            },
+                        )
+                        .await;
+                    vm.remove_container(&req.id)
+                };
+                if let Err(cleanup) = cleanup {
                     log::error!(
                         "cleanup after failed create of {}: {}",
                         req.id,
@@ -200,6 +246,9 @@ impl TaskService {
                 return Err(e);
             }
         };
+        if owns_vm {
+            self.vms.lock().unwrap().insert(pod_id.clone(), vm.clone());
+        }
         let (exit, _) = watch::channel(None);
         let entry = Arc::new(TaskEntry {
             id: req.id.clone(),
@@ -207,6 +256,7 @@ impl TaskService {
             pid,
             stdio: paths,
             vm,
+            pod_id,
             phase: Mutex::new(Phase::Created),
             exit,
             copies: tokio::sync::Mutex::new(Some(copies)),
@@ -344,7 +394,37 @@ impl TaskService {
             status: 0,
             at: now(),
         });
-        task.vm.teardown().await?;
+        if task.pod_id == task.id {
+            let others: Vec<String> = self
+                .tasks
+                .lock()
+                .unwrap()
+                .values()
+                .filter(|t| t.pod_id == task.pod_id && t.id != task.id)
+                .map(|t| t.id.clone())
+                .collect();
+            if !others.is_empty() {
+                return Err(Error::FailedPrecondition(format!(
+                    "pod {} still has containers {}; delete them first",
+                    task.id,
+                    others.join(", ")
+                )));
+            }
+            task.vm.teardown().await?;
+            self.vms.lock().unwrap().remove(&task.pod_id);
+        } else {
+            task.vm
+                .agent
+                .remove_container(
+                    agent_ctx(),
+                    &RemoveContainerRequest {
+                        container_id: task.id.clone(),
+                        ..Default::default()
+                    },
+                )
+                .await?;
+            task.vm.remove_container(&task.id)?;
+        }
         self.tasks.lock().unwrap().remove(&req.id);
         self.publish(
             topics::TASK_DELETE_EVENT_TOPIC,

@@ -186,18 +186,13 @@ impl Vm {
         std::fs::set_permissions(&paths.dir, std::fs::Permissions::from_mode(0o755))
             .map_err(|e| Error::io("chmod pod dir", e))?;
 
-        let target = paths
-            .share
-            .join(crate::spec::rootfs_in_share(&req.container_id));
-        std::fs::create_dir_all(&target)
-            .map_err(|e| Error::io(format!("create {}", target.display()), e))?;
-        save(&|s| s.mounts.push(target.clone()))?;
-        mount_rootfs(&req.rootfs, &target)?;
-        for bind in &req.binds {
-            let target = paths.share.join(&bind.share_path);
-            save(&|s| s.mounts.push(target.clone()))?;
-            bind_into_share(bind, &target)?;
-        }
+        mount_container(
+            &paths.share,
+            &req.container_id,
+            &req.rootfs,
+            &req.binds,
+            &|target| save(&|s| s.mounts.push(target.to_owned())),
+        )?;
 
         let mut interfaces = Vec::new();
         let tap_socket = match &req.netns {
@@ -356,6 +351,48 @@ impl Vm {
         })
     }
 
+    /// Puts another container of the pod (rootfs and binds) into the running VM's share.
+    /// On failure what was mounted is removed again.
+    pub fn add_container(
+        &self,
+        container_id: &str,
+        rootfs: &RootfsSource,
+        binds: &[crate::spec::HostBind],
+    ) -> Result<(), Error> {
+        let added = mount_container(&self.paths.share, container_id, rootfs, binds, &|target| {
+            let mut state = self.state.lock().unwrap();
+            state.mounts.push(target.to_owned());
+            state.save()
+        });
+        if added.is_err() {
+            let _ = self.remove_container(container_id);
+        }
+        added
+    }
+
+    /// Removes a container's rootfs and binds from the share (the VM goes on).
+    pub fn remove_container(&self, container_id: &str) -> Result<(), Error> {
+        let dir = self.paths.share.join(container_id);
+        let mut state = self.state.lock().unwrap();
+        let (theirs, ours): (Vec<PathBuf>, Vec<PathBuf>) = std::mem::take(&mut state.mounts)
+            .into_iter()
+            .partition(|m| m.starts_with(&dir));
+        state.mounts = ours;
+        let mut first = None;
+        for target in theirs.iter().rev() {
+            if let Err(e) = unmount(target) {
+                first.get_or_insert(e);
+            }
+        }
+        state.save()?;
+        if dir.exists() {
+            if let Err(e) = std::fs::remove_dir_all(&dir) {
+                first.get_or_insert(Error::io(format!("remove {}", dir.display()), e));
+            }
+        }
+        first.map_or(Ok(()), Err)
+    }
+
     /// Stops the VM and removes everything the pod created. The guest is asked to power
     /// itself off first: that is faster than libvirt's destroy (SIGTERM, then waiting for
     /// QEMU), which remains the fallback.
@@ -422,6 +459,28 @@ fn mount_rootfs(rootfs: &RootfsSource, target: &Path) -> Result<(), Error> {
             .map_err(|e| Error::Internal(format!("mount rootfs: {e}")))
         }
     }
+}
+
+/// Mounts a container's rootfs at `share/<id>/rootfs` and its binds at
+/// `share/<id>/mounts/<n>`; `record` persists each mount point before it is mounted.
+fn mount_container(
+    share: &Path,
+    container_id: &str,
+    rootfs: &RootfsSource,
+    binds: &[crate::spec::HostBind],
+    record: &dyn Fn(&Path) -> Result<(), Error>,
+) -> Result<(), Error> {
+    let target = share.join(crate::spec::rootfs_in_share(container_id));
+    std::fs::create_dir_all(&target)
+        .map_err(|e| Error::io(format!("create {}", target.display()), e))?;
+    record(&target)?;
+    mount_rootfs(rootfs, &target)?;
+    for bind in binds {
+        let target = share.join(&bind.share_path);
+        record(&target)?;
+        bind_into_share(bind, &target)?;
+    }
+    Ok(())
 }
 
 /// Binds a host path into the share (an empty file or directory is the mount point);
