@@ -26,6 +26,7 @@ e2e:
 	cargo test --locked -p vmlet-integration --test ctr -- --ignored --test-threads=1
 	cargo test --locked -p vmlet-integration --test network -- --ignored --test-threads=1
 	cargo test --locked -p vmlet-integration --test cni -- --ignored --test-threads=1
+	cargo test --locked -p vmlet-integration --test cri -- --ignored --test-threads=1
 	cargo test --locked -p vmlet-integration --test leftovers -- --ignored
 
 bench-start:

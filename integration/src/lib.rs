@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 
+pub mod cri;
 pub mod testnet;
 
 /// The runtime name tests ask containerd for.

@@ -2,7 +2,7 @@
 //! under TCG, virtiofsd, vhost-device-vsock). Run by `make test`; run alone with
 //! `eval "$(scripts/stack up)"; cargo test -p vmlet-integration --test ctr -- --ignored`.
 
-use std::io::Write;
+use std::io::{BufRead, BufReader, Write};
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -94,17 +94,23 @@ fn stdin_and_stdout_reach_the_container() {
 fn sigterm_reaches_a_handler() {
     let s = stack();
     let id = unique_id("term");
-    let child = s
+    let mut child = s
         .spawn_run(
             &id,
             &[
                 "sh",
                 "-c",
-                "trap 'exit 143' TERM; while :; do sleep 1; done",
+                "trap 'exit 143' TERM; echo ready; while :; do sleep 1; done",
             ],
         )
         .unwrap();
-    s.wait_status(&id, "RUNNING", BOOT).unwrap();
+    // Signal only once the handler is installed (as with runc, a signal that comes first
+    // meets PID 1 without a handler and is ignored).
+    let mut line = String::new();
+    BufReader::new(child.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "ready");
     let kill = s.ctr_output(&["task", "kill", &id]).unwrap();
     assert!(
         kill.status.success(),

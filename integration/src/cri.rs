@@ -1,0 +1,169 @@
+//! A small client of containerd's CRI API (v1), as kubelet drives it.
+
+use std::collections::HashMap;
+
+use anyhow::Context;
+use hyper_util::rt::TokioIo;
+use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
+use k8s_cri::v1::{
+    ContainerConfig, ContainerMetadata, CreateContainerRequest, ImageSpec, LinuxContainerConfig,
+    LinuxPodSandboxConfig, PodSandboxConfig, PodSandboxMetadata, PodSandboxStatusRequest,
+    RemoveContainerRequest, RemovePodSandboxRequest, RunPodSandboxRequest, StartContainerRequest,
+    StopContainerRequest, StopPodSandboxRequest,
+};
+use tonic::transport::{Channel, Endpoint, Uri};
+
+pub struct Cri {
+    client: RuntimeServiceClient<Channel>,
+}
+
+impl Cri {
+    /// Connects to the CRI socket (containerd's gRPC socket).
+    pub async fn connect(socket: &str) -> anyhow::Result<Self> {
+        let socket = socket.to_owned();
+        let channel = Endpoint::try_from("http://[::]")?
+            .connect_with_connector(tower::service_fn(move |_: Uri| {
+                let socket = socket.clone();
+                async move {
+                    Ok::<_, std::io::Error>(TokioIo::new(
+                        tokio::net::UnixStream::connect(socket).await?,
+                    ))
+                }
+            }))
+            .await
+            .context("connect to the CRI socket")?;
+        Ok(Self {
+            client: RuntimeServiceClient::new(channel),
+        })
+    }
+
+    /// The sandbox config kubelet would send for a pod.
+    pub fn pod_config(name: &str, uid: &str, log_directory: &str) -> PodSandboxConfig {
+        PodSandboxConfig {
+            metadata: Some(PodSandboxMetadata {
+                name: name.into(),
+                uid: uid.into(),
+                namespace: "default".into(),
+                attempt: 0,
+            }),
+            hostname: name.into(),
+            log_directory: log_directory.into(),
+            labels: HashMap::new(),
+            annotations: HashMap::new(),
+            linux: Some(LinuxPodSandboxConfig::default()),
+            ..Default::default()
+        }
+    }
+
+    pub async fn run_pod(
+        &mut self,
+        config: &PodSandboxConfig,
+        handler: &str,
+    ) -> anyhow::Result<String> {
+        let response = self
+            .client
+            .run_pod_sandbox(RunPodSandboxRequest {
+                config: Some(config.clone()),
+                runtime_handler: handler.into(),
+            })
+            .await
+            .context("RunPodSandbox")?;
+        Ok(response.into_inner().pod_sandbox_id)
+    }
+
+    /// The pod's IP as the CRI plugin reports it (from CNI).
+    pub async fn pod_ip(&mut self, pod: &str) -> anyhow::Result<String> {
+        let status = self
+            .client
+            .pod_sandbox_status(PodSandboxStatusRequest {
+                pod_sandbox_id: pod.into(),
+                verbose: false,
+            })
+            .await
+            .context("PodSandboxStatus")?
+            .into_inner();
+        status
+            .status
+            .and_then(|s| s.network)
+            .map(|n| n.ip)
+            .filter(|ip| !ip.is_empty())
+            .context("the pod has no IP")
+    }
+
+    pub async fn create_and_start(
+        &mut self,
+        pod: &str,
+        pod_config: &PodSandboxConfig,
+        name: &str,
+        image: &str,
+        command: &[&str],
+    ) -> anyhow::Result<String> {
+        let config = ContainerConfig {
+            metadata: Some(ContainerMetadata {
+                name: name.into(),
+                attempt: 0,
+            }),
+            image: Some(ImageSpec {
+                image: image.into(),
+                ..Default::default()
+            }),
+            command: command.iter().map(|s| s.to_string()).collect(),
+            log_path: format!("{name}.log"),
+            linux: Some(LinuxContainerConfig::default()),
+            ..Default::default()
+        };
+        let id = self
+            .client
+            .create_container(CreateContainerRequest {
+                pod_sandbox_id: pod.into(),
+                config: Some(config),
+                sandbox_config: Some(pod_config.clone()),
+            })
+            .await
+            .context("CreateContainer")?
+            .into_inner()
+            .container_id;
+        self.client
+            .start_container(StartContainerRequest {
+                container_id: id.clone(),
+            })
+            .await
+            .context("StartContainer")?;
+        Ok(id)
+    }
+
+    /// StopContainer (SIGTERM, then SIGKILL after `timeout` s) and RemoveContainer.
+    pub async fn remove_container(&mut self, id: &str, timeout: i64) -> anyhow::Result<()> {
+        self.client
+            .stop_container(StopContainerRequest {
+                container_id: id.into(),
+                timeout,
+            })
+            .await
+            .context("StopContainer")?;
+        self.client
+            .remove_container(RemoveContainerRequest {
+                container_id: id.into(),
+            })
+            .await
+            .context("RemoveContainer")?;
+        Ok(())
+    }
+
+    /// StopPodSandbox and RemovePodSandbox.
+    pub async fn remove_pod(&mut self, pod: &str) -> anyhow::Result<()> {
+        self.client
+            .stop_pod_sandbox(StopPodSandboxRequest {
+                pod_sandbox_id: pod.into(),
+            })
+            .await
+            .context("StopPodSandbox")?;
+        self.client
+            .remove_pod_sandbox(RemovePodSandboxRequest {
+                pod_sandbox_id: pod.into(),
+            })
+            .await
+            .context("RemovePodSandbox")?;
+        Ok(())
+    }
+}
