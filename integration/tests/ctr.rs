@@ -358,3 +358,71 @@ fn containers_of_a_pod_share_its_vm() {
         .status
         .success());
 }
+
+/// Polls `path` until it contains every needle or 10 s pass; returns its text.
+fn wait_for_text(path: &std::path::Path, needles: &[&str]) -> String {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        if needles.iter().all(|n| text.contains(n)) || std::time::Instant::now() > deadline {
+            return text;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+#[ignore = "needs the vmlet stack: make test"]
+fn log_uris_deliver_the_output() {
+    let s = stack();
+    let dir = std::env::temp_dir().join(unique_id("vmlet-logs"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let script = ["sh", "-c", "echo out-line; echo err-line >&2"];
+
+    let file_log = dir.join("file.log");
+    let out = s
+        .run(
+            &unique_id("logfile"),
+            &["--log-uri", &format!("file://{}", file_log.display())],
+            &script,
+        )
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = wait_for_text(&file_log, &["out-line", "err-line"]);
+    assert!(
+        text.contains("out-line") && text.contains("err-line"),
+        "file log: {text:?}"
+    );
+
+    // A logging binary as containerd runs them: streams on fds 3 and 4, ready when fd 5
+    // is closed, the container id in its environment, URI query pairs as arguments.
+    let logger = dir.join("logger.sh");
+    std::fs::write(
+        &logger,
+        "#!/bin/sh\nexec 5>&-\necho \"id=$CONTAINER_ID\" >>\"$2\"\ncat <&3 >>\"$2\" &\ncat <&4 >>\"$2\" &\nwait\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&logger, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let binary_log = dir.join("binary.log");
+    let id = unique_id("logbin");
+    let uri = format!("binary://{}?out={}", logger.display(), binary_log.display());
+    let out = s.run(&id, &["--log-uri", &uri], &script).unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let id_line = format!("id={id}");
+    let text = wait_for_text(&binary_log, &["out-line", "err-line", &id_line]);
+    std::fs::remove_dir_all(&dir).unwrap();
+    for expected in ["out-line", "err-line", id_line.as_str()] {
+        assert!(
+            text.contains(expected),
+            "missing {expected:?} in the binary log: {text:?}"
+        );
+    }
+}

@@ -11,6 +11,7 @@
 
 pub mod domain;
 mod error;
+pub mod log_uri;
 pub mod shim;
 pub mod spec;
 pub mod state;

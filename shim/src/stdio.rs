@@ -1,5 +1,7 @@
-//! Copies between containerd's stdio FIFOs and the agent's raw vsock stream connections.
+//! Copies between containerd's stdio (FIFOs, log URIs) and the agent's raw vsock stream
+//! connections.
 
+use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -9,10 +11,12 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use vmlet_protocol::{StreamHeader, StreamKind, STREAM_PORT};
 
+use crate::log_uri::{start_logger, OutputTarget};
 use crate::vsock::Endpoint;
 use crate::Error;
 
-/// The FIFO paths containerd gave (empty: no such stream).
+/// What containerd gave for each stream: FIFO paths, or log URIs for stdout and stderr
+/// (empty: no such stream).
 #[derive(Debug, Clone, Default)]
 pub struct StdioPaths {
     pub stdin: String,
@@ -21,15 +25,88 @@ pub struct StdioPaths {
 }
 
 impl StdioPaths {
-    /// Only FIFO paths for now; log URIs (`file://`, `binary://`) come later.
+    /// stdin must be a FIFO; stdout and stderr may be FIFOs or log URIs.
     pub fn check(&self) -> Result<(), Error> {
-        for path in [&self.stdin, &self.stdout, &self.stderr] {
-            if path.contains("://") {
-                return Err(Error::Unimplemented(format!("stdio URI {path:?}")));
+        if self.stdin.contains("://") {
+            return Err(Error::InvalidArgument(format!(
+                "stdin {:?} is not a FIFO path",
+                self.stdin
+            )));
+        }
+        for output in [&self.stdout, &self.stderr] {
+            if !output.is_empty() {
+                OutputTarget::parse(output)?;
             }
         }
         Ok(())
     }
+}
+
+type Output = Box<dyn tokio::io::AsyncWrite + Send + Unpin>;
+
+/// Opens the writers for stdout and stderr. A log URI shared by both (as containerd passes
+/// it) is opened once: one file, or one logging binary with two pipes.
+fn open_outputs(
+    paths: &StdioPaths,
+    container_id: &str,
+    namespace: &str,
+) -> Result<[Option<Output>; 2], Error> {
+    let open_fifo = |path: &PathBuf| -> Result<Output, Error> {
+        // Read-write keeps the open from failing while containerd's reader comes and goes.
+        let fifo = pipe::OpenOptions::new()
+            .read_write(true)
+            .open_sender(path)
+            .map_err(|e| Error::io(format!("open {}", path.display()), e))?;
+        Ok(Box::new(fifo))
+    };
+    let open_file = |path: &PathBuf| -> Result<std::fs::File, Error> {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .map_err(|e| Error::io(format!("open log file {}", path.display()), e))
+    };
+    let sender = |fd: OwnedFd| -> Result<Output, Error> {
+        Ok(Box::new(
+            pipe::Sender::from_owned_fd(fd).map_err(|e| Error::io("logger pipe", e))?,
+        ))
+    };
+    let parse = |s: &String| (!s.is_empty()).then(|| OutputTarget::parse(s)).transpose();
+    let (out, err) = (parse(&paths.stdout)?, parse(&paths.stderr)?);
+    let shared = if out == err { out.as_ref() } else { None };
+    if let Some(target) = shared {
+        match target {
+            OutputTarget::File(path) => {
+                let file = open_file(path)?;
+                let copy = file.try_clone().map_err(|e| Error::io("dup log file", e))?;
+                return Ok([
+                    Some(Box::new(tokio::fs::File::from_std(file))),
+                    Some(Box::new(tokio::fs::File::from_std(copy))),
+                ]);
+            }
+            OutputTarget::Binary { path, args } => {
+                let (o, e) = start_logger(path, args, container_id, namespace)?;
+                return Ok([Some(sender(o)?), Some(sender(e)?)]);
+            }
+            OutputTarget::Fifo(_) => {}
+        }
+    }
+    let mut writers: [Option<Output>; 2] = [None, None];
+    for (slot, target) in writers.iter_mut().zip([out, err]) {
+        *slot = match target {
+            None => None,
+            Some(OutputTarget::Fifo(path)) => Some(open_fifo(&path)?),
+            Some(OutputTarget::File(path)) => {
+                Some(Box::new(tokio::fs::File::from_std(open_file(&path)?)))
+            }
+            Some(OutputTarget::Binary { path, args }) => {
+                let (o, e) = start_logger(&path, &args, container_id, namespace)?;
+                drop(e);
+                Some(sender(o)?)
+            }
+        };
+    }
+    Ok(writers)
 }
 
 /// Running copies of one process's streams.
@@ -69,30 +146,29 @@ async fn open_stream(
     Ok(stream)
 }
 
-/// Connects every stream that has a FIFO and starts copying.
+/// Connects every stream that has a FIFO or log URI and starts copying. `namespace` is
+/// the containerd namespace a logging binary is told.
 pub async fn attach(
     endpoint: &Endpoint,
     container_id: &str,
+    namespace: &str,
     paths: &StdioPaths,
 ) -> Result<Copies, Error> {
     let mut outputs = Vec::new();
-    for (path, kind) in [
-        (&paths.stdout, StreamKind::Stdout),
-        (&paths.stderr, StreamKind::Stderr),
-    ] {
-        if path.is_empty() {
+    let writers = open_outputs(paths, container_id, namespace)?;
+    for (writer, kind) in writers
+        .into_iter()
+        .zip([StreamKind::Stdout, StreamKind::Stderr])
+    {
+        let Some(mut writer) = writer else {
             continue;
-        }
+        };
         let mut stream = open_stream(endpoint, container_id, kind).await?;
-        // Read-write keeps the open from failing while containerd's reader comes and goes.
-        let mut fifo = pipe::OpenOptions::new()
-            .read_write(true)
-            .open_sender(path)
-            .map_err(|e| Error::io(format!("open {path}"), e))?;
         outputs.push(tokio::spawn(async move {
-            if let Err(e) = tokio::io::copy(&mut stream, &mut fifo).await {
+            if let Err(e) = tokio::io::copy(&mut stream, &mut writer).await {
                 log::warn!("copy {kind:?}: {e}");
             }
+            let _ = writer.flush().await;
         }));
     }
     let close_stdin = Arc::new(Notify::new());

@@ -214,7 +214,7 @@ impl TaskService {
                 .agent
                 .create_container(agent_ctx(), &agent_request)
                 .await?;
-            let copies = stdio::attach(&vm.endpoint, &req.id, &paths).await?;
+            let copies = stdio::attach(&vm.endpoint, &req.id, &self.namespace, &paths).await?;
             Ok::<_, Error>((response.pid, copies))
         }
         .await;
