@@ -153,6 +153,17 @@ impl Stack {
         found
     }
 
+    /// The host processes of one pod: its QEMU, virtiofsd, vhost-device-vsock and shim.
+    pub fn pod_processes(&self, pod_id: &str) -> Vec<(u32, String)> {
+        let state = format!("{}/state/{pod_id}/", self.dir);
+        let domain = format!("guest=vmlet-{pod_id},");
+        let shim = format!("-id {pod_id} ");
+        self.stack_processes()
+            .into_iter()
+            .filter(|(_, c)| c.contains(&state) || c.contains(&domain) || c.contains(&shim))
+            .collect()
+    }
+
     /// Mount points below the shim's state dir (the state dir's own bind excluded).
     pub fn state_mounts(&self) -> Vec<String> {
         let state = format!("{}/state/", self.dir);
@@ -163,6 +174,32 @@ impl Stack {
             .filter(|m| m.starts_with(&state))
             .collect()
     }
+}
+
+/// Resident memory of a process in KiB (`VmRSS`), 0 when it is gone.
+pub fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next().and_then(|n| n.parse().ok()))
+        .unwrap_or(0)
+}
+
+/// CPU time (user + system) a process used so far, in clock ticks, 0 when it is gone.
+pub fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The fields after the command name (which may hold spaces) in parentheses.
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let field = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    // utime and stime are fields 14 and 15 of stat(5); `rest` starts at field 3.
+    field(11) + field(12)
 }
 
 /// A container id unique within this test run.

@@ -149,5 +149,76 @@ async fn main() -> anyhow::Result<()> {
         "bench-start: ratio {:.2} (target <= 1.5)",
         v.as_secs_f64() / f.as_secs_f64()
     );
+    idle_pod_memory(&stack)
+}
+
+/// Host memory of one idle pod (default 256 MiB guest): the RSS of its QEMU, virtiofsd,
+/// vhost-device-vsock and shim, measured a few seconds after it started.
+fn idle_pod_memory(stack: &Stack) -> anyhow::Result<()> {
+    let id = unique_id("idle");
+    let run = stack.ctr_output(&[
+        "run",
+        "-d",
+        "--runtime",
+        vmlet_integration::RUNTIME,
+        &stack.image,
+        &id,
+        "sleep",
+        "1000",
+    ])?;
+    if !run.status.success() {
+        bail!("ctr run -d: {}", String::from_utf8_lossy(&run.stderr));
+    }
+    let measured = (|| {
+        stack.wait_status(&id, "RUNNING", Duration::from_secs(90))?;
+        std::thread::sleep(Duration::from_secs(3));
+        let pids: Vec<u32> = stack
+            .pod_processes(&id)
+            .into_iter()
+            .map(|(p, _)| p)
+            .collect();
+        let ticks = || {
+            pids.iter()
+                .map(|p| vmlet_integration::cpu_ticks(*p))
+                .sum::<u64>()
+        };
+        let before = ticks();
+        std::thread::sleep(Duration::from_secs(5));
+        // Clock ticks are 1/100 s on Linux: ticks over 5 s / 500 = cores.
+        let idle_cores = (ticks() - before) as f64 / 500.0;
+        println!(
+            "bench-start: idle pod host CPU: {:.0} millicores",
+            idle_cores * 1000.0
+        );
+        let mut parts = Vec::new();
+        for (pid, cmdline) in stack.pod_processes(&id) {
+            let name = [
+                "qemu-system",
+                "virtiofsd",
+                "vhost-device-vsock",
+                "containerd-shim-vmlet",
+            ]
+            .into_iter()
+            .find(|n| cmdline.contains(n))
+            .unwrap_or("other");
+            parts.push((name, vmlet_integration::rss_kib(pid)));
+        }
+        Ok::<_, anyhow::Error>(parts)
+    })();
+    let _ = stack.ctr_output(&["task", "kill", "-s", "SIGKILL", &id]);
+    let _ = stack.wait_status(&id, "STOPPED", Duration::from_secs(30));
+    let _ = stack.ctr_output(&["task", "delete", &id]);
+    let _ = stack.ctr_output(&["container", "rm", &id]);
+    let parts = measured?;
+    let total: u64 = parts.iter().map(|(_, kib)| kib).sum();
+    let detail: Vec<String> = parts
+        .iter()
+        .map(|(n, kib)| format!("{n} {} MiB", kib / 1024))
+        .collect();
+    println!(
+        "bench-start: idle pod host memory (RSS, 256 MiB guest): {} MiB ({})",
+        total / 1024,
+        detail.join(", ")
+    );
     Ok(())
 }
