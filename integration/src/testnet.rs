@@ -1,8 +1,10 @@
 //! Test networks: two network namespaces the test creates ("pod", as CNI would leave it,
 //! and "peer"), joined by a veth pair on 10.213.0.0/24. Traffic stays between them.
 
+use std::io::Write;
 use std::path::PathBuf;
-use std::process::Command;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 /// The pod side's address.
 pub const POD_CIDR: &str = "10.213.0.2/24";
@@ -25,6 +27,52 @@ pub fn tc(ns: &str, args: &[&str]) -> String {
     let mut all = vec!["netns", "exec", ns, "tc"];
     all.extend_from_slice(args);
     ip(&all)
+}
+
+/// One TCP exchange from namespace `ns` with `addr:port` (busybox nc): sends `message`,
+/// returns what came back, or `None` while nothing listens there yet.
+pub fn tcp_exchange(ns: &str, addr: &str, port: u16, message: &str) -> Option<String> {
+    let mut child = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            ns,
+            "busybox",
+            "nc",
+            "-w",
+            "3",
+            addr,
+            &port.to_string(),
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("run busybox nc in a test namespace");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(message.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    (!text.is_empty()).then_some(text)
+}
+
+/// Retries [`tcp_exchange`] until a server answers (a VM is booting); panics after 90 s.
+pub fn tcp_exchange_when_up(ns: &str, addr: &str, port: u16, message: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        if let Some(reply) = tcp_exchange(ns, addr, port, message) {
+            return reply;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "nothing accepted a connection on {addr}:{port}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
 }
 
 /// The two namespaces; removed on drop.

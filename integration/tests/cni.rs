@@ -7,9 +7,9 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use vmlet_integration::testnet::ip;
+use vmlet_integration::testnet::{ip, tcp_exchange_when_up};
 use vmlet_integration::{unique_id, Stack, RUNTIME};
 
 const CNI_PATH: &str = "/usr/lib/cni";
@@ -148,28 +148,6 @@ impl Drop for Pod<'_> {
     }
 }
 
-/// One TCP exchange from the node namespace (the "host") with a pod's listener on 8080.
-fn exchange_from_node(node: &Node, pod_ip: &str) -> Option<String> {
-    let mut child = Command::new("ip")
-        .args([
-            "netns", "exec", &node.ns, "busybox", "nc", "-w", "3", pod_ip, "8080",
-        ])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(b"from-host\n")
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    (!text.is_empty()).then_some(text)
-}
-
 #[test]
 #[ignore = "needs the vmlet stack and root: make test"]
 fn pods_on_a_cni_bridge_reach_host_gateway_and_each_other() {
@@ -228,17 +206,7 @@ fn pods_on_a_cni_bridge_reach_host_gateway_and_each_other() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(90);
-    let reply = loop {
-        if let Some(reply) = exchange_from_node(&node, &a.ip) {
-            break reply;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "pod A never accepted a connection from the host"
-        );
-        std::thread::sleep(Duration::from_millis(500));
-    };
+    let reply = tcp_exchange_when_up(&node.ns, &a.ip, 8080, "from-host\n");
     let out = run_a.wait_with_output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(

@@ -3,43 +3,10 @@
 //! address, MTU and default route, reaches its gateway, and serves TCP to the peer.
 //! Run by `make test` (needs the stack and root).
 
-use std::io::Write;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
-use vmlet_integration::testnet::{TestNet, PEER_ADDR};
+use vmlet_integration::testnet::{tcp_exchange_when_up, TestNet, PEER_ADDR};
 use vmlet_integration::{unique_id, Stack, RUNTIME};
-
-/// One TCP exchange from the peer namespace with the container's listener; `None` while
-/// nothing listens yet.
-fn exchange_from_peer(net: &TestNet) -> Option<String> {
-    let mut child = Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            &net.peer,
-            "busybox",
-            "nc",
-            "-w",
-            "3",
-            "10.213.0.2",
-            "8080",
-        ])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("run busybox nc in the peer namespace");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(b"from-peer\n")
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    (!text.is_empty()).then_some(text)
-}
 
 #[test]
 #[ignore = "needs the vmlet stack and root: make test"]
@@ -74,17 +41,7 @@ fn container_gets_the_pod_network() {
         .spawn()
         .unwrap();
 
-    let deadline = Instant::now() + Duration::from_secs(90);
-    let reply = loop {
-        if let Some(reply) = exchange_from_peer(&net) {
-            break reply;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the container never accepted a connection"
-        );
-        std::thread::sleep(Duration::from_millis(500));
-    };
+    let reply = tcp_exchange_when_up(&net.peer, "10.213.0.2", 8080, "from-peer\n");
     let out = child.wait_with_output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(

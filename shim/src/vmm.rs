@@ -117,7 +117,6 @@ impl VmManager for Libvirt {
 #[derive(Default)]
 pub struct FakeVmm {
     pub running: Mutex<Vec<String>>,
-    pub fail_start: bool,
 }
 
 impl VmManager for FakeVmm {
@@ -126,9 +125,6 @@ impl VmManager for FakeVmm {
     }
 
     fn start(&self, xml: &str) -> Result<(), Error> {
-        if self.fail_start {
-            return Err(Error::Libvirt("start domain: fake failure".into()));
-        }
         let name = xml
             .split("<name>")
             .nth(1)
