@@ -171,7 +171,7 @@ pub fn create_request(
         }
         if !GUEST_LOCAL_FS.contains(&fstype.as_str()) {
             return Err(Error::Unimplemented(format!(
-                "mount of type {fstype:?} at {destination} (only guest-local file systems for now)"
+                "mount of type {fstype:?} at {destination} (only binds and guest-local file systems are supported)"
             )));
         }
         mounts.push(Mount {

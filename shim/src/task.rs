@@ -1,5 +1,6 @@
 //! containerd's task API (shim v2) for vmlet. Requests are translated here; the VM and the
-//! agent do the work. One VM per task for now; pod grouping comes with the CRI work.
+//! agent do the work. Tasks of one pod share its VM: the sandbox task boots it, container
+//! tasks join it.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
