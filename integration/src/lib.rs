@@ -68,11 +68,13 @@ impl Stack {
         self.ctr_output(&args)
     }
 
-    /// Starts an attached `ctr run --rm --runtime vmlet IMAGE ID COMMAND...` with no stdin
-    /// and piped output.
-    pub fn spawn_run(&self, id: &str, command: &[&str]) -> anyhow::Result<Child> {
+    /// Starts an attached `ctr run --rm --runtime vmlet EXTRA... IMAGE ID COMMAND...` with no
+    /// stdin and piped output.
+    pub fn spawn_run(&self, id: &str, extra: &[&str], command: &[&str]) -> anyhow::Result<Child> {
         self.ctr()
-            .args(["run", "--rm", "--runtime", RUNTIME, &self.image, id])
+            .args(["run", "--rm", "--runtime", RUNTIME])
+            .args(extra)
+            .args([self.image.as_str(), id])
             .args(command)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

@@ -186,25 +186,9 @@ fn pods_on_a_cni_bridge_reach_host_gateway_and_each_other() {
         b.ip
     );
     let a_id = unique_id("cni-a");
+    let with_ns = format!("network:{}", a.path().display());
     let run_a = s
-        .ctr()
-        .args([
-            "run",
-            "--rm",
-            "--runtime",
-            RUNTIME,
-            "--with-ns",
-            &format!("network:{}", a.path().display()),
-            &s.image,
-            &a_id,
-            "sh",
-            "-c",
-            &script,
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
+        .spawn_run(&a_id, &["--with-ns", &with_ns], &["sh", "-c", &script])
         .unwrap();
     let reply = tcp_exchange_when_up(&node.ns, &a.ip, 8080, "from-host\n");
     let out = run_a.wait_with_output().unwrap();

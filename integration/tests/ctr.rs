@@ -97,6 +97,7 @@ fn sigterm_reaches_a_handler() {
     let mut child = s
         .spawn_run(
             &id,
+            &[],
             &[
                 "sh",
                 "-c",
@@ -131,7 +132,7 @@ fn sigterm_reaches_a_handler() {
 fn pid1_ignores_sigterm_and_dies_on_sigkill() {
     let s = stack();
     let id = unique_id("kill");
-    let child = s.spawn_run(&id, &["sleep", "1000"]).unwrap();
+    let child = s.spawn_run(&id, &[], &["sleep", "1000"]).unwrap();
     s.wait_status(&id, "RUNNING", BOOT).unwrap();
     assert!(s
         .ctr_output(&["task", "kill", &id])

@@ -3,10 +3,10 @@
 //! address, MTU and default route, reaches its gateway, and serves TCP to the peer.
 //! Run by `make test` (needs the stack and root).
 
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use vmlet_integration::testnet::{tcp_exchange_when_up, TestNet, PEER_ADDR};
-use vmlet_integration::{unique_id, Stack, RUNTIME};
+use vmlet_integration::{unique_id, Stack};
 
 #[test]
 #[ignore = "needs the vmlet stack and root: make test"]
@@ -21,24 +21,7 @@ fn container_gets_the_pod_network() {
     );
     let with_ns = format!("network:{}", net.pod_path().display());
     let child = s
-        .ctr()
-        .args([
-            "run",
-            "--rm",
-            "--runtime",
-            RUNTIME,
-            "--with-ns",
-            &with_ns,
-            &s.image,
-            &id,
-            "sh",
-            "-c",
-            &script,
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
+        .spawn_run(&id, &["--with-ns", &with_ns], &["sh", "-c", &script])
         .unwrap();
 
     let reply = tcp_exchange_when_up(&net.peer, "10.213.0.2", 8080, "from-peer\n");
