@@ -11,9 +11,10 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::{pipe2, Pid};
 use ttrpc::r#async::{Server, TtrpcContext};
 use vmlet_protocol::agent::{
-    ConfigureNetworkRequest, CreateContainerRequest, CreateContainerResponse, Empty, PingRequest,
-    PingResponse, RemoveContainerRequest, ShutdownRequest, SignalProcessRequest,
-    StartProcessRequest, StartProcessResponse, WaitProcessRequest, WaitProcessResponse,
+    ConfigureNetworkRequest, CreateContainerRequest, CreateContainerResponse, Empty,
+    ListProcessesRequest, ListProcessesResponse, PingRequest, PingResponse, RemoveContainerRequest,
+    ShutdownRequest, SignalProcessRequest, StartProcessRequest, StartProcessResponse,
+    WaitProcessRequest, WaitProcessResponse,
 };
 use vmlet_protocol::{agent_ttrpc, AGENT_PORT};
 
@@ -348,6 +349,24 @@ impl agent_ttrpc::Agent for AgentService {
         req: RemoveContainerRequest,
     ) -> ttrpc::Result<Empty> {
         Ok(self.remove(req).await?)
+    }
+
+    async fn list_processes(
+        &self,
+        _: &TtrpcContext,
+        req: ListProcessesRequest,
+    ) -> ttrpc::Result<ListProcessesResponse> {
+        let container = self.containers.get(&req.container_id)?;
+        let mut pids = if container.init.exit_status().is_some() {
+            Vec::new()
+        } else {
+            pids_in_pid_namespace_of(container.init.pid)
+        };
+        pids.sort_unstable();
+        Ok(ListProcessesResponse {
+            pids: pids.into_iter().map(|p| p as u32).collect(),
+            ..Default::default()
+        })
     }
 
     async fn configure_network(

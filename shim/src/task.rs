@@ -20,8 +20,8 @@ use oci_spec::runtime::Spec;
 use tokio::sync::watch;
 use vmlet_config::{NodeConfig, PodAnnotations, VmShape};
 use vmlet_protocol::agent::{
-    ProcessRef, RemoveContainerRequest, SignalProcessRequest, StartProcessRequest, Stdio,
-    WaitProcessRequest,
+    ListProcessesRequest, ProcessRef, RemoveContainerRequest, SignalProcessRequest,
+    StartProcessRequest, Stdio, WaitProcessRequest,
 };
 
 use crate::stdio::{self, Copies, StdioPaths};
@@ -561,6 +561,37 @@ impl Task for TaskApi {
         self.0.delete_task(req).await.map_err(|e| {
             log::error!("delete: {}", e.message());
             e.into()
+        })
+    }
+
+    async fn pids(
+        &self,
+        _: &TtrpcContext,
+        req: api::PidsRequest,
+    ) -> TtrpcResult<api::PidsResponse> {
+        let task = self.0.get(&req.id, "")?;
+        let list = task
+            .vm
+            .agent
+            .list_processes(
+                agent_ctx(),
+                &ListProcessesRequest {
+                    container_id: task.id.clone(),
+                    ..Default::default()
+                },
+            )
+            .await
+            .map_err(Error::from)?;
+        Ok(api::PidsResponse {
+            processes: list
+                .pids
+                .into_iter()
+                .map(|pid| containerd_shim_protos::api::ProcessInfo {
+                    pid,
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
         })
     }
 
