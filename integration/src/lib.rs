@@ -109,6 +109,26 @@ impl Stack {
         }
     }
 
+    /// Ends a detached task: SIGKILL, wait until `ctr task ls` shows it STOPPED, delete the
+    /// task and its container. The error names the step that failed.
+    pub fn kill_and_remove(&self, id: &str) -> anyhow::Result<()> {
+        let step = |args: &[&str]| -> anyhow::Result<()> {
+            let out = self.ctr_output(args)?;
+            if !out.status.success() {
+                bail!(
+                    "ctr {}: {}",
+                    args.join(" "),
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+            Ok(())
+        };
+        step(&["task", "kill", "-s", "SIGKILL", id])?;
+        self.wait_status(id, "STOPPED", Duration::from_secs(30))?;
+        step(&["task", "delete", id])?;
+        step(&["container", "rm", id])
+    }
+
     /// Names of the libvirt domains vmlet owns on the stack's libvirtd.
     pub fn vmlet_domains(&self) -> anyhow::Result<Vec<String>> {
         let out = Command::new("virsh")

@@ -206,19 +206,7 @@ fn pods_on_a_cni_bridge_reach_host_gateway_and_each_other() {
         );
     }
 
-    let _ = s.ctr_output(&["task", "kill", "-s", "SIGKILL", &b_id]);
-    s.wait_status(&b_id, "STOPPED", Duration::from_secs(30))
-        .unwrap();
-    assert!(s
-        .ctr_output(&["task", "delete", &b_id])
-        .unwrap()
-        .status
-        .success());
-    assert!(s
-        .ctr_output(&["container", "rm", &b_id])
-        .unwrap()
-        .status
-        .success());
+    s.kill_and_remove(&b_id).unwrap();
     assert_eq!(a.vmlet_leftovers(), "");
     assert_eq!(b.vmlet_leftovers(), "");
     for pod in [&a, &b] {

@@ -341,23 +341,7 @@ fn containers_of_a_pod_share_its_vm() {
         .count();
     assert_eq!(shims, 1, "one shim per pod");
 
-    assert!(s
-        .ctr_output(&["task", "kill", "-s", "SIGKILL", &pod])
-        .unwrap()
-        .status
-        .success());
-    s.wait_status(&pod, "STOPPED", Duration::from_secs(30))
-        .unwrap();
-    assert!(s
-        .ctr_output(&["task", "delete", &pod])
-        .unwrap()
-        .status
-        .success());
-    assert!(s
-        .ctr_output(&["container", "rm", &pod])
-        .unwrap()
-        .status
-        .success());
+    s.kill_and_remove(&pod).unwrap();
 }
 
 /// Polls `path` until it contains every needle or 10 s pass; returns its text.
@@ -466,9 +450,6 @@ fn task_ps_lists_the_guest_processes() {
         }
         std::thread::sleep(Duration::from_millis(200));
     };
-    let _ = s.ctr_output(&["task", "kill", "-s", "SIGKILL", &id]);
-    let _ = s.wait_status(&id, "STOPPED", Duration::from_secs(30));
-    let _ = s.ctr_output(&["task", "delete", &id]);
-    let _ = s.ctr_output(&["container", "rm", &id]);
+    let _ = s.kill_and_remove(&id);
     assert_eq!(listed.len(), 3, "sh and two sleeps: {listed:?}");
 }

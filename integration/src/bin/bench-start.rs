@@ -205,10 +205,7 @@ fn idle_pod_memory(stack: &Stack) -> anyhow::Result<()> {
         }
         Ok::<_, anyhow::Error>(parts)
     })();
-    let _ = stack.ctr_output(&["task", "kill", "-s", "SIGKILL", &id]);
-    let _ = stack.wait_status(&id, "STOPPED", Duration::from_secs(30));
-    let _ = stack.ctr_output(&["task", "delete", &id]);
-    let _ = stack.ctr_output(&["container", "rm", &id]);
+    let _ = stack.kill_and_remove(&id);
     let parts = measured?;
     let total: u64 = parts.iter().map(|(_, kib)| kib).sum();
     let detail: Vec<String> = parts
