@@ -22,12 +22,7 @@ lint:
 
 ## e2e / bench-start / bench-net: against a stack that is already up (eval "$$(scripts/stack up)").
 e2e:
-	cargo test --locked -p vmlet-integration --test netns -- --ignored --test-threads=1
-	cargo test --locked -p vmlet-integration --test ctr -- --ignored --test-threads=1
-	cargo test --locked -p vmlet-integration --test network -- --ignored --test-threads=1
-	cargo test --locked -p vmlet-integration --test cni -- --ignored --test-threads=1
-	cargo test --locked -p vmlet-integration --test cri -- --ignored --test-threads=1
-	cargo test --locked -p vmlet-integration --test leftovers -- --ignored
+	scripts/e2e
 
 bench-start:
 	cargo run --locked --release -p vmlet-integration --bin bench-start

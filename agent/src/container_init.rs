@@ -5,19 +5,17 @@
 //! (close-on-exec: `R` when the rootfs is ready, `E<message>` on failure, EOF on a
 //! successful exec).
 
-use std::ffi::CString;
 use std::fs::File;
 use std::io::{Read, Write};
 use std::os::fd::FromRawFd;
 use std::os::unix::fs::symlink;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use nix::fcntl::{fcntl, FcntlArg, FdFlag};
 use nix::mount::{mount, MsFlags};
-use nix::unistd::{chdir, chroot, setgid, setgroups, sethostname, setsid, setuid, Gid, Uid};
+use nix::unistd::{chdir, chroot, sethostname};
 
+use crate::become_process::become_process;
 use crate::init_spec::{parse_mount_options, InitSpec};
 
 pub const SPEC_FD: i32 = 3;
@@ -49,7 +47,7 @@ pub fn run() -> ! {
         _ => std::process::exit(0),
     }
     drop(start);
-    let message = exec(&spec);
+    let message = become_process(&spec.process);
     fail(&mut status, &message, 127)
 }
 
@@ -67,8 +65,8 @@ fn read_spec() -> Result<InitSpec, String> {
     serde_json::from_slice(&json).map_err(|e| format!("parse init spec: {e}"))
 }
 
-/// Everything that needs root and the guest's view: mounts, devices, hostname, rlimits,
-/// then the move into the rootfs.
+/// Everything that needs the guest's view: mounts, devices, hostname, then the move into
+/// the rootfs.
 fn prepare(spec: &InitSpec) -> Result<(), String> {
     let rootfs = PathBuf::from(&spec.rootfs);
     mount(
@@ -93,22 +91,6 @@ fn prepare(spec: &InitSpec) -> Result<(), String> {
     populate_dev(&rootfs)?;
     if !spec.hostname.is_empty() {
         sethostname(&spec.hostname).map_err(|e| format!("sethostname: {e}"))?;
-    }
-    for limit in &spec.rlimits {
-        let rlim = libc::rlimit {
-            rlim_cur: limit.soft,
-            rlim_max: limit.hard,
-        };
-        // SAFETY: setrlimit reads a valid rlimit struct; the resource number was checked
-        // by the kernel, which answers EINVAL for an unknown one.
-        let rc = unsafe { libc::setrlimit(limit.resource as _, &rlim) };
-        if rc != 0 {
-            return Err(format!(
-                "setrlimit({}): {}",
-                limit.resource,
-                std::io::Error::last_os_error()
-            ));
-        }
     }
     if spec.readonly_rootfs {
         mount(
@@ -222,42 +204,4 @@ fn populate_dev(rootfs: &Path) -> Result<(), String> {
         }
     }
     Ok(())
-}
-
-/// Becomes the container's process. Returns only with the reason it could not.
-fn exec(spec: &InitSpec) -> String {
-    if let Err(e) = setsid() {
-        return format!("setsid: {e}");
-    }
-    let gids: Vec<Gid> = spec
-        .additional_gids
-        .iter()
-        .map(|g| Gid::from_raw(*g))
-        .collect();
-    if let Err(e) = setgroups(&gids) {
-        return format!("setgroups: {e}");
-    }
-    if let Err(e) = setgid(Gid::from_raw(spec.gid)) {
-        return format!("setgid {}: {e}", spec.gid);
-    }
-    if let Err(e) = setuid(Uid::from_raw(spec.uid)) {
-        return format!("setuid {}: {e}", spec.uid);
-    }
-    let Some(program) = spec.args.first() else {
-        return "no process args".into();
-    };
-    if CString::new(program.as_str()).is_err() {
-        return format!("bad program name {program:?}");
-    }
-    let mut command = Command::new(program);
-    command.args(&spec.args[1..]).env_clear();
-    for pair in &spec.env {
-        let (key, value) = pair.split_once('=').unwrap_or((pair.as_str(), ""));
-        command.env(key, value);
-    }
-    if !spec.cwd.is_empty() {
-        command.current_dir(&spec.cwd);
-    }
-    let error = command.exec();
-    format!("exec {program:?}: {error}")
 }

@@ -3,12 +3,13 @@
 use std::collections::HashMap;
 use std::io::Read;
 use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::watch;
 use vmlet_protocol::StreamKind;
 
-use crate::reaper::ExitStatus;
+use crate::reaper::{ExitStatus, Reaper};
 use crate::Error;
 
 /// Where a process is in its life.
@@ -19,11 +20,13 @@ pub enum Phase {
 }
 
 /// The agent's ends of a process's stdio pipes, until a stream connection takes them.
+/// With a terminal, stdin and stdout are both the pty master and there is no stderr.
 #[derive(Default)]
 pub struct HostEnds {
     pub stdin: Option<OwnedFd>,
     pub stdout: Option<OwnedFd>,
     pub stderr: Option<OwnedFd>,
+    pub terminal: bool,
 }
 
 impl HostEnds {
@@ -37,12 +40,15 @@ impl HostEnds {
 }
 
 pub struct Process {
-    pub pid: i32,
-    exit: watch::Receiver<Option<ExitStatus>>,
+    /// The helper's PID until an exec process starts, then the process's own.
+    pid: AtomicI32,
+    exit: Mutex<watch::Receiver<Option<ExitStatus>>>,
     phase: Mutex<Phase>,
     start: Mutex<Option<OwnedFd>>,
     status: Mutex<Option<OwnedFd>>,
     pub stdio: Mutex<HostEnds>,
+    /// The pty master of a process with a terminal, for window-size changes.
+    pub pty: Option<OwnedFd>,
 }
 
 impl Process {
@@ -52,24 +58,41 @@ impl Process {
         start: OwnedFd,
         status: OwnedFd,
         stdio: HostEnds,
+        pty: Option<OwnedFd>,
     ) -> Self {
         Self {
-            pid,
-            exit,
+            pid: AtomicI32::new(pid),
+            exit: Mutex::new(exit),
             phase: Mutex::new(Phase::Created),
             start: Mutex::new(Some(start)),
             status: Mutex::new(Some(status)),
             stdio: Mutex::new(stdio),
+            pty,
         }
     }
 
+    pub fn pid(&self) -> i32 {
+        self.pid.load(Ordering::SeqCst)
+    }
+
+    /// Whether the start signal was given (the process ran, or its exec failed).
+    pub fn is_started(&self) -> bool {
+        *self.phase.lock().unwrap() != Phase::Created || self.start.lock().unwrap().is_none()
+    }
+
+    /// Lets a helper that never got the start signal give up (it exits on EOF).
+    pub fn abandon(&self) {
+        drop(self.start.lock().unwrap().take());
+        drop(self.status.lock().unwrap().take());
+    }
+
     pub fn exit_status(&self) -> Option<ExitStatus> {
-        *self.exit.borrow()
+        *self.exit.lock().unwrap().borrow()
     }
 
     /// Waits until the process has exited and returns its status.
     pub async fn wait(&self) -> ExitStatus {
-        let mut rx = self.exit.clone();
+        let mut rx = self.exit.lock().unwrap().clone();
         loop {
             if let Some(status) = *rx.borrow_and_update() {
                 return status;
@@ -115,8 +138,10 @@ impl Process {
         }
     }
 
-    /// Tells the init to execute the process; blocks until the exec happened or failed.
-    pub fn start(&self, id: &str) -> Result<(), Error> {
+    /// Tells the init (or exec helper) to execute the process; blocks until the exec
+    /// happened or failed. An exec helper reports the PID of the process it cloned: from
+    /// then on that PID and its exit are this process's.
+    pub fn start(&self, id: &str, reaper: &Reaper) -> Result<(), Error> {
         let mut phase = self.phase.lock().unwrap();
         if *phase != Phase::Created {
             return Err(Error::WrongState {
@@ -143,6 +168,16 @@ impl Process {
             .take(64 * 1024)
             .read_to_string(&mut message)
             .map_err(|e| Error::io("read exec status", e))?;
+        if let Some(rest) = message.strip_prefix('P') {
+            let (pid, rest) = rest.split_once('\n').unwrap_or((rest, ""));
+            let pid: i32 = pid.parse().map_err(|_| Error::ContainerSetup {
+                id: id.into(),
+                message: format!("exec helper sent a bad PID {pid:?}"),
+            })?;
+            self.pid.store(pid, Ordering::SeqCst);
+            *self.exit.lock().unwrap() = reaper.adopt(pid);
+            message = rest.to_owned();
+        }
         if let Some(error) = message.strip_prefix('E') {
             return Err(Error::ContainerSetup {
                 id: id.into(),
@@ -156,6 +191,16 @@ impl Process {
 
 pub struct Container {
     pub init: Arc<Process>,
+    pub execs: Mutex<HashMap<String, Arc<Process>>>,
+}
+
+impl Container {
+    pub fn new(init: Arc<Process>) -> Self {
+        Self {
+            init,
+            execs: Mutex::new(HashMap::new()),
+        }
+    }
 }
 
 #[derive(Default)]
@@ -194,9 +239,12 @@ impl Containers {
     pub fn process(&self, container_id: &str, exec_id: &str) -> Result<Arc<Process>, Error> {
         let container = self.get(container_id)?;
         if exec_id.is_empty() {
-            Ok(container.init.clone())
-        } else {
-            Err(Error::ProcessNotFound(format!("{container_id}/{exec_id}")))
+            return Ok(container.init.clone());
         }
+        let execs = container.execs.lock().unwrap();
+        execs
+            .get(exec_id)
+            .cloned()
+            .ok_or_else(|| Error::ProcessNotFound(format!("{container_id}/{exec_id}")))
     }
 }

@@ -1,5 +1,5 @@
-//! What the agent hands to a container's init process (as JSON on fd 3), and the parsing of
-//! mount options into flags and data.
+//! What the agent hands to a container's init or an exec process (as JSON on fd 3), and the
+//! parsing of mount options into flags and data.
 
 use nix::mount::MsFlags;
 use serde::{Deserialize, Serialize};
@@ -21,14 +21,9 @@ pub struct RlimitSpec {
     pub hard: u64,
 }
 
-/// Everything the container init needs, already validated by the agent.
+/// The process to become: identity, limits, program. Already validated by the agent.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct InitSpec {
-    /// Absolute guest path of the rootfs.
-    pub rootfs: String,
-    pub readonly_rootfs: bool,
-    pub hostname: String,
-    pub mounts: Vec<MountSpec>,
+pub struct ProcessSpec {
     pub args: Vec<String>,
     pub env: Vec<String>,
     pub cwd: String,
@@ -36,6 +31,27 @@ pub struct InitSpec {
     pub gid: u32,
     pub additional_gids: Vec<u32>,
     pub rlimits: Vec<RlimitSpec>,
+    /// stdio is a terminal, which becomes the controlling terminal.
+    pub terminal: bool,
+}
+
+/// Everything the container init needs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InitSpec {
+    /// Absolute guest path of the rootfs.
+    pub rootfs: String,
+    pub readonly_rootfs: bool,
+    pub hostname: String,
+    pub mounts: Vec<MountSpec>,
+    pub process: ProcessSpec,
+}
+
+/// Everything an exec process needs: whose namespaces and root to join, and what to run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExecSpec {
+    /// Guest PID of the container's init.
+    pub init_pid: i32,
+    pub process: ProcessSpec,
 }
 
 /// Splits mount options into mount(2) flags and the data string the file system gets.
@@ -113,17 +129,20 @@ mod tests {
                 source: "proc".into(),
                 options: vec![],
             }],
-            args: vec!["sh".into()],
-            env: vec!["PATH=/bin".into()],
-            cwd: "/".into(),
-            uid: 0,
-            gid: 0,
-            additional_gids: vec![],
-            rlimits: vec![RlimitSpec {
-                resource: 7,
-                soft: 1024,
-                hard: 1024,
-            }],
+            process: ProcessSpec {
+                args: vec!["sh".into()],
+                env: vec!["PATH=/bin".into()],
+                cwd: "/".into(),
+                uid: 0,
+                gid: 0,
+                additional_gids: vec![],
+                rlimits: vec![RlimitSpec {
+                    resource: 7,
+                    soft: 1024,
+                    hard: 1024,
+                }],
+                terminal: false,
+            },
         };
         let json = serde_json::to_vec(&spec).unwrap();
         assert_eq!(serde_json::from_slice::<InitSpec>(&json).unwrap(), spec);

@@ -1,8 +1,8 @@
-//! Starting a container's init process in new namespaces.
+//! Starting a container's init process in new namespaces, or an exec process's helper.
 //!
 //! The agent is multi-threaded, so the child of clone(2) may only make async-signal-safe
 //! calls: it moves its descriptors into place and executes this binary again as
-//! `__container-init`, which does the real work single-threaded.
+//! `__container-init` or `__exec-init`, which does the real work single-threaded.
 
 use std::ffi::CString;
 use std::io::Write;
@@ -13,8 +13,7 @@ use nix::fcntl::OFlag;
 use nix::unistd::pipe2;
 
 use crate::container_init::{SPEC_FD, START_FD, STATUS_FD};
-use crate::init_spec::InitSpec;
-use crate::{Error, CONTAINER_INIT_ARG};
+use crate::{Error, CONTAINER_INIT_ARG, EXEC_INIT_ARG};
 
 /// The container's ends of its stdio, already opened (pipes or `/dev/null`).
 pub struct ChildStdio {
@@ -31,16 +30,33 @@ pub struct Launched {
     pub status: OwnedFd,
 }
 
-/// Clones a child in new mount, PID, UTS and IPC namespaces running `__container-init`,
-/// and sends it `spec`. Returns the child's PID (as seen by the agent).
-pub fn launch(spec: &InitSpec, stdio: ChildStdio) -> Result<(i32, Launched), Error> {
+/// What to start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Helper {
+    /// `__container-init` in new mount, PID, UTS and IPC namespaces.
+    ContainerInit,
+    /// `__exec-init` in the agent's namespaces (it joins the container's itself).
+    ExecInit,
+}
+
+/// Clones a child running `helper` and sends it `spec` (serialized as JSON). Returns the
+/// child's PID (as seen by the agent).
+pub fn launch(
+    helper: Helper,
+    spec: &impl serde::Serialize,
+    stdio: ChildStdio,
+) -> Result<(i32, Launched), Error> {
     let json = serde_json::to_vec(spec)
         .map_err(|e| Error::InvalidRequest(format!("encode init spec: {e}")))?;
     let exe = std::env::current_exe().map_err(|e| Error::io("find own executable", e))?;
     let exe = CString::new(exe.as_os_str().as_bytes())
         .map_err(|_| Error::InvalidRequest("executable path has a NUL".into()))?;
     let arg0 = CString::new("vmlet-agent").unwrap();
-    let arg1 = CString::new(CONTAINER_INIT_ARG).unwrap();
+    let arg1 = CString::new(match helper {
+        Helper::ContainerInit => CONTAINER_INIT_ARG,
+        Helper::ExecInit => EXEC_INIT_ARG,
+    })
+    .unwrap();
     let argv = [arg0.as_ptr(), arg1.as_ptr(), std::ptr::null()];
     let envp = [std::ptr::null::<libc::c_char>()];
 
@@ -58,11 +74,16 @@ pub fn launch(spec: &InitSpec, stdio: ChildStdio) -> Result<(i32, Launched), Err
     ];
     debug_assert_eq!((SPEC_FD, START_FD, STATUS_FD), (3, 4, 5));
 
-    let flags = libc::CLONE_NEWNS
-        | libc::CLONE_NEWPID
-        | libc::CLONE_NEWUTS
-        | libc::CLONE_NEWIPC
-        | libc::SIGCHLD;
+    let flags = match helper {
+        Helper::ContainerInit => {
+            libc::CLONE_NEWNS
+                | libc::CLONE_NEWPID
+                | libc::CLONE_NEWUTS
+                | libc::CLONE_NEWIPC
+                | libc::SIGCHLD
+        }
+        Helper::ExecInit => libc::SIGCHLD,
+    };
     // SAFETY: clone without CLONE_VM and with a null stack behaves like fork(2). The child
     // only calls async-signal-safe functions (fcntl, dup2, execve, _exit) on data prepared
     // above, then replaces its image.

@@ -8,15 +8,21 @@
 //! Containers are started by re-executing this binary as [`CONTAINER_INIT_ARG`] in fresh
 //! mount, PID, UTS and IPC namespaces ([`launch`]); that process ([`container_init`]) sets up
 //! the rootfs and waits for the start signal before it executes the container's process.
+//! Exec processes are started by [`EXEC_INIT_ARG`] ([`exec_init`]), which joins the init's
+//! namespaces and root and clones the process as a child of the agent. A process with a
+//! terminal gets a pseudo-terminal whose master end carries its stdin and output.
 
+pub mod become_process;
 pub mod boot;
 pub mod container_init;
 mod containers;
 mod error;
+pub mod exec_init;
 pub mod init_spec;
 pub mod launch;
 mod logger;
 mod network;
+mod pty;
 mod reaper;
 mod service;
 mod streams;
@@ -25,6 +31,8 @@ pub use error::Error;
 
 /// First argument that turns this binary into the container init.
 pub const CONTAINER_INIT_ARG: &str = "__container-init";
+/// First argument that turns this binary into the start helper of an exec process.
+pub const EXEC_INIT_ARG: &str = "__exec-init";
 
 /// Runs the agent as the guest's PID 1. Never returns: on a fatal error it powers off, so
 /// that the host sees the VM stop instead of a hang.

@@ -42,6 +42,18 @@ impl Reaper {
         Ok((pid, value, rx))
     }
 
+    /// Tracks a PID that became the agent's child without being spawned by it (an exec
+    /// process, cloned with CLONE_PARENT by its helper). An exit already reaped is delivered.
+    pub fn adopt(&self, pid: i32) -> watch::Receiver<Option<ExitStatus>> {
+        let mut state = self.state.lock().unwrap();
+        let initial = state.unclaimed.remove(&pid);
+        let (tx, rx) = watch::channel(initial);
+        if initial.is_none() {
+            state.watchers.insert(pid, tx);
+        }
+        rx
+    }
+
     fn record(&self, pid: i32, status: ExitStatus) {
         let mut state = self.state.lock().unwrap();
         match state.watchers.remove(&pid) {
@@ -103,6 +115,17 @@ mod tests {
         reaper.record(42, 7);
         let (_, (), rx) = reaper.track(|| Ok::<_, ()>((42, ()))).unwrap();
         assert_eq!(*rx.borrow(), Some(7));
+    }
+
+    #[test]
+    fn adopted_pid_gets_its_exit_before_or_after() {
+        let reaper = Reaper::default();
+        reaper.record(50, 3);
+        assert_eq!(*reaper.adopt(50).borrow(), Some(3));
+        let rx = reaper.adopt(51);
+        assert_eq!(*rx.borrow(), None);
+        reaper.record(51, 0);
+        assert_eq!(*rx.borrow(), Some(0));
     }
 
     #[test]

@@ -11,17 +11,18 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::{pipe2, Pid};
 use ttrpc::r#async::{Server, TtrpcContext};
 use vmlet_protocol::agent::{
-    ConfigureNetworkRequest, CreateContainerRequest, CreateContainerResponse, Empty,
-    ListProcessesRequest, ListProcessesResponse, PingRequest, PingResponse, RemoveContainerRequest,
-    ShutdownRequest, SignalProcessRequest, StartProcessRequest, StartProcessResponse,
-    WaitProcessRequest, WaitProcessResponse,
+    self as proto, ConfigureNetworkRequest, CreateContainerRequest, CreateContainerResponse,
+    CreateExecRequest, Empty, ListProcessesRequest, ListProcessesResponse, PingRequest,
+    PingResponse, ProcessRef, RemoveContainerRequest, ResizeTerminalRequest, ShutdownRequest,
+    SignalProcessRequest, StartProcessRequest, StartProcessResponse, WaitProcessRequest,
+    WaitProcessResponse,
 };
 use vmlet_protocol::{agent_ttrpc, AGENT_PORT};
 
 use crate::boot::Boot;
 use crate::containers::{Container, Containers, HostEnds, Process};
-use crate::init_spec::{InitSpec, MountSpec, RlimitSpec};
-use crate::launch::{launch, ChildStdio};
+use crate::init_spec::{ExecSpec, InitSpec, MountSpec, ProcessSpec, RlimitSpec};
+use crate::launch::{launch, ChildStdio, Helper};
 use crate::reaper::Reaper;
 use crate::Error;
 
@@ -83,9 +84,30 @@ fn dev_null() -> Result<OwnedFd, Error> {
         .map_err(|e| Error::io("open /dev/null", e))
 }
 
-/// Pipes for the streams the host asked for, `/dev/null` for the others.
-fn stdio_for(req: &CreateContainerRequest) -> Result<(ChildStdio, HostEnds), Error> {
-    let stdio = req.stdio.as_ref();
+/// The child's stdio and the agent's ends: pipes for the streams the host asked for,
+/// `/dev/null` for the others; with a terminal, the pty slave for all three (and its master
+/// for stdin and output, and as the third value for window-size changes).
+fn stdio_for(
+    stdio: Option<&proto::Stdio>,
+    terminal: bool,
+) -> Result<(ChildStdio, HostEnds, Option<OwnedFd>), Error> {
+    if terminal {
+        let (master, slave) = crate::pty::open()?;
+        let dup = |fd: &OwnedFd| fd.try_clone().map_err(|e| Error::io("dup pty", e));
+        let wants = |f: fn(&proto::Stdio) -> bool| stdio.is_some_and(f);
+        let host = HostEnds {
+            stdin: wants(|s| s.stdin).then(|| dup(&master)).transpose()?,
+            stdout: wants(|s| s.stdout).then(|| dup(&master)).transpose()?,
+            stderr: None,
+            terminal: true,
+        };
+        let child = ChildStdio {
+            stdin: dup(&slave)?,
+            stdout: dup(&slave)?,
+            stderr: slave,
+        };
+        return Ok((child, host, Some(master)));
+    }
     let mut host = HostEnds::default();
     let stdin = if stdio.is_some_and(|s| s.stdin) {
         let (r, w) = pipe_pair()?;
@@ -112,23 +134,39 @@ fn stdio_for(req: &CreateContainerRequest) -> Result<(ChildStdio, HostEnds), Err
             stderr,
         },
         host,
+        None,
     ))
 }
 
-fn init_spec(share: &Path, req: &CreateContainerRequest) -> Result<InitSpec, Error> {
-    let process = req
-        .process
-        .as_ref()
-        .ok_or_else(|| Error::InvalidRequest("no process".into()))?;
+/// The process part of a request, checked.
+fn process_spec(process: Option<&proto::Process>) -> Result<ProcessSpec, Error> {
+    let process = process.ok_or_else(|| Error::InvalidRequest("no process".into()))?;
     if process.args.is_empty() {
         return Err(Error::InvalidRequest("process has no args".into()));
     }
-    if process.terminal {
-        return Err(Error::InvalidRequest(
-            "terminal processes are not supported yet".into(),
-        ));
-    }
     let user = process.user.as_ref();
+    Ok(ProcessSpec {
+        args: process.args.clone(),
+        env: process.env.clone(),
+        cwd: process.cwd.clone(),
+        uid: user.map_or(0, |u| u.uid),
+        gid: user.map_or(0, |u| u.gid),
+        additional_gids: user.map_or_else(Vec::new, |u| u.additional_gids.clone()),
+        rlimits: process
+            .rlimits
+            .iter()
+            .map(|r| RlimitSpec {
+                resource: r.resource,
+                soft: r.soft,
+                hard: r.hard,
+            })
+            .collect(),
+        terminal: process.terminal,
+    })
+}
+
+fn init_spec(share: &Path, req: &CreateContainerRequest) -> Result<InitSpec, Error> {
+    let process = process_spec(req.process.as_ref())?;
     Ok(InitSpec {
         rootfs: rootfs_path(share, &req.rootfs)?
             .to_string_lossy()
@@ -155,21 +193,7 @@ fn init_spec(share: &Path, req: &CreateContainerRequest) -> Result<InitSpec, Err
                 })
             })
             .collect::<Result<_, Error>>()?,
-        args: process.args.clone(),
-        env: process.env.clone(),
-        cwd: process.cwd.clone(),
-        uid: user.map_or(0, |u| u.uid),
-        gid: user.map_or(0, |u| u.gid),
-        additional_gids: user.map_or_else(Vec::new, |u| u.additional_gids.clone()),
-        rlimits: process
-            .rlimits
-            .iter()
-            .map(|r| RlimitSpec {
-                resource: r.resource,
-                soft: r.soft,
-                hard: r.hard,
-            })
-            .collect(),
+        process,
     })
 }
 
@@ -187,18 +211,47 @@ impl AgentService {
             .as_deref()
             .ok_or_else(|| Error::InvalidRequest("this VM has no shared directory".into()))?;
         let spec = init_spec(share, &req)?;
-        let (child, host) = stdio_for(&req)?;
-        let (pid, launched, exit) = self.reaper.track(|| launch(&spec, child))?;
+        let process = self
+            .launch(
+                Helper::ContainerInit,
+                &spec,
+                spec.process.terminal,
+                req.stdio.as_ref(),
+                &id,
+            )
+            .await?;
+        let pid = process.pid();
+        self.containers.insert(&id, Container::new(process))?;
+        log::info!("container {id} created, pid {pid}");
+        Ok(CreateContainerResponse {
+            pid: pid as u32,
+            ..Default::default()
+        })
+    }
+
+    /// Starts a helper (container init or exec helper) with its stdio and waits until it
+    /// is ready for the start signal.
+    async fn launch(
+        &self,
+        helper: Helper,
+        spec: &impl serde::Serialize,
+        terminal: bool,
+        stdio: Option<&proto::Stdio>,
+        id: &str,
+    ) -> Result<Arc<Process>, Error> {
+        let (child, host, pty) = stdio_for(stdio, terminal)?;
+        let (pid, launched, exit) = self.reaper.track(|| launch(helper, spec, child))?;
         let process = Arc::new(Process::new(
             pid,
             exit,
             launched.start,
             launched.status,
             host,
+            pty,
         ));
         let ready = {
             let process = process.clone();
-            let id = id.clone();
+            let id = id.to_owned();
             tokio::task::spawn_blocking(move || process.await_ready(&id))
                 .await
                 .map_err(|e| Error::Boot(format!("join: {e}")))?
@@ -207,24 +260,103 @@ impl AgentService {
             let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
             return Err(e);
         }
-        self.containers.insert(&id, Container { init: process })?;
-        log::info!("container {id} created, pid {pid}");
-        Ok(CreateContainerResponse {
-            pid: pid as u32,
-            ..Default::default()
-        })
+        Ok(process)
+    }
+
+    async fn create_exec(&self, req: CreateExecRequest) -> Result<Empty, Error> {
+        let container = self.containers.get(&req.container_id)?;
+        if req.exec_id.is_empty() || req.exec_id.contains(char::is_whitespace) {
+            return Err(Error::InvalidRequest(format!(
+                "exec id {:?} must be non-empty and without spaces",
+                req.exec_id
+            )));
+        }
+        let name = format!("{}/{}", req.container_id, req.exec_id);
+        if container.execs.lock().unwrap().contains_key(&req.exec_id) {
+            return Err(Error::ContainerExists(name));
+        }
+        if container.init.exit_status().is_some() {
+            return Err(Error::WrongState {
+                id: req.container_id.clone(),
+                state: "stopped",
+                action: "exec in it",
+            });
+        }
+        let spec = ExecSpec {
+            init_pid: container.init.pid(),
+            process: process_spec(req.process.as_ref())?,
+        };
+        let process = self
+            .launch(
+                Helper::ExecInit,
+                &spec,
+                spec.process.terminal,
+                req.stdio.as_ref(),
+                &name,
+            )
+            .await?;
+        let mut execs = container.execs.lock().unwrap();
+        if execs.contains_key(&req.exec_id) {
+            let _ = kill(Pid::from_raw(process.pid()), Signal::SIGKILL);
+            return Err(Error::ContainerExists(name));
+        }
+        execs.insert(req.exec_id.clone(), process);
+        log::info!("exec {name} created");
+        Ok(Empty::default())
+    }
+
+    fn remove_exec(&self, req: ProcessRef) -> Result<Empty, Error> {
+        let container = self.containers.get(&req.container_id)?;
+        let mut execs = container.execs.lock().unwrap();
+        let name = format!("{}/{}", req.container_id, req.exec_id);
+        let process = execs
+            .get(&req.exec_id)
+            .ok_or_else(|| Error::ProcessNotFound(name.clone()))?;
+        if process.exit_status().is_none() && process.is_started() {
+            return Err(Error::WrongState {
+                id: name,
+                state: "running",
+                action: "remove it",
+            });
+        }
+        if let Some(p) = execs.remove(&req.exec_id) {
+            if !p.is_started() {
+                // A helper that never got the start signal gives up when its pipe closes.
+                p.abandon();
+            }
+        }
+        Ok(Empty::default())
+    }
+
+    fn resize(&self, req: ResizeTerminalRequest) -> Result<Empty, Error> {
+        let r = req.process.unwrap_or_default();
+        let process = self.containers.process(&r.container_id, &r.exec_id)?;
+        let master = process.pty.as_ref().ok_or_else(|| {
+            Error::InvalidRequest(format!(
+                "process {}/{} has no terminal",
+                r.container_id, r.exec_id
+            ))
+        })?;
+        let clamp = |v: u32| v.min(u16::MAX as u32) as u16;
+        crate::pty::resize(master, clamp(req.width), clamp(req.height))?;
+        Ok(Empty::default())
     }
 
     async fn start(&self, req: StartProcessRequest) -> Result<StartProcessResponse, Error> {
         let r = req.process.unwrap_or_default();
         let process = self.containers.process(&r.container_id, &r.exec_id)?;
-        let id = r.container_id.clone();
+        let id = if r.exec_id.is_empty() {
+            r.container_id.clone()
+        } else {
+            format!("{}/{}", r.container_id, r.exec_id)
+        };
         let p = process.clone();
-        tokio::task::spawn_blocking(move || p.start(&id))
+        let reaper = self.reaper.clone();
+        tokio::task::spawn_blocking(move || p.start(&id, &reaper))
             .await
             .map_err(|e| Error::Boot(format!("join: {e}")))??;
         Ok(StartProcessResponse {
-            pid: process.pid as u32,
+            pid: process.pid() as u32,
             ..Default::default()
         })
     }
@@ -246,15 +378,16 @@ impl AgentService {
         if process.exit_status().is_some() {
             return Err(Error::ProcessNotFound(r.container_id));
         }
+        let own = process.pid();
         let targets = if req.all {
-            pids_in_pid_namespace_of(process.pid)
+            pids_in_pid_namespace_of(own)
         } else {
-            vec![process.pid]
+            vec![own]
         };
         for pid in targets {
             match kill(Pid::from_raw(pid), signal) {
                 Ok(()) => {}
-                Err(nix::errno::Errno::ESRCH) if pid != process.pid => {}
+                Err(nix::errno::Errno::ESRCH) if pid != own => {}
                 Err(nix::errno::Errno::ESRCH) => {
                     return Err(Error::ProcessNotFound(r.container_id.clone()))
                 }
@@ -267,7 +400,7 @@ impl AgentService {
     async fn remove(&self, req: RemoveContainerRequest) -> Result<Empty, Error> {
         let container = self.containers.get(&req.container_id)?;
         if container.init.exit_status().is_none() {
-            let _ = kill(Pid::from_raw(container.init.pid), Signal::SIGKILL);
+            let _ = kill(Pid::from_raw(container.init.pid()), Signal::SIGKILL);
             container.init.wait().await;
         }
         self.containers.remove(&req.container_id);
@@ -360,13 +493,29 @@ impl agent_ttrpc::Agent for AgentService {
         let mut pids = if container.init.exit_status().is_some() {
             Vec::new()
         } else {
-            pids_in_pid_namespace_of(container.init.pid)
+            pids_in_pid_namespace_of(container.init.pid())
         };
         pids.sort_unstable();
         Ok(ListProcessesResponse {
             pids: pids.into_iter().map(|p| p as u32).collect(),
             ..Default::default()
         })
+    }
+
+    async fn create_exec(&self, _: &TtrpcContext, req: CreateExecRequest) -> ttrpc::Result<Empty> {
+        Ok(self.create_exec(req).await?)
+    }
+
+    async fn resize_terminal(
+        &self,
+        _: &TtrpcContext,
+        req: ResizeTerminalRequest,
+    ) -> ttrpc::Result<Empty> {
+        Ok(self.resize(req)?)
+    }
+
+    async fn remove_exec(&self, _: &TtrpcContext, req: ProcessRef) -> ttrpc::Result<Empty> {
+        Ok(self.remove_exec(req)?)
     }
 
     async fn configure_network(

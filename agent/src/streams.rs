@@ -5,12 +5,13 @@
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::unix::pipe;
 use tokio_vsock::{VsockAddr, VsockListener, VsockStream, VMADDR_CID_ANY};
 use vmlet_protocol::{StreamHeader, StreamKind, MAX_HEADER_LEN, STREAM_PORT};
 
 use crate::containers::Containers;
+use crate::pty::Master;
 use crate::Error;
 
 pub async fn serve(containers: Arc<Containers>) -> Result<(), Error> {
@@ -53,22 +54,31 @@ async fn read_header(stream: &mut VsockStream) -> Result<StreamHeader, Error> {
 async fn attach(mut stream: VsockStream, containers: &Containers) -> Result<(), Error> {
     let header = read_header(&mut stream).await?;
     let process = containers.process(&header.container_id, &header.exec_id)?;
-    let fd: OwnedFd = process
-        .stdio
-        .lock()
-        .unwrap()
-        .take(header.kind)
-        .ok_or_else(|| Error::InvalidRequest(format!("{header} is not available").trim().into()))?;
+    let (fd, terminal): (OwnedFd, bool) = {
+        let mut ends = process.stdio.lock().unwrap();
+        let fd = ends.take(header.kind).ok_or_else(|| {
+            Error::InvalidRequest(format!("{header} is not available").trim().into())
+        })?;
+        (fd, ends.terminal)
+    };
     match header.kind {
         StreamKind::Stdin => {
-            let mut sink =
-                pipe::Sender::from_owned_fd(fd).map_err(|e| Error::io("stdin pipe", e))?;
+            let mut sink: Box<dyn AsyncWrite + Send + Unpin> = if terminal {
+                Box::new(Master::new(fd)?)
+            } else {
+                Box::new(pipe::Sender::from_owned_fd(fd).map_err(|e| Error::io("stdin pipe", e))?)
+            };
             // Ends when the host closes the connection; dropping the pipe gives EOF.
             let _ = tokio::io::copy(&mut stream, &mut sink).await;
         }
         StreamKind::Stdout | StreamKind::Stderr => {
-            let mut source =
-                pipe::Receiver::from_owned_fd(fd).map_err(|e| Error::io("output pipe", e))?;
+            let mut source: Box<dyn AsyncRead + Send + Unpin> = if terminal {
+                Box::new(Master::new(fd)?)
+            } else {
+                Box::new(
+                    pipe::Receiver::from_owned_fd(fd).map_err(|e| Error::io("output pipe", e))?,
+                )
+            };
             let copied = tokio::io::copy(&mut source, &mut stream).await;
             let _ = stream.flush().await;
             let _ = stream.shutdown(std::net::Shutdown::Both);

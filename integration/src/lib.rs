@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 
+pub mod bounded;
 pub mod cri;
+pub mod terminal;
 pub mod testnet;
 
 /// The runtime name tests ask containerd for.
@@ -49,13 +51,9 @@ impl Stack {
         c
     }
 
-    /// Runs `ctr ARGS` to completion with no stdin.
+    /// Runs `ctr ARGS` to completion with no stdin, within [`bounded::COMMAND_TIMEOUT`].
     pub fn ctr_output(&self, args: &[&str]) -> anyhow::Result<Output> {
-        self.ctr()
-            .args(args)
-            .stdin(Stdio::null())
-            .output()
-            .context("run ctr")
+        bounded::output(self.ctr().args(args))
     }
 
     /// `ctr run --rm --runtime vmlet IMAGE ID ARGS...`, returning its output.
@@ -131,10 +129,13 @@ impl Stack {
 
     /// Names of the libvirt domains vmlet owns on the stack's libvirtd.
     pub fn vmlet_domains(&self) -> anyhow::Result<Vec<String>> {
-        let out = Command::new("virsh")
-            .args(["-c", &self.libvirt_uri, "list", "--all", "--name"])
-            .output()
-            .context("run virsh")?;
+        let out = bounded::output(Command::new("virsh").args([
+            "-c",
+            &self.libvirt_uri,
+            "list",
+            "--all",
+            "--name",
+        ]))?;
         if !out.status.success() {
             bail!("virsh list: {}", String::from_utf8_lossy(&out.stderr));
         }

@@ -55,7 +55,8 @@ pub fn tcp_exchange(ns: &str, addr: &str, port: u16, message: &str) -> Option<St
         .unwrap()
         .write_all(message.as_bytes())
         .unwrap();
-    let out = child.wait_with_output().unwrap();
+    let out = crate::bounded::output_within(child, crate::bounded::COMMAND_TIMEOUT, "busybox nc")
+        .unwrap();
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     (!text.is_empty()).then_some(text)
 }

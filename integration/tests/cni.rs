@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use vmlet_integration::bounded::{output_within, COMMAND_TIMEOUT};
 use vmlet_integration::testnet::{ip, tcp_exchange_when_up};
 use vmlet_integration::{unique_id, Stack, RUNTIME};
 
@@ -71,7 +72,7 @@ impl Node {
             .unwrap()
             .write_all(self.config().as_bytes())
             .unwrap();
-        let out = child.wait_with_output().unwrap();
+        let out = output_within(child, COMMAND_TIMEOUT, "the CNI bridge plugin").unwrap();
         let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
         if out.status.success() {
             Ok(stdout)
@@ -191,7 +192,7 @@ fn pods_on_a_cni_bridge_reach_host_gateway_and_each_other() {
         .spawn_run(&a_id, &["--with-ns", &with_ns], &["sh", "-c", &script])
         .unwrap();
     let reply = tcp_exchange_when_up(&node.ns, &a.ip, 8080, "from-host\n");
-    let out = run_a.wait_with_output().unwrap();
+    let out = output_within(run_a, COMMAND_TIMEOUT, "ctr run").unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),

@@ -6,6 +6,8 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::Stdio;
 use std::time::Duration;
 
+use vmlet_integration::bounded::{output_within, COMMAND_TIMEOUT};
+use vmlet_integration::terminal::run_on_terminal;
 use vmlet_integration::{unique_id, Stack, RUNTIME};
 
 const BOOT: Duration = Duration::from_secs(90);
@@ -79,7 +81,7 @@ fn stdin_and_stdout_reach_the_container() {
         .unwrap();
     // ctr forwards stdin but never closes it: the reader stops by itself after one line.
     child.stdin.as_mut().unwrap().write_all(b"hello\n").unwrap();
-    let out = child.wait_with_output().unwrap();
+    let out = output_within(child, COMMAND_TIMEOUT, "ctr run").unwrap();
     assert!(
         out.status.success(),
         "{}",
@@ -118,7 +120,7 @@ fn sigterm_reaches_a_handler() {
         "{}",
         String::from_utf8_lossy(&kill.stderr)
     );
-    let out = child.wait_with_output().unwrap();
+    let out = output_within(child, COMMAND_TIMEOUT, "ctr run").unwrap();
     assert_eq!(
         out.status.code(),
         Some(143),
@@ -150,7 +152,7 @@ fn pid1_ignores_sigterm_and_dies_on_sigkill() {
         .unwrap()
         .status
         .success());
-    let out = child.wait_with_output().unwrap();
+    let out = output_within(child, COMMAND_TIMEOUT, "ctr run").unwrap();
     assert_eq!(
         out.status.code(),
         Some(137),
@@ -452,4 +454,19 @@ fn task_ps_lists_the_guest_processes() {
     };
     let _ = s.kill_and_remove(&id);
     assert_eq!(listed.len(), 3, "sh and two sleeps: {listed:?}");
+}
+
+#[test]
+#[ignore = "needs the vmlet stack: make test"]
+fn run_with_a_terminal_gets_its_size() {
+    let s = stack();
+    let id = unique_id("tty");
+    let mut command = s.ctr();
+    command
+        .args(["run", "--rm", "-t", "--runtime", RUNTIME, &s.image, &id])
+        .args(["sh", "-c", "stty size; [ -t 1 ] && echo is-a-tty; exit 4"]);
+    let (out, seen) = run_on_terminal(command, 20, 50).unwrap();
+    assert_eq!(out.status.code(), Some(4), "{seen}");
+    assert!(seen.contains("20 50"), "stty size inside: {seen:?}");
+    assert!(seen.contains("is-a-tty"), "{seen:?}");
 }

@@ -5,6 +5,7 @@
 
 use std::process::Command;
 
+use vmlet_integration::bounded::{output_within, COMMAND_TIMEOUT};
 use vmlet_integration::testnet::{tcp_exchange_when_up, TestNet, PEER_ADDR};
 use vmlet_integration::{unique_id, Stack};
 
@@ -25,7 +26,7 @@ fn container_gets_the_pod_network() {
         .unwrap();
 
     let reply = tcp_exchange_when_up(&net.peer, "10.213.0.2", 8080, "from-peer\n");
-    let out = child.wait_with_output().unwrap();
+    let out = output_within(child, COMMAND_TIMEOUT, "ctr run").unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),

@@ -117,6 +117,51 @@ fn rlimit_resource(kind: PosixRlimitType) -> u32 {
     }
 }
 
+/// The agent's view of an OCI process (a container's, or an exec's). `what` names it in
+/// errors.
+pub fn agent_process(process: &oci_spec::runtime::Process, what: &str) -> Result<Process, Error> {
+    let args = process.args().clone().unwrap_or_default();
+    if args.is_empty() {
+        return Err(Error::InvalidArgument(format!("{what} has no args")));
+    }
+    let user = process.user();
+    Ok(Process {
+        args,
+        env: process.env().clone().unwrap_or_default(),
+        cwd: process.cwd().to_string_lossy().into_owned(),
+        user: Some(User {
+            uid: user.uid(),
+            gid: user.gid(),
+            additional_gids: user.additional_gids().clone().unwrap_or_default(),
+            ..Default::default()
+        })
+        .into(),
+        rlimits: process
+            .rlimits()
+            .iter()
+            .flatten()
+            .map(|r| Rlimit {
+                resource: rlimit_resource(r.typ()),
+                soft: r.soft(),
+                hard: r.hard(),
+                ..Default::default()
+            })
+            .collect(),
+        terminal: process.terminal().unwrap_or(false),
+        ..Default::default()
+    })
+}
+
+/// The process of an exec request: containerd sends the OCI process as JSON.
+pub fn exec_process(json: &[u8], exec_id: &str) -> Result<Process, Error> {
+    let process: oci_spec::runtime::Process = serde_json::from_slice(json).map_err(|e| {
+        Error::InvalidArgument(format!(
+            "exec {exec_id}: the process spec is not valid: {e}"
+        ))
+    })?;
+    agent_process(&process, &format!("exec {exec_id}'s process"))
+}
+
 /// Builds the agent's create request and the host paths to bind into the share. Which stdio
 /// streams exist is the caller's to say.
 pub fn create_request(
@@ -128,16 +173,7 @@ pub fn create_request(
         .process()
         .as_ref()
         .ok_or_else(|| Error::InvalidArgument("the OCI spec has no process".into()))?;
-    if process.terminal().unwrap_or(false) {
-        return Err(Error::Unimplemented("a terminal (ctr -t)".into()));
-    }
-    let args = process.args().clone().unwrap_or_default();
-    if args.is_empty() {
-        return Err(Error::InvalidArgument(
-            "the OCI spec's process has no args".into(),
-        ));
-    }
-    let user = process.user();
+    let process = agent_process(process, "the OCI spec's process")?;
     let mut mounts = Vec::new();
     let mut binds = Vec::new();
     for m in spec.mounts().iter().flatten() {
@@ -195,32 +231,7 @@ pub fn create_request(
             .and_then(|r| r.readonly())
             .unwrap_or(false),
         hostname: spec.hostname().clone().unwrap_or_default(),
-        process: Some(Process {
-            args,
-            env: process.env().clone().unwrap_or_default(),
-            cwd: process.cwd().to_string_lossy().into_owned(),
-            user: Some(User {
-                uid: user.uid(),
-                gid: user.gid(),
-                additional_gids: user.additional_gids().clone().unwrap_or_default(),
-                ..Default::default()
-            })
-            .into(),
-            rlimits: process
-                .rlimits()
-                .iter()
-                .flatten()
-                .map(|r| Rlimit {
-                    resource: rlimit_resource(r.typ()),
-                    soft: r.soft(),
-                    hard: r.hard(),
-                    ..Default::default()
-                })
-                .collect(),
-            terminal: false,
-            ..Default::default()
-        })
-        .into(),
+        process: Some(process).into(),
         mounts,
         stdio: Some(stdio).into(),
         ..Default::default()
@@ -363,9 +374,25 @@ mod tests {
     }
 
     #[test]
-    fn terminal_is_refused_clearly() {
+    fn terminal_reaches_the_agent() {
         let s = spec(&BASE.replace(r#""args""#, r#""terminal": true, "args""#));
-        let err = create_request("c1", &s, Stdio::default()).unwrap_err();
-        assert!(err.to_string().contains("terminal"), "{err}");
+        let (req, _) = create_request("c1", &s, Stdio::default()).unwrap();
+        assert!(req.process.terminal);
+    }
+
+    #[test]
+    fn exec_process_from_containerd_json() {
+        let p = exec_process(
+            br#"{"args":["sh","-c","true"],"cwd":"/tmp","env":["A=1"],"user":{"uid":5,"gid":6},"terminal":true}"#,
+            "e1",
+        )
+        .unwrap();
+        assert_eq!(p.args, ["sh", "-c", "true"]);
+        assert_eq!((p.cwd.as_str(), p.user.uid, p.user.gid), ("/tmp", 5, 6));
+        assert!(p.terminal);
+        let err = exec_process(br#"{"args":[],"cwd":"/"}"#, "e2").unwrap_err();
+        assert!(err.to_string().contains("exec e2"), "{err}");
+        let err = exec_process(b"not json", "e3").unwrap_err();
+        assert!(err.to_string().contains("exec e3"), "{err}");
     }
 }

@@ -128,15 +128,22 @@ impl Copies {
     }
 }
 
+/// Which process's streams: a container's init (empty exec id) or one of its execs.
+#[derive(Debug, Clone, Copy)]
+pub struct ProcessName<'a> {
+    pub container_id: &'a str,
+    pub exec_id: &'a str,
+}
+
 async fn open_stream(
     endpoint: &Endpoint,
-    container_id: &str,
+    process: ProcessName<'_>,
     kind: StreamKind,
 ) -> Result<Box<dyn crate::vsock::Stream>, Error> {
     let mut stream = endpoint.connect(STREAM_PORT).await?;
     let header = StreamHeader {
-        container_id: container_id.into(),
-        exec_id: String::new(),
+        container_id: process.container_id.into(),
+        exec_id: process.exec_id.into(),
         kind,
     };
     stream
@@ -147,15 +154,17 @@ async fn open_stream(
 }
 
 /// Connects every stream that has a FIFO or log URI and starts copying. `namespace` is
-/// the containerd namespace a logging binary is told.
+/// the containerd namespace a logging binary is told. A process with a terminal has no
+/// stderr (the terminal carries all its output).
 pub async fn attach(
     endpoint: &Endpoint,
-    container_id: &str,
+    process: ProcessName<'_>,
     namespace: &str,
     paths: &StdioPaths,
+    terminal: bool,
 ) -> Result<Copies, Error> {
     let mut outputs = Vec::new();
-    let writers = open_outputs(paths, container_id, namespace)?;
+    let writers = open_outputs(paths, process.container_id, namespace)?;
     for (writer, kind) in writers
         .into_iter()
         .zip([StreamKind::Stdout, StreamKind::Stderr])
@@ -163,7 +172,10 @@ pub async fn attach(
         let Some(mut writer) = writer else {
             continue;
         };
-        let mut stream = open_stream(endpoint, container_id, kind).await?;
+        if terminal && kind == StreamKind::Stderr {
+            continue;
+        }
+        let mut stream = open_stream(endpoint, process, kind).await?;
         outputs.push(tokio::spawn(async move {
             if let Err(e) = tokio::io::copy(&mut stream, &mut writer).await {
                 log::warn!("copy {kind:?}: {e}");
@@ -173,7 +185,7 @@ pub async fn attach(
     }
     let close_stdin = Arc::new(Notify::new());
     if !paths.stdin.is_empty() {
-        let mut stream = open_stream(endpoint, container_id, StreamKind::Stdin).await?;
+        let mut stream = open_stream(endpoint, process, StreamKind::Stdin).await?;
         let path = PathBuf::from(&paths.stdin);
         let closed = close_stdin.clone();
         // Read-write: the open never blocks (a blocking open would wait for containerd's

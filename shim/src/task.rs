@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -11,7 +12,9 @@ use async_trait::async_trait;
 use containerd_shim::asynchronous::ExitSignal;
 use containerd_shim::publisher::RemotePublisher;
 use containerd_shim::{api, Context, TtrpcContext, TtrpcResult};
-use containerd_shim_protos::events::task::{TaskCreate, TaskDelete, TaskExit, TaskIO, TaskStart};
+use containerd_shim_protos::events::task::{
+    TaskCreate, TaskDelete, TaskExecAdded, TaskExecStarted, TaskExit, TaskIO, TaskStart,
+};
 use containerd_shim_protos::protobuf::well_known_types::timestamp::Timestamp;
 use containerd_shim_protos::protobuf::MessageDyn;
 use containerd_shim_protos::shim_async::Task;
@@ -20,11 +23,11 @@ use oci_spec::runtime::Spec;
 use tokio::sync::watch;
 use vmlet_config::{NodeConfig, PodAnnotations, VmShape};
 use vmlet_protocol::agent::{
-    ListProcessesRequest, ProcessRef, RemoveContainerRequest, SignalProcessRequest,
-    StartProcessRequest, Stdio, WaitProcessRequest,
+    CreateExecRequest, ListProcessesRequest, ProcessRef, RemoveContainerRequest,
+    ResizeTerminalRequest, SignalProcessRequest, StartProcessRequest, Stdio, WaitProcessRequest,
 };
 
-use crate::stdio::{self, Copies, StdioPaths};
+use crate::stdio::{self, Copies, ProcessName, StdioPaths};
 use crate::vm::{BootRequest, RootfsSource, Vm};
 use crate::vmm::VmManager;
 use crate::Error;
@@ -48,22 +51,70 @@ struct Exit {
     at: Timestamp,
 }
 
-struct TaskEntry {
-    id: String,
-    bundle: String,
-    pid: u32,
+/// One process of a task: its init (empty exec id) or an exec.
+struct ProcessEntry {
+    exec_id: String,
+    /// Guest PID; an exec's is known once it started.
+    pid: AtomicU32,
     stdio: StdioPaths,
-    vm: Arc<Vm>,
-    /// The pod (sandbox) this task belongs to; a sandbox's is its own id.
-    pod_id: String,
+    terminal: bool,
     phase: Mutex<Phase>,
     exit: watch::Sender<Option<Exit>>,
     copies: tokio::sync::Mutex<Option<Copies>>,
 }
 
-impl TaskEntry {
+impl ProcessEntry {
+    fn new(exec_id: &str, pid: u32, stdio: StdioPaths, terminal: bool, copies: Copies) -> Self {
+        Self {
+            exec_id: exec_id.into(),
+            pid: AtomicU32::new(pid),
+            stdio,
+            terminal,
+            phase: Mutex::new(Phase::Created),
+            exit: watch::channel(None).0,
+            copies: tokio::sync::Mutex::new(Some(copies)),
+        }
+    }
+
+    fn pid(&self) -> u32 {
+        self.pid.load(Ordering::SeqCst)
+    }
+
+    fn phase(&self) -> Phase {
+        *self.phase.lock().unwrap()
+    }
+
     fn exited(&self) -> Option<Exit> {
         self.exit.borrow().clone()
+    }
+}
+
+struct TaskEntry {
+    id: String,
+    bundle: String,
+    vm: Arc<Vm>,
+    /// The pod (sandbox) this task belongs to; a sandbox's is its own id.
+    pod_id: String,
+    init: Arc<ProcessEntry>,
+    execs: Mutex<HashMap<String, Arc<ProcessEntry>>>,
+}
+
+impl TaskEntry {
+    fn process_ref(&self, process: &ProcessEntry) -> ProcessRef {
+        ProcessRef {
+            container_id: self.id.clone(),
+            exec_id: process.exec_id.clone(),
+            ..Default::default()
+        }
+    }
+
+    /// `id` or `id/exec` for messages.
+    fn name(&self, process: &ProcessEntry) -> String {
+        if process.exec_id.is_empty() {
+            format!("task {}", self.id)
+        } else {
+            format!("exec {} of task {}", process.exec_id, self.id)
+        }
     }
 }
 
@@ -109,16 +160,29 @@ impl TaskService {
         }
     }
 
-    fn get(&self, id: &str, exec_id: &str) -> Result<Arc<TaskEntry>, Error> {
-        if !exec_id.is_empty() {
-            return Err(Error::NotFound(format!("exec {exec_id} of task {id}")));
-        }
+    fn task(&self, id: &str) -> Result<Arc<TaskEntry>, Error> {
         self.tasks
             .lock()
             .unwrap()
             .get(id)
             .cloned()
             .ok_or_else(|| Error::NotFound(format!("task {id}")))
+    }
+
+    /// A task and one of its processes (the init for an empty exec id).
+    fn get(&self, id: &str, exec_id: &str) -> Result<(Arc<TaskEntry>, Arc<ProcessEntry>), Error> {
+        let task = self.task(id)?;
+        let process = if exec_id.is_empty() {
+            task.init.clone()
+        } else {
+            task.execs
+                .lock()
+                .unwrap()
+                .get(exec_id)
+                .cloned()
+                .ok_or_else(|| Error::NotFound(format!("exec {exec_id} of task {id}")))?
+        };
+        Ok((task, process))
     }
 
     async fn publish(&self, topic: &str, event: Box<dyn MessageDyn>) {
@@ -137,9 +201,6 @@ impl TaskService {
     ) -> Result<api::CreateTaskResponse, Error> {
         if self.tasks.lock().unwrap().contains_key(&req.id) {
             return Err(Error::AlreadyExists(format!("task {}", req.id)));
-        }
-        if req.terminal {
-            return Err(Error::Unimplemented("a terminal (ctr -t)".into()));
         }
         let config = NodeConfig::load()?;
         let bundle = PathBuf::from(&req.bundle);
@@ -215,7 +276,12 @@ impl TaskService {
                 .agent
                 .create_container(agent_ctx(), &agent_request)
                 .await?;
-            let copies = stdio::attach(&vm.endpoint, &req.id, &self.namespace, &paths).await?;
+            let name = ProcessName {
+                container_id: &req.id,
+                exec_id: "",
+            };
+            let copies =
+                stdio::attach(&vm.endpoint, name, &self.namespace, &paths, req.terminal).await?;
             Ok::<_, Error>((response.pid, copies))
         }
         .await;
@@ -250,17 +316,13 @@ impl TaskService {
         if owns_vm {
             self.vms.lock().unwrap().insert(pod_id.clone(), vm.clone());
         }
-        let (exit, _) = watch::channel(None);
         let entry = Arc::new(TaskEntry {
             id: req.id.clone(),
             bundle: req.bundle.clone(),
-            pid,
-            stdio: paths,
             vm,
             pod_id,
-            phase: Mutex::new(Phase::Created),
-            exit,
-            copies: tokio::sync::Mutex::new(Some(copies)),
+            init: Arc::new(ProcessEntry::new("", pid, paths, req.terminal, copies)),
+            execs: Mutex::new(HashMap::new()),
         });
         self.tasks.lock().unwrap().insert(req.id.clone(), entry);
         self.publish(
@@ -293,53 +355,74 @@ impl TaskService {
         self: &Arc<Self>,
         req: api::StartRequest,
     ) -> Result<api::StartResponse, Error> {
-        let task = self.get(&req.id, &req.exec_id)?;
+        let (task, process) = self.get(&req.id, &req.exec_id)?;
         {
-            let phase = *task.phase.lock().unwrap();
-            if phase != Phase::Created {
+            let mut phase = process.phase.lock().unwrap();
+            if *phase != Phase::Created {
                 return Err(Error::FailedPrecondition(format!(
-                    "task {} is {phase:?}, not Created",
-                    req.id
+                    "{} is {:?}, not Created",
+                    task.name(&process),
+                    *phase
                 )));
             }
+            // Claimed: a second start fails above instead of racing this one.
+            *phase = Phase::Running;
         }
-        let process = ProcessRef {
-            container_id: task.id.clone(),
-            ..Default::default()
-        };
-        task.vm
+        let started = task
+            .vm
             .agent
             .start_process(
                 agent_ctx(),
                 &StartProcessRequest {
-                    process: Some(process.clone()).into(),
+                    process: Some(task.process_ref(&process)).into(),
                     ..Default::default()
                 },
             )
-            .await?;
-        *task.phase.lock().unwrap() = Phase::Running;
-        self.publish(
-            topics::TASK_START_EVENT_TOPIC,
-            Box::new(TaskStart {
-                container_id: task.id.clone(),
-                pid: task.pid,
-                ..Default::default()
-            }),
-        )
-        .await;
+            .await;
+        let started = match started {
+            Ok(r) => r,
+            Err(e) => {
+                *process.phase.lock().unwrap() = Phase::Created;
+                return Err(e.into());
+            }
+        };
+        if process.exec_id.is_empty() {
+            self.publish(
+                topics::TASK_START_EVENT_TOPIC,
+                Box::new(TaskStart {
+                    container_id: task.id.clone(),
+                    pid: process.pid(),
+                    ..Default::default()
+                }),
+            )
+            .await;
+        } else {
+            process.pid.store(started.pid, Ordering::SeqCst);
+            self.publish(
+                topics::TASK_EXEC_STARTED_EVENT_TOPIC,
+                Box::new(TaskExecStarted {
+                    container_id: task.id.clone(),
+                    exec_id: process.exec_id.clone(),
+                    pid: started.pid,
+                    ..Default::default()
+                }),
+            )
+            .await;
+        }
+        let pid = process.pid();
         let service = self.clone();
         tokio::spawn(async move { service.watch_exit(task, process).await });
         Ok(api::StartResponse {
-            pid: 0,
+            pid,
             ..Default::default()
         })
     }
 
     /// Waits for the process's exit in the guest, lets its output drain, then records the
     /// exit and publishes TaskExit.
-    async fn watch_exit(&self, task: Arc<TaskEntry>, process: ProcessRef) {
+    async fn watch_exit(&self, task: Arc<TaskEntry>, process: Arc<ProcessEntry>) {
         let request = WaitProcessRequest {
-            process: Some(process).into(),
+            process: Some(task.process_ref(&process)).into(),
             ..Default::default()
         };
         let status = match task
@@ -350,31 +433,36 @@ impl TaskService {
         {
             Ok(r) => r.exit_status,
             Err(e) => {
-                log::error!("wait for task {}: {e}", task.id);
+                log::error!("wait for {}: {e}", task.name(&process));
                 255
             }
         };
-        if let Some(copies) = task.copies.lock().await.as_mut() {
+        if let Some(copies) = process.copies.lock().await.as_mut() {
             copies.close_stdin();
             if tokio::time::timeout(OUTPUT_DRAIN, copies.drain())
                 .await
                 .is_err()
             {
                 log::warn!(
-                    "task {}: output did not drain within {OUTPUT_DRAIN:?}",
-                    task.id
+                    "{}: output did not drain within {OUTPUT_DRAIN:?}",
+                    task.name(&process)
                 );
             }
         }
         let exit = Exit { status, at: now() };
-        *task.phase.lock().unwrap() = Phase::Stopped;
-        task.exit.send_replace(Some(exit.clone()));
+        *process.phase.lock().unwrap() = Phase::Stopped;
+        process.exit.send_replace(Some(exit.clone()));
+        let id = if process.exec_id.is_empty() {
+            task.id.clone()
+        } else {
+            process.exec_id.clone()
+        };
         self.publish(
             topics::TASK_EXIT_EVENT_TOPIC,
             Box::new(TaskExit {
                 container_id: task.id.clone(),
-                id: task.id.clone(),
-                pid: task.pid,
+                id,
+                pid: process.pid(),
                 exit_status: exit.status,
                 exited_at: Some(exit.at).into(),
                 ..Default::default()
@@ -383,15 +471,132 @@ impl TaskService {
         .await;
     }
 
+    async fn create_exec(&self, req: api::ExecProcessRequest) -> Result<(), Error> {
+        let task = self.task(&req.id)?;
+        if req.exec_id.is_empty() {
+            return Err(Error::InvalidArgument("exec id is empty".into()));
+        }
+        if task.execs.lock().unwrap().contains_key(&req.exec_id) {
+            return Err(Error::AlreadyExists(format!(
+                "exec {} of task {}",
+                req.exec_id, req.id
+            )));
+        }
+        if task.init.phase() != Phase::Running {
+            return Err(Error::FailedPrecondition(format!(
+                "task {} is {:?}, not Running: cannot exec in it",
+                req.id,
+                task.init.phase()
+            )));
+        }
+        let json = req.spec.as_ref().map(|a| a.value.as_slice()).unwrap_or(&[]);
+        let process = crate::spec::exec_process(json, &req.exec_id)?;
+        let paths = StdioPaths {
+            stdin: req.stdin.clone(),
+            stdout: req.stdout.clone(),
+            stderr: req.stderr.clone(),
+        };
+        paths.check()?;
+        let terminal = req.terminal || process.terminal;
+        let request = CreateExecRequest {
+            container_id: req.id.clone(),
+            exec_id: req.exec_id.clone(),
+            process: Some(vmlet_protocol::agent::Process {
+                terminal,
+                ..process
+            })
+            .into(),
+            stdio: Some(Stdio {
+                stdin: !paths.stdin.is_empty(),
+                stdout: !paths.stdout.is_empty(),
+                stderr: !paths.stderr.is_empty() && !terminal,
+                ..Default::default()
+            })
+            .into(),
+            ..Default::default()
+        };
+        task.vm.agent.create_exec(agent_ctx(), &request).await?;
+        let name = ProcessName {
+            container_id: &req.id,
+            exec_id: &req.exec_id,
+        };
+        let copies =
+            match stdio::attach(&task.vm.endpoint, name, &self.namespace, &paths, terminal).await {
+                Ok(c) => c,
+                Err(e) => {
+                    self.forget_exec(&task, &req.exec_id).await;
+                    return Err(e);
+                }
+            };
+        let entry = Arc::new(ProcessEntry::new(&req.exec_id, 0, paths, terminal, copies));
+        task.execs
+            .lock()
+            .unwrap()
+            .insert(req.exec_id.clone(), entry);
+        self.publish(
+            topics::TASK_EXEC_ADDED_EVENT_TOPIC,
+            Box::new(TaskExecAdded {
+                container_id: req.id.clone(),
+                exec_id: req.exec_id.clone(),
+                ..Default::default()
+            }),
+        )
+        .await;
+        Ok(())
+    }
+
+    /// Drops the agent's record of an exec (best effort: the container may be gone).
+    async fn forget_exec(&self, task: &TaskEntry, exec_id: &str) {
+        let process = ProcessRef {
+            container_id: task.id.clone(),
+            exec_id: exec_id.into(),
+            ..Default::default()
+        };
+        if let Err(e) = task.vm.agent.remove_exec(agent_ctx(), &process).await {
+            log::warn!("remove exec {exec_id} of task {}: {e}", task.id);
+        }
+    }
+
+    async fn delete_exec(
+        &self,
+        task: &TaskEntry,
+        process: &ProcessEntry,
+    ) -> Result<api::DeleteResponse, Error> {
+        let exit = match (process.phase(), process.exited()) {
+            (Phase::Running, _) => {
+                return Err(Error::FailedPrecondition(format!(
+                    "{} is running; kill it first",
+                    task.name(process)
+                )))
+            }
+            (_, Some(exit)) => exit,
+            (_, None) => Exit {
+                status: 0,
+                at: now(),
+            },
+        };
+        self.forget_exec(task, &process.exec_id).await;
+        task.execs.lock().unwrap().remove(&process.exec_id);
+        Ok(api::DeleteResponse {
+            pid: process.pid(),
+            exit_status: exit.status,
+            exited_at: Some(exit.at).into(),
+            ..Default::default()
+        })
+    }
+
     async fn delete_task(&self, req: api::DeleteRequest) -> Result<api::DeleteResponse, Error> {
-        let task = self.get(&req.id, &req.exec_id)?;
-        if *task.phase.lock().unwrap() == Phase::Running {
+        let (task, process) = self.get(&req.id, &req.exec_id)?;
+        if !req.exec_id.is_empty() {
+            return self.delete_exec(&task, &process).await;
+        }
+        if process.phase() == Phase::Running {
             return Err(Error::FailedPrecondition(format!(
                 "task {} is running; kill it first",
                 req.id
             )));
         }
-        let exit = task.exited().unwrap_or(Exit {
+        let exit = process.exited().unwrap_or(Exit {
             status: 0,
             at: now(),
         });
@@ -432,7 +637,7 @@ impl TaskService {
             Box::new(TaskDelete {
                 container_id: task.id.clone(),
                 id: task.id.clone(),
-                pid: task.pid,
+                pid: process.pid(),
                 exit_status: exit.status,
                 exited_at: Some(exit.at.clone()).into(),
                 ..Default::default()
@@ -440,7 +645,7 @@ impl TaskService {
         )
         .await;
         Ok(api::DeleteResponse {
-            pid: task.pid,
+            pid: process.pid(),
             exit_status: exit.status,
             exited_at: Some(exit.at).into(),
             ..Default::default()
@@ -471,10 +676,7 @@ impl Task for TaskApi {
         _: &TtrpcContext,
         req: api::StartRequest,
     ) -> TtrpcResult<api::StartResponse> {
-        let task = self.0.get(&req.id, &req.exec_id)?;
-        let mut response = self.0.start_task(req).await?;
-        response.pid = task.pid;
-        Ok(response)
+        Ok(self.0.start_task(req).await?)
     }
 
     async fn state(
@@ -482,25 +684,29 @@ impl Task for TaskApi {
         _: &TtrpcContext,
         req: api::StateRequest,
     ) -> TtrpcResult<api::StateResponse> {
-        let task = self.0.get(&req.id, &req.exec_id)?;
-        let phase = *task.phase.lock().unwrap();
-        let exit = task.exited();
+        let (task, process) = self.0.get(&req.id, &req.exec_id)?;
+        let exit = process.exited();
         Ok(api::StateResponse {
-            id: task.id.clone(),
+            id: if process.exec_id.is_empty() {
+                task.id.clone()
+            } else {
+                process.exec_id.clone()
+            },
             bundle: task.bundle.clone(),
-            pid: task.pid,
-            status: match phase {
+            pid: process.pid(),
+            status: match process.phase() {
                 Phase::Created => api::Status::CREATED,
                 Phase::Running => api::Status::RUNNING,
                 Phase::Stopped => api::Status::STOPPED,
             }
             .into(),
-            stdin: task.stdio.stdin.clone(),
-            stdout: task.stdio.stdout.clone(),
-            stderr: task.stdio.stderr.clone(),
-            terminal: false,
+            stdin: process.stdio.stdin.clone(),
+            stdout: process.stdio.stdout.clone(),
+            stderr: process.stdio.stderr.clone(),
+            terminal: process.terminal,
             exit_status: exit.as_ref().map_or(0, |e| e.status),
             exited_at: exit.map(|e| e.at).into(),
+            exec_id: process.exec_id.clone(),
             ..Default::default()
         })
     }
@@ -510,8 +716,8 @@ impl Task for TaskApi {
         _: &TtrpcContext,
         req: api::WaitRequest,
     ) -> TtrpcResult<api::WaitResponse> {
-        let task = self.0.get(&req.id, &req.exec_id)?;
-        let mut rx = task.exit.subscribe();
+        let (_, process) = self.0.get(&req.id, &req.exec_id)?;
+        let mut rx = process.exit.subscribe();
         let exit = loop {
             if let Some(exit) = rx.borrow_and_update().clone() {
                 break exit;
@@ -528,18 +734,16 @@ impl Task for TaskApi {
     }
 
     async fn kill(&self, _: &TtrpcContext, req: api::KillRequest) -> TtrpcResult<api::Empty> {
-        let task = self.0.get(&req.id, &req.exec_id)?;
-        if task.exited().is_some() {
-            return Err(
-                Error::NotFound(format!("process of task {} already finished", req.id)).into(),
-            );
+        let (task, process) = self.0.get(&req.id, &req.exec_id)?;
+        if process.exited().is_some() {
+            return Err(Error::NotFound(format!(
+                "process of {} already finished",
+                task.name(&process)
+            ))
+            .into());
         }
         let request = SignalProcessRequest {
-            process: Some(ProcessRef {
-                container_id: task.id.clone(),
-                ..Default::default()
-            })
-            .into(),
+            process: Some(task.process_ref(&process)).into(),
             signal: req.signal,
             all: req.all,
             ..Default::default()
@@ -552,12 +756,52 @@ impl Task for TaskApi {
         Ok(api::Empty::default())
     }
 
+    async fn exec(
+        &self,
+        _: &TtrpcContext,
+        req: api::ExecProcessRequest,
+    ) -> TtrpcResult<api::Empty> {
+        log::info!("exec {} in {}", req.exec_id, req.id);
+        self.0.create_exec(req).await.map_err(|e| {
+            log::error!("exec: {}", e.message());
+            ttrpc::Error::from(e)
+        })?;
+        Ok(api::Empty::default())
+    }
+
+    async fn resize_pty(
+        &self,
+        _: &TtrpcContext,
+        req: api::ResizePtyRequest,
+    ) -> TtrpcResult<api::Empty> {
+        let (task, process) = self.0.get(&req.id, &req.exec_id)?;
+        if !process.terminal {
+            return Err(Error::FailedPrecondition(format!(
+                "{} has no terminal to resize",
+                task.name(&process)
+            ))
+            .into());
+        }
+        let request = ResizeTerminalRequest {
+            process: Some(task.process_ref(&process)).into(),
+            width: req.width,
+            height: req.height,
+            ..Default::default()
+        };
+        task.vm
+            .agent
+            .resize_terminal(agent_ctx(), &request)
+            .await
+            .map_err(Error::from)?;
+        Ok(api::Empty::default())
+    }
+
     async fn delete(
         &self,
         _: &TtrpcContext,
         req: api::DeleteRequest,
     ) -> TtrpcResult<api::DeleteResponse> {
-        log::info!("delete {}", req.id);
+        log::info!("delete {} {}", req.id, req.exec_id);
         self.0.delete_task(req).await.map_err(|e| {
             log::error!("delete: {}", e.message());
             e.into()
@@ -569,7 +813,7 @@ impl Task for TaskApi {
         _: &TtrpcContext,
         req: api::PidsRequest,
     ) -> TtrpcResult<api::PidsResponse> {
-        let task = self.0.get(&req.id, "")?;
+        let task = self.0.task(&req.id)?;
         let list = task
             .vm
             .agent
@@ -600,8 +844,8 @@ impl Task for TaskApi {
         _: &TtrpcContext,
         req: api::CloseIORequest,
     ) -> TtrpcResult<api::Empty> {
-        let task = self.0.get(&req.id, &req.exec_id)?;
-        if let Some(copies) = task.copies.lock().await.as_ref() {
+        let (_, process) = self.0.get(&req.id, &req.exec_id)?;
+        if let Some(copies) = process.copies.lock().await.as_ref() {
             copies.close_stdin();
         }
         Ok(api::Empty::default())
@@ -612,7 +856,7 @@ impl Task for TaskApi {
         _: &TtrpcContext,
         req: api::ConnectRequest,
     ) -> TtrpcResult<api::ConnectResponse> {
-        let task_pid = self.0.get(&req.id, "").map(|t| t.pid).unwrap_or(0);
+        let task_pid = self.0.task(&req.id).map(|t| t.init.pid()).unwrap_or(0);
         Ok(api::ConnectResponse {
             shim_pid: std::process::id(),
             task_pid,

@@ -1,0 +1,211 @@
+//! `ctr task exec` end to end: further processes in a running container's namespaces,
+//! with and without a terminal, their stdio, exit codes, signals and events. Run by
+//! `make test`; alone with `eval "$(scripts/stack up)"; cargo test -p vmlet-integration
+//! --test exec -- --ignored`.
+
+use std::io::Write;
+use std::process::{Output, Stdio};
+use std::time::{Duration, Instant};
+
+use vmlet_integration::bounded::{output_within, COMMAND_TIMEOUT};
+use vmlet_integration::terminal::run_on_terminal;
+use vmlet_integration::{unique_id, Stack, RUNTIME};
+
+const BOOT: Duration = Duration::from_secs(90);
+
+/// A detached container running `sleep 1000`, killed and removed on drop.
+struct Running {
+    stack: Stack,
+    id: String,
+}
+
+impl Running {
+    fn start(prefix: &str) -> Self {
+        let stack = Stack::from_env().expect("the vmlet stack");
+        let id = unique_id(prefix);
+        let run = stack
+            .ctr_output(&[
+                "run",
+                "-d",
+                "--runtime",
+                RUNTIME,
+                &stack.image,
+                &id,
+                "sleep",
+                "1000",
+            ])
+            .unwrap();
+        assert!(run.status.success(), "{}", text(&run.stderr));
+        stack.wait_status(&id, "RUNNING", BOOT).unwrap();
+        Self { stack, id }
+    }
+
+    /// `ctr task exec --exec-id EXEC [FLAGS...] ID ARGS...` with no stdin.
+    fn exec(&self, exec_id: &str, flags: &[&str], args: &[&str]) -> Output {
+        let mut all = vec!["task", "exec", "--exec-id", exec_id];
+        all.extend_from_slice(flags);
+        all.push(&self.id);
+        all.extend_from_slice(args);
+        self.stack.ctr_output(&all).unwrap()
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Err(e) = self.stack.kill_and_remove(&self.id) {
+            eprintln!("cleanup of {}: {e}", self.id);
+        }
+    }
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[test]
+#[ignore = "needs the vmlet stack: make test"]
+fn exec_returns_stdout_stderr_and_exit_code() {
+    let c = Running::start("exec-out");
+    let out = c.exec("e1", &[], &["sh", "-c", "echo out; echo err >&2; exit 3"]);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout).trim(), "out");
+    assert!(text(&out.stderr).contains("err"), "{}", text(&out.stderr));
+    // The same exec id can be used again once the first is gone.
+    let again = c.exec("e1", &[], &["true"]);
+    assert!(again.status.success(), "{}", text(&again.stderr));
+}
+
+#[test]
+#[ignore = "needs the vmlet stack: make test"]
+fn exec_joins_the_containers_namespaces_and_root() {
+    let c = Running::start("exec-ns");
+    let script = "[ \"$(readlink /proc/self/ns/pid)\" = \"$(readlink /proc/1/ns/pid)\" ] && \
+                  [ \"$(readlink /proc/self/ns/mnt)\" = \"$(readlink /proc/1/ns/mnt)\" ] && \
+                  cat /proc/1/cmdline | tr '\\0' ' ' && ls /bin/busybox";
+    let out = c.exec("ns", &[], &["sh", "-c", script]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains("sleep 1000"),
+        "PID 1 is the container's: {stdout}"
+    );
+    assert!(
+        stdout.contains("/bin/busybox"),
+        "the container's rootfs: {stdout}"
+    );
+}
+
+#[test]
+#[ignore = "needs the vmlet stack: make test"]
+fn exec_stdin_reaches_the_process() {
+    let c = Running::start("exec-in");
+    let mut child = c
+        .stack
+        .ctr()
+        .args(["task", "exec", "--exec-id", "cat", &c.id, "sh", "-c"])
+        .arg("read line; echo got-$line")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.as_mut().unwrap().write_all(b"hello\n").unwrap();
+    let out = output_within(child, COMMAND_TIMEOUT, "ctr task exec").unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout).trim(), "got-hello");
+}
+
+#[test]
+#[ignore = "needs the vmlet stack: make test"]
+fn exec_with_a_terminal_gets_its_size() {
+    let c = Running::start("exec-tty");
+    // ctr takes its terminal's size from its own stdin; give it a terminal of 33x77.
+    let mut command = c.stack.ctr();
+    command
+        .args(["task", "exec", "-t", "--exec-id", "tty", &c.id, "sh", "-c"])
+        .arg("stty size; [ -t 0 ] && echo is-a-tty");
+    let (out, seen) = run_on_terminal(command, 33, 77).unwrap();
+    assert!(out.status.success(), "{seen}");
+    assert!(seen.contains("33 77"), "stty size inside: {seen:?}");
+    assert!(seen.contains("is-a-tty"), "{seen:?}");
+}
+
+#[test]
+#[ignore = "needs the vmlet stack: make test"]
+fn exec_of_a_missing_program_fails_clearly() {
+    let c = Running::start("exec-missing");
+    let out = c.exec("missing", &[], &["/no/such/program"]);
+    assert!(!out.status.success());
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("/no/such/program") && stderr.contains("No such file"),
+        "{stderr}"
+    );
+    // The container is unharmed.
+    let ok = c.exec("after", &[], &["true"]);
+    assert!(ok.status.success(), "{}", text(&ok.stderr));
+}
+
+#[test]
+#[ignore = "needs the vmlet stack: make test"]
+fn detached_exec_is_listed_killed_and_reported() {
+    let c = Running::start("exec-kill");
+    let mut events = c
+        .stack
+        .ctr()
+        .args(["events"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let out = c.exec("bg", &["-d"], &["sleep", "600"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let pids = loop {
+        let ps = c.stack.ctr_output(&["task", "ps", &c.id]).unwrap();
+        let n = text(&ps.stdout).lines().skip(1).count();
+        if n >= 2 || Instant::now() > deadline {
+            break n;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(pids, 2, "the init and the exec");
+    let kill = c
+        .stack
+        .ctr_output(&["task", "kill", "--exec-id", "bg", "-s", "SIGKILL", &c.id])
+        .unwrap();
+    assert!(kill.status.success(), "{}", text(&kill.stderr));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let ps = c.stack.ctr_output(&["task", "ps", &c.id]).unwrap();
+        if text(&ps.stdout).lines().skip(1).count() == 1 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the exec is still listed");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let _ = events.kill();
+    let seen = text(
+        &output_within(events, COMMAND_TIMEOUT, "ctr events")
+            .unwrap()
+            .stdout,
+    );
+    for (topic, field) in [
+        ("/tasks/exec-added", "\"exec_id\":\"bg\""),
+        ("/tasks/exec-started", "\"exec_id\":\"bg\""),
+        ("/tasks/exit", "\"id\":\"bg\""),
+    ] {
+        assert!(
+            seen.lines()
+                .any(|l| l.contains(topic) && l.contains(field) && l.contains(&c.id)),
+            "no {topic} event for the exec in:\n{seen}"
+        );
+    }
+    assert!(
+        seen.lines()
+            .any(|l| l.contains("/tasks/exit") && l.contains("\"id\":\"bg\"") && l.contains("137")),
+        "the exec's exit status is 137:\n{seen}"
+    );
+}
