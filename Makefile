@@ -2,7 +2,7 @@
 # and `make test`; .ci/run calls `make test`.
 SHELL := /bin/bash
 
-.PHONY: demo test unit e2e bench-start bench-net lint stack-up stack-down
+.PHONY: demo test unit e2e bench-start bench-exec bench-net lint stack-up stack-down
 
 ## demo: boot a container in a VM with ctr against the embedded defaults, then tear down.
 demo:
@@ -20,12 +20,15 @@ lint:
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets --locked -- -D warnings
 
-## e2e / bench-start / bench-net: against a stack that is already up (eval "$$(scripts/stack up)").
+## e2e / bench-start / bench-exec / bench-net: against a stack that is already up (eval "$$(scripts/stack up)").
 e2e:
 	scripts/e2e
 
 bench-start:
 	cargo run --locked --release -p vmlet-integration --bin bench-start
+
+bench-exec:
+	cargo run --locked --release -p vmlet-integration --bin bench-exec
 
 bench-net:
 	cargo run --locked --release -p vmlet-integration --bin bench-net

@@ -14,6 +14,9 @@ use crate::containers::Containers;
 use crate::pty::Master;
 use crate::Error;
 
+/// Bytes moved per read on output streams.
+const COPY_BUFFER: usize = 256 * 1024;
+
 pub async fn serve(containers: Arc<Containers>) -> Result<(), Error> {
     let listener = VsockListener::bind(VsockAddr::new(VMADDR_CID_ANY, STREAM_PORT))
         .map_err(|e| Error::io("listen on the stream port", e))?;
@@ -72,14 +75,16 @@ async fn attach(mut stream: VsockStream, containers: &Containers) -> Result<(), 
             let _ = tokio::io::copy(&mut stream, &mut sink).await;
         }
         StreamKind::Stdout | StreamKind::Stderr => {
-            let mut source: Box<dyn AsyncRead + Send + Unpin> = if terminal {
+            let source: Box<dyn AsyncRead + Send + Unpin> = if terminal {
                 Box::new(Master::new(fd)?)
             } else {
                 Box::new(
                     pipe::Receiver::from_owned_fd(fd).map_err(|e| Error::io("output pipe", e))?,
                 )
             };
-            let copied = tokio::io::copy(&mut source, &mut stream).await;
+            // Large reads: every vsock packet costs a virtqueue round trip (dear under TCG).
+            let mut source = tokio::io::BufReader::with_capacity(COPY_BUFFER, source);
+            let copied = tokio::io::copy_buf(&mut source, &mut stream).await;
             let _ = stream.flush().await;
             let _ = stream.shutdown(std::net::Shutdown::Both);
             copied.map_err(|e| Error::io(format!("copy {header}").trim().to_owned(), e))?;

@@ -44,6 +44,9 @@ impl StdioPaths {
 
 type Output = Box<dyn tokio::io::AsyncWrite + Send + Unpin>;
 
+/// Bytes moved per read on output streams.
+const COPY_BUFFER: usize = 256 * 1024;
+
 /// Opens the writers for stdout and stderr. A log URI shared by both (as containerd passes
 /// it) is opened once: one file, or one logging binary with two pipes.
 fn open_outputs(
@@ -175,9 +178,11 @@ pub async fn attach(
         if terminal && kind == StreamKind::Stderr {
             continue;
         }
-        let mut stream = open_stream(endpoint, process, kind).await?;
+        let stream = open_stream(endpoint, process, kind).await?;
         outputs.push(tokio::spawn(async move {
-            if let Err(e) = tokio::io::copy(&mut stream, &mut writer).await {
+            // Large reads: fewer, bigger writes into the FIFO or log.
+            let mut stream = tokio::io::BufReader::with_capacity(COPY_BUFFER, stream);
+            if let Err(e) = tokio::io::copy_buf(&mut stream, &mut writer).await {
                 log::warn!("copy {kind:?}: {e}");
             }
             let _ = writer.flush().await;
