@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::watch;
 use vmlet_protocol::StreamKind;
 
+use crate::cgroup::Cgroup;
 use crate::reaper::{ExitStatus, Reaper};
 use crate::Error;
 
@@ -49,6 +50,8 @@ pub struct Process {
     pub stdio: Mutex<HostEnds>,
     /// The pty master of a process with a terminal, for window-size changes.
     pub pty: Option<OwnedFd>,
+    /// The container cgroup's OOM-kill count when this process was created.
+    pub oom_kills_before: u64,
 }
 
 impl Process {
@@ -59,6 +62,7 @@ impl Process {
         status: OwnedFd,
         stdio: HostEnds,
         pty: Option<OwnedFd>,
+        oom_kills_before: u64,
     ) -> Self {
         Self {
             pid: AtomicI32::new(pid),
@@ -68,6 +72,7 @@ impl Process {
             status: Mutex::new(Some(status)),
             stdio: Mutex::new(stdio),
             pty,
+            oom_kills_before,
         }
     }
 
@@ -192,13 +197,15 @@ impl Process {
 pub struct Container {
     pub init: Arc<Process>,
     pub execs: Mutex<HashMap<String, Arc<Process>>>,
+    pub cgroup: Cgroup,
 }
 
 impl Container {
-    pub fn new(init: Arc<Process>) -> Self {
+    pub fn new(init: Arc<Process>, cgroup: Cgroup) -> Self {
         Self {
             init,
             execs: Mutex::new(HashMap::new()),
+            cgroup,
         }
     }
 }

@@ -14,6 +14,7 @@
 
 pub mod become_process;
 pub mod boot;
+mod cgroup;
 pub mod container_init;
 mod containers;
 mod error;

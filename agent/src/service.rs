@@ -11,15 +11,16 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::{pipe2, Pid};
 use ttrpc::r#async::{Server, TtrpcContext};
 use vmlet_protocol::agent::{
-    self as proto, ConfigureNetworkRequest, CreateContainerRequest, CreateContainerResponse,
-    CreateExecRequest, Empty, ListProcessesRequest, ListProcessesResponse, PingRequest,
-    PingResponse, ProcessRef, RemoveContainerRequest, ResizeTerminalRequest, ShutdownRequest,
-    SignalProcessRequest, StartProcessRequest, StartProcessResponse, WaitProcessRequest,
-    WaitProcessResponse,
+    self as proto, ConfigureNetworkRequest, ContainerRequest, CreateContainerRequest,
+    CreateContainerResponse, CreateExecRequest, Empty, ListProcessesRequest, ListProcessesResponse,
+    PingRequest, PingResponse, ProcessRef, RemoveContainerRequest, ResizeTerminalRequest,
+    ShutdownRequest, SignalProcessRequest, StartProcessRequest, StartProcessResponse,
+    StatsResponse, UpdateResourcesRequest, WaitProcessRequest, WaitProcessResponse,
 };
 use vmlet_protocol::{agent_ttrpc, AGENT_PORT};
 
 use crate::boot::Boot;
+use crate::cgroup::Cgroup;
 use crate::containers::{Container, Containers, HostEnds, Process};
 use crate::init_spec::{ExecSpec, InitSpec, MountSpec, ProcessSpec, RlimitSpec};
 use crate::launch::{launch, ChildStdio, Helper};
@@ -36,6 +37,10 @@ pub struct AgentService {
 pub async fn serve(boot: Boot) -> Result<(), Error> {
     if let Err(e) = crate::network::loopback_up().await {
         log::warn!("loopback: {e}");
+    }
+    // Without it every container create fails, naming the cgroup it could not make.
+    if let Err(e) = crate::cgroup::init() {
+        log::error!("cgroups: {e}");
     }
     let reaper = Arc::new(Reaper::default());
     tokio::spawn(reaper.clone().run());
@@ -218,17 +223,30 @@ impl AgentService {
             .as_deref()
             .ok_or_else(|| Error::InvalidRequest("this VM has no shared directory".into()))?;
         let spec = init_spec(share, &req)?;
-        let process = self
-            .launch(
+        let cgroup = Cgroup::create(&id)?;
+        let launched = async {
+            cgroup.apply(&req.resources.clone().unwrap_or_default())?;
+            self.launch(
                 Helper::ContainerInit,
                 &spec,
                 spec.process.terminal,
                 req.stdio.as_ref(),
+                &cgroup,
                 &id,
             )
-            .await?;
+            .await
+        }
+        .await;
+        let process = match launched {
+            Ok(p) => p,
+            Err(e) => {
+                let _ = cgroup.remove();
+                return Err(e);
+            }
+        };
         let pid = process.pid();
-        self.containers.insert(&id, Container::new(process))?;
+        self.containers
+            .insert(&id, Container::new(process, cgroup))?;
         log::info!("container {id} created, pid {pid}");
         Ok(CreateContainerResponse {
             pid: pid as u32,
@@ -244,10 +262,16 @@ impl AgentService {
         spec: &impl serde::Serialize,
         terminal: bool,
         stdio: Option<&proto::Stdio>,
+        cgroup: &Cgroup,
         id: &str,
     ) -> Result<Arc<Process>, Error> {
         let (child, host, pty) = stdio_for(stdio, terminal)?;
         let (pid, launched, exit) = self.reaper.track(|| launch(helper, spec, child))?;
+        // Before it may start: everything it (or an exec's process) forks is counted there.
+        if let Err(e) = cgroup.add(pid) {
+            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+            return Err(e);
+        }
         let process = Arc::new(Process::new(
             pid,
             exit,
@@ -255,6 +279,7 @@ impl AgentService {
             launched.status,
             host,
             pty,
+            cgroup.oom_kills(),
         ));
         let ready = {
             let process = process.clone();
@@ -299,6 +324,7 @@ impl AgentService {
                 &spec,
                 spec.process.terminal,
                 req.stdio.as_ref(),
+                &container.cgroup,
                 &name,
             )
             .await?;
@@ -370,11 +396,40 @@ impl AgentService {
 
     async fn wait(&self, req: WaitProcessRequest) -> Result<WaitProcessResponse, Error> {
         let r = req.process.unwrap_or_default();
+        let container = self.containers.get(&r.container_id)?;
         let process = self.containers.process(&r.container_id, &r.exec_id)?;
+        let exit_status = process.wait().await;
         Ok(WaitProcessResponse {
-            exit_status: process.wait().await,
+            exit_status,
+            oom_killed: container.cgroup.oom_kills() > process.oom_kills_before,
             ..Default::default()
         })
+    }
+
+    fn stats(&self, req: ContainerRequest) -> Result<StatsResponse, Error> {
+        self.containers.get(&req.container_id)?.cgroup.stats()
+    }
+
+    async fn freeze(&self, req: ContainerRequest, frozen: bool) -> Result<Empty, Error> {
+        let container = self.containers.get(&req.container_id)?;
+        if container.init.exit_status().is_some() {
+            return Err(Error::WrongState {
+                id: req.container_id,
+                state: "stopped",
+                action: if frozen { "pause it" } else { "resume it" },
+            });
+        }
+        let cgroup = container.cgroup.clone();
+        tokio::task::spawn_blocking(move || cgroup.freeze(frozen))
+            .await
+            .map_err(|e| Error::Boot(format!("join: {e}")))??;
+        Ok(Empty::default())
+    }
+
+    fn update(&self, req: UpdateResourcesRequest) -> Result<Empty, Error> {
+        let container = self.containers.get(&req.container_id)?;
+        container.cgroup.apply(&req.resources.unwrap_or_default())?;
+        Ok(Empty::default())
     }
 
     fn signal(&self, req: SignalProcessRequest) -> Result<Empty, Error> {
@@ -411,6 +466,9 @@ impl AgentService {
             container.init.wait().await;
         }
         self.containers.remove(&req.container_id);
+        if let Err(e) = container.cgroup.remove() {
+            log::warn!("container {}: {e}", req.container_id);
+        }
         Ok(Empty::default())
     }
 }
@@ -523,6 +581,26 @@ impl agent_ttrpc::Agent for AgentService {
 
     async fn remove_exec(&self, _: &TtrpcContext, req: ProcessRef) -> ttrpc::Result<Empty> {
         Ok(self.remove_exec(req)?)
+    }
+
+    async fn stats(&self, _: &TtrpcContext, req: ContainerRequest) -> ttrpc::Result<StatsResponse> {
+        Ok(self.stats(req)?)
+    }
+
+    async fn pause(&self, _: &TtrpcContext, req: ContainerRequest) -> ttrpc::Result<Empty> {
+        Ok(self.freeze(req, true).await?)
+    }
+
+    async fn resume(&self, _: &TtrpcContext, req: ContainerRequest) -> ttrpc::Result<Empty> {
+        Ok(self.freeze(req, false).await?)
+    }
+
+    async fn update_resources(
+        &self,
+        _: &TtrpcContext,
+        req: UpdateResourcesRequest,
+    ) -> ttrpc::Result<Empty> {
+        Ok(self.update(req)?)
     }
 
     async fn configure_network(

@@ -6,10 +6,12 @@ use anyhow::Context;
 use hyper_util::rt::TokioIo;
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use k8s_cri::v1::{
-    ContainerConfig, ContainerMetadata, CreateContainerRequest, ImageSpec, LinuxContainerConfig,
-    LinuxPodSandboxConfig, PodSandboxConfig, PodSandboxMetadata, PodSandboxStatusRequest,
-    RemoveContainerRequest, RemovePodSandboxRequest, RunPodSandboxRequest, StartContainerRequest,
-    StopContainerRequest, StopPodSandboxRequest,
+    ContainerConfig, ContainerMetadata, ContainerStats, ContainerStatsRequest, ContainerStatus,
+    ContainerStatusRequest, CreateContainerRequest, ExecSyncRequest, ExecSyncResponse, ImageSpec,
+    LinuxContainerConfig, LinuxContainerResources, LinuxPodSandboxConfig, PodSandboxConfig,
+    PodSandboxMetadata, PodSandboxStatusRequest, RemoveContainerRequest, RemovePodSandboxRequest,
+    RunPodSandboxRequest, StartContainerRequest, StopContainerRequest, StopPodSandboxRequest,
+    UpdateContainerResourcesRequest,
 };
 use tonic::transport::{Channel, Endpoint, Uri};
 
@@ -98,6 +100,27 @@ impl Cri {
         image: &str,
         command: &[&str],
     ) -> anyhow::Result<String> {
+        self.create_and_start_limited(pod, pod_config, name, image, command, 0)
+            .await
+    }
+
+    /// As [`Cri::create_and_start`], with a memory limit in bytes (0: none).
+    pub async fn create_and_start_limited(
+        &mut self,
+        pod: &str,
+        pod_config: &PodSandboxConfig,
+        name: &str,
+        image: &str,
+        command: &[&str],
+        memory_limit: i64,
+    ) -> anyhow::Result<String> {
+        let linux = LinuxContainerConfig {
+            resources: (memory_limit > 0).then(|| LinuxContainerResources {
+                memory_limit_in_bytes: memory_limit,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
         let config = ContainerConfig {
             metadata: Some(ContainerMetadata {
                 name: name.into(),
@@ -109,7 +132,7 @@ impl Cri {
             }),
             command: command.iter().map(|s| s.to_string()).collect(),
             log_path: format!("{name}.log"),
-            linux: Some(LinuxContainerConfig::default()),
+            linux: Some(linux),
             ..Default::default()
         };
         let id = self
@@ -130,6 +153,65 @@ impl Cri {
             .await
             .context("StartContainer")?;
         Ok(id)
+    }
+
+    pub async fn exec_sync(
+        &mut self,
+        id: &str,
+        command: &[&str],
+        timeout: i64,
+    ) -> anyhow::Result<ExecSyncResponse> {
+        Ok(self
+            .client
+            .exec_sync(ExecSyncRequest {
+                container_id: id.into(),
+                cmd: command.iter().map(|s| s.to_string()).collect(),
+                timeout,
+            })
+            .await
+            .context("ExecSync")?
+            .into_inner())
+    }
+
+    /// UpdateContainerResources with a new memory limit (bytes).
+    pub async fn update_memory(&mut self, id: &str, limit: i64) -> anyhow::Result<()> {
+        self.client
+            .update_container_resources(UpdateContainerResourcesRequest {
+                container_id: id.into(),
+                linux: Some(LinuxContainerResources {
+                    memory_limit_in_bytes: limit,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })
+            .await
+            .context("UpdateContainerResources")?;
+        Ok(())
+    }
+
+    pub async fn container_stats(&mut self, id: &str) -> anyhow::Result<ContainerStats> {
+        self.client
+            .container_stats(ContainerStatsRequest {
+                container_id: id.into(),
+            })
+            .await
+            .context("ContainerStats")?
+            .into_inner()
+            .stats
+            .context("ContainerStats returned no stats")
+    }
+
+    pub async fn container_status(&mut self, id: &str) -> anyhow::Result<ContainerStatus> {
+        self.client
+            .container_status(ContainerStatusRequest {
+                container_id: id.into(),
+                verbose: false,
+            })
+            .await
+            .context("ContainerStatus")?
+            .into_inner()
+            .status
+            .context("ContainerStatus returned no status")
     }
 
     /// StopContainer (SIGTERM, then SIGKILL after `timeout` s) and RemoveContainer.

@@ -55,3 +55,177 @@ async fn cri_pod_gets_its_cni_address_inside_the_vm() {
         "the pod's VM is left"
     );
 }
+
+/// A pod with handler `vmlet` and its log directory, removed (with what is left of it) by
+/// [`PodUnderTest::finish`].
+struct PodUnderTest {
+    cri: Cri,
+    config: k8s_cri::v1::PodSandboxConfig,
+    pod: String,
+    logs: std::path::PathBuf,
+}
+
+impl PodUnderTest {
+    async fn start(s: &Stack) -> Self {
+        let mut cri = Cri::connect(&s.containerd).await.unwrap();
+        let logs = std::env::temp_dir().join(unique_id("vmlet-cri-logs"));
+        std::fs::create_dir_all(&logs).unwrap();
+        let config = Cri::pod_config(
+            &unique_id("cri"),
+            &unique_id("uid"),
+            &logs.to_string_lossy(),
+        );
+        let pod = cri.run_pod(&config, "vmlet").await.unwrap();
+        Self {
+            cri,
+            config,
+            pod,
+            logs,
+        }
+    }
+
+    async fn finish(mut self, containers: &[&str]) {
+        for c in containers {
+            self.cri.remove_container(c, 2).await.unwrap();
+        }
+        self.cri.remove_pod(&self.pod).await.unwrap();
+        let _ = std::fs::remove_dir_all(&self.logs);
+    }
+}
+
+#[tokio::test]
+#[ignore = "needs the vmlet stack: make test"]
+async fn cri_exec_sync_returns_output_and_exit_code() {
+    let s = Stack::from_env().expect("the vmlet stack");
+    let mut p = PodUnderTest::start(&s).await;
+    let (pod, config) = (p.pod.clone(), p.config.clone());
+    let c = p
+        .cri
+        .create_and_start(&pod, &config, "c1", &s.image, &["sleep", "1000"])
+        .await
+        .unwrap();
+    let r = p
+        .cri
+        .exec_sync(&c, &["sh", "-c", "echo out; echo err >&2; exit 3"], 30)
+        .await
+        .unwrap();
+    p.finish(&[&c]).await;
+    assert_eq!(String::from_utf8_lossy(&r.stdout), "out\n");
+    assert_eq!(String::from_utf8_lossy(&r.stderr), "err\n");
+    assert_eq!(r.exit_code, 3);
+}
+
+#[tokio::test]
+#[ignore = "needs the vmlet stack: make test"]
+async fn cri_stats_of_a_busy_container_are_not_zero() {
+    let s = Stack::from_env().expect("the vmlet stack");
+    let mut p = PodUnderTest::start(&s).await;
+    let (pod, config) = (p.pod.clone(), p.config.clone());
+    let c = p
+        .cri
+        .create_and_start(
+            &pod,
+            &config,
+            "busy",
+            &s.image,
+            &[
+                "sh",
+                "-c",
+                "x=$(head -c 4000000 /dev/zero | tr '\\0' a); while :; do :; done",
+            ],
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let stats = p.cri.container_stats(&c).await;
+    p.finish(&[&c]).await;
+    let stats = stats.unwrap();
+    let cpu = stats
+        .cpu
+        .and_then(|c| c.usage_core_nano_seconds)
+        .map_or(0, |v| v.value);
+    let memory = stats
+        .memory
+        .and_then(|m| m.working_set_bytes)
+        .map_or(0, |v| v.value);
+    assert!(
+        cpu > 100_000_000,
+        "CPU used in 3 s of a busy loop: {cpu} ns"
+    );
+    assert!(
+        memory > 1 << 20,
+        "working set of a shell holding 4 MB: {memory} bytes"
+    );
+}
+
+#[tokio::test]
+#[ignore = "needs the vmlet stack: make test"]
+async fn cri_container_over_its_memory_limit_is_oom_killed() {
+    let s = Stack::from_env().expect("the vmlet stack");
+    let mut p = PodUnderTest::start(&s).await;
+    let (pod, config) = (p.pod.clone(), p.config.clone());
+    // dd's 200 MiB buffer is filled from /dev/zero: far over the 64 MiB limit.
+    let c = p
+        .cri
+        .create_and_start_limited(
+            &pod,
+            &config,
+            "hog",
+            &s.image,
+            &["dd", "if=/dev/zero", "of=/dev/null", "bs=200M", "count=1"],
+            64 << 20,
+        )
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        let status = p.cri.container_status(&c).await.unwrap();
+        // CONTAINER_EXITED
+        if status.state == 2 || Instant::now() > deadline {
+            break status;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    p.finish(&[&c]).await;
+    assert_eq!(status.state, 2, "the container did not exit: {status:?}");
+    assert_eq!(status.reason, "OOMKilled", "{status:?}");
+    assert_eq!(status.exit_code, 137, "{status:?}");
+}
+
+#[tokio::test]
+#[ignore = "needs the vmlet stack: make test"]
+async fn cri_update_sets_the_limit_and_refuses_more_than_the_vm() {
+    let s = Stack::from_env().expect("the vmlet stack");
+    let mut p = PodUnderTest::start(&s).await;
+    let (pod, config) = (p.pod.clone(), p.config.clone());
+    let c = p
+        .cri
+        .create_and_start(&pod, &config, "c1", &s.image, &["sleep", "1000"])
+        .await
+        .unwrap();
+    let updated = p.cri.update_memory(&c, 100 << 20).await;
+    let read = p
+        .cri
+        .exec_sync(
+            &c,
+            &[
+                "sh",
+                "-c",
+                &format!("cat /sys/fs/cgroup/vmlet/{c}/memory.max"),
+            ],
+            30,
+        )
+        .await;
+    let refused = p.cri.update_memory(&c, 4096 << 20).await;
+    p.finish(&[&c]).await;
+    updated.unwrap();
+    let read = read.unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&read.stdout).trim(),
+        (100u64 << 20).to_string(),
+        "{}",
+        String::from_utf8_lossy(&read.stderr)
+    );
+    let err = format!("{:#}", refused.unwrap_err());
+    assert!(err.contains("exceeds its VM"), "{err}");
+}

@@ -12,6 +12,7 @@
 pub mod domain;
 mod error;
 pub mod log_uri;
+pub mod metrics;
 pub mod shim;
 pub mod spec;
 pub mod state;

@@ -4,7 +4,9 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 use oci_spec::runtime::{LinuxNamespaceType, PosixRlimitType, Spec};
-use vmlet_protocol::agent::{CreateContainerRequest, Mount, Process, Rlimit, Stdio, User};
+use vmlet_protocol::agent::{
+    CreateContainerRequest, Mount, Process, Resources, Rlimit, Stdio, User,
+};
 
 use crate::Error;
 
@@ -152,6 +154,34 @@ pub fn agent_process(process: &oci_spec::runtime::Process, what: &str) -> Result
     })
 }
 
+/// The cgroup limits of OCI resources (CPU shares become cgroup v2's weight as runc
+/// converts them).
+pub fn agent_resources(r: &oci_spec::runtime::LinuxResources) -> Resources {
+    let cpu = r.cpu().as_ref();
+    let weight = cpu
+        .and_then(|c| c.shares())
+        .filter(|s| *s > 0)
+        .map_or(0, |s| 1 + (s.saturating_sub(2) * 9999) / 262_142);
+    Resources {
+        memory_limit: r.memory().as_ref().and_then(|m| m.limit()).unwrap_or(0),
+        cpu_quota: cpu.and_then(|c| c.quota()).unwrap_or(0),
+        cpu_period: cpu.and_then(|c| c.period()).unwrap_or(0),
+        cpu_weight: weight,
+        pids_limit: r.pids().as_ref().map_or(0, |p| p.limit()),
+        ..Default::default()
+    }
+}
+
+/// The resources of an update request: containerd sends OCI `LinuxResources` as JSON.
+pub fn update_resources(json: &[u8], task_id: &str) -> Result<Resources, Error> {
+    let r: oci_spec::runtime::LinuxResources = serde_json::from_slice(json).map_err(|e| {
+        Error::InvalidArgument(format!(
+            "update of task {task_id}: resources are not valid: {e}"
+        ))
+    })?;
+    Ok(agent_resources(&r))
+}
+
 /// The process of an exec request: containerd sends the OCI process as JSON.
 pub fn exec_process(json: &[u8], exec_id: &str) -> Result<Process, Error> {
     let process: oci_spec::runtime::Process = serde_json::from_slice(json).map_err(|e| {
@@ -234,6 +264,12 @@ pub fn create_request(
         process: Some(process).into(),
         mounts,
         stdio: Some(stdio).into(),
+        resources: spec
+            .linux()
+            .as_ref()
+            .and_then(|l| l.resources().as_ref())
+            .map(agent_resources)
+            .into(),
         ..Default::default()
     };
     Ok((request, binds))
@@ -371,6 +407,26 @@ mod tests {
         assert_eq!(grouping(&map(&[]), "t1"), "t1");
         assert!(pod_role(&map(&[(CONTAINER_TYPE_ANNOTATION, "container")])).is_err());
         assert!(pod_role(&map(&[(CONTAINER_TYPE_ANNOTATION, "weird")])).is_err());
+    }
+
+    #[test]
+    fn resources_become_cgroup_limits() {
+        let r = update_resources(
+            br#"{"memory":{"limit":67108864},"cpu":{"shares":1024,"quota":50000,"period":100000},"pids":{"limit":64}}"#,
+            "t1",
+        )
+        .unwrap();
+        assert_eq!(r.memory_limit, 64 << 20);
+        assert_eq!((r.cpu_quota, r.cpu_period), (50_000, 100_000));
+        assert_eq!(r.cpu_weight, 39, "runc's conversion of 1024 shares");
+        assert_eq!(r.pids_limit, 64);
+        let none = update_resources(b"{}", "t1").unwrap();
+        assert_eq!(
+            (none.memory_limit, none.cpu_weight, none.pids_limit),
+            (0, 0, 0)
+        );
+        let err = update_resources(b"[1]", "t9").unwrap_err();
+        assert!(err.to_string().contains("task t9"), "{err}");
     }
 
     #[test]

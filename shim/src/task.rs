@@ -13,7 +13,8 @@ use containerd_shim::asynchronous::ExitSignal;
 use containerd_shim::publisher::RemotePublisher;
 use containerd_shim::{api, Context, TtrpcContext, TtrpcResult};
 use containerd_shim_protos::events::task::{
-    TaskCreate, TaskDelete, TaskExecAdded, TaskExecStarted, TaskExit, TaskIO, TaskStart,
+    TaskCreate, TaskDelete, TaskExecAdded, TaskExecStarted, TaskExit, TaskIO, TaskOOM, TaskPaused,
+    TaskResumed, TaskStart,
 };
 use containerd_shim_protos::protobuf::well_known_types::timestamp::Timestamp;
 use containerd_shim_protos::protobuf::MessageDyn;
@@ -23,8 +24,9 @@ use oci_spec::runtime::Spec;
 use tokio::sync::watch;
 use vmlet_config::{NodeConfig, PodAnnotations, VmShape};
 use vmlet_protocol::agent::{
-    CreateExecRequest, ListProcessesRequest, ProcessRef, RemoveContainerRequest,
-    ResizeTerminalRequest, SignalProcessRequest, StartProcessRequest, Stdio, WaitProcessRequest,
+    ContainerRequest, CreateExecRequest, ListProcessesRequest, ProcessRef, RemoveContainerRequest,
+    ResizeTerminalRequest, SignalProcessRequest, StartProcessRequest, Stdio,
+    UpdateResourcesRequest, WaitProcessRequest,
 };
 
 use crate::stdio::{self, Copies, ProcessName, StdioPaths};
@@ -42,6 +44,7 @@ pub type VmmFactory = Arc<dyn Fn(&NodeConfig) -> Arc<dyn VmManager> + Send + Syn
 enum Phase {
     Created,
     Running,
+    Paused,
     Stopped,
 }
 
@@ -425,18 +428,29 @@ impl TaskService {
             process: Some(task.process_ref(&process)).into(),
             ..Default::default()
         };
-        let status = match task
+        let (status, oom_killed) = match task
             .vm
             .agent
             .wait_process(ttrpc::context::Context::default(), &request)
             .await
         {
-            Ok(r) => r.exit_status,
+            Ok(r) => (r.exit_status, r.oom_killed),
             Err(e) => {
                 log::error!("wait for {}: {e}", task.name(&process));
-                255
+                (255, false)
             }
         };
+        if oom_killed {
+            // Before the exit, as runc's shim does: CRI then reports reason OOMKilled.
+            self.publish(
+                topics::TASK_OOM_EVENT_TOPIC,
+                Box::new(TaskOOM {
+                    container_id: task.id.clone(),
+                    ..Default::default()
+                }),
+            )
+            .await;
+        }
         if let Some(copies) = process.copies.lock().await.as_mut() {
             copies.close_stdin();
             if tokio::time::timeout(OUTPUT_DRAIN, copies.drain())
@@ -469,6 +483,106 @@ impl TaskService {
             }),
         )
         .await;
+    }
+
+    /// Freezes (`pause`) or thaws the task's processes, moving its init between Running and
+    /// Paused and publishing TaskPaused / TaskResumed.
+    async fn set_paused(&self, id: &str, paused: bool) -> Result<(), Error> {
+        let task = self.task(id)?;
+        let (from, to) = if paused {
+            (Phase::Running, Phase::Paused)
+        } else {
+            (Phase::Paused, Phase::Running)
+        };
+        let now = task.init.phase();
+        if now != from {
+            return Err(Error::FailedPrecondition(format!(
+                "task {id} is {now:?}, not {from:?}"
+            )));
+        }
+        let request = ContainerRequest {
+            container_id: task.id.clone(),
+            ..Default::default()
+        };
+        if paused {
+            task.vm.agent.pause(agent_ctx(), &request).await?;
+        } else {
+            task.vm.agent.resume(agent_ctx(), &request).await?;
+        }
+        {
+            // The task may have exited meanwhile (a frozen task cannot, a thawed one can).
+            let mut phase = task.init.phase.lock().unwrap();
+            if *phase == from {
+                *phase = to;
+            }
+        }
+        let id = task.id.clone();
+        if paused {
+            let event = TaskPaused {
+                container_id: id,
+                ..Default::default()
+            };
+            self.publish(topics::TASK_PAUSED_EVENT_TOPIC, Box::new(event))
+                .await;
+        } else {
+            let event = TaskResumed {
+                container_id: id,
+                ..Default::default()
+            };
+            self.publish(topics::TASK_RESUMED_EVENT_TOPIC, Box::new(event))
+                .await;
+        }
+        Ok(())
+    }
+
+    async fn update(&self, req: api::UpdateTaskRequest) -> Result<(), Error> {
+        let task = self.task(&req.id)?;
+        let json = req
+            .resources
+            .as_ref()
+            .map(|a| a.value.as_slice())
+            .unwrap_or(b"{}");
+        let resources = crate::spec::update_resources(json, &req.id)?;
+        let vm_bytes = (task.vm.shape.memory_mib as i64) << 20;
+        if resources.memory_limit > vm_bytes {
+            return Err(Error::FailedPrecondition(format!(
+                "task {}: memory limit {} MiB exceeds its VM's {} MiB, and vmlet does not grow a running VM (set vmlet.io/memory on the pod)",
+                req.id,
+                resources.memory_limit >> 20,
+                task.vm.shape.memory_mib
+            )));
+        }
+        let request = UpdateResourcesRequest {
+            container_id: task.id.clone(),
+            resources: Some(resources).into(),
+            ..Default::default()
+        };
+        task.vm
+            .agent
+            .update_resources(agent_ctx(), &request)
+            .await?;
+        Ok(())
+    }
+
+    async fn metrics(&self, id: &str) -> Result<api::StatsResponse, Error> {
+        let task = self.task(id)?;
+        let request = ContainerRequest {
+            container_id: task.id.clone(),
+            ..Default::default()
+        };
+        let stats = task.vm.agent.stats(agent_ctx(), &request).await?;
+        let metrics = crate::metrics::from_agent(&stats);
+        let value = protobuf::Message::write_to_bytes(&metrics)
+            .map_err(|e| Error::Internal(format!("encode metrics: {e}")))?;
+        Ok(api::StatsResponse {
+            stats: Some(protobuf::well_known_types::any::Any {
+                type_url: crate::metrics::TYPE_URL.into(),
+                value,
+                ..Default::default()
+            })
+            .into(),
+            ..Default::default()
+        })
     }
 
     async fn create_exec(&self, req: api::ExecProcessRequest) -> Result<(), Error> {
@@ -697,6 +811,7 @@ impl Task for TaskApi {
             status: match process.phase() {
                 Phase::Created => api::Status::CREATED,
                 Phase::Running => api::Status::RUNNING,
+                Phase::Paused => api::Status::PAUSED,
                 Phase::Stopped => api::Status::STOPPED,
             }
             .into(),
@@ -794,6 +909,45 @@ impl Task for TaskApi {
             .await
             .map_err(Error::from)?;
         Ok(api::Empty::default())
+    }
+
+    async fn pause(&self, _: &TtrpcContext, req: api::PauseRequest) -> TtrpcResult<api::Empty> {
+        self.0.set_paused(&req.id, true).await?;
+        Ok(api::Empty::default())
+    }
+
+    async fn resume(&self, _: &TtrpcContext, req: api::ResumeRequest) -> TtrpcResult<api::Empty> {
+        self.0.set_paused(&req.id, false).await?;
+        Ok(api::Empty::default())
+    }
+
+    async fn update(
+        &self,
+        _: &TtrpcContext,
+        req: api::UpdateTaskRequest,
+    ) -> TtrpcResult<api::Empty> {
+        self.0.update(req).await?;
+        Ok(api::Empty::default())
+    }
+
+    async fn stats(
+        &self,
+        _: &TtrpcContext,
+        req: api::StatsRequest,
+    ) -> TtrpcResult<api::StatsResponse> {
+        Ok(self.0.metrics(&req.id).await?)
+    }
+
+    async fn checkpoint(
+        &self,
+        _: &TtrpcContext,
+        req: api::CheckpointTaskRequest,
+    ) -> TtrpcResult<api::Empty> {
+        Err(Error::Unimplemented(format!(
+            "checkpoint of task {} (vmlet cannot checkpoint a VM's containers)",
+            req.id
+        ))
+        .into())
     }
 
     async fn delete(

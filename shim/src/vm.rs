@@ -69,6 +69,8 @@ pub struct Vm {
     pub endpoint: Endpoint,
     pub agent: AgentClient,
     pub boot_id: String,
+    /// vCPUs and memory the VM was booted with (it does not grow).
+    pub shape: VmShape,
     state: Mutex<PodState>,
     vmm: Arc<dyn VmManager>,
     /// Serves the tap fds to vmlet-vmwrapper; aborting it closes the shim's copies.
@@ -142,6 +144,7 @@ impl Vm {
         .await;
         match result {
             Ok(booted) => Ok(Vm {
+                shape: req.shape,
                 pod_id: req.pod_id,
                 paths,
                 endpoint: booted.endpoint,

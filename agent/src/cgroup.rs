@@ -1,0 +1,242 @@
+//! Containers' cgroups (v2, the guest's only hierarchy): one directory per container below
+//! `/sys/fs/cgroup/vmlet`, holding its init and its exec processes. Limits, figures, the
+//! OOM-kill count and freezing all come from these files.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use vmlet_protocol::agent::{Resources, StatsResponse};
+
+use crate::Error;
+
+const ROOT: &str = "/sys/fs/cgroup";
+/// Parent of every container's cgroup; holds no processes itself (cgroup v2's rule).
+const PARENT: &str = "vmlet";
+/// Controllers containers get, where the kernel has them.
+const CONTROLLERS: &[&str] = &["cpu", "memory", "pids", "io"];
+
+/// Enables the controllers for the containers' parent. Called once at boot.
+pub fn init() -> Result<(), Error> {
+    init_at(Path::new(ROOT))
+}
+
+fn init_at(root: &Path) -> Result<(), Error> {
+    let available = read(&root.join("cgroup.controllers")).unwrap_or_default();
+    let wanted: Vec<&str> = CONTROLLERS
+        .iter()
+        .copied()
+        .filter(|c| available.split_whitespace().any(|a| a == *c))
+        .collect();
+    let missing: Vec<&str> = CONTROLLERS
+        .iter()
+        .copied()
+        .filter(|c| !wanted.contains(c))
+        .collect();
+    if !missing.is_empty() {
+        log::warn!(
+            "cgroup controllers not in this kernel: {}",
+            missing.join(" ")
+        );
+    }
+    let enable = wanted
+        .iter()
+        .map(|c| format!("+{c}"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let parent = root.join(PARENT);
+    write(&root.join("cgroup.subtree_control"), &enable)?;
+    mkdir(&parent)?;
+    write(&parent.join("cgroup.subtree_control"), &enable)
+}
+
+/// One container's cgroup.
+#[derive(Debug, Clone)]
+pub struct Cgroup {
+    path: PathBuf,
+}
+
+impl Cgroup {
+    /// Creates the cgroup of container `id` (an existing one is reused: a previous
+    /// container of that id left it empty).
+    pub fn create(id: &str) -> Result<Self, Error> {
+        Self::create_at(&Path::new(ROOT).join(PARENT), id)
+    }
+
+    fn create_at(parent: &Path, id: &str) -> Result<Self, Error> {
+        if id.is_empty() || id.contains('/') || id.starts_with('.') {
+            return Err(Error::InvalidRequest(format!(
+                "container id {id:?} cannot name a cgroup"
+            )));
+        }
+        let path = parent.join(id);
+        mkdir(&path)?;
+        Ok(Self { path })
+    }
+
+    /// Applies limits; a zero or negative value means "no limit".
+    pub fn apply(&self, r: &Resources) -> Result<(), Error> {
+        let limit = |v: i64| {
+            if v > 0 {
+                v.to_string()
+            } else {
+                "max".to_owned()
+            }
+        };
+        self.set("memory.max", &limit(r.memory_limit))?;
+        let period = if r.cpu_period > 0 {
+            r.cpu_period
+        } else {
+            100_000
+        };
+        self.set("cpu.max", &format!("{} {period}", limit(r.cpu_quota)))?;
+        if r.cpu_weight > 0 {
+            self.set("cpu.weight", &r.cpu_weight.clamp(1, 10_000).to_string())?;
+        }
+        self.set("pids.max", &limit(r.pids_limit))
+    }
+
+    /// Moves a process (and so its future children) into the cgroup.
+    pub fn add(&self, pid: i32) -> Result<(), Error> {
+        self.set("cgroup.procs", &pid.to_string())
+    }
+
+    /// How many processes of the cgroup the OOM killer killed so far.
+    pub fn oom_kills(&self) -> u64 {
+        keyed(&read(&self.path.join("memory.events")).unwrap_or_default())
+            .get("oom_kill")
+            .copied()
+            .unwrap_or(0)
+    }
+
+    pub fn stats(&self) -> Result<StatsResponse, Error> {
+        let number = |name: &str| -> Result<u64, Error> {
+            let text = read(&self.path.join(name))?;
+            Ok(parse_limit(&text))
+        };
+        let map = |name: &str| -> Result<HashMap<String, u64>, Error> {
+            Ok(keyed(&read(&self.path.join(name))?))
+        };
+        Ok(StatsResponse {
+            memory_current: number("memory.current")?,
+            memory_max: number("memory.max")?,
+            memory_stat: map("memory.stat")?,
+            memory_events: map("memory.events")?,
+            cpu_stat: map("cpu.stat")?,
+            pids_current: number("pids.current")?,
+            pids_max: number("pids.max")?,
+            ..Default::default()
+        })
+    }
+
+    /// Freezes (or thaws) every process of the cgroup and waits until the kernel reports it
+    /// done.
+    pub fn freeze(&self, frozen: bool) -> Result<(), Error> {
+        let want = if frozen { "1" } else { "0" };
+        self.set("cgroup.freeze", want)?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let events = keyed(&read(&self.path.join("cgroup.events"))?);
+            if events.get("frozen").copied() == Some(frozen as u64) {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(Error::io(
+                    format!("{} did not report frozen={want}", self.path.display()),
+                    std::io::Error::from(std::io::ErrorKind::TimedOut),
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Removes the (empty) cgroup; processes that are still being reaped keep it busy for
+    /// a moment.
+    pub fn remove(&self) -> Result<(), Error> {
+        let deadline = Instant::now() + Duration::from_secs(2);
+        loop {
+            match std::fs::remove_dir(&self.path) {
+                Ok(()) => return Ok(()),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+                Err(e) if Instant::now() < deadline && e.raw_os_error() == Some(libc::EBUSY) => {
+                    std::thread::sleep(Duration::from_millis(10))
+                }
+                Err(e) => return Err(Error::io(format!("remove {}", self.path.display()), e)),
+            }
+        }
+    }
+
+    fn set(&self, file: &str, value: &str) -> Result<(), Error> {
+        write(&self.path.join(file), value)
+    }
+}
+
+/// `max` or a number.
+fn parse_limit(text: &str) -> u64 {
+    text.trim().parse().unwrap_or(0)
+}
+
+/// `key value` lines (memory.stat, cpu.stat, memory.events, cgroup.events).
+fn keyed(text: &str) -> HashMap<String, u64> {
+    text.lines()
+        .filter_map(|l| {
+            let (k, v) = l.split_once(' ')?;
+            Some((k.to_owned(), v.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+fn read(path: &Path) -> Result<String, Error> {
+    std::fs::read_to_string(path).map_err(|e| Error::io(format!("read {}", path.display()), e))
+}
+
+fn write(path: &Path, value: &str) -> Result<(), Error> {
+    std::fs::write(path, value)
+        .map_err(|e| Error::io(format!("write {value:?} to {}", path.display()), e))
+}
+
+fn mkdir(path: &Path) -> Result<(), Error> {
+    match std::fs::create_dir(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(Error::io(format!("create {}", path.display()), e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keyed_files_parse() {
+        let m = keyed("anon 4096\nfile 8192\nbad\noom_kill 2\n");
+        assert_eq!(m["anon"], 4096);
+        assert_eq!(m["oom_kill"], 2);
+        assert!(!m.contains_key("bad"));
+        assert_eq!(parse_limit("max\n"), 0);
+        assert_eq!(parse_limit("67108864\n"), 67108864);
+    }
+
+    #[test]
+    fn limits_are_written_as_the_kernel_expects() {
+        let dir = std::env::temp_dir().join(format!("vmlet-cg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let cg = Cgroup::create_at(&dir, "c1").unwrap();
+        cg.apply(&Resources {
+            memory_limit: 64 << 20,
+            cpu_quota: 50_000,
+            cpu_period: 0,
+            cpu_weight: 20_000,
+            pids_limit: -1,
+            ..Default::default()
+        })
+        .unwrap();
+        let file = |f: &str| std::fs::read_to_string(dir.join("c1").join(f)).unwrap();
+        assert_eq!(file("memory.max"), "67108864");
+        assert_eq!(file("cpu.max"), "50000 100000");
+        assert_eq!(file("cpu.weight"), "10000");
+        assert_eq!(file("pids.max"), "max");
+        assert!(Cgroup::create_at(&dir, "../x").is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
