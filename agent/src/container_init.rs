@@ -68,6 +68,7 @@ fn read_spec() -> Result<InitSpec, String> {
 /// Everything that needs the guest's view: mounts, devices, hostname, then the move into
 /// the rootfs.
 fn prepare(spec: &InitSpec) -> Result<(), String> {
+    join_namespaces(spec)?;
     let rootfs = PathBuf::from(&spec.rootfs);
     mount(
         None::<&str>,
@@ -89,7 +90,8 @@ fn prepare(spec: &InitSpec) -> Result<(), String> {
         mount_one(&rootfs, m)?;
     }
     populate_dev(&rootfs)?;
-    if !spec.hostname.is_empty() {
+    let shares_uts = spec.join_namespaces.iter().any(|n| n == "uts");
+    if !spec.hostname.is_empty() && !shares_uts {
         sethostname(&spec.hostname).map_err(|e| format!("sethostname: {e}"))?;
     }
     if spec.readonly_rootfs {
@@ -109,6 +111,21 @@ fn prepare(spec: &InitSpec) -> Result<(), String> {
         .map_err(|e| format!("move rootfs to /: {e}"))?;
     chroot(".").map_err(|e| format!("chroot: {e}"))?;
     chdir("/").map_err(|e| format!("chdir /: {e}"))?;
+    Ok(())
+}
+
+/// Enters the pod sandbox's IPC and UTS namespaces where the spec shares them (the new ones
+/// from the clone are then left behind).
+fn join_namespaces(spec: &InitSpec) -> Result<(), String> {
+    for name in &spec.join_namespaces {
+        if !matches!(name.as_str(), "ipc" | "uts") {
+            return Err(format!("cannot join a {name} namespace"));
+        }
+        let path = format!("/proc/{}/ns/{name}", spec.join_pid);
+        let file = File::open(&path).map_err(|e| format!("open {path}: {e}"))?;
+        nix::sched::setns(file, nix::sched::CloneFlags::empty())
+            .map_err(|e| format!("join the pod's {name} namespace: {e}"))?;
+    }
     Ok(())
 }
 

@@ -44,6 +44,12 @@ pub struct InitSpec {
     pub hostname: String,
     pub mounts: Vec<MountSpec>,
     pub process: ProcessSpec,
+    /// Namespaces ("ipc", "uts") to join instead of the new ones, and whose: the guest PID
+    /// of the pod sandbox's init.
+    #[serde(default)]
+    pub join_namespaces: Vec<String>,
+    #[serde(default)]
+    pub join_pid: i32,
 }
 
 /// Everything an exec process needs: whose namespaces and root to join, and what to run.
@@ -143,6 +149,8 @@ mod tests {
                 }],
                 terminal: false,
             },
+            join_namespaces: vec!["ipc".into()],
+            join_pid: 7,
         };
         let json = serde_json::to_vec(&spec).unwrap();
         assert_eq!(serde_json::from_slice::<InitSpec>(&json).unwrap(), spec);

@@ -206,6 +206,8 @@ fn init_spec(share: &Path, req: &CreateContainerRequest) -> Result<InitSpec, Err
             })
             .collect::<Result<_, Error>>()?,
         process,
+        join_namespaces: Vec::new(),
+        join_pid: 0,
     })
 }
 
@@ -222,7 +224,19 @@ impl AgentService {
             .share
             .as_deref()
             .ok_or_else(|| Error::InvalidRequest("this VM has no shared directory".into()))?;
-        let spec = init_spec(share, &req)?;
+        let mut spec = init_spec(share, &req)?;
+        if !req.join_namespaces.is_empty() {
+            let sandbox = self.containers.get(&req.join_namespaces_of)?;
+            if sandbox.init.exit_status().is_some() {
+                return Err(Error::WrongState {
+                    id: req.join_namespaces_of.clone(),
+                    state: "stopped",
+                    action: "share its namespaces",
+                });
+            }
+            spec.join_namespaces = req.join_namespaces.clone();
+            spec.join_pid = sandbox.init.pid();
+        }
         let cgroup = Cgroup::create(&id)?;
         let launched = async {
             cgroup.apply(&req.resources.clone().unwrap_or_default())?;

@@ -8,12 +8,24 @@ use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use k8s_cri::v1::{
     ContainerConfig, ContainerMetadata, ContainerStats, ContainerStatsRequest, ContainerStatus,
     ContainerStatusRequest, CreateContainerRequest, ExecSyncRequest, ExecSyncResponse, ImageSpec,
-    LinuxContainerConfig, LinuxContainerResources, LinuxPodSandboxConfig, PodSandboxConfig,
-    PodSandboxMetadata, PodSandboxStatusRequest, RemoveContainerRequest, RemovePodSandboxRequest,
-    RunPodSandboxRequest, StartContainerRequest, StopContainerRequest, StopPodSandboxRequest,
-    UpdateContainerResourcesRequest,
+    LinuxContainerConfig, LinuxContainerResources, LinuxContainerSecurityContext,
+    LinuxPodSandboxConfig, LinuxSandboxSecurityContext, NamespaceMode, NamespaceOption,
+    PodSandboxConfig, PodSandboxMetadata, PodSandboxStatusRequest, RemoveContainerRequest,
+    RemovePodSandboxRequest, RunPodSandboxRequest, StartContainerRequest, StopContainerRequest,
+    StopPodSandboxRequest, UpdateContainerResourcesRequest,
 };
 use tonic::transport::{Channel, Endpoint, Uri};
+
+/// The namespace modes kubelet asks for by default: the pod's network and IPC, a PID
+/// namespace per container (no shareProcessNamespace).
+fn kubelet_namespaces() -> NamespaceOption {
+    NamespaceOption {
+        network: NamespaceMode::Pod as i32,
+        pid: NamespaceMode::Container as i32,
+        ipc: NamespaceMode::Pod as i32,
+        ..Default::default()
+    }
+}
 
 pub struct Cri {
     client: RuntimeServiceClient<Channel>,
@@ -52,7 +64,13 @@ impl Cri {
             log_directory: log_directory.into(),
             labels: HashMap::new(),
             annotations: HashMap::new(),
-            linux: Some(LinuxPodSandboxConfig::default()),
+            linux: Some(LinuxPodSandboxConfig {
+                security_context: Some(LinuxSandboxSecurityContext {
+                    namespace_options: Some(kubelet_namespaces()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
             ..Default::default()
         }
     }
@@ -115,11 +133,14 @@ impl Cri {
         memory_limit: i64,
     ) -> anyhow::Result<String> {
         let linux = LinuxContainerConfig {
+            security_context: Some(LinuxContainerSecurityContext {
+                namespace_options: Some(kubelet_namespaces()),
+                ..Default::default()
+            }),
             resources: (memory_limit > 0).then(|| LinuxContainerResources {
                 memory_limit_in_bytes: memory_limit,
                 ..Default::default()
             }),
-            ..Default::default()
         };
         let config = ContainerConfig {
             metadata: Some(ContainerMetadata {

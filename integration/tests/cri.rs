@@ -229,3 +229,72 @@ async fn cri_update_sets_the_limit_and_refuses_more_than_the_vm() {
     let err = format!("{:#}", refused.unwrap_err());
     assert!(err.contains("exceeds its VM"), "{err}");
 }
+
+#[tokio::test]
+#[ignore = "needs the vmlet stack: make test"]
+async fn cri_pod_containers_share_vm_ipc_uts_and_localhost() {
+    let s = Stack::from_env().expect("the vmlet stack");
+    let mut p = PodUnderTest::start(&s).await;
+    let (pod, config) = (p.pod.clone(), p.config.clone());
+    let server = p
+        .cri
+        .create_and_start(
+            &pod,
+            &config,
+            "server",
+            &s.image,
+            &[
+                "sh",
+                "-c",
+                "touch /only-server; while :; do echo from-server | nc -l -p 7000; done",
+            ],
+        )
+        .await
+        .unwrap();
+    let client = p
+        .cri
+        .create_and_start(&pod, &config, "client", &s.image, &["sleep", "1000"])
+        .await
+        .unwrap();
+    let facts = "cat /proc/sys/kernel/random/boot_id; readlink /proc/self/ns/ipc; \
+                 readlink /proc/self/ns/uts; readlink /proc/self/ns/pid; hostname; \
+                 ls /only-server 2>/dev/null || echo no-server-file";
+    let mut seen = Vec::new();
+    for c in [&server, &client] {
+        let r = p.cri.exec_sync(c, &["sh", "-c", facts], 30).await.unwrap();
+        seen.push(String::from_utf8_lossy(&r.stdout).into_owned());
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let reply = loop {
+        let r = p
+            .cri
+            .exec_sync(
+                &client,
+                &["sh", "-c", "nc -w 3 127.0.0.1 7000 </dev/null"],
+                30,
+            )
+            .await
+            .unwrap();
+        let out = String::from_utf8_lossy(&r.stdout).into_owned();
+        if out.contains("from-server") || Instant::now() > deadline {
+            break out;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    p.finish(&[&client, &server]).await;
+    let lines: Vec<Vec<&str>> = seen.iter().map(|s| s.lines().collect()).collect();
+    let (a, b) = (&lines[0], &lines[1]);
+    assert_eq!(a.len(), 6, "{seen:?}");
+    assert_eq!(b.len(), 6, "{seen:?}");
+    assert_eq!(a[0], b[0], "one VM (boot id): {seen:?}");
+    assert_eq!(a[1], b[1], "one IPC namespace: {seen:?}");
+    assert_eq!(a[2], b[2], "one UTS namespace: {seen:?}");
+    assert_ne!(a[3], b[3], "a PID namespace each: {seen:?}");
+    assert_eq!(a[4], b[4], "the pod's hostname: {seen:?}");
+    assert_eq!(a[5], "/only-server", "{seen:?}");
+    assert_eq!(b[5], "no-server-file", "each its own rootfs: {seen:?}");
+    assert!(
+        reply.contains("from-server"),
+        "localhost between containers: {reply:?}"
+    );
+}

@@ -36,6 +36,47 @@ pub fn network_namespace(spec: &Spec) -> Result<Option<PathBuf>, Error> {
     }
 }
 
+/// The namespaces a task shares with its pod sandbox: CRI gives a container of a pod the
+/// sandbox's IPC and UTS namespaces (and its PID namespace with shareProcessNamespace) as
+/// paths. In the VM that means joining the sandbox container's. A path anywhere else, or a
+/// shared PID namespace, is refused (not silently replaced by a new namespace).
+pub fn shared_namespaces(spec: &Spec, role: &PodRole) -> Result<Vec<String>, Error> {
+    let namespaces = spec
+        .linux()
+        .as_ref()
+        .and_then(|l| l.namespaces().clone())
+        .unwrap_or_default();
+    let mut shared = Vec::new();
+    for ns in namespaces.iter().filter(|n| n.path().is_some()) {
+        let name = match ns.typ() {
+            LinuxNamespaceType::Network | LinuxNamespaceType::Mount => continue,
+            LinuxNamespaceType::Ipc => "ipc",
+            LinuxNamespaceType::Uts => "uts",
+            LinuxNamespaceType::Pid => {
+                return Err(Error::Unimplemented(
+                    "a PID namespace shared within the pod (shareProcessNamespace)".into(),
+                ))
+            }
+            other => {
+                return Err(Error::Unimplemented(format!(
+                    "joining an existing {other:?} namespace"
+                )))
+            }
+        };
+        if *role == PodRole::Sandbox {
+            return Err(Error::Unimplemented(format!(
+                "joining the {name} namespace at {} (only a pod's containers share the sandbox's)",
+                ns.path()
+                    .as_ref()
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_default()
+            )));
+        }
+        shared.push(name.to_owned());
+    }
+    Ok(shared)
+}
+
 /// CRI's annotation naming a task's role: `sandbox` or `container`.
 pub const CONTAINER_TYPE_ANNOTATION: &str = "io.kubernetes.cri.container-type";
 /// CRI's annotation naming the pod (sandbox) a task belongs to.
@@ -376,6 +417,30 @@ mod tests {
         );
         let err = network_namespace(&with(r#"[{"type": "pid"}]"#)).unwrap_err();
         assert!(err.to_string().contains("host network"), "{err}");
+    }
+
+    #[test]
+    fn pod_containers_share_the_sandboxs_ipc_and_uts() {
+        let with = |namespaces: &str| {
+            spec(&BASE.replace(
+                r#""hostname": "box","#,
+                &format!(r#""hostname": "box", "linux": {{"namespaces": {namespaces}}},"#),
+            ))
+        };
+        let container = PodRole::Container {
+            sandbox_id: "pod".into(),
+        };
+        let cri = with(
+            r#"[{"type": "pid"}, {"type": "ipc", "path": "/proc/7/ns/ipc"}, {"type": "uts", "path": "/proc/7/ns/uts"}, {"type": "network", "path": "/var/run/netns/x"}, {"type": "mount"}]"#,
+        );
+        assert_eq!(shared_namespaces(&cri, &container).unwrap(), ["ipc", "uts"]);
+        let own = with(r#"[{"type": "pid"}, {"type": "ipc"}, {"type": "uts"}]"#);
+        assert!(shared_namespaces(&own, &container).unwrap().is_empty());
+        let shared_pid = with(r#"[{"type": "pid", "path": "/proc/7/ns/pid"}]"#);
+        let err = shared_namespaces(&shared_pid, &container).unwrap_err();
+        assert!(err.to_string().contains("shareProcessNamespace"), "{err}");
+        let err = shared_namespaces(&cri, &PodRole::Sandbox).unwrap_err();
+        assert!(err.to_string().contains("/proc/7/ns/ipc"), "{err}");
     }
 
     #[test]

@@ -224,7 +224,11 @@ impl TaskService {
             stderr: !paths.stderr.is_empty(),
             ..Default::default()
         };
-        let (agent_request, binds) = crate::spec::create_request(&req.id, &spec, wanted)?;
+        let (mut agent_request, binds) = crate::spec::create_request(&req.id, &spec, wanted)?;
+        agent_request.join_namespaces = crate::spec::shared_namespaces(&spec, &role)?;
+        if let crate::spec::PodRole::Container { sandbox_id } = &role {
+            agent_request.join_namespaces_of = sandbox_id.clone();
+        }
         let rootfs = if req.rootfs.is_empty() {
             let root = spec
                 .root()
