@@ -58,7 +58,7 @@ pub async fn serve(boot: Boot) -> Result<(), Error> {
         .start()
         .await
         .map_err(|e| Error::Boot(format!("start ttrpc server: {e}")))?;
-    log::info!("agent ready on vsock port {AGENT_PORT}");
+    log::info!("{} {AGENT_PORT}", vmlet_protocol::READY_LINE);
     crate::streams::serve(containers).await
 }
 

@@ -298,3 +298,45 @@ async fn cri_pod_containers_share_vm_ipc_uts_and_localhost() {
         "localhost between containers: {reply:?}"
     );
 }
+
+#[tokio::test]
+#[ignore = "needs the vmlet stack: make test"]
+async fn cri_log_has_every_line_up_to_the_exit() {
+    let s = Stack::from_env().expect("the vmlet stack");
+    let mut p = PodUnderTest::start(&s).await;
+    let (pod, config) = (p.pod.clone(), p.config.clone());
+    let script = "i=1; while [ $i -le 300 ]; do echo line-$i; i=$((i+1)); done; \
+                  echo to-stderr >&2; printf last-words";
+    let c = p
+        .cri
+        .create_and_start(&pod, &config, "talker", &s.image, &["sh", "-c", script])
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        let status = p.cri.container_status(&c).await.unwrap();
+        if status.state == 2 || Instant::now() > deadline {
+            break status;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let log = std::fs::read_to_string(p.logs.join("talker.log")).unwrap_or_default();
+    p.finish(&[&c]).await;
+    assert_eq!(status.state, 2, "the container did not exit: {status:?}");
+    let lines: Vec<&str> = log.lines().collect();
+    for i in [1, 150, 300] {
+        let want = format!(" stdout F line-{i}");
+        assert!(
+            lines.iter().any(|l| l.ends_with(&want)),
+            "line-{i} missing from the CRI log:\n{log}"
+        );
+    }
+    assert!(
+        lines.iter().any(|l| l.ends_with(" stderr F to-stderr")),
+        "{log}"
+    );
+    assert!(
+        lines.iter().any(|l| l.ends_with(" stdout P last-words")),
+        "the last, unterminated output before exit:\n{log}"
+    );
+}

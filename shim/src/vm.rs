@@ -330,13 +330,15 @@ impl Vm {
             }
         };
         let deadline = Duration::from_secs(config.agent_timeout_secs);
-        let (agent, boot_id) = connect_agent(&endpoint, deadline).await.map_err(|e| {
-            Error::Timeout(format!(
-                "{}; console tail:\n{}",
-                e.message(),
-                console_tail(&paths.console)
-            ))
-        })?;
+        let (agent, boot_id) = connect_agent(&endpoint, deadline, Some(&paths.console))
+            .await
+            .map_err(|e| {
+                Error::Timeout(format!(
+                    "{}; console tail:\n{}",
+                    e.message(),
+                    console_tail(&paths.console)
+                ))
+            })?;
         log::info!(
             "pod {pod_id}: agent answered {} ms after start",
             started.elapsed().as_millis()
@@ -587,14 +589,41 @@ fn console_tail(path: &Path) -> String {
 }
 
 /// Connects to the agent and pings it until it answers or `timeout` passes.
+/// How long one connection attempt to the agent may take.
+const CONNECT_ATTEMPT: Duration = Duration::from_secs(2);
+
+/// Connects to the agent and pings it. With `console`, waits first until the guest console
+/// shows the agent listening (see [`vmlet_protocol::READY_LINE`]).
 pub async fn connect_agent(
     endpoint: &Endpoint,
     timeout: Duration,
+    console: Option<&Path>,
 ) -> Result<(AgentClient, String), Error> {
     let deadline = Instant::now() + timeout;
     let mut last = String::from("no attempt");
+    if let Some(console) = console {
+        while !console_shows_ready(console) {
+            if Instant::now() >= deadline {
+                return Err(Error::Timeout(format!(
+                    "the agent did not report ready on the console within {} s",
+                    timeout.as_secs()
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
     while Instant::now() < deadline {
-        match endpoint.connect(AGENT_PORT).await {
+        // One attempt may hang: vhost-device-vsock can leave a CONNECT made while the guest
+        // is still booting without any reply. Bound each attempt, then retry.
+        let attempt = tokio::time::timeout(CONNECT_ATTEMPT, endpoint.connect(AGENT_PORT)).await;
+        let connected = match attempt {
+            Ok(result) => result,
+            Err(_) => {
+                last = format!("connect: no answer within {CONNECT_ATTEMPT:?}");
+                continue;
+            }
+        };
+        match connected {
             Ok(stream) => {
                 let client = AgentClient::new(ttrpc::r#async::Client::new(
                     ttrpc::r#async::transport::Socket::new(stream),
@@ -618,6 +647,16 @@ pub async fn connect_agent(
         "the agent did not answer within {} s (last error: {last})",
         timeout.as_secs()
     )))
+}
+
+fn console_shows_ready(console: &Path) -> bool {
+    std::fs::read(console)
+        .map(|bytes| {
+            bytes
+                .windows(vmlet_protocol::READY_LINE.len())
+                .any(|w| w == vmlet_protocol::READY_LINE.as_bytes())
+        })
+        .unwrap_or(false)
 }
 
 /// Removes what `state` lists: domain, vsock backend, mounts, then the directory. Goes on
@@ -681,6 +720,31 @@ fn unmount(target: &Path) -> Result<(), Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// vhost-device-vsock that accepts CONNECT and never answers (as seen while a guest
+    /// boots): the agent connection must give up in time instead of hanging.
+    #[tokio::test]
+    async fn agent_connect_gives_up_on_an_unanswered_handshake() {
+        let dir = std::env::temp_dir().join(format!("vmlet-hang-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let uds = dir.join("vsock.sock");
+        let listener = tokio::net::UnixListener::bind(&uds).unwrap();
+        let server = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((conn, _)) = listener.accept().await {
+                held.push(conn);
+            }
+        });
+        let endpoint = Endpoint::Hybrid { uds: uds.clone() };
+        let started = Instant::now();
+        let result = connect_agent(&endpoint, Duration::from_secs(3), None).await;
+        let took = started.elapsed();
+        server.abort();
+        std::fs::remove_dir_all(&dir).unwrap();
+        let err = result.err().expect("no agent answered");
+        assert!(took < Duration::from_secs(6), "gave up after {took:?}");
+        assert!(err.message().contains("no answer"), "{}", err.message());
+    }
 
     #[test]
     fn cid_from_live_xml() {

@@ -30,6 +30,16 @@ pub enum Endpoint {
 impl Endpoint {
     /// Opens a stream connection to guest port `port`.
     pub async fn connect(&self, port: u32) -> Result<Box<dyn Stream>, Error> {
+        tokio::time::timeout(CONNECT_TIMEOUT, self.connect_unbounded(port))
+            .await
+            .map_err(|_| {
+                Error::Timeout(format!(
+                    "vsock connection to port {port} not answered within {CONNECT_TIMEOUT:?}"
+                ))
+            })?
+    }
+
+    async fn connect_unbounded(&self, port: u32) -> Result<Box<dyn Stream>, Error> {
         match self {
             Endpoint::Vhost { cid } => {
                 let stream =
@@ -42,6 +52,10 @@ impl Endpoint {
         }
     }
 }
+
+/// How long a vsock connection (with vhost-device-vsock's handshake) may take: a CONNECT
+/// sent while the guest boots can stay unanswered.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Parses `vhost-device-vsock`'s reply to `CONNECT <port>`: `OK <host port>`.
 pub fn parse_connect_reply(reply: &str) -> Result<(), String> {

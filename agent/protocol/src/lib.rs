@@ -13,6 +13,10 @@ pub use stream::{StreamHeader, StreamKind, MAX_HEADER_LEN};
 pub const AGENT_PORT: u32 = 1024;
 /// vsock port for stdio stream connections.
 pub const STREAM_PORT: u32 = 1025;
+/// What the agent prints on the guest console once it listens on [`AGENT_PORT`]. The host
+/// connects only after seeing it: a vsock connection attempted while the guest's driver
+/// is still starting can leave vhost-device-vsock answering nothing for that VM again.
+pub const READY_LINE: &str = "agent ready on vsock port";
 
 #[allow(
     clippy::all,

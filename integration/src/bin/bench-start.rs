@@ -98,7 +98,8 @@ async fn floor_in(
         .spawn()
         .context("start qemu")?;
     let endpoint = Endpoint::Hybrid { uds };
-    let client = match connect_agent(&endpoint, Duration::from_secs(60)).await {
+    let console = dir.join("console.log");
+    let client = match connect_agent(&endpoint, Duration::from_secs(60), Some(&console)).await {
         Ok((client, _)) => client,
         Err(e) => {
             let _ = vm.kill();
