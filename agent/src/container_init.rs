@@ -6,63 +6,32 @@
 //! successful exec).
 
 use std::fs::File;
-use std::io::{Read, Write};
-use std::os::fd::FromRawFd;
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 
-use nix::fcntl::{fcntl, FcntlArg, FdFlag};
 use nix::mount::{mount, MsFlags};
 use nix::unistd::{chdir, chroot, sethostname};
 
 use crate::become_process::become_process;
+use crate::helper_fds::Handshake;
 use crate::init_spec::{parse_mount_options, InitSpec};
-
-pub const SPEC_FD: i32 = 3;
-pub const START_FD: i32 = 4;
-pub const STATUS_FD: i32 = 5;
 
 /// Device nodes every container gets, bind-mounted from the guest's devtmpfs.
 const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
 
 /// Entry point of `vmlet-agent __container-init`. Never returns.
 pub fn run() -> ! {
-    for fd in [SPEC_FD, START_FD, STATUS_FD] {
-        let _ = fcntl(fd, FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC));
-    }
-    // SAFETY: launch.rs hands these descriptors over open and owned by nobody else.
-    let mut status = unsafe { File::from_raw_fd(STATUS_FD) };
-    let spec = match read_spec().and_then(|spec| prepare(&spec).map(|()| spec)) {
+    let mut handshake = Handshake::take();
+    let spec = match handshake
+        .read_spec::<InitSpec>("init spec")
+        .and_then(|spec| prepare(&spec).map(|()| spec))
+    {
         Ok(spec) => spec,
-        Err(message) => fail(&mut status, &message, 1),
+        Err(message) => handshake.fail(&message, 1),
     };
-    if status.write_all(b"R").is_err() {
-        std::process::exit(1);
-    }
-    // SAFETY: as above.
-    let mut start = unsafe { File::from_raw_fd(START_FD) };
-    let mut byte = [0u8; 1];
-    match start.read(&mut byte) {
-        Ok(1) => {}
-        _ => std::process::exit(0),
-    }
-    drop(start);
+    handshake.ready_then_wait_for_start();
     let message = become_process(&spec.process);
-    fail(&mut status, &message, 127)
-}
-
-fn fail(status: &mut File, message: &str, code: i32) -> ! {
-    let _ = status.write_all(format!("E{message}").as_bytes());
-    std::process::exit(code)
-}
-
-fn read_spec() -> Result<InitSpec, String> {
-    // SAFETY: launch.rs hands this descriptor over open and owned by nobody else.
-    let mut file = unsafe { File::from_raw_fd(SPEC_FD) };
-    let mut json = Vec::new();
-    file.read_to_end(&mut json)
-        .map_err(|e| format!("read init spec: {e}"))?;
-    serde_json::from_slice(&json).map_err(|e| format!("parse init spec: {e}"))
+    handshake.fail(&message, 127)
 }
 
 /// Everything that needs the guest's view: mounts, devices, hostname, then the move into

@@ -9,15 +9,15 @@
 //! its execve failed; EOF once it executed.
 
 use std::fs::File;
-use std::io::{Read, Write};
-use std::os::fd::{AsFd, AsRawFd, FromRawFd};
+use std::io::Read;
+use std::os::fd::{AsFd, AsRawFd};
 
-use nix::fcntl::{fcntl, FcntlArg, FdFlag, OFlag};
+use nix::fcntl::OFlag;
 use nix::sched::{setns, CloneFlags};
 use nix::unistd::{chdir, chroot, fchdir, pipe2};
 
 use crate::become_process::become_process;
-use crate::container_init::{SPEC_FD, START_FD, STATUS_FD};
+use crate::helper_fds::Handshake;
 use crate::init_spec::ExecSpec;
 
 /// The namespaces an exec process shares with its container's init. The mount namespace
@@ -26,31 +26,20 @@ const NAMESPACES: &[&str] = &["ipc", "uts", "pid", "mnt"];
 
 /// Entry point of `vmlet-agent __exec-init`. Never returns.
 pub fn run() -> ! {
-    for fd in [SPEC_FD, START_FD, STATUS_FD] {
-        let _ = fcntl(fd, FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC));
-    }
-    // SAFETY: launch.rs hands these descriptors over open and owned by nobody else.
-    let mut status = unsafe { File::from_raw_fd(STATUS_FD) };
-    let spec = match read_spec().and_then(|spec| join(&spec).map(|()| spec)) {
+    let mut handshake = Handshake::take();
+    let spec = match handshake
+        .read_spec::<ExecSpec>("exec spec")
+        .and_then(|spec| join(&spec).map(|()| spec))
+    {
         Ok(spec) => spec,
-        Err(message) => fail(&mut status, &message, 1),
+        Err(message) => handshake.fail(&message, 1),
     };
-    if status.write_all(b"R").is_err() {
-        std::process::exit(1);
-    }
-    // SAFETY: as above.
-    let mut start = unsafe { File::from_raw_fd(START_FD) };
-    let mut byte = [0u8; 1];
-    match start.read(&mut byte) {
-        Ok(1) => {}
-        _ => std::process::exit(0),
-    }
-    drop(start);
+    handshake.ready_then_wait_for_start();
     // The child waits for this pipe's EOF, so that its PID is on the status pipe before
     // any error message of its own.
     let (go_r, go_w) = match pipe2(OFlag::O_CLOEXEC) {
         Ok(p) => p,
-        Err(e) => fail(&mut status, &format!("pipe: {e}"), 1),
+        Err(e) => handshake.fail(&format!("pipe: {e}"), 1),
     };
     // SAFETY: this process is single-threaded, so the child (fork semantics: no CLONE_VM,
     // null stack) may run ordinary code before it replaces its image.
@@ -69,28 +58,14 @@ pub fn run() -> ! {
         let mut rest = Vec::new();
         let _ = File::from(go_r).read_to_end(&mut rest);
         let message = become_process(&spec.process);
-        fail(&mut status, &message, 127);
+        handshake.fail(&message, 127);
     }
     if pid < 0 {
         let e = std::io::Error::last_os_error();
-        fail(&mut status, &format!("clone: {e}"), 1);
+        handshake.fail(&format!("clone: {e}"), 1);
     }
-    let _ = status.write_all(format!("P{pid}\n").as_bytes());
+    handshake.report(format!("P{pid}\n").as_bytes());
     std::process::exit(0)
-}
-
-fn fail(status: &mut File, message: &str, code: i32) -> ! {
-    let _ = status.write_all(format!("E{message}").as_bytes());
-    std::process::exit(code)
-}
-
-fn read_spec() -> Result<ExecSpec, String> {
-    // SAFETY: launch.rs hands this descriptor over open and owned by nobody else.
-    let mut file = unsafe { File::from_raw_fd(SPEC_FD) };
-    let mut json = Vec::new();
-    file.read_to_end(&mut json)
-        .map_err(|e| format!("read exec spec: {e}"))?;
-    serde_json::from_slice(&json).map_err(|e| format!("parse exec spec: {e}"))
 }
 
 /// Enters the init's namespaces and root directory.

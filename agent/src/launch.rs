@@ -12,7 +12,7 @@ use std::os::unix::ffi::OsStrExt;
 use nix::fcntl::OFlag;
 use nix::unistd::pipe2;
 
-use crate::container_init::{SPEC_FD, START_FD, STATUS_FD};
+use crate::helper_fds::{SPEC_FD, START_FD, STATUS_FD};
 use crate::{Error, CONTAINER_INIT_ARG, EXEC_INIT_ARG};
 
 /// The container's ends of its stdio, already opened (pipes or `/dev/null`).

@@ -19,6 +19,7 @@ pub mod container_init;
 mod containers;
 mod error;
 pub mod exec_init;
+mod helper_fds;
 pub mod init_spec;
 pub mod launch;
 mod logger;

@@ -81,6 +81,19 @@ impl Stack {
             .context("spawn ctr run")
     }
 
+    /// Starts `ctr events`; [`Events::stop`] returns what it printed.
+    pub fn watch_events(&self) -> anyhow::Result<Events> {
+        let child = self
+            .ctr()
+            .arg("events")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("start ctr events")?;
+        Ok(Events(child))
+    }
+
     /// The status column of `ctr task ls` for `id`, if it is listed.
     pub fn task_status(&self, id: &str) -> anyhow::Result<Option<String>> {
         let out = self.ctr_output(&["task", "ls"])?;
@@ -196,6 +209,19 @@ impl Stack {
             .filter_map(|l| l.split_whitespace().nth(4).map(str::to_owned))
             .filter(|m| m.starts_with(&state))
             .collect()
+    }
+}
+
+/// A running `ctr events`.
+pub struct Events(Child);
+
+impl Events {
+    /// Gives late events a moment, stops `ctr events` and returns its lines.
+    pub fn stop(mut self) -> anyhow::Result<String> {
+        std::thread::sleep(Duration::from_millis(300));
+        let _ = self.0.kill();
+        let out = bounded::output_within(self.0, bounded::COMMAND_TIMEOUT, "ctr events")?;
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 }
 

@@ -84,6 +84,29 @@ impl PodUnderTest {
         }
     }
 
+    /// CreateContainer + StartContainer in this pod, with a memory limit (0: none).
+    async fn container(&mut self, name: &str, image: &str, cmd: &[&str], limit: i64) -> String {
+        let (pod, config) = (self.pod.clone(), self.config.clone());
+        self.cri
+            .create_and_start_limited(&pod, &config, name, image, cmd, limit)
+            .await
+            .unwrap()
+    }
+
+    /// Polls ContainerStatus until the container has exited (60 s at most).
+    async fn wait_exited(&mut self, id: &str) -> k8s_cri::v1::ContainerStatus {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let status = self.cri.container_status(id).await.unwrap();
+            if status.state == k8s_cri::v1::ContainerState::ContainerExited as i32
+                || Instant::now() > deadline
+            {
+                return status;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
     async fn finish(mut self, containers: &[&str]) {
         for c in containers {
             self.cri.remove_container(c, 2).await.unwrap();
@@ -98,12 +121,7 @@ impl PodUnderTest {
 async fn cri_exec_sync_returns_output_and_exit_code() {
     let s = Stack::from_env().expect("the vmlet stack");
     let mut p = PodUnderTest::start(&s).await;
-    let (pod, config) = (p.pod.clone(), p.config.clone());
-    let c = p
-        .cri
-        .create_and_start(&pod, &config, "c1", &s.image, &["sleep", "1000"])
-        .await
-        .unwrap();
+    let c = p.container("c1", &s.image, &["sleep", "1000"], 0).await;
     let r = p
         .cri
         .exec_sync(&c, &["sh", "-c", "echo out; echo err >&2; exit 3"], 30)
@@ -120,12 +138,8 @@ async fn cri_exec_sync_returns_output_and_exit_code() {
 async fn cri_stats_of_a_busy_container_are_not_zero() {
     let s = Stack::from_env().expect("the vmlet stack");
     let mut p = PodUnderTest::start(&s).await;
-    let (pod, config) = (p.pod.clone(), p.config.clone());
     let c = p
-        .cri
-        .create_and_start(
-            &pod,
-            &config,
+        .container(
             "busy",
             &s.image,
             &[
@@ -133,9 +147,9 @@ async fn cri_stats_of_a_busy_container_are_not_zero() {
                 "-c",
                 "x=$(head -c 4000000 /dev/zero | tr '\\0' a); while :; do :; done",
             ],
+            0,
         )
-        .await
-        .unwrap();
+        .await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let stats = p.cri.container_stats(&c).await;
     p.finish(&[&c]).await;
@@ -163,29 +177,16 @@ async fn cri_stats_of_a_busy_container_are_not_zero() {
 async fn cri_container_over_its_memory_limit_is_oom_killed() {
     let s = Stack::from_env().expect("the vmlet stack");
     let mut p = PodUnderTest::start(&s).await;
-    let (pod, config) = (p.pod.clone(), p.config.clone());
     // dd's 200 MiB buffer is filled from /dev/zero: far over the 64 MiB limit.
     let c = p
-        .cri
-        .create_and_start_limited(
-            &pod,
-            &config,
+        .container(
             "hog",
             &s.image,
             &["dd", "if=/dev/zero", "of=/dev/null", "bs=200M", "count=1"],
             64 << 20,
         )
-        .await
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let status = loop {
-        let status = p.cri.container_status(&c).await.unwrap();
-        // CONTAINER_EXITED
-        if status.state == 2 || Instant::now() > deadline {
-            break status;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+        .await;
+    let status = p.wait_exited(&c).await;
     p.finish(&[&c]).await;
     assert_eq!(status.state, 2, "the container did not exit: {status:?}");
     assert_eq!(status.reason, "OOMKilled", "{status:?}");
@@ -197,12 +198,7 @@ async fn cri_container_over_its_memory_limit_is_oom_killed() {
 async fn cri_update_sets_the_limit_and_refuses_more_than_the_vm() {
     let s = Stack::from_env().expect("the vmlet stack");
     let mut p = PodUnderTest::start(&s).await;
-    let (pod, config) = (p.pod.clone(), p.config.clone());
-    let c = p
-        .cri
-        .create_and_start(&pod, &config, "c1", &s.image, &["sleep", "1000"])
-        .await
-        .unwrap();
+    let c = p.container("c1", &s.image, &["sleep", "1000"], 0).await;
     let updated = p.cri.update_memory(&c, 100 << 20).await;
     let read = p
         .cri
@@ -235,12 +231,8 @@ async fn cri_update_sets_the_limit_and_refuses_more_than_the_vm() {
 async fn cri_pod_containers_share_vm_ipc_uts_and_localhost() {
     let s = Stack::from_env().expect("the vmlet stack");
     let mut p = PodUnderTest::start(&s).await;
-    let (pod, config) = (p.pod.clone(), p.config.clone());
     let server = p
-        .cri
-        .create_and_start(
-            &pod,
-            &config,
+        .container(
             "server",
             &s.image,
             &[
@@ -248,14 +240,10 @@ async fn cri_pod_containers_share_vm_ipc_uts_and_localhost() {
                 "-c",
                 "touch /only-server; while :; do echo from-server | nc -l -p 7000; done",
             ],
+            0,
         )
-        .await
-        .unwrap();
-    let client = p
-        .cri
-        .create_and_start(&pod, &config, "client", &s.image, &["sleep", "1000"])
-        .await
-        .unwrap();
+        .await;
+    let client = p.container("client", &s.image, &["sleep", "1000"], 0).await;
     let facts = "cat /proc/sys/kernel/random/boot_id; readlink /proc/self/ns/ipc; \
                  readlink /proc/self/ns/uts; readlink /proc/self/ns/pid; hostname; \
                  ls /only-server 2>/dev/null || echo no-server-file";
@@ -304,22 +292,12 @@ async fn cri_pod_containers_share_vm_ipc_uts_and_localhost() {
 async fn cri_log_has_every_line_up_to_the_exit() {
     let s = Stack::from_env().expect("the vmlet stack");
     let mut p = PodUnderTest::start(&s).await;
-    let (pod, config) = (p.pod.clone(), p.config.clone());
     let script = "i=1; while [ $i -le 300 ]; do echo line-$i; i=$((i+1)); done; \
                   echo to-stderr >&2; printf last-words";
     let c = p
-        .cri
-        .create_and_start(&pod, &config, "talker", &s.image, &["sh", "-c", script])
-        .await
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let status = loop {
-        let status = p.cri.container_status(&c).await.unwrap();
-        if status.state == 2 || Instant::now() > deadline {
-            break status;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+        .container("talker", &s.image, &["sh", "-c", script], 0)
+        .await;
+    let status = p.wait_exited(&c).await;
     let log = std::fs::read_to_string(p.logs.join("talker.log")).unwrap_or_default();
     p.finish(&[&c]).await;
     assert_eq!(status.state, 2, "the container did not exit: {status:?}");

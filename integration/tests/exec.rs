@@ -150,15 +150,7 @@ fn exec_of_a_missing_program_fails_clearly() {
 #[ignore = "needs the vmlet stack: make test"]
 fn detached_exec_is_listed_killed_and_reported() {
     let c = Running::start("exec-kill");
-    let mut events = c
-        .stack
-        .ctr()
-        .args(["events"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let events = c.stack.watch_events().unwrap();
     let out = c.exec("bg", &["-d"], &["sleep", "600"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -185,13 +177,7 @@ fn detached_exec_is_listed_killed_and_reported() {
         assert!(Instant::now() < deadline, "the exec is still listed");
         std::thread::sleep(Duration::from_millis(100));
     }
-    std::thread::sleep(Duration::from_millis(300));
-    let _ = events.kill();
-    let seen = text(
-        &output_within(events, COMMAND_TIMEOUT, "ctr events")
-            .unwrap()
-            .stdout,
-    );
+    let seen = events.stop().unwrap();
     for (topic, field) in [
         ("/tasks/exec-added", "\"exec_id\":\"bg\""),
         ("/tasks/exec-started", "\"exec_id\":\"bg\""),

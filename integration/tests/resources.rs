@@ -2,10 +2,8 @@
 //! OOM event (update is tested through CRI: ctr 1.6 has no `task update`). Run by `make test`; alone with `eval "$(scripts/stack up)"; cargo test
 //! -p vmlet-integration --test resources -- --ignored`.
 
-use std::process::Stdio;
 use std::time::Duration;
 
-use vmlet_integration::bounded::{output_within, COMMAND_TIMEOUT};
 use vmlet_integration::{unique_id, Stack, RUNTIME};
 
 const BOOT: Duration = Duration::from_secs(90);
@@ -85,14 +83,7 @@ fn metrics_pause_and_resume() {
 fn memory_limit_kills_and_reports_oom() {
     let s = Stack::from_env().expect("the vmlet stack");
     let id = unique_id("oom");
-    let mut events = s
-        .ctr()
-        .args(["events"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let events = s.watch_events().unwrap();
     let limit = (64u64 << 20).to_string();
     let out = s
         .run(
@@ -101,13 +92,7 @@ fn memory_limit_kills_and_reports_oom() {
             &["dd", "if=/dev/zero", "of=/dev/null", "bs=200M", "count=1"],
         )
         .unwrap();
-    std::thread::sleep(Duration::from_millis(300));
-    let _ = events.kill();
-    let seen = text(
-        &output_within(events, COMMAND_TIMEOUT, "ctr events")
-            .unwrap()
-            .stdout,
-    );
+    let seen = events.stop().unwrap();
     assert_eq!(out.status.code(), Some(137), "{}", text(&out.stderr));
     assert!(
         seen.lines()

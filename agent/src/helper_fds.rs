@@ -1,0 +1,67 @@
+//! The side of the launch handshake that a helper (`__container-init`, `__exec-init`) runs:
+//! fd 3 carries its spec as JSON, fd 4 the start byte (EOF: give up), fd 5 the status
+//! (`R` when ready, `E<message>` on failure; close-on-exec, so EOF after a good execve).
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::fd::FromRawFd;
+
+use nix::fcntl::{fcntl, FcntlArg, FdFlag};
+use serde::de::DeserializeOwned;
+
+pub const SPEC_FD: i32 = 3;
+pub const START_FD: i32 = 4;
+pub const STATUS_FD: i32 = 5;
+
+/// The helper's end of the handshake.
+pub struct Handshake {
+    status: File,
+}
+
+impl Handshake {
+    /// Takes over fds 3-5 (set up by [`crate::launch`]) and marks them close-on-exec.
+    pub fn take() -> Self {
+        for fd in [SPEC_FD, START_FD, STATUS_FD] {
+            let _ = fcntl(fd, FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC));
+        }
+        // SAFETY: launch.rs hands this descriptor over open and owned by nobody else.
+        Self {
+            status: unsafe { File::from_raw_fd(STATUS_FD) },
+        }
+    }
+
+    /// Reads the spec; `what` names it in errors.
+    pub fn read_spec<T: DeserializeOwned>(&self, what: &str) -> Result<T, String> {
+        // SAFETY: launch.rs hands this descriptor over open and owned by nobody else.
+        let mut file = unsafe { File::from_raw_fd(SPEC_FD) };
+        let mut json = Vec::new();
+        file.read_to_end(&mut json)
+            .map_err(|e| format!("read {what}: {e}"))?;
+        serde_json::from_slice(&json).map_err(|e| format!("parse {what}: {e}"))
+    }
+
+    /// Reports ready, then waits for the start byte; exits quietly if the agent gave up.
+    pub fn ready_then_wait_for_start(&mut self) {
+        if self.status.write_all(b"R").is_err() {
+            std::process::exit(1);
+        }
+        // SAFETY: launch.rs hands this descriptor over open and owned by nobody else.
+        let mut start = unsafe { File::from_raw_fd(START_FD) };
+        let mut byte = [0u8; 1];
+        match start.read(&mut byte) {
+            Ok(1) => {}
+            _ => std::process::exit(0),
+        }
+    }
+
+    /// Writes raw bytes on the status pipe (the exec helper's `P<pid>` line).
+    pub fn report(&mut self, bytes: &[u8]) {
+        let _ = self.status.write_all(bytes);
+    }
+
+    /// Reports `message` as the failure and exits with `code`.
+    pub fn fail(&mut self, message: &str, code: i32) -> ! {
+        let _ = self.status.write_all(format!("E{message}").as_bytes());
+        std::process::exit(code)
+    }
+}
