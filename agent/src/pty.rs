@@ -26,6 +26,35 @@ pub fn open() -> Result<(OwnedFd, OwnedFd), Error> {
     Ok((pty.master, pty.slave))
 }
 
+/// A new pseudo-terminal from the devpts instance whose `ptmx` is at `ptmx` (a
+/// container's, reached through `/proc/<pid>/root`), so that the process finds its
+/// terminal as `/dev/pts/N` inside. The slave comes from the master (TIOCGPTPEER), with no
+/// path lookup. `(master, slave)`, both close-on-exec.
+pub fn open_in(ptmx: &std::path::Path) -> Result<(OwnedFd, OwnedFd), Error> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let master: OwnedFd = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NOCTTY | libc::O_CLOEXEC)
+        .open(ptmx)
+        .map_err(|e| Error::io(format!("open {}", ptmx.display()), e))?
+        .into();
+    let unlock: libc::c_int = 0;
+    // SAFETY: TIOCSPTLCK reads an int; TIOCGPTPEER takes open flags and returns a new fd.
+    if unsafe { libc::ioctl(master.as_raw_fd(), libc::TIOCSPTLCK, &unlock) } != 0 {
+        return Err(Error::io("unlock pty", io::Error::last_os_error()));
+    }
+    let flags = libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC;
+    // SAFETY: as above.
+    let slave = unsafe { libc::ioctl(master.as_raw_fd(), libc::TIOCGPTPEER, flags) };
+    if slave < 0 {
+        return Err(Error::io("open pty peer", io::Error::last_os_error()));
+    }
+    // SAFETY: the ioctl returned a new descriptor that nothing else owns.
+    let slave = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(slave) };
+    Ok((master, slave))
+}
+
 /// Sets the window size a terminal's processes see (TIOCSWINSZ on the master).
 pub fn resize(master: &OwnedFd, width: u16, height: u16) -> Result<(), Error> {
     let size = libc::winsize {

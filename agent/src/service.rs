@@ -99,12 +99,26 @@ fn dev_null() -> Result<OwnedFd, Error> {
 /// The child's stdio and the agent's ends: pipes for the streams the host asked for,
 /// `/dev/null` for the others; with a terminal, the pty slave for all three (and its master
 /// for stdin and output, and as the third value for window-size changes).
+/// Whether a process gets a terminal, and from which devpts.
+#[derive(Debug, Clone, Copy)]
+enum Terminal<'a> {
+    None,
+    /// The guest's devpts.
+    Guest,
+    /// The devpts whose `ptmx` this is (a container's).
+    Devpts(&'a Path),
+}
+
 fn stdio_for(
     stdio: Option<&proto::Stdio>,
-    terminal: bool,
+    terminal: Terminal<'_>,
 ) -> Result<(ChildStdio, HostEnds, Option<OwnedFd>), Error> {
-    if terminal {
-        let (master, slave) = crate::pty::open()?;
+    let pty = match terminal {
+        Terminal::None => None,
+        Terminal::Guest => Some(crate::pty::open()?),
+        Terminal::Devpts(ptmx) => Some(crate::pty::open_in(ptmx)?),
+    };
+    if let Some((master, slave)) = pty {
         let dup = |fd: &OwnedFd| fd.try_clone().map_err(|e| Error::io("dup pty", e));
         let wants = |f: fn(&proto::Stdio) -> bool| stdio.is_some_and(f);
         let host = HostEnds {
@@ -243,7 +257,12 @@ impl AgentService {
             self.launch(
                 Helper::ContainerInit,
                 &spec,
-                spec.process.terminal,
+                // The rootfs is not set up yet: the guest's devpts.
+                if spec.process.terminal {
+                    Terminal::Guest
+                } else {
+                    Terminal::None
+                },
                 req.stdio.as_ref(),
                 &cgroup,
                 &id,
@@ -274,7 +293,7 @@ impl AgentService {
         &self,
         helper: Helper,
         spec: &impl serde::Serialize,
-        terminal: bool,
+        terminal: Terminal<'_>,
         stdio: Option<&proto::Stdio>,
         cgroup: &Cgroup,
         id: &str,
@@ -332,11 +351,19 @@ impl AgentService {
             init_pid: container.init.pid(),
             process: process_spec(req.process.as_ref())?,
         };
+        // An exec's terminal comes from its container's devpts where it has one, so that
+        // `tty` inside names it.
+        let ptmx = PathBuf::from(format!("/proc/{}/root/dev/pts/ptmx", spec.init_pid));
+        let terminal = match (spec.process.terminal, ptmx.exists()) {
+            (false, _) => Terminal::None,
+            (true, true) => Terminal::Devpts(&ptmx),
+            (true, false) => Terminal::Guest,
+        };
         let process = self
             .launch(
                 Helper::ExecInit,
                 &spec,
-                spec.process.terminal,
+                terminal,
                 req.stdio.as_ref(),
                 &container.cgroup,
                 &name,

@@ -123,11 +123,15 @@ fn exec_with_a_terminal_gets_its_size() {
     let mut command = c.stack.ctr();
     command
         .args(["task", "exec", "-t", "--exec-id", "tty", &c.id, "sh", "-c"])
-        .arg("stty size; [ -t 0 ] && echo is-a-tty");
+        .arg("stty size; [ -t 0 ] && echo is-a-tty; tty");
     let (out, seen) = run_on_terminal(command, 33, 77).unwrap();
     assert!(out.status.success(), "{seen}");
     assert!(seen.contains("33 77"), "stty size inside: {seen:?}");
     assert!(seen.contains("is-a-tty"), "{seen:?}");
+    assert!(
+        seen.contains("/dev/pts/0"),
+        "tty names the container's pty: {seen:?}"
+    );
 }
 
 #[test]
