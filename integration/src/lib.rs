@@ -44,6 +44,26 @@ impl Stack {
         })
     }
 
+    /// `nerdctl` against the stack's containerd, namespace `default`, with its data and CNI
+    /// configuration under the stack directory, run in the stack's node network namespace
+    /// (where containerd and so the shims, which run nerdctl's CNI hook, live).
+    pub fn nerdctl(&self) -> Command {
+        let node = std::env::var("VMLET_NODE_NETNS").unwrap_or_default();
+        let mut c = Command::new("nsenter");
+        c.arg(format!("--net=/run/netns/{node}"))
+            .arg("nerdctl")
+            .args(["--address", &self.containerd, "--namespace", "default"])
+            .args(["--data-root", &format!("{}/nerdctl/data", self.dir)])
+            .args(["--cni-path", "/usr/lib/cni"])
+            .args(["--cni-netconfpath", &format!("{}/nerdctl/net.d", self.dir)]);
+        c
+    }
+
+    /// Runs `nerdctl ARGS` to completion with no stdin, within [`bounded::COMMAND_TIMEOUT`].
+    pub fn nerdctl_output(&self, args: &[&str]) -> anyhow::Result<Output> {
+        bounded::output(self.nerdctl().args(args))
+    }
+
     /// `ctr` against the stack's containerd, namespace `default`.
     pub fn ctr(&self) -> Command {
         let mut c = Command::new("ctr");

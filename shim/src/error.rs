@@ -29,6 +29,9 @@ pub enum Error {
     Agent { code: Code, message: String },
     #[error("{0}")]
     Timeout(String),
+    /// An OCI hook failed (its message names the hook).
+    #[error("{0}")]
+    Hook(String),
     #[error("{context}")]
     Io {
         context: String,
@@ -57,7 +60,7 @@ impl Error {
             },
             Error::NotFound(_) => Code::NOT_FOUND,
             Error::AlreadyExists(_) => Code::ALREADY_EXISTS,
-            Error::FailedPrecondition(_) => Code::FAILED_PRECONDITION,
+            Error::FailedPrecondition(_) | Error::Hook(_) => Code::FAILED_PRECONDITION,
             Error::Unimplemented(_) => Code::UNIMPLEMENTED,
             Error::Agent { code, .. } => *code,
             Error::Network(e) => match e {
@@ -132,6 +135,7 @@ mod tests {
                 Code::FAILED_PRECONDITION,
             ),
             (Error::Unimplemented("x".into()), Code::UNIMPLEMENTED),
+            (Error::Hook("x".into()), Code::FAILED_PRECONDITION),
         ];
         for (error, code) in cases {
             assert_eq!(error.code(), code, "{error}");

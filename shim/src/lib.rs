@@ -7,12 +7,16 @@
 //! - [`vmm`]: the VM manager seam (libvirt, and a fake for tests);
 //! - [`vsock`]: reaching guest ports (vhost-vsock or hybrid vsock);
 //! - [`stdio`]: containerd FIFOs <-> raw vsock stream connections;
-//! - [`state`]: what a pod created, persisted for `shim delete`.
+//! - [`state`]: what a pod created, persisted for `shim delete`;
+//! - [`hooks`]: OCI hooks run on the host; [`netns_holder`]: the pod's host process whose
+//!   PID they are given.
 
 pub mod domain;
 mod error;
+pub mod hooks;
 pub mod log_uri;
 pub mod metrics;
+pub mod netns_holder;
 pub mod shim;
 pub mod spec;
 pub mod state;

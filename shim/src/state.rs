@@ -26,6 +26,9 @@ pub struct PodState {
     /// What was wired there (removed again by teardown).
     #[serde(default)]
     pub wirings: Vec<vmlet_netns::Wiring>,
+    /// PID of the pod's host process (see `netns_holder`), when its spec has OCI hooks.
+    #[serde(default)]
+    pub holder_pid: Option<u32>,
 }
 
 impl PodState {
@@ -58,6 +61,7 @@ mod tests {
             mounts: vec![dir.join("share/c/rootfs")],
             netns: None,
             wirings: vec![],
+            holder_pid: Some(43),
         };
         state.save().unwrap();
         assert_eq!(PodState::load(&dir).unwrap(), state);

@@ -95,6 +95,10 @@ impl ProcessEntry {
 struct TaskEntry {
     id: String,
     bundle: String,
+    /// OCI hooks that run on the host, and the state they read (with the pod's host
+    /// process as PID); poststart and poststop run from here.
+    hooks: crate::hooks::HostHooks,
+    hook_state: crate::hooks::HookState,
     vm: Arc<Vm>,
     /// The pod (sandbox) this task belongs to; a sandbox's is its own id.
     pod_id: String,
@@ -224,6 +228,13 @@ impl TaskService {
             stderr: !paths.stderr.is_empty(),
             ..Default::default()
         };
+        let hooks = crate::hooks::HostHooks::from_spec(&spec)?;
+        let mut hook_state = crate::hooks::HookState {
+            id: req.id.clone(),
+            bundle: req.bundle.clone(),
+            annotations: annotations.clone(),
+            pid: 0,
+        };
         let (mut agent_request, binds) = crate::spec::create_request(&req.id, &spec, wanted)?;
         agent_request.join_namespaces = crate::spec::shared_namespaces(&spec, &role)?;
         if let crate::spec::PodRole::Container { sandbox_id } = &role {
@@ -255,11 +266,21 @@ impl TaskService {
                     rootfs,
                     binds,
                     netns,
+                    host_process: (!hooks.is_empty()).then(|| crate::vm::HostProcess {
+                        create_hooks: hooks.create.clone(),
+                        state: hook_state.clone(),
+                    }),
                 };
-                (
-                    Arc::new(Vm::boot(&config, vmm, boot).await?),
-                    req.id.clone(),
-                )
+                let vm = match Vm::boot(&config, vmm, boot).await {
+                    Ok(vm) => Arc::new(vm),
+                    Err(e) => {
+                        // As runc does when a create fails: poststop undoes what hooks did.
+                        crate::hooks::run_logged(&hooks.poststop, &hook_state, "stopped").await;
+                        return Err(e);
+                    }
+                };
+                hook_state.pid = vm.holder_pid.unwrap_or(0);
+                (vm, req.id.clone())
             }
             crate::spec::PodRole::Container { sandbox_id } => {
                 let vm = self
@@ -273,7 +294,22 @@ impl TaskService {
                             "pod sandbox {sandbox_id} (its VM is not in this shim)"
                         ))
                     })?;
-                vm.add_container(&req.id, &rootfs, &binds)?;
+                if !hooks.is_empty() {
+                    hook_state.pid = vm.holder_pid.ok_or_else(|| {
+                        Error::Unimplemented(format!(
+                            "OCI hooks on a container of pod {sandbox_id}, whose sandbox has none (no host process to give them)"
+                        ))
+                    })?;
+                    if let Err(e) = crate::hooks::run(&hooks.create, &hook_state, "creating").await
+                    {
+                        crate::hooks::run_logged(&hooks.poststop, &hook_state, "stopped").await;
+                        return Err(e);
+                    }
+                }
+                if let Err(e) = vm.add_container(&req.id, &rootfs, &binds) {
+                    crate::hooks::run_logged(&hooks.poststop, &hook_state, "stopped").await;
+                    return Err(e);
+                }
                 (vm, sandbox_id)
             }
         };
@@ -317,6 +353,7 @@ impl TaskService {
                         cleanup.message()
                     );
                 }
+                crate::hooks::run_logged(&hooks.poststop, &hook_state, "stopped").await;
                 return Err(e);
             }
         };
@@ -326,6 +363,8 @@ impl TaskService {
         let entry = Arc::new(TaskEntry {
             id: req.id.clone(),
             bundle: req.bundle.clone(),
+            hooks,
+            hook_state,
             vm,
             pod_id,
             init: Arc::new(ProcessEntry::new("", pid, paths, req.terminal, copies)),
@@ -394,6 +433,7 @@ impl TaskService {
             }
         };
         if process.exec_id.is_empty() {
+            crate::hooks::run_logged(&task.hooks.poststart, &task.hook_state, "running").await;
             self.publish(
                 topics::TASK_START_EVENT_TOPIC,
                 Box::new(TaskStart {
@@ -749,6 +789,7 @@ impl TaskService {
                 .await?;
             task.vm.remove_container(&task.id)?;
         }
+        crate::hooks::run_logged(&task.hooks.poststop, &task.hook_state, "stopped").await;
         self.tasks.lock().unwrap().remove(&req.id);
         self.publish(
             topics::TASK_DELETE_EVENT_TOPIC,

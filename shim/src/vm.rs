@@ -71,6 +71,8 @@ pub struct Vm {
     pub boot_id: String,
     /// vCPUs and memory the VM was booted with (it does not grow).
     pub shape: VmShape,
+    /// The pod's host process, when the sandbox's spec had OCI hooks.
+    pub holder_pid: Option<u32>,
     state: Mutex<PodState>,
     vmm: Arc<dyn VmManager>,
     /// Serves the tap fds to vmlet-vmwrapper; aborting it closes the shim's copies.
@@ -85,8 +87,19 @@ pub struct BootRequest {
     pub rootfs: RootfsSource,
     /// Host paths the container bind-mounts, bound into the share before the VM starts.
     pub binds: Vec<crate::spec::HostBind>,
-    /// The pod network namespace to carry into the VM (none: no NIC).
+    /// The pod network namespace to carry into the VM (none: no NIC, unless the pod's
+    /// host process gets a new namespace that hooks fill).
     pub netns: Option<PathBuf>,
+    /// Given when the spec has OCI hooks that run on the host.
+    pub host_process: Option<HostProcess>,
+}
+
+/// The pod's host process (see [`crate::netns_holder`]): started before the VM in the pod
+/// network namespace (a new one when the spec's has no path), then `create_hooks` run with
+/// its PID in `state`.
+pub struct HostProcess {
+    pub create_hooks: Vec<oci_spec::runtime::Hook>,
+    pub state: crate::hooks::HookState,
 }
 
 /// What the boot steps produced.
@@ -133,6 +146,7 @@ impl Vm {
             ..Default::default()
         }));
         let mut tap_server = None;
+        let mut holder_pid = None;
         let result = Self::boot_steps(
             config,
             vmm.clone(),
@@ -140,11 +154,13 @@ impl Vm {
             &paths,
             state.clone(),
             &mut tap_server,
+            &mut holder_pid,
         )
         .await;
         match result {
             Ok(booted) => Ok(Vm {
                 shape: req.shape,
+                holder_pid,
                 pod_id: req.pod_id,
                 paths,
                 endpoint: booted.endpoint,
@@ -178,6 +194,7 @@ impl Vm {
         paths: &PodPaths,
         state: Arc<Mutex<PodState>>,
         tap_server: &mut Option<tokio::task::JoinHandle<()>>,
+        holder_pid: &mut Option<u32>,
     ) -> Result<Booted, Error> {
         let (pod_id, shape) = (req.pod_id.as_str(), req.shape);
         let save = |f: &dyn Fn(&mut PodState)| -> Result<(), Error> {
@@ -197,14 +214,38 @@ impl Vm {
             &|target| save(&|s| s.mounts.push(target.to_owned())),
         )?;
 
+        // The pod's host process and the hooks that need it come before the network: a
+        // hook (nerdctl's CNI) may put the interfaces into the namespace it holds.
+        let mut wire_from = req.netns.clone();
+        let mut may_be_empty = false;
+        if let Some(host) = &req.host_process {
+            let join = req.netns.clone();
+            let pid = block(move || crate::netns_holder::spawn(join.as_deref())).await??;
+            save(&|s| s.holder_pid = Some(pid))?;
+            *holder_pid = Some(pid);
+            let state = crate::hooks::HookState {
+                pid,
+                ..host.state.clone()
+            };
+            crate::hooks::run(&host.create_hooks, &state, "creating").await?;
+            if wire_from.is_none() {
+                // The spec asked for a new namespace: whatever the hooks put there.
+                wire_from = Some(crate::netns_holder::netns_path(pid));
+                may_be_empty = true;
+            }
+        }
         let mut interfaces = Vec::new();
-        let tap_socket = match &req.netns {
+        let tap_socket = match &wire_from {
             Some(netns) => {
                 save(&|s| s.netns = Some(netns.clone()))?;
                 let path = netns.clone();
-                let wired = block(move || vmlet_netns::wire(&path))
-                    .await?
-                    .map_err(Error::Network)?;
+                let wired = match block(move || vmlet_netns::wire(&path)).await? {
+                    Ok(wired) => wired,
+                    Err(vmlet_netns::Error::NoInterface(_)) if may_be_empty => {
+                        vmlet_netns::Wired::default()
+                    }
+                    Err(e) => return Err(Error::Network(e)),
+                };
                 save(&|s| s.wirings = wired.wirings.clone())?;
                 let taps: Vec<TapDescription> = wired
                     .wirings
@@ -220,17 +261,23 @@ impl Vm {
                         crate::taps::MAX_TAPS
                     )));
                 }
-                let listener = tokio::net::UnixListener::bind(&paths.tap_socket)
-                    .map_err(|e| Error::io(format!("bind {}", paths.tap_socket.display()), e))?;
-                chown_to_user(&paths.tap_socket, &config.qemu_user)?;
-                *tap_server = Some(crate::taps::serve(listener, taps, wired.taps));
                 interfaces = wired.wirings.into_iter().map(|w| w.interface).collect();
                 log::info!(
                     "pod {pod_id}: wired {} interface(s) from {}",
                     interfaces.len(),
                     netns.display()
                 );
-                Some(paths.tap_socket.to_string_lossy().into_owned())
+                if taps.is_empty() {
+                    None
+                } else {
+                    let listener =
+                        tokio::net::UnixListener::bind(&paths.tap_socket).map_err(|e| {
+                            Error::io(format!("bind {}", paths.tap_socket.display()), e)
+                        })?;
+                    chown_to_user(&paths.tap_socket, &config.qemu_user)?;
+                    *tap_server = Some(crate::taps::serve(listener, taps, wired.taps));
+                    Some(paths.tap_socket.to_string_lossy().into_owned())
+                }
             }
             None => None,
         };
@@ -659,8 +706,8 @@ fn console_shows_ready(console: &Path) -> bool {
         .unwrap_or(false)
 }
 
-/// Removes what `state` lists: domain, vsock backend, mounts, then the directory. Goes on
-/// past failures and reports the first.
+/// Removes what `state` lists: domain, pod network wiring, host process, vsock backend,
+/// mounts, then the directory. Goes on past failures and reports the first.
 pub fn teardown(vmm: &dyn VmManager, state: &PodState) -> Result<(), Error> {
     let mut first: Option<Error> = None;
     let mut note = |r: Result<(), Error>| {
@@ -680,6 +727,9 @@ pub fn teardown(vmm: &dyn VmManager, state: &PodState) -> Result<(), Error> {
                 other => note(other.map_err(Error::Network)),
             }
         }
+    }
+    if let Some(pid) = state.holder_pid {
+        crate::netns_holder::stop(pid);
     }
     if let Some(pid) = state.vsock_pid {
         if is_vhost_device_vsock(pid) {
@@ -768,6 +818,7 @@ mod tests {
             mounts: vec![],
             netns: None,
             wirings: vec![],
+            holder_pid: None,
         };
         teardown(&vmm, &state).unwrap();
         assert!(vmm.running.lock().unwrap().is_empty());
