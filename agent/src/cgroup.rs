@@ -101,6 +101,16 @@ impl Cgroup {
         self.set("cgroup.procs", &pid.to_string())
     }
 
+    /// The guest PIDs of every process in the cgroup (what `ps` and "signal all" cover, as
+    /// for runc: also right when the container shares the pod's PID namespace).
+    pub fn pids(&self) -> Vec<i32> {
+        read(&self.path.join("cgroup.procs"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect()
+    }
+
     /// How many processes of the cgroup the OOM killer killed so far.
     pub fn oom_kills(&self) -> u64 {
         keyed(&read(&self.path.join("memory.events")).unwrap_or_default())

@@ -4,6 +4,12 @@
 //! 4 the start pipe (one byte means "start", EOF means "give up"), 5 the status pipe
 //! (close-on-exec: `R` when the rootfs is ready, `E<message>` on failure, EOF on a
 //! successful exec).
+//!
+//! A container that shares the pod's PID namespace is launched without a new one: this
+//! helper joins the sandbox's IPC, UTS and (for its children) PID namespaces, then clones
+//! the container's init with CLONE_PARENT (a child of the agent, a member of the pod's PID
+//! namespace, so its `/proc` mount shows the pod's processes), reports `P<pid>\n` and
+//! exits; the init carries on with the same handshake.
 
 use std::fs::File;
 use std::os::unix::fs::symlink;
@@ -24,11 +30,17 @@ pub fn run() -> ! {
     let mut handshake = Handshake::take();
     let spec = match handshake
         .read_spec::<InitSpec>("init spec")
-        .and_then(|spec| prepare(&spec).map(|()| spec))
+        .and_then(|spec| join_namespaces(&spec).map(|()| spec))
     {
         Ok(spec) => spec,
         Err(message) => handshake.fail(&message, 1),
     };
+    if spec.join_namespaces.iter().any(|n| n == "pid") {
+        handshake.continue_as_agent_child();
+    }
+    if let Err(message) = prepare(&spec) {
+        handshake.fail(&message, 1);
+    }
     handshake.ready_then_wait_for_start();
     let message = become_process(&spec.process);
     handshake.fail(&message, 127)
@@ -37,7 +49,6 @@ pub fn run() -> ! {
 /// Everything that needs the guest's view: mounts, devices, hostname, then the move into
 /// the rootfs.
 fn prepare(spec: &InitSpec) -> Result<(), String> {
-    join_namespaces(spec)?;
     let rootfs = PathBuf::from(&spec.rootfs);
     mount(
         None::<&str>,
@@ -84,10 +95,10 @@ fn prepare(spec: &InitSpec) -> Result<(), String> {
 }
 
 /// Enters the pod sandbox's IPC and UTS namespaces where the spec shares them (the new ones
-/// from the clone are then left behind).
+/// from the clone are then left behind), and its PID namespace for the children.
 fn join_namespaces(spec: &InitSpec) -> Result<(), String> {
     for name in &spec.join_namespaces {
-        if !matches!(name.as_str(), "ipc" | "uts") {
+        if !matches!(name.as_str(), "ipc" | "uts" | "pid") {
             return Err(format!("cannot join a {name} namespace"));
         }
         let path = format!("/proc/{}/ns/{name}", spec.join_pid);

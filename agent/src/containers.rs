@@ -109,8 +109,10 @@ impl Process {
         }
     }
 
-    /// Blocks until the init reports its rootfs ready, or returns its error.
-    pub fn await_ready(&self, id: &str) -> Result<(), Error> {
+    /// Blocks until the init reports its rootfs ready, or returns its error. A helper that
+    /// handed over to a clone of itself (`P<pid>` first) makes that clone this process;
+    /// its PID is returned.
+    pub fn await_ready(&self, id: &str, reaper: &Reaper) -> Result<Option<i32>, Error> {
         let mut guard = self.status.lock().unwrap();
         let fd = guard.as_ref().ok_or_else(|| Error::WrongState {
             id: id.into(),
@@ -118,13 +120,42 @@ impl Process {
             action: "wait for readiness",
         })?;
         let mut file = std::fs::File::from(fd.try_clone().map_err(|e| Error::io("dup", e))?);
-        let mut first = [0u8; 1];
-        let n = file
-            .read(&mut first)
-            .map_err(|e| Error::io("read init status", e))?;
-        match (n, first[0]) {
-            (1, b'R') => Ok(()),
-            (1, b'E') => {
+        let mut read_byte = || -> Result<Option<u8>, Error> {
+            let mut byte = [0u8; 1];
+            let n = file
+                .read(&mut byte)
+                .map_err(|e| Error::io("read init status", e))?;
+            Ok((n == 1).then_some(byte[0]))
+        };
+        let mut handed_over = None;
+        let mut first = read_byte()?;
+        if first == Some(b'P') {
+            let mut digits = String::new();
+            loop {
+                match read_byte()? {
+                    Some(b'\n') => break,
+                    Some(d) if d.is_ascii_digit() && digits.len() < 10 => digits.push(d as char),
+                    other => {
+                        *guard = None;
+                        return Err(Error::ContainerSetup {
+                            id: id.into(),
+                            message: format!("bad PID report from the init helper ({other:?})"),
+                        });
+                    }
+                }
+            }
+            let pid: i32 = digits.parse().map_err(|_| Error::ContainerSetup {
+                id: id.into(),
+                message: format!("bad PID {digits:?} from the init helper"),
+            })?;
+            self.pid.store(pid, Ordering::SeqCst);
+            *self.exit.lock().unwrap() = reaper.adopt(pid);
+            handed_over = Some(pid);
+            first = read_byte()?;
+        }
+        match first {
+            Some(b'R') => Ok(handed_over),
+            Some(b'E') => {
                 let mut rest = String::new();
                 let _ = file.take(64 * 1024).read_to_string(&mut rest);
                 *guard = None;

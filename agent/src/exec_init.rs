@@ -9,12 +9,10 @@
 //! its execve failed; EOF once it executed.
 
 use std::fs::File;
-use std::io::Read;
 use std::os::fd::{AsFd, AsRawFd};
 
-use nix::fcntl::OFlag;
 use nix::sched::{setns, CloneFlags};
-use nix::unistd::{chdir, chroot, fchdir, pipe2};
+use nix::unistd::{chdir, chroot, fchdir};
 
 use crate::become_process::become_process;
 use crate::helper_fds::Handshake;
@@ -35,37 +33,9 @@ pub fn run() -> ! {
         Err(message) => handshake.fail(&message, 1),
     };
     handshake.ready_then_wait_for_start();
-    // The child waits for this pipe's EOF, so that its PID is on the status pipe before
-    // any error message of its own.
-    let (go_r, go_w) = match pipe2(OFlag::O_CLOEXEC) {
-        Ok(p) => p,
-        Err(e) => handshake.fail(&format!("pipe: {e}"), 1),
-    };
-    // SAFETY: this process is single-threaded, so the child (fork semantics: no CLONE_VM,
-    // null stack) may run ordinary code before it replaces its image.
-    let pid = unsafe {
-        libc::syscall(
-            libc::SYS_clone,
-            (libc::CLONE_PARENT | libc::SIGCHLD) as libc::c_ulong,
-            0usize,
-            0usize,
-            0usize,
-            0usize,
-        )
-    };
-    if pid == 0 {
-        drop(go_w);
-        let mut rest = Vec::new();
-        let _ = File::from(go_r).read_to_end(&mut rest);
-        let message = become_process(&spec.process);
-        handshake.fail(&message, 127);
-    }
-    if pid < 0 {
-        let e = std::io::Error::last_os_error();
-        handshake.fail(&format!("clone: {e}"), 1);
-    }
-    handshake.report(format!("P{pid}\n").as_bytes());
-    std::process::exit(0)
+    handshake.continue_as_agent_child();
+    let message = become_process(&spec.process);
+    handshake.fail(&message, 127)
 }
 
 /// Enters the init's namespaces and root directory.

@@ -1,12 +1,14 @@
 //! The side of the launch handshake that a helper (`__container-init`, `__exec-init`) runs:
 //! fd 3 carries its spec as JSON, fd 4 the start byte (EOF: give up), fd 5 the status
-//! (`R` when ready, `E<message>` on failure; close-on-exec, so EOF after a good execve).
+//! (`R` when ready, `E<message>` on failure; close-on-exec, so EOF after a good execve),
+//! preceded by `P<pid>\n` when the helper handed over to a clone of itself.
 
 use std::fs::File;
 use std::io::{Read, Write};
 use std::os::fd::FromRawFd;
 
-use nix::fcntl::{fcntl, FcntlArg, FdFlag};
+use nix::fcntl::{fcntl, FcntlArg, FdFlag, OFlag};
+use nix::unistd::pipe2;
 use serde::de::DeserializeOwned;
 
 pub const SPEC_FD: i32 = 3;
@@ -57,6 +59,41 @@ impl Handshake {
     /// Writes raw bytes on the status pipe (the exec helper's `P<pid>` line).
     pub fn report(&mut self, bytes: &[u8]) {
         let _ = self.status.write_all(bytes);
+    }
+
+    /// Clones this helper with CLONE_PARENT and returns in the clone, which is then a child
+    /// of the agent (its reaper collects it) and a member of the PID namespace the helper
+    /// joined for its children. The helper reports `P<pid>\n` and exits; the clone waits
+    /// for that before it returns, so the PID is on the status pipe before anything else.
+    pub fn continue_as_agent_child(&mut self) {
+        let (go_r, go_w) = match pipe2(OFlag::O_CLOEXEC) {
+            Ok(p) => p,
+            Err(e) => self.fail(&format!("pipe: {e}"), 1),
+        };
+        // SAFETY: helpers are single-threaded, so the child (fork semantics: no CLONE_VM,
+        // null stack) may run ordinary code.
+        let pid = unsafe {
+            libc::syscall(
+                libc::SYS_clone,
+                (libc::CLONE_PARENT | libc::SIGCHLD) as libc::c_ulong,
+                0usize,
+                0usize,
+                0usize,
+                0usize,
+            )
+        };
+        if pid == 0 {
+            drop(go_w);
+            let mut rest = Vec::new();
+            let _ = File::from(go_r).read_to_end(&mut rest);
+            return;
+        }
+        if pid < 0 {
+            let e = std::io::Error::last_os_error();
+            self.fail(&format!("clone: {e}"), 1);
+        }
+        self.report(format!("P{pid}\n").as_bytes());
+        std::process::exit(0)
     }
 
     /// Reports `message` as the failure and exits with `code`.

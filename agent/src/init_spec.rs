@@ -44,7 +44,7 @@ pub struct InitSpec {
     pub hostname: String,
     pub mounts: Vec<MountSpec>,
     pub process: ProcessSpec,
-    /// Namespaces ("ipc", "uts") to join instead of the new ones, and whose: the guest PID
+    /// Namespaces ("ipc", "uts", "pid") to join instead of the new ones, and whose: the guest PID
     /// of the pod sandbox's init.
     #[serde(default)]
     pub join_namespaces: Vec<String>,

@@ -35,6 +35,9 @@ pub struct Launched {
 pub enum Helper {
     /// `__container-init` in new mount, PID, UTS and IPC namespaces.
     ContainerInit,
+    /// `__container-init` in new mount, UTS and IPC namespaces: it joins the pod's PID
+    /// namespace itself (see `container_init`).
+    ContainerInitInPodPidNamespace,
     /// `__exec-init` in the agent's namespaces (it joins the container's itself).
     ExecInit,
 }
@@ -53,7 +56,7 @@ pub fn launch(
         .map_err(|_| Error::InvalidRequest("executable path has a NUL".into()))?;
     let arg0 = CString::new("vmlet-agent").unwrap();
     let arg1 = CString::new(match helper {
-        Helper::ContainerInit => CONTAINER_INIT_ARG,
+        Helper::ContainerInit | Helper::ContainerInitInPodPidNamespace => CONTAINER_INIT_ARG,
         Helper::ExecInit => EXEC_INIT_ARG,
     })
     .unwrap();
@@ -81,6 +84,9 @@ pub fn launch(
                 | libc::CLONE_NEWUTS
                 | libc::CLONE_NEWIPC
                 | libc::SIGCHLD
+        }
+        Helper::ContainerInitInPodPidNamespace => {
+            libc::CLONE_NEWNS | libc::CLONE_NEWUTS | libc::CLONE_NEWIPC | libc::SIGCHLD
         }
         Helper::ExecInit => libc::SIGCHLD,
     };

@@ -6,8 +6,9 @@
 //! connections on port 1025.
 //!
 //! Containers are started by re-executing this binary as [`CONTAINER_INIT_ARG`] in fresh
-//! mount, PID, UTS and IPC namespaces ([`launch`]); that process ([`container_init`]) sets up
-//! the rootfs and waits for the start signal before it executes the container's process.
+//! mount, PID, UTS and IPC namespaces ([`launch`]; a container sharing the pod's PID
+//! namespace joins it instead); that process ([`container_init`]) sets up the rootfs and
+//! waits for the start signal before it executes the container's process.
 //! Exec processes are started by [`EXEC_INIT_ARG`] ([`exec_init`]), which joins the init's
 //! namespaces and root and clones the process as a child of the agent. A process with a
 //! terminal gets a pseudo-terminal whose master end carries its stdin and output.

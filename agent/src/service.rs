@@ -251,11 +251,16 @@ impl AgentService {
             spec.join_namespaces = req.join_namespaces.clone();
             spec.join_pid = sandbox.init.pid();
         }
+        let helper = if spec.join_namespaces.iter().any(|n| n == "pid") {
+            Helper::ContainerInitInPodPidNamespace
+        } else {
+            Helper::ContainerInit
+        };
         let cgroup = Cgroup::create(&id)?;
         let launched = async {
             cgroup.apply(&req.resources.clone().unwrap_or_default())?;
             self.launch(
-                Helper::ContainerInit,
+                helper,
                 &spec,
                 // The rootfs is not set up yet: the guest's devpts.
                 if spec.process.terminal {
@@ -317,12 +322,15 @@ impl AgentService {
         let ready = {
             let process = process.clone();
             let id = id.to_owned();
-            tokio::task::spawn_blocking(move || process.await_ready(&id))
+            let reaper = self.reaper.clone();
+            tokio::task::spawn_blocking(move || process.await_ready(&id, &reaper))
                 .await
                 .map_err(|e| Error::Boot(format!("join: {e}")))?
         };
+        // A helper that handed over may have cloned before it was in the cgroup.
+        let ready = ready.and_then(|handed_over| handed_over.map_or(Ok(()), |p| cgroup.add(p)));
         if let Err(e) = ready {
-            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+            let _ = kill(Pid::from_raw(process.pid()), Signal::SIGKILL);
             return Err(e);
         }
         Ok(process)
@@ -483,7 +491,11 @@ impl AgentService {
         }
         let own = process.pid();
         let targets = if req.all {
-            pids_in_pid_namespace_of(own)
+            let mut pids = self.containers.get(&r.container_id)?.cgroup.pids();
+            if !pids.contains(&own) {
+                pids.push(own);
+            }
+            pids
         } else {
             vec![own]
         };
@@ -506,31 +518,16 @@ impl AgentService {
             let _ = kill(Pid::from_raw(container.init.pid()), Signal::SIGKILL);
             container.init.wait().await;
         }
+        // What the init left (in a pod's shared PID namespace its children outlive it).
+        for pid in container.cgroup.pids() {
+            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+        }
         self.containers.remove(&req.container_id);
         if let Err(e) = container.cgroup.remove() {
             log::warn!("container {}: {e}", req.container_id);
         }
         Ok(Empty::default())
     }
-}
-
-/// Every process that shares `pid`'s PID namespace (for "signal all").
-fn pids_in_pid_namespace_of(pid: i32) -> Vec<i32> {
-    let ns = |p: &str| std::fs::read_link(format!("/proc/{p}/ns/pid")).ok();
-    let Some(target) = ns(&pid.to_string()) else {
-        return vec![pid];
-    };
-    let mut pids: Vec<i32> = std::fs::read_dir("/proc")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse().ok()))
-        .filter(|p: &i32| ns(&p.to_string()).as_ref() == Some(&target))
-        .collect();
-    if !pids.contains(&pid) {
-        pids.push(pid);
-    }
-    pids
 }
 
 #[async_trait]
@@ -599,7 +596,7 @@ impl agent_ttrpc::Agent for AgentService {
         let mut pids = if container.init.exit_status().is_some() {
             Vec::new()
         } else {
-            pids_in_pid_namespace_of(container.init.pid())
+            container.cgroup.pids()
         };
         pids.sort_unstable();
         Ok(ListProcessesResponse {

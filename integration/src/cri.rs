@@ -51,6 +51,18 @@ impl Cri {
         })
     }
 
+    /// Makes the pod's containers share one PID namespace (`shareProcessNamespace: true`).
+    pub fn share_process_namespace(config: &mut PodSandboxConfig) {
+        if let Some(options) = config
+            .linux
+            .as_mut()
+            .and_then(|l| l.security_context.as_mut())
+            .and_then(|c| c.namespace_options.as_mut())
+        {
+            options.pid = NamespaceMode::Pod as i32;
+        }
+    }
+
     /// The sandbox config kubelet would send for a pod.
     pub fn pod_config(name: &str, uid: &str, log_directory: &str) -> PodSandboxConfig {
         PodSandboxConfig {
@@ -132,9 +144,16 @@ impl Cri {
         command: &[&str],
         memory_limit: i64,
     ) -> anyhow::Result<String> {
+        // As kubelet does: the container's namespace modes are the pod's.
+        let namespaces = pod_config
+            .linux
+            .as_ref()
+            .and_then(|l| l.security_context.as_ref())
+            .and_then(|c| c.namespace_options.clone())
+            .unwrap_or_else(kubelet_namespaces);
         let linux = LinuxContainerConfig {
             security_context: Some(LinuxContainerSecurityContext {
-                namespace_options: Some(kubelet_namespaces()),
+                namespace_options: Some(namespaces),
                 ..Default::default()
             }),
             resources: (memory_limit > 0).then(|| LinuxContainerResources {

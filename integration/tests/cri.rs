@@ -67,14 +67,23 @@ struct PodUnderTest {
 
 impl PodUnderTest {
     async fn start(s: &Stack) -> Self {
+        Self::start_with(s, |_| {}).await
+    }
+
+    /// A pod whose sandbox config `adjust` changed first.
+    async fn start_with(
+        s: &Stack,
+        adjust: impl FnOnce(&mut k8s_cri::v1::PodSandboxConfig),
+    ) -> Self {
         let mut cri = Cri::connect(&s.containerd).await.unwrap();
         let logs = std::env::temp_dir().join(unique_id("vmlet-cri-logs"));
         std::fs::create_dir_all(&logs).unwrap();
-        let config = Cri::pod_config(
+        let mut config = Cri::pod_config(
             &unique_id("cri"),
             &unique_id("uid"),
             &logs.to_string_lossy(),
         );
+        adjust(&mut config);
         let pod = cri.run_pod(&config, "vmlet").await.unwrap();
         Self {
             cri,
@@ -284,6 +293,64 @@ async fn cri_pod_containers_share_vm_ipc_uts_and_localhost() {
     assert!(
         reply.contains("from-server"),
         "localhost between containers: {reply:?}"
+    );
+}
+
+#[tokio::test]
+#[ignore = "needs the vmlet stack: make test"]
+async fn cri_share_process_namespace_gives_the_pod_one_pid_namespace() {
+    let s = Stack::from_env().expect("the vmlet stack");
+    let mut p = PodUnderTest::start_with(&s, Cri::share_process_namespace).await;
+    let first = p.container("first", &s.image, &["sleep", "1001"], 0).await;
+    let second = p.container("second", &s.image, &["sleep", "1002"], 0).await;
+    let facts = "readlink /proc/self/ns/pid; ps -o pid,args";
+    let mut seen = Vec::new();
+    for c in [&first, &second] {
+        let r = p.cri.exec_sync(c, &["sh", "-c", facts], 30).await.unwrap();
+        assert_eq!(r.exit_code, 0, "{}", String::from_utf8_lossy(&r.stderr));
+        seen.push(String::from_utf8_lossy(&r.stdout).into_owned());
+    }
+    // A signal from one container reaches the other's process, as under runc.
+    let killed = p
+        .cri
+        .exec_sync(
+            &second,
+            &[
+                "sh",
+                "-c",
+                "kill $(ps -o pid,args | awk '$2 == \"sleep\" && $3 == \"1001\" {print $1}') && echo sent",
+            ],
+            30,
+        )
+        .await
+        .unwrap();
+    let status = p.wait_exited(&first).await;
+    p.finish(&[&first, &second]).await;
+    let ns: Vec<&str> = seen
+        .iter()
+        .map(|s| s.lines().next().unwrap_or(""))
+        .collect();
+    assert_eq!(ns[0], ns[1], "one PID namespace: {seen:?}");
+    for view in &seen {
+        assert!(
+            view.contains("sleep 1001") && view.contains("sleep 1002"),
+            "{view}"
+        );
+        // The pause process (the sandbox's init) is PID 1 of the pod's namespace.
+        let pid1 = view
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some("1"));
+        assert!(pid1.is_some_and(|l| l.contains("trap")), "{view}");
+    }
+    assert!(
+        String::from_utf8_lossy(&killed.stdout).contains("sent"),
+        "{}",
+        String::from_utf8_lossy(&killed.stderr)
+    );
+    assert_eq!(
+        status.state,
+        k8s_cri::v1::ContainerState::ContainerExited as i32,
+        "{status:?}"
     );
 }
 

@@ -38,9 +38,15 @@ pub fn network_namespace(spec: &Spec) -> Result<Option<PathBuf>, Error> {
 
 /// The namespaces a task shares with its pod sandbox: CRI gives a container of a pod the
 /// sandbox's IPC and UTS namespaces (and its PID namespace with shareProcessNamespace) as
-/// paths. In the VM that means joining the sandbox container's. A path anywhere else, or a
-/// shared PID namespace, is refused (not silently replaced by a new namespace).
-pub fn shared_namespaces(spec: &Spec, role: &PodRole) -> Result<Vec<String>, Error> {
+/// `/proc/<sandbox pid>/ns/<name>`. In the VM that means joining the sandbox container's.
+/// A path anywhere else (another container's, as CRI's TARGET mode gives, or a sandbox's
+/// own) is refused, not silently replaced by a new namespace. `sandbox_pid` is the PID the
+/// shim reported for the sandbox task (none: unknown, checked later).
+pub fn shared_namespaces(
+    spec: &Spec,
+    role: &PodRole,
+    sandbox_pid: Option<u32>,
+) -> Result<Vec<String>, Error> {
     let namespaces = spec
         .linux()
         .as_ref()
@@ -52,24 +58,23 @@ pub fn shared_namespaces(spec: &Spec, role: &PodRole) -> Result<Vec<String>, Err
             LinuxNamespaceType::Network | LinuxNamespaceType::Mount => continue,
             LinuxNamespaceType::Ipc => "ipc",
             LinuxNamespaceType::Uts => "uts",
-            LinuxNamespaceType::Pid => {
-                return Err(Error::Unimplemented(
-                    "a PID namespace shared within the pod (shareProcessNamespace)".into(),
-                ))
-            }
+            LinuxNamespaceType::Pid => "pid",
             other => {
                 return Err(Error::Unimplemented(format!(
                     "joining an existing {other:?} namespace"
                 )))
             }
         };
-        if *role == PodRole::Sandbox {
+        let path = ns.path().as_ref().map(|p| p.display().to_string());
+        let path = path.unwrap_or_default();
+        let sandboxs = sandbox_pid.map(|pid| format!("/proc/{pid}/ns/{name}"));
+        let foreign = match role {
+            PodRole::Sandbox => true,
+            PodRole::Container { .. } => sandboxs.is_some_and(|s| s != path),
+        };
+        if foreign {
             return Err(Error::Unimplemented(format!(
-                "joining the {name} namespace at {} (only a pod's containers share the sandbox's)",
-                ns.path()
-                    .as_ref()
-                    .map(|p| p.display().to_string())
-                    .unwrap_or_default()
+                "joining the {name} namespace at {path} (only a pod's containers share the sandbox's)"
             )));
         }
         shared.push(name.to_owned());
@@ -420,7 +425,7 @@ mod tests {
     }
 
     #[test]
-    fn pod_containers_share_the_sandboxs_ipc_and_uts() {
+    fn pod_containers_share_the_sandboxs_namespaces_only() {
         let with = |namespaces: &str| {
             spec(&BASE.replace(
                 r#""hostname": "box","#,
@@ -433,13 +438,26 @@ mod tests {
         let cri = with(
             r#"[{"type": "pid"}, {"type": "ipc", "path": "/proc/7/ns/ipc"}, {"type": "uts", "path": "/proc/7/ns/uts"}, {"type": "network", "path": "/var/run/netns/x"}, {"type": "mount"}]"#,
         );
-        assert_eq!(shared_namespaces(&cri, &container).unwrap(), ["ipc", "uts"]);
+        assert_eq!(
+            shared_namespaces(&cri, &container, Some(7)).unwrap(),
+            ["ipc", "uts"]
+        );
         let own = with(r#"[{"type": "pid"}, {"type": "ipc"}, {"type": "uts"}]"#);
-        assert!(shared_namespaces(&own, &container).unwrap().is_empty());
+        assert!(shared_namespaces(&own, &container, Some(7))
+            .unwrap()
+            .is_empty());
         let shared_pid = with(r#"[{"type": "pid", "path": "/proc/7/ns/pid"}]"#);
-        let err = shared_namespaces(&shared_pid, &container).unwrap_err();
-        assert!(err.to_string().contains("shareProcessNamespace"), "{err}");
-        let err = shared_namespaces(&cri, &PodRole::Sandbox).unwrap_err();
+        assert_eq!(
+            shared_namespaces(&shared_pid, &container, Some(7)).unwrap(),
+            ["pid"]
+        );
+        // CRI's TARGET mode: another container's PID namespace.
+        let err = shared_namespaces(&shared_pid, &container, Some(9)).unwrap_err();
+        assert!(
+            err.to_string().contains("pid namespace at /proc/7/ns/pid"),
+            "{err}"
+        );
+        let err = shared_namespaces(&cri, &PodRole::Sandbox, None).unwrap_err();
         assert!(err.to_string().contains("/proc/7/ns/ipc"), "{err}");
     }
 

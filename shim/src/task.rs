@@ -236,7 +236,16 @@ impl TaskService {
             pid: 0,
         };
         let (mut agent_request, binds) = crate::spec::create_request(&req.id, &spec, wanted)?;
-        agent_request.join_namespaces = crate::spec::shared_namespaces(&spec, &role)?;
+        let sandbox_pid = match &role {
+            crate::spec::PodRole::Container { sandbox_id } => self
+                .tasks
+                .lock()
+                .unwrap()
+                .get(sandbox_id)
+                .map(|t| t.init.pid()),
+            crate::spec::PodRole::Sandbox => None,
+        };
+        agent_request.join_namespaces = crate::spec::shared_namespaces(&spec, &role, sandbox_pid)?;
         if let crate::spec::PodRole::Container { sandbox_id } = &role {
             agent_request.join_namespaces_of = sandbox_id.clone();
         }
@@ -432,6 +441,11 @@ impl TaskService {
                 return Err(e.into());
             }
         };
+        if started.pid != 0 {
+            // An exec's PID is known from its start; a container init cloned into the pod's
+            // PID namespace reports its own here too.
+            process.pid.store(started.pid, Ordering::SeqCst);
+        }
         if process.exec_id.is_empty() {
             crate::hooks::run_logged(&task.hooks.poststart, &task.hook_state, "running").await;
             self.publish(
@@ -444,7 +458,6 @@ impl TaskService {
             )
             .await;
         } else {
-            process.pid.store(started.pid, Ordering::SeqCst);
             self.publish(
                 topics::TASK_EXEC_STARTED_EVENT_TOPIC,
                 Box::new(TaskExecStarted {
