@@ -1,4 +1,6 @@
-//! Pod annotations under `vmlet.io/`, parsed once from one table of keys.
+//! Pod annotations: vmlet's own under `vmlet.io/` and Virtlet's names where they mean the
+//! same thing, parsed once from one table of keys into typed values. A key must be on the
+//! node's allowlist ([`crate::NodeConfig`]'s `annotations.allowed`) to be used at all.
 
 use std::collections::HashMap;
 
@@ -6,39 +8,120 @@ use crate::{parse_memory_mib, Error};
 
 /// Every vmlet annotation starts with this prefix.
 pub const ANNOTATION_PREFIX: &str = "vmlet.io/";
+/// Virtlet's annotations start with this prefix (no domain).
+pub const VIRTLET_PREFIX: &str = "Virtlet";
 
-/// A known annotation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What an annotation sets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum AnnotationKey {
-    /// `vmlet.io/vcpus`: a whole number of vCPUs, at least 1.
+    /// A whole number of vCPUs, at least 1.
     Vcpus,
-    /// `vmlet.io/memory`: a memory quantity (`512Mi`, `1Gi`).
+    /// A memory quantity (`512Mi`, `1Gi`).
     Memory,
+    /// The guest CPU model: a libvirt model name, `host-model` or `host-passthrough`.
+    CpuModel,
+    /// How block devices are attached: `virtio`, `scsi` or `nvme`.
+    DiskDriver,
+    /// Extra guest kernel parameters.
+    KernelParams,
+    /// The QEMU machine type (a q35 one).
+    Machine,
 }
 
 /// The table of known annotations: the one place a key's name is written.
 pub const ANNOTATION_KEYS: &[(&str, AnnotationKey)] = &[
     ("vmlet.io/vcpus", AnnotationKey::Vcpus),
     ("vmlet.io/memory", AnnotationKey::Memory),
+    ("vmlet.io/cpu-model", AnnotationKey::CpuModel),
+    ("vmlet.io/disk-driver", AnnotationKey::DiskDriver),
+    ("vmlet.io/kernel-params", AnnotationKey::KernelParams),
+    ("vmlet.io/machine", AnnotationKey::Machine),
+    ("VirtletVCPUCount", AnnotationKey::Vcpus),
+    ("VirtletDiskDriver", AnnotationKey::DiskDriver),
+    ("VirtletCPUModel", AnnotationKey::CpuModel),
 ];
+
+/// The annotations a node allows when its config says nothing: the VM's size and disk
+/// driver. Kernel parameters, CPU model and machine type need the operator's consent.
+pub const DEFAULT_ALLOWED: &[&str] = &[
+    "vmlet.io/vcpus",
+    "vmlet.io/memory",
+    "vmlet.io/disk-driver",
+    "VirtletVCPUCount",
+    "VirtletDiskDriver",
+];
+
+/// Whether `name` is an annotation vmlet knows.
+pub fn is_known(name: &str) -> bool {
+    ANNOTATION_KEYS.iter().any(|(known, _)| *known == name)
+}
+
+/// How a pod's block devices are attached to its VM.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DiskDriver {
+    /// virtio-blk: `/dev/vdX` in the guest.
+    Virtio,
+    /// virtio-scsi behind one controller: `/dev/sdX` (the seeds' default).
+    #[default]
+    Scsi,
+    /// NVMe: `/dev/nvmeXn1`.
+    Nvme,
+}
+
+impl DiskDriver {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DiskDriver::Virtio => "virtio",
+            DiskDriver::Scsi => "scsi",
+            DiskDriver::Nvme => "nvme",
+        }
+    }
+}
+
+/// The guest CPU.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CpuModel {
+    /// libvirt `host-passthrough` (KVM only).
+    HostPassthrough,
+    /// libvirt `host-model` (KVM only).
+    HostModel,
+    /// A named libvirt/QEMU CPU model (`Skylake-Client`, `qemu64`, ...).
+    Named(String),
+}
 
 /// What a pod asked for through its annotations. `None` means "not set".
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PodAnnotations {
     pub vcpus: Option<u32>,
     pub memory_mib: Option<u64>,
+    pub cpu_model: Option<CpuModel>,
+    pub disk_driver: Option<DiskDriver>,
+    /// Whitespace-separated `key` or `key=value` words, checked.
+    pub kernel_params: Option<String>,
+    pub machine: Option<String>,
 }
 
+/// Longest value accepted for free-form annotations (kernel parameters).
+const MAX_KERNEL_PARAMS: usize = 1024;
+/// Longest CPU model or machine type name.
+const MAX_NAME: usize = 64;
+
 impl PodAnnotations {
-    /// Parses the `vmlet.io/` annotations of an OCI spec; other annotations are not vmlet's
-    /// and are left alone. An unknown `vmlet.io/` key or a bad value is an error naming it.
-    pub fn parse<'a, I>(annotations: I) -> Result<Self, Error>
+    /// Parses the pod's vmlet and Virtlet annotations; others are not vmlet's and are left
+    /// alone. An unknown `vmlet.io/` or `Virtlet` key, a known key that `allowed` does not
+    /// list, a bad value, or one setting given two different values is an error naming the
+    /// key.
+    pub fn parse<'a, I>(annotations: I, allowed: &[String]) -> Result<Self, Error>
     where
         I: IntoIterator<Item = (&'a String, &'a String)>,
     {
         let mut parsed = PodAnnotations::default();
-        for (key, value) in annotations {
-            if !key.starts_with(ANNOTATION_PREFIX) {
+        let mut seen: HashMap<AnnotationKey, (&'a String, &'a String)> = HashMap::new();
+        let mut pairs: Vec<(&'a String, &'a String)> = annotations.into_iter().collect();
+        // Deterministic errors whatever the map's order.
+        pairs.sort();
+        for (key, value) in pairs {
+            if !key.starts_with(ANNOTATION_PREFIX) && !key.starts_with(VIRTLET_PREFIX) {
                 continue;
             }
             let Some((_, known)) = ANNOTATION_KEYS.iter().find(|(name, _)| name == key) else {
@@ -51,53 +134,181 @@ impl PodAnnotations {
                         .join(", "),
                 });
             };
-            let invalid = |reason: String| Error::InvalidAnnotation {
-                key: key.clone(),
-                value: value.clone(),
-                reason,
-            };
-            match known {
-                AnnotationKey::Vcpus => {
-                    let vcpus: u32 = value
-                        .trim()
-                        .parse()
-                        .map_err(|_| invalid("expected a whole number of vCPUs".into()))?;
-                    if vcpus == 0 {
-                        return Err(invalid("must be at least 1".into()));
-                    }
-                    parsed.vcpus = Some(vcpus);
-                }
-                AnnotationKey::Memory => {
-                    parsed.memory_mib = Some(parse_memory_mib(value).map_err(invalid)?);
+            if !allowed.iter().any(|a| a == key) {
+                return Err(Error::AnnotationNotAllowed { key: key.clone() });
+            }
+            if let Some((other, other_value)) = seen.get(known) {
+                if *other_value != value {
+                    return Err(Error::InvalidAnnotation {
+                        key: key.clone(),
+                        value: value.clone(),
+                        reason: format!("{other} sets the same thing to {other_value:?}"),
+                    });
                 }
             }
+            seen.insert(*known, (key, value));
+            parsed.set(*known, key, value)?;
         }
         Ok(parsed)
     }
 
     /// Convenience for callers holding a map.
-    pub fn from_map(annotations: &HashMap<String, String>) -> Result<Self, Error> {
-        Self::parse(annotations.iter())
+    pub fn from_map(
+        annotations: &HashMap<String, String>,
+        allowed: &[String],
+    ) -> Result<Self, Error> {
+        Self::parse(annotations.iter(), allowed)
     }
+
+    fn set(&mut self, known: AnnotationKey, key: &str, value: &str) -> Result<(), Error> {
+        let invalid = |reason: String| Error::InvalidAnnotation {
+            key: key.to_owned(),
+            value: value.to_owned(),
+            reason,
+        };
+        match known {
+            AnnotationKey::Vcpus => {
+                let vcpus: u32 = value
+                    .trim()
+                    .parse()
+                    .map_err(|_| invalid("expected a whole number of vCPUs".into()))?;
+                if vcpus == 0 {
+                    return Err(invalid("must be at least 1".into()));
+                }
+                self.vcpus = Some(vcpus);
+            }
+            AnnotationKey::Memory => {
+                self.memory_mib = Some(parse_memory_mib(value).map_err(invalid)?);
+            }
+            AnnotationKey::CpuModel => {
+                self.cpu_model = Some(match value.trim() {
+                    "host-passthrough" => CpuModel::HostPassthrough,
+                    "host-model" => CpuModel::HostModel,
+                    name => CpuModel::Named(check_name(name, "a CPU model").map_err(invalid)?),
+                });
+            }
+            AnnotationKey::DiskDriver => {
+                self.disk_driver = Some(match value.trim() {
+                    "virtio" => DiskDriver::Virtio,
+                    "scsi" => DiskDriver::Scsi,
+                    "nvme" => DiskDriver::Nvme,
+                    _ => return Err(invalid("expected virtio, scsi or nvme".into())),
+                });
+            }
+            AnnotationKey::KernelParams => {
+                self.kernel_params = Some(check_kernel_params(value).map_err(invalid)?);
+            }
+            AnnotationKey::Machine => {
+                let name = check_name(value.trim(), "a machine type").map_err(invalid)?;
+                if name != "q35" && !name.starts_with("pc-q35-") {
+                    return Err(invalid(
+                        "vmlet's devices need a q35 machine (q35 or pc-q35-<version>)".into(),
+                    ));
+                }
+                self.machine = Some(name);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A CPU model or machine type name: letters, digits, `.`, `_`, `-`.
+fn check_name(name: &str, what: &str) -> Result<String, String> {
+    if name.is_empty() {
+        return Err(format!("expected {what} name"));
+    }
+    if name.len() > MAX_NAME {
+        return Err(format!("longer than {MAX_NAME} characters"));
+    }
+    if let Some(c) = name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+    {
+        return Err(format!("{c:?} is not allowed in {what} name"));
+    }
+    Ok(name.to_owned())
+}
+
+/// Kernel parameters: printable ASCII words without quotes, none of vmlet's own (`vmlet.*`,
+/// `console`, `panic`), at most [`MAX_KERNEL_PARAMS`] bytes in all.
+fn check_kernel_params(value: &str) -> Result<String, String> {
+    let value = value.trim();
+    if value.is_empty() {
+        return Err("empty".into());
+    }
+    if value.len() > MAX_KERNEL_PARAMS {
+        return Err(format!("longer than {MAX_KERNEL_PARAMS} bytes"));
+    }
+    if let Some(c) = value
+        .chars()
+        .find(|c| !(c.is_ascii_graphic() || *c == ' ') || matches!(c, '"' | '\'' | '\\'))
+    {
+        return Err(format!("{c:?} is not allowed in kernel parameters"));
+    }
+    for word in value.split_whitespace() {
+        let name = word.split('=').next().unwrap_or(word);
+        if name.starts_with("vmlet.") || name == "console" || name == "panic" {
+            return Err(format!("{name} is set by vmlet itself"));
+        }
+    }
+    Ok(value.split_whitespace().collect::<Vec<_>>().join(" "))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
-    fn parse(pairs: &[(&str, &str)]) -> Result<PodAnnotations, Error> {
+    fn all_allowed() -> Vec<String> {
+        ANNOTATION_KEYS.iter().map(|(k, _)| k.to_string()).collect()
+    }
+
+    fn parse_with(pairs: &[(&str, &str)], allowed: &[String]) -> Result<PodAnnotations, Error> {
         let map: HashMap<String, String> = pairs
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
-        PodAnnotations::from_map(&map)
+        PodAnnotations::from_map(&map, allowed)
+    }
+
+    fn parse(pairs: &[(&str, &str)]) -> Result<PodAnnotations, Error> {
+        parse_with(pairs, &all_allowed())
     }
 
     #[test]
     fn good_values() {
-        let a = parse(&[("vmlet.io/vcpus", "2"), ("vmlet.io/memory", "512Mi")]).unwrap();
+        let a = parse(&[
+            ("vmlet.io/vcpus", "2"),
+            ("vmlet.io/memory", "512Mi"),
+            ("vmlet.io/cpu-model", "Skylake-Client"),
+            ("vmlet.io/disk-driver", "nvme"),
+            ("vmlet.io/kernel-params", "  loglevel=7   quiet "),
+            ("vmlet.io/machine", "pc-q35-7.2"),
+        ])
+        .unwrap();
         assert_eq!(a.vcpus, Some(2));
         assert_eq!(a.memory_mib, Some(512));
+        assert_eq!(a.cpu_model, Some(CpuModel::Named("Skylake-Client".into())));
+        assert_eq!(a.disk_driver, Some(DiskDriver::Nvme));
+        assert_eq!(a.kernel_params.as_deref(), Some("loglevel=7 quiet"));
+        assert_eq!(a.machine.as_deref(), Some("pc-q35-7.2"));
+    }
+
+    #[test]
+    fn virtlet_names_mean_the_same() {
+        let a = parse(&[
+            ("VirtletVCPUCount", "3"),
+            ("VirtletDiskDriver", "virtio"),
+            ("VirtletCPUModel", "host-model"),
+        ])
+        .unwrap();
+        assert_eq!(a.vcpus, Some(3));
+        assert_eq!(a.disk_driver, Some(DiskDriver::Virtio));
+        assert_eq!(a.cpu_model, Some(CpuModel::HostModel));
+        // Both names with one value are fine; with two values they are refused.
+        assert!(parse(&[("vmlet.io/vcpus", "2"), ("VirtletVCPUCount", "2")]).is_ok());
+        let err = parse(&[("vmlet.io/vcpus", "2"), ("VirtletVCPUCount", "4")]).unwrap_err();
+        assert!(err.to_string().contains("sets the same thing"), "{err}");
     }
 
     #[test]
@@ -107,25 +318,114 @@ mod tests {
     }
 
     #[test]
-    fn bad_memory_names_key_and_value() {
-        let err = parse(&[("vmlet.io/memory", "lots")])
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("vmlet.io/memory"), "{err}");
-        assert!(err.contains("lots"), "{err}");
-    }
-
-    #[test]
-    fn bad_vcpus_are_refused() {
-        for bad in ["0", "-1", "two", "", "1.5"] {
-            let err = parse(&[("vmlet.io/vcpus", bad)]).unwrap_err().to_string();
-            assert!(err.contains("vmlet.io/vcpus"), "{bad}: {err}");
+    fn every_bad_value_names_its_key() {
+        for (key, bad) in [
+            ("vmlet.io/vcpus", "0"),
+            ("vmlet.io/vcpus", "-1"),
+            ("vmlet.io/vcpus", "two"),
+            ("vmlet.io/vcpus", ""),
+            ("vmlet.io/vcpus", "1.5"),
+            ("vmlet.io/vcpus", "99999999999"),
+            ("VirtletVCPUCount", "0"),
+            ("vmlet.io/memory", "lots"),
+            ("vmlet.io/memory", ""),
+            ("vmlet.io/memory", "-512Mi"),
+            ("vmlet.io/memory", "512Mb"),
+            ("vmlet.io/cpu-model", ""),
+            ("vmlet.io/cpu-model", "Skylake,+avx"),
+            ("vmlet.io/cpu-model", &"x".repeat(65)),
+            ("VirtletCPUModel", "a b"),
+            ("vmlet.io/disk-driver", "ide"),
+            ("vmlet.io/disk-driver", ""),
+            ("VirtletDiskDriver", "VIRTIO"),
+            ("vmlet.io/kernel-params", ""),
+            ("vmlet.io/kernel-params", "init=\"/bin/sh\""),
+            ("vmlet.io/kernel-params", "vmlet.share=other"),
+            ("vmlet.io/kernel-params", "console=tty0"),
+            ("vmlet.io/kernel-params", "a\nb"),
+            ("vmlet.io/kernel-params", &"a".repeat(1025)),
+            ("vmlet.io/machine", "pc"),
+            ("vmlet.io/machine", "microvm"),
+            ("vmlet.io/machine", ""),
+        ] {
+            let err = parse(&[(key, bad)]).unwrap_err();
+            assert!(
+                matches!(err, Error::InvalidAnnotation { .. }),
+                "{key}={bad:?}: {err}"
+            );
+            assert!(err.to_string().contains(key), "{key}={bad:?}: {err}");
         }
     }
 
     #[test]
-    fn unknown_vmlet_key_is_refused() {
-        let err = parse(&[("vmlet.io/cpus", "2")]).unwrap_err().to_string();
-        assert!(err.contains("vmlet.io/cpus"), "{err}");
+    fn unknown_keys_of_ours_are_refused() {
+        for key in ["vmlet.io/cpus", "VirtletSSHKeys"] {
+            let err = parse(&[(key, "2")]).unwrap_err();
+            assert!(matches!(err, Error::UnknownAnnotation { .. }), "{err}");
+            assert!(err.to_string().contains(key), "{err}");
+        }
+    }
+
+    #[test]
+    fn keys_off_the_allowlist_are_refused_by_name() {
+        let allowed: Vec<String> = DEFAULT_ALLOWED.iter().map(|s| s.to_string()).collect();
+        for key in [
+            "vmlet.io/kernel-params",
+            "vmlet.io/cpu-model",
+            "vmlet.io/machine",
+            "VirtletCPUModel",
+        ] {
+            let err = parse_with(&[(key, "q35")], &allowed).unwrap_err();
+            assert!(
+                matches!(&err, Error::AnnotationNotAllowed { key: k } if k == key),
+                "{err}"
+            );
+            assert!(err.to_string().contains(key), "{err}");
+        }
+        assert!(parse_with(&[("vmlet.io/vcpus", "2")], &allowed).is_ok());
+        assert!(parse_with(&[("vmlet.io/vcpus", "2")], &[]).is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn vcpus_round_trip(n in 1u32..=u32::MAX) {
+            let a = parse(&[("vmlet.io/vcpus", &n.to_string())]).unwrap();
+            prop_assert_eq!(a.vcpus, Some(n));
+        }
+
+        #[test]
+        fn memory_round_trips_in_mi_and_gi(mi in 1u64..=(1 << 30), gi in 1u64..=(1 << 20)) {
+            let a = parse(&[("vmlet.io/memory", &format!("{mi}Mi"))]).unwrap();
+            prop_assert_eq!(a.memory_mib, Some(mi));
+            let a = parse(&[("vmlet.io/memory", &format!("{gi}Gi"))]).unwrap();
+            prop_assert_eq!(a.memory_mib, Some(gi * 1024));
+        }
+
+        #[test]
+        fn cpu_model_names_round_trip(name in "[A-Za-z0-9][A-Za-z0-9._-]{0,40}") {
+            prop_assume!(name != "host-model" && name != "host-passthrough");
+            let a = parse(&[("vmlet.io/cpu-model", &name)]).unwrap();
+            prop_assert_eq!(a.cpu_model, Some(CpuModel::Named(name)));
+        }
+
+        #[test]
+        fn kernel_params_round_trip(words in proptest::collection::vec("[a-z][a-z0-9_]{0,8}(=[a-z0-9,.]{1,8})?", 1..8)) {
+            prop_assume!(words.iter().all(|w| {
+                let name = w.split('=').next().unwrap();
+                name != "console" && name != "panic"
+            }));
+            let value = words.join(" ");
+            let a = parse(&[("vmlet.io/kernel-params", &value)]).unwrap();
+            prop_assert_eq!(a.kernel_params, Some(value));
+        }
+
+        /// Whatever the value, parsing ends in a value or an error that names the key.
+        #[test]
+        fn any_value_is_parsed_or_named(key_index in 0..ANNOTATION_KEYS.len(), value in ".{0,80}") {
+            let key = ANNOTATION_KEYS[key_index].0;
+            if let Err(err) = parse(&[(key, &value)]) {
+                prop_assert!(err.to_string().contains(key), "{}", err);
+            }
+        }
     }
 }

@@ -20,6 +20,10 @@ pub enum Error {
     /// A `vmlet.io/` annotation that vmlet does not know (a typo must not be ignored).
     #[error("unknown annotation `{key}` (known: {known})")]
     UnknownAnnotation { key: String, known: String },
+    /// A known annotation that the node's `annotations.allowed` does not list: the operator
+    /// has not let pods set it.
+    #[error("annotation `{key}` is not allowed on this node (the operator's annotations.allowed does not list it)")]
+    AnnotationNotAllowed { key: String },
     /// A known annotation with a bad value.
     #[error("annotation `{key}`: bad value {value:?}: {reason}")]
     InvalidAnnotation {

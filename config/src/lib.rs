@@ -4,8 +4,9 @@
 //! - the node config file ([`NodeConfig`]), owned by the operator: TOML at
 //!   [`DEFAULT_CONFIG_PATH`] or at the path in [`CONFIG_ENV`], every key optional with a
 //!   documented default, unknown keys refused;
-//! - the pod's annotations ([`PodAnnotations`]) under `vmlet.io/`, parsed once from one table
-//!   of keys into typed values.
+//! - the pod's annotations ([`PodAnnotations`]) under `vmlet.io/` (and Virtlet's names where
+//!   they mean the same), parsed once from one table of keys into typed values; only those
+//!   the node's allowlist names may be used.
 //!
 //! [`VmShape::resolve`] combines both. Every error names the key (and value) that was wrong.
 #![forbid(unsafe_code)]
@@ -16,10 +17,14 @@ mod node;
 mod quantity;
 mod shape;
 
-pub use annotations::{AnnotationKey, PodAnnotations, ANNOTATION_KEYS, ANNOTATION_PREFIX};
+pub use annotations::{
+    AnnotationKey, CpuModel, DiskDriver, PodAnnotations, ANNOTATION_KEYS, ANNOTATION_PREFIX,
+    DEFAULT_ALLOWED, VIRTLET_PREFIX,
+};
 pub use error::Error;
 pub use node::{
-    Accel, GuestConfig, HelperPaths, NodeConfig, VsockTransport, CONFIG_ENV, DEFAULT_CONFIG_PATH,
+    Accel, AnnotationsConfig, GuestConfig, HelperPaths, NodeConfig, VsockTransport, CONFIG_ENV,
+    DEFAULT_CONFIG_PATH,
 };
 pub use quantity::parse_memory_mib;
-pub use shape::VmShape;
+pub use shape::{VmOptions, VmShape};

@@ -97,6 +97,26 @@ impl Default for HelperPaths {
     }
 }
 
+/// Which pod annotations this node honours.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AnnotationsConfig {
+    /// Annotation names pods may set (see `ANNOTATION_KEYS`); a pod setting another known
+    /// one is refused with PERMISSION_DENIED.
+    pub allowed: Vec<String>,
+}
+
+impl Default for AnnotationsConfig {
+    fn default() -> Self {
+        Self {
+            allowed: crate::DEFAULT_ALLOWED
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+        }
+    }
+}
+
 /// The whole node config. Every key has a default; unknown keys are refused.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -117,6 +137,8 @@ pub struct NodeConfig {
     pub guest: GuestConfig,
     /// Helper programs.
     pub helpers: HelperPaths,
+    /// Pod annotations the node honours.
+    pub annotations: AnnotationsConfig,
 }
 
 impl Default for NodeConfig {
@@ -130,6 +152,7 @@ impl Default for NodeConfig {
             agent_timeout_secs: 30,
             guest: GuestConfig::default(),
             helpers: HelperPaths::default(),
+            annotations: AnnotationsConfig::default(),
         }
     }
 }
@@ -204,6 +227,23 @@ impl NodeConfig {
         if !self.state_dir.is_absolute() {
             return invalid("state_dir", "must be an absolute path".into());
         }
+        if let Some(unknown) = self
+            .annotations
+            .allowed
+            .iter()
+            .find(|a| !crate::annotations::is_known(a))
+        {
+            return invalid(
+                "annotations.allowed",
+                format!("{unknown:?} is not an annotation vmlet knows"),
+            );
+        }
+        if !(g.machine == "q35" || g.machine.starts_with("pc-q35-")) {
+            return invalid(
+                "guest.machine",
+                format!("{:?}: vmlet's devices need a q35 machine", g.machine),
+            );
+        }
         Ok(())
     }
 }
@@ -258,6 +298,26 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("guest.max_vcpus"), "{err}");
+    }
+
+    #[test]
+    fn allowlist_entries_must_be_known() {
+        let c = parse("[annotations]\nallowed = [\"vmlet.io/kernel-params\"]\n").unwrap();
+        assert_eq!(c.annotations.allowed, ["vmlet.io/kernel-params"]);
+        let err = parse("[annotations]\nallowed = [\"vmlet.io/kernel-param\"]\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("annotations.allowed"), "{err}");
+        assert!(err.contains("vmlet.io/kernel-param"), "{err}");
+    }
+
+    #[test]
+    fn bad_value_type_names_key_and_line() {
+        let err = parse("accel = \"tcg\"\n[guest]\nvcpus = \"two\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("vcpus"), "{err}");
+        assert!(err.contains("line 3"), "{err}");
     }
 
     #[test]

@@ -1,6 +1,38 @@
-//! The VM shape: what the node allows combined with what the pod asked for.
+//! The VM shape and options: what the node allows combined with what the pod asked for.
 
-use crate::{Error, GuestConfig, PodAnnotations};
+use crate::{CpuModel, DiskDriver, Error, GuestConfig, PodAnnotations};
+
+/// The rest of a pod's VM: machine type, CPU model, kernel parameters, disk driver.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VmOptions {
+    pub machine: String,
+    /// None: the host's CPU under KVM, QEMU's default under TCG.
+    pub cpu_model: Option<CpuModel>,
+    /// The node's `guest.kernel_params`, then the pod's.
+    pub kernel_params: String,
+    pub disk_driver: DiskDriver,
+}
+
+impl VmOptions {
+    /// The pod's choices where it made them (already allowlisted and checked), the node's
+    /// otherwise.
+    pub fn resolve(guest: &GuestConfig, pod: &PodAnnotations) -> Self {
+        let kernel_params = [
+            guest.kernel_params.trim(),
+            pod.kernel_params.as_deref().unwrap_or(""),
+        ]
+        .into_iter()
+        .filter(|p| !p.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ");
+        Self {
+            machine: pod.machine.clone().unwrap_or_else(|| guest.machine.clone()),
+            cpu_model: pod.cpu_model.clone(),
+            kernel_params,
+            disk_driver: pod.disk_driver.unwrap_or_default(),
+        }
+    }
+}
 
 /// vCPUs and memory of one pod's VM.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,6 +88,7 @@ mod tests {
         let pod = PodAnnotations {
             vcpus: Some(2),
             memory_mib: Some(512),
+            ..Default::default()
         };
         let s = VmShape::resolve(&GuestConfig::default(), &pod).unwrap();
         assert_eq!((s.vcpus, s.memory_mib), (2, 512));
@@ -66,9 +99,35 @@ mod tests {
         let pod = PodAnnotations {
             vcpus: Some(1000),
             memory_mib: None,
+            ..Default::default()
         };
         let err = VmShape::resolve(&GuestConfig::default(), &pod).unwrap_err();
         assert!(err.to_string().contains("vmlet.io/vcpus"));
+    }
+
+    #[test]
+    fn options_come_from_the_pod_then_the_node() {
+        let guest = GuestConfig {
+            kernel_params: "loglevel=3".into(),
+            ..GuestConfig::default()
+        };
+        let o = VmOptions::resolve(&guest, &PodAnnotations::default());
+        assert_eq!(o.machine, "q35");
+        assert_eq!(o.kernel_params, "loglevel=3");
+        assert_eq!(o.disk_driver, DiskDriver::Scsi);
+        assert_eq!(o.cpu_model, None);
+        let pod = PodAnnotations {
+            machine: Some("pc-q35-7.2".into()),
+            kernel_params: Some("mitigations=off".into()),
+            disk_driver: Some(DiskDriver::Nvme),
+            cpu_model: Some(CpuModel::HostModel),
+            ..Default::default()
+        };
+        let o = VmOptions::resolve(&guest, &pod);
+        assert_eq!(o.machine, "pc-q35-7.2");
+        assert_eq!(o.kernel_params, "loglevel=3 mitigations=off");
+        assert_eq!(o.disk_driver, DiskDriver::Nvme);
+        assert_eq!(o.cpu_model, Some(CpuModel::HostModel));
     }
 
     #[test]
@@ -76,6 +135,7 @@ mod tests {
         let pod = PodAnnotations {
             vcpus: None,
             memory_mib: Some(16),
+            ..Default::default()
         };
         let err = VmShape::resolve(&GuestConfig::default(), &pod).unwrap_err();
         assert!(err.to_string().contains("vmlet.io/memory"));

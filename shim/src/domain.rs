@@ -1,6 +1,7 @@
 //! The libvirt domain, rendered from typed structs (one per device) with serde + quick-xml.
 
 use serde::Serialize;
+use vmlet_config::CpuModel;
 
 use crate::Error;
 
@@ -103,6 +104,43 @@ pub struct Empty {}
 pub struct Cpu {
     #[serde(rename = "@mode")]
     pub mode: &'static str,
+    #[serde(rename = "@match", skip_serializing_if = "Option::is_none")]
+    pub match_: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model: Option<CpuModelXml>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct CpuModelXml {
+    #[serde(rename = "@fallback")]
+    pub fallback: &'static str,
+    #[serde(rename = "$text")]
+    pub name: String,
+}
+
+impl Cpu {
+    /// The pod's CPU model; without one, the host's CPU under KVM and QEMU's default under
+    /// TCG.
+    fn for_model(model: Option<&CpuModel>, kvm: bool) -> Option<Self> {
+        let mode = |mode| Cpu {
+            mode,
+            match_: None,
+            model: None,
+        };
+        match model {
+            None => kvm.then(|| mode("host-passthrough")),
+            Some(CpuModel::HostPassthrough) => Some(mode("host-passthrough")),
+            Some(CpuModel::HostModel) => Some(mode("host-model")),
+            Some(CpuModel::Named(name)) => Some(Cpu {
+                mode: "custom",
+                match_: Some("exact"),
+                model: Some(CpuModelXml {
+                    fallback: "forbid",
+                    name: name.clone(),
+                }),
+            }),
+        }
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -208,6 +246,8 @@ pub struct DomainParams {
     pub vcpus: u32,
     pub memory_mib: u64,
     pub machine: String,
+    /// The pod's CPU model (`vmlet.io/cpu-model`), if it chose one.
+    pub cpu_model: Option<CpuModel>,
     pub kernel: String,
     pub initrd: String,
     pub cmdline: String,
@@ -300,9 +340,7 @@ impl Domain {
                 cmdline: p.cmdline.clone(),
             },
             features: Features { acpi: Empty {} },
-            cpu: p.kvm.then_some(Cpu {
-                mode: "host-passthrough",
-            }),
+            cpu: Cpu::for_model(p.cpu_model.as_ref(), p.kvm),
             on_poweroff: "destroy",
             on_reboot: "destroy",
             on_crash: "destroy",
@@ -362,6 +400,7 @@ mod tests {
             vcpus: 2,
             memory_mib: 512,
             machine: "q35".into(),
+            cpu_model: None,
             kernel: "/img/vmlinuz".into(),
             initrd: "/img/initrd.img".into(),
             cmdline: "console=ttyS0 vmlet.share=vmlet".into(),
@@ -415,6 +454,22 @@ mod tests {
         assert!(xml.contains("<cpu mode=\"host-passthrough\"/>"), "{xml}");
         assert!(xml.contains("<vsock model=\"virtio\">"), "{xml}");
         assert!(!xml.contains("vhost-user-vsock-pci"), "{xml}");
+    }
+
+    #[test]
+    fn renders_the_pods_cpu_model() {
+        let mut p = params(VsockDevice::Vhost);
+        assert!(!Domain::new(&p).to_xml().unwrap().contains("<cpu"));
+        p.cpu_model = Some(CpuModel::Named("Skylake-Client".into()));
+        let xml = Domain::new(&p).to_xml().unwrap();
+        assert!(
+            xml.contains("<cpu mode=\"custom\" match=\"exact\"><model fallback=\"forbid\">Skylake-Client</model></cpu>"),
+            "{xml}"
+        );
+        p.kvm = true;
+        p.cpu_model = Some(CpuModel::HostModel);
+        let xml = Domain::new(&p).to_xml().unwrap();
+        assert!(xml.contains("<cpu mode=\"host-model\"/>"), "{xml}");
     }
 
     #[test]

@@ -17,6 +17,9 @@ pub enum Error {
     AlreadyExists(String),
     #[error("{0}")]
     FailedPrecondition(String),
+    /// The node's operator does not let pods do this (an annotation off the allowlist).
+    #[error("{0}")]
+    PermissionDenied(String),
     #[error("{0} is not supported yet")]
     Unimplemented(String),
     #[error("libvirt: {0}")]
@@ -62,6 +65,7 @@ impl Error {
             Error::AlreadyExists(_) => Code::ALREADY_EXISTS,
             Error::FailedPrecondition(_) | Error::Hook(_) => Code::FAILED_PRECONDITION,
             Error::Unimplemented(_) => Code::UNIMPLEMENTED,
+            Error::PermissionDenied(_) => Code::PERMISSION_DENIED,
             Error::Agent { code, .. } => *code,
             Error::Network(e) => match e {
                 vmlet_netns::Error::Enter { .. } | vmlet_netns::Error::NoInterface(_) => {
@@ -93,6 +97,9 @@ impl From<vmlet_config::Error> for Error {
             vmlet_config::Error::InvalidAnnotation { .. }
             | vmlet_config::Error::UnknownAnnotation { .. } => {
                 Error::InvalidArgument(e.to_string())
+            }
+            vmlet_config::Error::AnnotationNotAllowed { .. } => {
+                Error::PermissionDenied(e.to_string())
             }
             other => Error::Config(other),
         }
@@ -155,6 +162,20 @@ mod tests {
             ttrpc::Error::RpcStatus(s) => assert!(s.message.contains("vmlet.io/memory")),
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn annotation_off_the_allowlist_is_permission_denied_and_named() {
+        let e: Error = vmlet_config::Error::AnnotationNotAllowed {
+            key: "vmlet.io/kernel-params".into(),
+        }
+        .into();
+        assert_eq!(e.code(), Code::PERMISSION_DENIED);
+        assert!(
+            e.message().contains("vmlet.io/kernel-params"),
+            "{}",
+            e.message()
+        );
     }
 
     #[test]

@@ -22,7 +22,7 @@ use containerd_shim_protos::shim_async::Task;
 use containerd_shim_protos::topics;
 use oci_spec::runtime::Spec;
 use tokio::sync::watch;
-use vmlet_config::{NodeConfig, PodAnnotations, VmShape};
+use vmlet_config::{NodeConfig, PodAnnotations, VmOptions, VmShape};
 use vmlet_protocol::agent::{
     ContainerRequest, CreateExecRequest, ListProcessesRequest, ProcessRef, RemoveContainerRequest,
     ResizeTerminalRequest, SignalProcessRequest, StartProcessRequest, Stdio,
@@ -214,7 +214,7 @@ impl TaskService {
         let spec = Spec::load(bundle.join("config.json"))
             .map_err(|e| Error::InvalidArgument(format!("read {}/config.json: {e}", req.bundle)))?;
         let annotations = spec.annotations().clone().unwrap_or_default();
-        let pod_annotations = PodAnnotations::from_map(&annotations)?;
+        let pod_annotations = PodAnnotations::from_map(&annotations, &config.annotations.allowed)?;
         let role = crate::spec::pod_role(&annotations)?;
         let paths = StdioPaths {
             stdin: req.stdin.clone(),
@@ -266,12 +266,14 @@ impl TaskService {
         let (vm, pod_id) = match role {
             crate::spec::PodRole::Sandbox => {
                 let shape = VmShape::resolve(&config.guest, &pod_annotations)?;
+                let options = VmOptions::resolve(&config.guest, &pod_annotations);
                 let netns = crate::spec::network_namespace(&spec)?;
                 let vmm = (self.vmm_factory)(&config);
                 let boot = BootRequest {
                     pod_id: req.id.clone(),
                     container_id: req.id.clone(),
                     shape,
+                    options,
                     rootfs,
                     binds,
                     netns,

@@ -10,7 +10,7 @@ use containerd_shim_protos::api::Mount as RootfsMount;
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
-use vmlet_config::{Accel, NodeConfig, VmShape, VsockTransport};
+use vmlet_config::{Accel, CpuModel, NodeConfig, VmOptions, VmShape, VsockTransport};
 use vmlet_protocol::agent::{
     ConfigureNetworkRequest, NetworkInterface, PingRequest, Route, ShutdownRequest,
 };
@@ -84,6 +84,8 @@ pub struct BootRequest {
     pub pod_id: String,
     pub container_id: String,
     pub shape: VmShape,
+    /// Machine type, CPU model, kernel parameters, disk driver.
+    pub options: VmOptions,
     pub rootfs: RootfsSource,
     /// Host paths the container bind-mounts, bound into the share before the VM starts.
     pub binds: Vec<crate::spec::HostBind>,
@@ -320,6 +322,20 @@ impl Vm {
                     && block(move || vmm.kvm_usable(&qemu, &machine)).await?
             }
         };
+        if !kvm {
+            if let Some(model @ (CpuModel::HostModel | CpuModel::HostPassthrough)) =
+                &req.options.cpu_model
+            {
+                let name = if *model == CpuModel::HostModel {
+                    "host-model"
+                } else {
+                    "host-passthrough"
+                };
+                return Err(Error::FailedPrecondition(format!(
+                    "CPU model {name} (vmlet.io/cpu-model) needs KVM, and this node runs TCG"
+                )));
+            }
+        }
         let name = domain_name(pod_id);
         let params = DomainParams {
             name: name.clone(),
@@ -327,12 +343,13 @@ impl Vm {
             kvm,
             vcpus: shape.vcpus,
             memory_mib: shape.memory_mib,
-            machine: config.guest.machine.clone(),
+            machine: req.options.machine.clone(),
+            cpu_model: req.options.cpu_model.clone(),
             kernel: config.guest.kernel.to_string_lossy().into_owned(),
             initrd: config.guest.initrd.to_string_lossy().into_owned(),
             cmdline: format!(
                 "console=ttyS0 panic=-1 quiet vmlet.share={SHARE_TAG} {}",
-                config.guest.kernel_params
+                req.options.kernel_params
             )
             .trim_end()
             .to_owned(),

@@ -1,0 +1,127 @@
+//! End to end: what pods choose through annotations reaches their VM, and what the node's
+//! allowlist does not name is refused. The stack's node config allows the defaults plus
+//! `vmlet.io/kernel-params` and `vmlet.io/cpu-model` (see `scripts/stack`), so that
+//! `vmlet.io/machine` stays off the list. Run by `make test`.
+
+use vmlet_integration::{unique_id, Stack};
+
+fn stack() -> Stack {
+    Stack::from_env().expect("the vmlet stack")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[test]
+#[ignore = "needs the vmlet stack: make test"]
+fn vcpus_and_memory_annotations_shape_the_guest() {
+    let s = stack();
+    let out = s
+        .run(
+            &unique_id("shape"),
+            &[
+                "--annotation",
+                "vmlet.io/vcpus=2",
+                "--annotation",
+                "vmlet.io/memory=512Mi",
+            ],
+            &["sh", "-c", "nproc; grep MemTotal /proc/meminfo"],
+        )
+        .unwrap();
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
+    let mut lines = stdout.lines();
+    assert_eq!(lines.next(), Some("2"), "{stdout}");
+    let kib: u64 = lines
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    // The kernel keeps some for itself: "about 512 MiB".
+    assert!(
+        (400 * 1024..=512 * 1024).contains(&kib),
+        "MemTotal {kib} kB: {stdout}"
+    );
+}
+
+#[test]
+#[ignore = "needs the vmlet stack: make test"]
+fn allowlisted_kernel_params_and_cpu_model_reach_the_guest() {
+    let s = stack();
+    let out = s
+        .run(
+            &unique_id("opts"),
+            &[
+                "--annotation",
+                "vmlet.io/kernel-params=vmlet_test_marker=42",
+                "--annotation",
+                "vmlet.io/cpu-model=Nehalem",
+            ],
+            &[
+                "sh",
+                "-c",
+                "cat /proc/cmdline; grep -m1 'model name' /proc/cpuinfo",
+            ],
+        )
+        .unwrap();
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
+    assert!(stdout.contains("vmlet_test_marker=42"), "{stdout}");
+    assert!(stdout.contains("Nehalem"), "{stdout}");
+}
+
+#[test]
+#[ignore = "needs the vmlet stack: make test"]
+fn an_annotation_off_the_allowlist_is_refused_by_name_and_leaves_nothing() {
+    let s = stack();
+    let domains_before = s.vmlet_domains().unwrap();
+    let processes_before = s.stack_processes().len();
+    for (id, annotation) in [
+        (unique_id("deny"), "vmlet.io/machine=pc-q35-7.2"),
+        (unique_id("deny"), "VirtletCPUModel=Nehalem"),
+    ] {
+        let out = s
+            .run(&id, &["--annotation", annotation], &["true"])
+            .unwrap();
+        assert!(!out.status.success(), "{annotation} was accepted");
+        let stderr = text(&out.stderr);
+        let key = annotation.split('=').next().unwrap();
+        assert!(stderr.contains(key), "{stderr}");
+        assert!(stderr.contains("not allowed"), "{stderr}");
+        assert!(
+            !std::path::Path::new(&format!("{}/state/{id}", s.dir)).exists(),
+            "state left behind"
+        );
+        let _ = s.ctr_output(&["container", "rm", &id]);
+    }
+    assert_eq!(s.vmlet_domains().unwrap(), domains_before, "domains left");
+    assert_eq!(
+        s.stack_processes().len(),
+        processes_before,
+        "processes left"
+    );
+}
+
+#[test]
+#[ignore = "needs the vmlet stack: make test"]
+fn a_host_cpu_model_under_tcg_is_refused_clearly() {
+    // The stack's libvirtd sees /dev/kvm masked: its VMs always run under TCG.
+    let s = stack();
+    let id = unique_id("hostcpu");
+    let out = s
+        .run(
+            &id,
+            &["--annotation", "vmlet.io/cpu-model=host-model"],
+            &["true"],
+        )
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("host-model") && stderr.contains("needs KVM"),
+        "{stderr}"
+    );
+    assert!(!std::path::Path::new(&format!("{}/state/{id}", s.dir)).exists());
+    let _ = s.ctr_output(&["container", "rm", &id]);
+}
