@@ -2,7 +2,7 @@
 # and `make test`; .ci/run calls `make test`.
 SHELL := /bin/bash
 
-.PHONY: demo test unit e2e bench-start bench-exec bench-net lint stack-up stack-down
+.PHONY: demo test unit fuzz e2e bench-start bench-exec bench-net lint stack-up stack-down
 
 ## demo: boot a container in a VM with ctr against the embedded defaults, then tear down.
 demo:
@@ -15,6 +15,10 @@ test:
 unit:
 	scripts/install-deps
 	cargo test --workspace --locked
+
+## fuzz: each cargo-fuzz target for VMLET_FUZZ_SECONDS (default 60).
+fuzz:
+	scripts/fuzz
 
 lint:
 	cargo fmt --all -- --check

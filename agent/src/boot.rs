@@ -19,8 +19,19 @@ pub struct Boot {
     pub share: Option<PathBuf>,
 }
 
+/// Kernel settings of a Kubernetes node, which kubelet sets on its hosts: a container sees
+/// the same memory behaviour in a VM as on a node (an allocation beyond the VM's size
+/// succeeds, and the container's memory limit, not the VM, decides when it is OOM-killed).
+const NODE_SYSCTLS: &[(&str, &str)] = &[
+    ("/proc/sys/vm/overcommit_memory", "1"),
+    ("/proc/sys/vm/panic_on_oom", "0"),
+];
+
 pub fn boot() -> Result<Boot, Error> {
     mount_basics()?;
+    for (path, value) in NODE_SYSCTLS {
+        std::fs::write(path, value).map_err(|e| Error::io(format!("write {path}"), e))?;
+    }
     load_modules()?;
     let cmdline =
         std::fs::read_to_string("/proc/cmdline").map_err(|e| Error::io("read /proc/cmdline", e))?;

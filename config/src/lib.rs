@@ -27,4 +27,4 @@ pub use node::{
     DEFAULT_CONFIG_PATH,
 };
 pub use quantity::parse_memory_mib;
-pub use shape::{VmOptions, VmShape};
+pub use shape::{PodLimits, ShapeSource, VmOptions, VmShape};

@@ -55,6 +55,11 @@ pub struct GuestConfig {
     pub max_memory_mib: u64,
     /// Extra kernel command line parameters, appended to vmlet's own.
     pub kernel_params: String,
+    /// vCPUs added to a pod's CPU limit when the VM is sized from limits.
+    pub overhead_vcpus: u32,
+    /// Memory (MiB) added to a pod's memory limit when the VM is sized from limits: the
+    /// guest kernel and agent live beside the containers.
+    pub overhead_memory_mib: u64,
 }
 
 impl Default for GuestConfig {
@@ -68,6 +73,8 @@ impl Default for GuestConfig {
             max_vcpus: 8,
             max_memory_mib: 16 * 1024,
             kernel_params: String::new(),
+            overhead_vcpus: 0,
+            overhead_memory_mib: 128,
         }
     }
 }

@@ -41,11 +41,74 @@ pub struct VmShape {
     pub memory_mib: u64,
 }
 
+/// The pod's resource limits, where it has them: CRI's sandbox annotations (the sum of the
+/// containers' limits) or a plain task's own `linux.resources`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PodLimits {
+    /// CPU quota over period, rounded up to whole vCPUs.
+    pub vcpus: Option<u32>,
+    /// Memory limit, rounded up to whole MiB.
+    pub memory_mib: Option<u64>,
+}
+
+impl PodLimits {
+    /// From a CPU quota and period (microseconds; a quota <= 0 means none) and a memory
+    /// limit in bytes (<= 0: none).
+    pub fn from_cgroup_values(quota: i64, period: u64, memory_bytes: i64) -> Self {
+        let period = if period == 0 { 100_000 } else { period };
+        Self {
+            vcpus: (quota > 0).then(|| (quota as u64).div_ceil(period).min(u32::MAX as u64) as u32),
+            memory_mib: (memory_bytes > 0).then(|| (memory_bytes as u64).div_ceil(1 << 20)),
+        }
+    }
+}
+
+/// Why a VM has the shape it has, for the shim's log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShapeSource {
+    Annotation,
+    /// The pod's limit plus the node's overhead.
+    Limits,
+    /// The limit plus overhead was above the node's maximum, which was used instead.
+    LimitsCapped,
+    Default,
+}
+
 impl VmShape {
-    /// Annotations win over the node defaults; asking for more than the node's maximum is an
-    /// error naming the annotation.
-    pub fn resolve(guest: &GuestConfig, pod: &PodAnnotations) -> Result<Self, Error> {
-        let vcpus = pod.vcpus.unwrap_or(guest.vcpus);
+    /// The rule, for each of vCPUs and memory: the pod's annotation if it set one (above the
+    /// node's maximum is an error naming it); else the pod's limit plus the node's overhead,
+    /// at most the node's maximum; else the node's default.
+    pub fn resolve(
+        guest: &GuestConfig,
+        pod: &PodAnnotations,
+        limits: &PodLimits,
+    ) -> Result<(Self, [ShapeSource; 2]), Error> {
+        let sized =
+            |annotation: Option<u64>, limit: Option<u64>, overhead: u64, max: u64, default: u64| {
+                match (annotation, limit) {
+                    (Some(v), _) => (v, ShapeSource::Annotation),
+                    (None, Some(l)) if l.saturating_add(overhead) > max => {
+                        (max, ShapeSource::LimitsCapped)
+                    }
+                    (None, Some(l)) => (l + overhead, ShapeSource::Limits),
+                    (None, None) => (default, ShapeSource::Default),
+                }
+            };
+        let (vcpus, vcpu_source) = sized(
+            pod.vcpus.map(u64::from),
+            limits.vcpus.map(u64::from),
+            u64::from(guest.overhead_vcpus),
+            u64::from(guest.max_vcpus),
+            u64::from(guest.vcpus),
+        );
+        let vcpus = vcpus as u32;
+        let (memory_mib, memory_source) = sized(
+            pod.memory_mib,
+            limits.memory_mib,
+            guest.overhead_memory_mib,
+            guest.max_memory_mib,
+            guest.memory_mib,
+        );
         if vcpus > guest.max_vcpus {
             return Err(Error::InvalidAnnotation {
                 key: "vmlet.io/vcpus".into(),
@@ -53,7 +116,6 @@ impl VmShape {
                 reason: format!("above the node maximum of {}", guest.max_vcpus),
             });
         }
-        let memory_mib = pod.memory_mib.unwrap_or(guest.memory_mib);
         if memory_mib > guest.max_memory_mib {
             return Err(Error::InvalidAnnotation {
                 key: "vmlet.io/memory".into(),
@@ -68,7 +130,7 @@ impl VmShape {
                 reason: "a VM needs at least 64Mi".into(),
             });
         }
-        Ok(Self { vcpus, memory_mib })
+        Ok((Self { vcpus, memory_mib }, [vcpu_source, memory_source]))
     }
 }
 
@@ -79,7 +141,8 @@ mod tests {
     #[test]
     fn defaults_without_annotations() {
         let g = GuestConfig::default();
-        let s = VmShape::resolve(&g, &PodAnnotations::default()).unwrap();
+        let (s, _) =
+            VmShape::resolve(&g, &PodAnnotations::default(), &PodLimits::default()).unwrap();
         assert_eq!((s.vcpus, s.memory_mib), (g.vcpus, g.memory_mib));
     }
 
@@ -90,8 +153,10 @@ mod tests {
             memory_mib: Some(512),
             ..Default::default()
         };
-        let s = VmShape::resolve(&GuestConfig::default(), &pod).unwrap();
+        let limits = PodLimits::from_cgroup_values(400_000, 100_000, 1 << 30);
+        let (s, source) = VmShape::resolve(&GuestConfig::default(), &pod, &limits).unwrap();
         assert_eq!((s.vcpus, s.memory_mib), (2, 512));
+        assert_eq!(source, [ShapeSource::Annotation; 2]);
     }
 
     #[test]
@@ -101,8 +166,38 @@ mod tests {
             memory_mib: None,
             ..Default::default()
         };
-        let err = VmShape::resolve(&GuestConfig::default(), &pod).unwrap_err();
+        let err =
+            VmShape::resolve(&GuestConfig::default(), &pod, &PodLimits::default()).unwrap_err();
         assert!(err.to_string().contains("vmlet.io/vcpus"));
+    }
+
+    #[test]
+    fn limits_plus_overhead_size_the_vm_up_to_the_maximum() {
+        let g = GuestConfig::default();
+        // 1 CPU, 300 MiB: 1 + 0 vCPUs, 300 + 128 MiB.
+        let limits = PodLimits::from_cgroup_values(100_000, 100_000, 300 << 20);
+        let (s, source) = VmShape::resolve(&g, &PodAnnotations::default(), &limits).unwrap();
+        assert_eq!((s.vcpus, s.memory_mib), (1, 428));
+        assert_eq!(source, [ShapeSource::Limits; 2]);
+        // 1.5 CPUs round up; a part of a MiB rounds up.
+        let limits = PodLimits::from_cgroup_values(150_000, 100_000, (300 << 20) + 1);
+        assert_eq!(
+            limits,
+            PodLimits {
+                vcpus: Some(2),
+                memory_mib: Some(301)
+            }
+        );
+        // Above the node's maximum: the maximum.
+        let limits = PodLimits::from_cgroup_values(64 * 100_000, 100_000, 64 << 30);
+        let (s, source) = VmShape::resolve(&g, &PodAnnotations::default(), &limits).unwrap();
+        assert_eq!((s.vcpus, s.memory_mib), (g.max_vcpus, g.max_memory_mib));
+        assert_eq!(source, [ShapeSource::LimitsCapped; 2]);
+        // No limits: none.
+        assert_eq!(
+            PodLimits::from_cgroup_values(-1, 0, 0),
+            PodLimits::default()
+        );
     }
 
     #[test]
@@ -137,7 +232,8 @@ mod tests {
             memory_mib: Some(16),
             ..Default::default()
         };
-        let err = VmShape::resolve(&GuestConfig::default(), &pod).unwrap_err();
+        let err =
+            VmShape::resolve(&GuestConfig::default(), &pod, &PodLimits::default()).unwrap_err();
         assert!(err.to_string().contains("vmlet.io/memory"));
     }
 }

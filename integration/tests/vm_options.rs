@@ -13,35 +13,57 @@ fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
-#[test]
-#[ignore = "needs the vmlet stack: make test"]
-fn vcpus_and_memory_annotations_shape_the_guest() {
-    let s = stack();
+/// Runs a container with `extra` ctr flags and returns the guest's `nproc` and MemTotal (KiB).
+fn guest_shape(s: &Stack, extra: &[&str]) -> (String, u64) {
     let out = s
         .run(
             &unique_id("shape"),
-            &[
-                "--annotation",
-                "vmlet.io/vcpus=2",
-                "--annotation",
-                "vmlet.io/memory=512Mi",
-            ],
+            extra,
             &["sh", "-c", "nproc; grep MemTotal /proc/meminfo"],
         )
         .unwrap();
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
     let mut lines = stdout.lines();
-    assert_eq!(lines.next(), Some("2"), "{stdout}");
-    let kib: u64 = lines
+    let nproc = lines.next().unwrap_or_default().to_owned();
+    let kib = lines
         .next()
         .and_then(|l| l.split_whitespace().nth(1))
         .and_then(|n| n.parse().ok())
         .unwrap_or(0);
+    (nproc, kib)
+}
+
+#[test]
+#[ignore = "needs the vmlet stack: make test"]
+fn vcpus_and_memory_annotations_shape_the_guest() {
+    let s = stack();
+    let annotations = [
+        "--annotation",
+        "vmlet.io/vcpus=2",
+        "--annotation",
+        "vmlet.io/memory=512Mi",
+    ];
+    let (nproc, kib) = guest_shape(&s, &annotations);
+    assert_eq!(nproc, "2");
     // The kernel keeps some for itself: "about 512 MiB".
     assert!(
         (400 * 1024..=512 * 1024).contains(&kib),
-        "MemTotal {kib} kB: {stdout}"
+        "MemTotal {kib} kB"
+    );
+}
+
+#[test]
+#[ignore = "needs the vmlet stack: make test"]
+fn container_limits_size_the_vm_by_the_rule() {
+    // 2 CPUs and 300 MiB, no annotation: 2 + 0 vCPUs, 300 + 128 MiB (docs/config.md).
+    let s = stack();
+    let limit = (300u64 << 20).to_string();
+    let (nproc, kib) = guest_shape(&s, &["--cpus", "2", "--memory-limit", &limit]);
+    assert_eq!(nproc, "2");
+    assert!(
+        (330 * 1024..=428 * 1024).contains(&kib),
+        "MemTotal {kib} kB for a 428 MiB VM"
     );
 }
 

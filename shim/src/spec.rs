@@ -36,6 +36,54 @@ pub fn network_namespace(spec: &Spec) -> Result<Option<PathBuf>, Error> {
     }
 }
 
+/// CRI's sandbox annotations with the pod's summed limits (containerd 1.7 and later, when
+/// kubelet sends the pod's resources).
+const SANDBOX_CPU_QUOTA: &str = "io.kubernetes.cri.sandbox-cpu-quota";
+const SANDBOX_CPU_PERIOD: &str = "io.kubernetes.cri.sandbox-cpu-period";
+const SANDBOX_MEMORY: &str = "io.kubernetes.cri.sandbox-memory";
+
+/// The pod's limits for sizing its VM: CRI's sandbox annotations where containerd gives
+/// them, else the spec's own `linux.resources` (`ctr run --cpus/--memory-limit`). A bad
+/// annotation value is an error naming it.
+pub fn pod_limits(
+    spec: &Spec,
+    annotations: &HashMap<String, String>,
+) -> Result<vmlet_config::PodLimits, Error> {
+    fn number<T: std::str::FromStr>(
+        annotations: &HashMap<String, String>,
+        key: &str,
+    ) -> Result<Option<T>, Error> {
+        annotations
+            .get(key)
+            .map(|v| {
+                v.trim().parse::<T>().map_err(|_| {
+                    Error::InvalidArgument(format!("annotation {key}: {v:?} is not a number"))
+                })
+            })
+            .transpose()
+    }
+    let quota = number::<i64>(annotations, SANDBOX_CPU_QUOTA)?;
+    let period = number::<u64>(annotations, SANDBOX_CPU_PERIOD)?;
+    let memory = number::<i64>(annotations, SANDBOX_MEMORY)?;
+    if quota.is_some() || memory.is_some() {
+        return Ok(vmlet_config::PodLimits::from_cgroup_values(
+            quota.unwrap_or(0),
+            period.unwrap_or(0),
+            memory.unwrap_or(0),
+        ));
+    }
+    let resources = spec.linux().as_ref().and_then(|l| l.resources().as_ref());
+    let cpu = resources.and_then(|r| r.cpu().as_ref());
+    Ok(vmlet_config::PodLimits::from_cgroup_values(
+        cpu.and_then(|c| c.quota()).unwrap_or(0),
+        cpu.and_then(|c| c.period()).unwrap_or(0),
+        resources
+            .and_then(|r| r.memory().as_ref())
+            .and_then(|m| m.limit())
+            .unwrap_or(0),
+    ))
+}
+
 /// The namespaces a task shares with its pod sandbox: CRI gives a container of a pod the
 /// sandbox's IPC and UTS namespaces (and its PID namespace with shareProcessNamespace) as
 /// `/proc/<sandbox pid>/ns/<name>`. In the VM that means joining the sandbox container's.
@@ -459,6 +507,33 @@ mod tests {
         );
         let err = shared_namespaces(&cri, &PodRole::Sandbox, None).unwrap_err();
         assert!(err.to_string().contains("/proc/7/ns/ipc"), "{err}");
+    }
+
+    #[test]
+    fn pod_limits_from_cri_annotations_or_the_spec() {
+        let limited = spec(&BASE.replace(
+            r#""hostname": "box","#,
+            r#""hostname": "box", "linux": {"resources": {"cpu": {"quota": 150000, "period": 100000}, "memory": {"limit": 314572800}}},"#,
+        ));
+        let none = HashMap::new();
+        let limits = pod_limits(&limited, &none).unwrap();
+        assert_eq!((limits.vcpus, limits.memory_mib), (Some(2), Some(300)));
+        let cri: HashMap<String, String> = [
+            (SANDBOX_CPU_QUOTA, "400000"),
+            (SANDBOX_CPU_PERIOD, "100000"),
+            (SANDBOX_MEMORY, "1073741824"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let limits = pod_limits(&limited, &cri).unwrap();
+        assert_eq!((limits.vcpus, limits.memory_mib), (Some(4), Some(1024)));
+        let bad: HashMap<String, String> =
+            [(SANDBOX_MEMORY.to_string(), "lots".to_string())].into();
+        let err = pod_limits(&limited, &bad).unwrap_err();
+        assert!(err.message().contains(SANDBOX_MEMORY), "{}", err.message());
+        let plain = spec(BASE);
+        assert_eq!(pod_limits(&plain, &none).unwrap(), Default::default());
     }
 
     #[test]

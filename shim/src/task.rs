@@ -265,7 +265,17 @@ impl TaskService {
         };
         let (vm, pod_id) = match role {
             crate::spec::PodRole::Sandbox => {
-                let shape = VmShape::resolve(&config.guest, &pod_annotations)?;
+                let limits = crate::spec::pod_limits(&spec, &annotations)?;
+                let (shape, sources) = VmShape::resolve(&config.guest, &pod_annotations, &limits)?;
+                log::info!(
+                    "pod {}: {} vCPU ({:?}), {} MiB ({:?}); limits {:?}",
+                    req.id,
+                    shape.vcpus,
+                    sources[0],
+                    shape.memory_mib,
+                    sources[1],
+                    limits
+                );
                 let options = VmOptions::resolve(&config.guest, &pod_annotations);
                 let netns = crate::spec::network_namespace(&spec)?;
                 let vmm = (self.vmm_factory)(&config);

@@ -1,0 +1,95 @@
+//! End to end: a bad node config stops the create with a message naming the key (and line)
+//! in ctr's error and in containerd's log, and leaves nothing behind. The test rewrites the
+//! stack's config file (`VMLET_CONFIG`, read by the shim at every create) and restores it,
+//! also when it fails. Run by `make test`.
+
+use vmlet_integration::{unique_id, Stack};
+
+/// Puts the original config back when dropped.
+struct ConfigSwap {
+    path: String,
+    original: String,
+}
+
+impl ConfigSwap {
+    fn with(text: &str) -> Self {
+        let path = std::env::var("VMLET_CONFIG").expect("VMLET_CONFIG: the stack's config");
+        let original = std::fs::read_to_string(&path).unwrap();
+        std::fs::write(&path, text).unwrap();
+        Self { path, original }
+    }
+
+    fn original(&self) -> &str {
+        &self.original
+    }
+}
+
+impl Drop for ConfigSwap {
+    fn drop(&mut self) {
+        std::fs::write(&self.path, &self.original).unwrap();
+    }
+}
+
+fn containerd_log(s: &Stack) -> String {
+    std::fs::read_to_string(format!("{}/containerd/containerd.log", s.dir)).unwrap_or_default()
+}
+
+#[test]
+#[ignore = "needs the vmlet stack: make test"]
+fn a_bad_node_config_is_named_and_leaves_nothing() {
+    let s = Stack::from_env().expect("the vmlet stack");
+    let original = std::fs::read_to_string(std::env::var("VMLET_CONFIG").unwrap()).unwrap();
+    for (bad, named) in [
+        // An unknown key: named with its line.
+        (
+            format!("{original}\nbogus_key = 1\n"),
+            vec!["bogus_key", "line"],
+        ),
+        // A value out of range.
+        (
+            original.replace("[guest]", "[guest]\nvcpus = 0"),
+            vec!["guest.vcpus", "at least 1"],
+        ),
+        // An allowlist entry vmlet does not know.
+        (
+            original.replace(
+                "\"vmlet.io/cpu-model\"]",
+                "\"vmlet.io/cpu-model\", \"vmlet.io/nonsense\"]",
+            ),
+            vec!["annotations.allowed", "vmlet.io/nonsense"],
+        ),
+    ] {
+        assert_ne!(bad, original, "the test's edit did not apply");
+        let log_before = containerd_log(&s).len();
+        let id = unique_id("badcfg");
+        let out = {
+            let swap = ConfigSwap::with(&bad);
+            assert_eq!(swap.original(), original);
+            s.run(&id, &[], &["true"]).unwrap()
+        };
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "a bad config was accepted");
+        let log = containerd_log(&s);
+        let new_log = &log[log_before.min(log.len())..];
+        for word in &named {
+            assert!(stderr.contains(word), "ctr does not name {word}: {stderr}");
+            assert!(
+                new_log.contains(word),
+                "the log does not name {word}: {new_log}"
+            );
+        }
+        assert!(
+            !std::path::Path::new(&format!("{}/state/{id}", s.dir)).exists(),
+            "state left behind"
+        );
+        let _ = s.ctr_output(&["container", "rm", &id]);
+    }
+    assert_eq!(s.vmlet_domains().unwrap(), Vec::<String>::new());
+    // The restored config works again.
+    let out = s.run(&unique_id("goodcfg"), &[], &["true"]).unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
