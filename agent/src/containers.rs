@@ -109,6 +109,13 @@ impl Process {
         }
     }
 
+    /// From now on this process is `pid` (a helper's CLONE_PARENT clone, which the agent's
+    /// reaper collects): its PID and its exit.
+    fn hand_over(&self, pid: i32, reaper: &Reaper) {
+        self.pid.store(pid, Ordering::SeqCst);
+        *self.exit.lock().unwrap() = reaper.adopt(pid);
+    }
+
     /// Blocks until the init reports its rootfs ready, or returns its error. A helper that
     /// handed over to a clone of itself (`P<pid>` first) makes that clone this process;
     /// its PID is returned.
@@ -148,8 +155,7 @@ impl Process {
                 id: id.into(),
                 message: format!("bad PID {digits:?} from the init helper"),
             })?;
-            self.pid.store(pid, Ordering::SeqCst);
-            *self.exit.lock().unwrap() = reaper.adopt(pid);
+            self.hand_over(pid, reaper);
             handed_over = Some(pid);
             first = read_byte()?;
         }
@@ -210,8 +216,7 @@ impl Process {
                 id: id.into(),
                 message: format!("exec helper sent a bad PID {pid:?}"),
             })?;
-            self.pid.store(pid, Ordering::SeqCst);
-            *self.exit.lock().unwrap() = reaper.adopt(pid);
+            self.hand_over(pid, reaper);
             message = rest.to_owned();
         }
         if let Some(error) = message.strip_prefix('E') {

@@ -51,6 +51,12 @@ pub const DEFAULT_ALLOWED: &[&str] = &[
     "VirtletDiskDriver",
 ];
 
+/// Whether `machine` is a q35 machine type (`q35`, `pc-q35-<version>`): vmlet's devices sit
+/// on q35's PCIe root bus.
+pub fn is_q35(machine: &str) -> bool {
+    machine == "q35" || machine.starts_with("pc-q35-")
+}
+
 /// Whether `name` is an annotation vmlet knows.
 pub fn is_known(name: &str) -> bool {
     ANNOTATION_KEYS.iter().any(|(known, _)| *known == name)
@@ -87,6 +93,18 @@ pub enum CpuModel {
     HostModel,
     /// A named libvirt/QEMU CPU model (`Skylake-Client`, `qemu64`, ...).
     Named(String),
+}
+
+impl CpuModel {
+    /// libvirt's mode name of a host CPU model (`host-model`, `host-passthrough`), which
+    /// needs KVM; `None` for a named model.
+    pub fn host_mode(&self) -> Option<&'static str> {
+        match self {
+            CpuModel::HostPassthrough => Some("host-passthrough"),
+            CpuModel::HostModel => Some("host-model"),
+            CpuModel::Named(_) => None,
+        }
+    }
 }
 
 /// What a pod asked for through its annotations. `None` means "not set".
@@ -200,7 +218,7 @@ impl PodAnnotations {
             }
             AnnotationKey::Machine => {
                 let name = check_name(value.trim(), "a machine type").map_err(invalid)?;
-                if name != "q35" && !name.starts_with("pc-q35-") {
+                if !is_q35(&name) {
                     return Err(invalid(
                         "vmlet's devices need a q35 machine (q35 or pc-q35-<version>)".into(),
                     ));

@@ -245,7 +245,7 @@ impl NodeConfig {
                 format!("{unknown:?} is not an annotation vmlet knows"),
             );
         }
-        if !(g.machine == "q35" || g.machine.starts_with("pc-q35-")) {
+        if !crate::annotations::is_q35(&g.machine) {
             return invalid(
                 "guest.machine",
                 format!("{:?}: vmlet's devices need a q35 machine", g.machine),

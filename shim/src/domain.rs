@@ -129,8 +129,6 @@ impl Cpu {
         };
         match model {
             None => kvm.then(|| mode("host-passthrough")),
-            Some(CpuModel::HostPassthrough) => Some(mode("host-passthrough")),
-            Some(CpuModel::HostModel) => Some(mode("host-model")),
             Some(CpuModel::Named(name)) => Some(Cpu {
                 mode: "custom",
                 match_: Some("exact"),
@@ -139,6 +137,7 @@ impl Cpu {
                     name: name.clone(),
                 }),
             }),
+            Some(host) => host.host_mode().map(mode),
         }
     }
 }

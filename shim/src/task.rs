@@ -37,6 +37,18 @@ use crate::Error;
 /// How long the shim waits for a process's output to drain after it exited.
 const OUTPUT_DRAIN: Duration = Duration::from_secs(5);
 
+/// Where a created task's container goes: a new VM (sandbox or plain task) or a running
+/// pod's VM.
+enum PodTarget {
+    Boot(Box<BootRequest>),
+    Join {
+        vm: Arc<Vm>,
+        sandbox_id: String,
+        rootfs: RootfsSource,
+        binds: Vec<crate::spec::HostBind>,
+    },
+}
+
 /// Builds the VM manager for a config (libvirt in production).
 pub type VmmFactory = Arc<dyn Fn(&NodeConfig) -> Arc<dyn VmManager> + Send + Sync>;
 
@@ -263,7 +275,8 @@ impl TaskService {
         } else {
             RootfsSource::Mounts(req.rootfs.to_vec())
         };
-        let (vm, pod_id) = match role {
+        // Checks first: nothing is created and no hook runs before they pass.
+        let target = match role {
             crate::spec::PodRole::Sandbox => {
                 let limits = crate::spec::pod_limits(&spec, &annotations)?;
                 let (shape, sources) = VmShape::resolve(&config.guest, &pod_annotations, &limits)?;
@@ -278,8 +291,7 @@ impl TaskService {
                 );
                 let options = VmOptions::resolve(&config.guest, &pod_annotations);
                 let netns = crate::spec::network_namespace(&spec)?;
-                let vmm = (self.vmm_factory)(&config);
-                let boot = BootRequest {
+                PodTarget::Boot(Box::new(BootRequest {
                     pod_id: req.id.clone(),
                     container_id: req.id.clone(),
                     shape,
@@ -291,17 +303,7 @@ impl TaskService {
                         create_hooks: hooks.create.clone(),
                         state: hook_state.clone(),
                     }),
-                };
-                let vm = match Vm::boot(&config, vmm, boot).await {
-                    Ok(vm) => Arc::new(vm),
-                    Err(e) => {
-                        // As runc does when a create fails: poststop undoes what hooks did.
-                        crate::hooks::run_logged(&hooks.poststop, &hook_state, "stopped").await;
-                        return Err(e);
-                    }
-                };
-                hook_state.pid = vm.holder_pid.unwrap_or(0);
-                (vm, req.id.clone())
+                }))
             }
             crate::spec::PodRole::Container { sandbox_id } => {
                 let vm = self
@@ -321,59 +323,85 @@ impl TaskService {
                             "OCI hooks on a container of pod {sandbox_id}, whose sandbox has none (no host process to give them)"
                         ))
                     })?;
-                    if let Err(e) = crate::hooks::run(&hooks.create, &hook_state, "creating").await
-                    {
-                        crate::hooks::run_logged(&hooks.poststop, &hook_state, "stopped").await;
-                        return Err(e);
-                    }
                 }
-                if let Err(e) = vm.add_container(&req.id, &rootfs, &binds) {
-                    crate::hooks::run_logged(&hooks.poststop, &hook_state, "stopped").await;
-                    return Err(e);
+                PodTarget::Join {
+                    vm,
+                    sandbox_id,
+                    rootfs,
+                    binds,
                 }
-                (vm, sandbox_id)
             }
         };
-        let owns_vm = pod_id == req.id;
+        // From here a failure removes what was created, then runs the poststop hooks, as
+        // runc does after a failed create (they undo what the create hooks did).
         let created = async {
-            let response = vm
-                .agent
-                .create_container(agent_ctx(), &agent_request)
-                .await?;
-            let name = ProcessName {
-                container_id: &req.id,
-                exec_id: "",
+            let (vm, pod_id) = match target {
+                PodTarget::Boot(boot) => {
+                    let vmm = (self.vmm_factory)(&config);
+                    let vm = Arc::new(Vm::boot(&config, vmm, *boot).await?);
+                    hook_state.pid = vm.holder_pid.unwrap_or(0);
+                    (vm, req.id.clone())
+                }
+                PodTarget::Join {
+                    vm,
+                    sandbox_id,
+                    rootfs,
+                    binds,
+                } => {
+                    crate::hooks::run(&hooks.create, &hook_state, "creating").await?;
+                    vm.add_container(&req.id, &rootfs, &binds)?;
+                    (vm, sandbox_id)
+                }
             };
-            let copies =
-                stdio::attach(&vm.endpoint, name, &self.namespace, &paths, req.terminal).await?;
-            Ok::<_, Error>((response.pid, copies))
+            let owns_vm = pod_id == req.id;
+            let started = async {
+                let response = vm
+                    .agent
+                    .create_container(agent_ctx(), &agent_request)
+                    .await?;
+                let name = ProcessName {
+                    container_id: &req.id,
+                    exec_id: "",
+                };
+                let copies =
+                    stdio::attach(&vm.endpoint, name, &self.namespace, &paths, req.terminal)
+                        .await?;
+                Ok::<_, Error>((response.pid, copies))
+            }
+            .await;
+            match started {
+                Ok((pid, copies)) => Ok((vm, pod_id, owns_vm, pid, copies)),
+                Err(e) => {
+                    let cleanup = if owns_vm {
+                        vm.teardown().await
+                    } else {
+                        let _ = vm
+                            .agent
+                            .remove_container(
+                                agent_ctx(),
+                                &RemoveContainerRequest {
+                                    container_id: req.id.clone(),
+                                    ..Default::default()
+                                },
+                            )
+                            .await;
+                        vm.remove_container(&req.id)
+                    };
+                    if let Err(cleanup) = cleanup {
+                        log::error!(
+                            "cleanup after failed create of {}: {}",
+                            req.id,
+                            cleanup.message()
+                        );
+                    }
+                    Err(e)
+                }
+            }
         }
         .await;
-        let (pid, copies) = match created {
+        let (vm, pod_id, owns_vm, pid, copies) = match created {
             Ok(v) => v,
             Err(e) => {
-                let cleanup = if owns_vm {
-                    vm.teardown().await
-                } else {
-                    let _ = vm
-                        .agent
-                        .remove_container(
-                            agent_ctx(),
-                            &RemoveContainerRequest {
-                                container_id: req.id.clone(),
-                                ..Default::default()
-                            },
-                        )
-                        .await;
-                    vm.remove_container(&req.id)
-                };
-                if let Err(cleanup) = cleanup {
-                    log::error!(
-                        "cleanup after failed create of {}: {}",
-                        req.id,
-                        cleanup.message()
-                    );
-                }
                 crate::hooks::run_logged(&hooks.poststop, &hook_state, "stopped").await;
                 return Err(e);
             }

@@ -148,7 +148,6 @@ impl Vm {
             ..Default::default()
         }));
         let mut tap_server = None;
-        let mut holder_pid = None;
         let result = Self::boot_steps(
             config,
             vmm.clone(),
@@ -156,22 +155,24 @@ impl Vm {
             &paths,
             state.clone(),
             &mut tap_server,
-            &mut holder_pid,
         )
         .await;
         match result {
-            Ok(booted) => Ok(Vm {
-                shape: req.shape,
-                holder_pid,
-                pod_id: req.pod_id,
-                paths,
-                endpoint: booted.endpoint,
-                agent: booted.agent,
-                boot_id: booted.boot_id,
-                state: Mutex::new(state.lock().unwrap().clone()),
-                vmm,
-                tap_server,
-            }),
+            Ok(booted) => {
+                let state = state.lock().unwrap().clone();
+                Ok(Vm {
+                    shape: req.shape,
+                    holder_pid: state.holder_pid,
+                    pod_id: req.pod_id,
+                    paths,
+                    endpoint: booted.endpoint,
+                    agent: booted.agent,
+                    boot_id: booted.boot_id,
+                    state: Mutex::new(state),
+                    vmm,
+                    tap_server,
+                })
+            }
             Err(e) => {
                 if let Some(server) = tap_server {
                     server.abort();
@@ -196,7 +197,6 @@ impl Vm {
         paths: &PodPaths,
         state: Arc<Mutex<PodState>>,
         tap_server: &mut Option<tokio::task::JoinHandle<()>>,
-        holder_pid: &mut Option<u32>,
     ) -> Result<Booted, Error> {
         let (pod_id, shape) = (req.pod_id.as_str(), req.shape);
         let save = |f: &dyn Fn(&mut PodState)| -> Result<(), Error> {
@@ -224,7 +224,6 @@ impl Vm {
             let join = req.netns.clone();
             let pid = block(move || crate::netns_holder::spawn(join.as_deref())).await??;
             save(&|s| s.holder_pid = Some(pid))?;
-            *holder_pid = Some(pid);
             let state = crate::hooks::HookState {
                 pid,
                 ..host.state.clone()
@@ -322,19 +321,11 @@ impl Vm {
                     && block(move || vmm.kvm_usable(&qemu, &machine)).await?
             }
         };
-        if !kvm {
-            if let Some(model @ (CpuModel::HostModel | CpuModel::HostPassthrough)) =
-                &req.options.cpu_model
-            {
-                let name = if *model == CpuModel::HostModel {
-                    "host-model"
-                } else {
-                    "host-passthrough"
-                };
-                return Err(Error::FailedPrecondition(format!(
-                    "CPU model {name} (vmlet.io/cpu-model) needs KVM, and this node runs TCG"
-                )));
-            }
+        let host_cpu = req.options.cpu_model.as_ref().and_then(CpuModel::host_mode);
+        if let (false, Some(name)) = (kvm, host_cpu) {
+            return Err(Error::FailedPrecondition(format!(
+                "CPU model {name} (vmlet.io/cpu-model) needs KVM, and this node runs TCG"
+            )));
         }
         let name = domain_name(pod_id);
         let params = DomainParams {
