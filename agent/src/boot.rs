@@ -6,9 +6,15 @@ use nix::mount::{mount, MsFlags};
 
 use crate::Error;
 
-/// The list of modules to load, in order, written by `vmlet-image` (paths relative to
-/// `/lib/modules/<release>`).
+/// The list of modules to load at boot, in order, written by `vmlet-image` (paths relative
+/// to `/lib/modules/<release>`).
 pub const MODULE_LIST: &str = "/lib/modules/vmlet-modules.list";
+
+/// The list of modules a disk driver needs, loaded when a device of that driver is first
+/// attached (`vmlet-modules.<driver>.list`; none for drivers the boot list covers).
+pub fn driver_module_list(driver: &str) -> PathBuf {
+    PathBuf::from(format!("/lib/modules/vmlet-modules.{driver}.list"))
+}
 /// Where the virtio-fs share is mounted in the guest.
 pub const SHARE_DIR: &str = "/run/vmlet/share";
 /// Kernel command-line parameter naming the virtio-fs tag to mount.
@@ -32,7 +38,7 @@ pub fn boot() -> Result<Boot, Error> {
     for (path, value) in NODE_SYSCTLS {
         std::fs::write(path, value).map_err(|e| Error::io(format!("write {path}"), e))?;
     }
-    load_modules()?;
+    load_modules(Path::new(MODULE_LIST))?;
     let cmdline =
         std::fs::read_to_string("/proc/cmdline").map_err(|e| Error::io("read /proc/cmdline", e))?;
     let share = match cmdline
@@ -110,17 +116,19 @@ fn mount_basics() -> Result<(), Error> {
     Ok(())
 }
 
-fn load_modules() -> Result<(), Error> {
+/// Loads the modules `list` names, in order (a missing list loads nothing; loaded ones are
+/// skipped).
+pub fn load_modules(list: &Path) -> Result<(), Error> {
     let release = nix::sys::utsname::uname()
         .map_err(|e| Error::Boot(format!("uname: {e}")))?
         .release()
         .to_string_lossy()
         .into_owned();
     let base = Path::new("/lib/modules").join(&release);
-    let list = match std::fs::read_to_string(MODULE_LIST) {
+    let list = match std::fs::read_to_string(list) {
         Ok(list) => list,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(Error::io(format!("read {MODULE_LIST}"), e)),
+        Err(e) => return Err(Error::io(format!("read {}", list.display()), e)),
     };
     for module in list.lines().map(str::trim).filter(|l| !l.is_empty()) {
         let path = base.join(module);

@@ -20,7 +20,7 @@ use nix::unistd::{chdir, chroot, sethostname};
 
 use crate::become_process::become_process;
 use crate::helper_fds::Handshake;
-use crate::init_spec::{parse_mount_options, InitSpec};
+use crate::init_spec::{parse_mount_options, DeviceNode, InitSpec};
 
 /// Device nodes every container gets, bind-mounted from the guest's devtmpfs.
 const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
@@ -70,6 +70,9 @@ fn prepare(spec: &InitSpec) -> Result<(), String> {
         mount_one(&rootfs, m)?;
     }
     populate_dev(&rootfs)?;
+    for node in &spec.devices {
+        make_device_node(&rootfs, node)?;
+    }
     let shares_uts = spec.join_namespaces.iter().any(|n| n == "uts");
     if !spec.hostname.is_empty() && !shares_uts {
         sethostname(&spec.hostname).map_err(|e| format!("sethostname: {e}"))?;
@@ -165,6 +168,41 @@ fn bind_one(target: &Path, m: &crate::init_spec::MountSpec) -> Result<(), String
         .map_err(|e| format!("make {} read-only: {e}", m.destination))?;
     }
     Ok(())
+}
+
+/// A block device node at the spec's path, as runc makes one: mknod with the spec's mode
+/// and owner (whatever was at the path is replaced).
+fn make_device_node(rootfs: &Path, node: &DeviceNode) -> Result<(), String> {
+    use nix::sys::stat::{makedev, mknod, Mode, SFlag};
+    let target = rootfs.join(node.path.trim_start_matches('/'));
+    let what = format!("device {} at {}", node.guest_name, node.path);
+    if let Some(parent) = target.parent() {
+        std::fs::create_dir_all(parent).map_err(|e| format!("{what}: mkdir: {e}"))?;
+    }
+    if target.symlink_metadata().is_ok() {
+        std::fs::remove_file(&target).map_err(|e| format!("{what}: remove old: {e}"))?;
+    }
+    mknod(
+        &target,
+        SFlag::S_IFBLK,
+        Mode::from_bits_truncate(node.file_mode),
+        makedev(node.major.into(), node.minor.into()),
+    )
+    .map_err(|e| format!("{what}: mknod: {e}"))?;
+    // mknod applies the umask: set the mode the spec asked for.
+    nix::sys::stat::fchmodat(
+        None,
+        &target,
+        Mode::from_bits_truncate(node.file_mode),
+        nix::sys::stat::FchmodatFlags::FollowSymlink,
+    )
+    .map_err(|e| format!("{what}: chmod: {e}"))?;
+    nix::unistd::chown(
+        &target,
+        Some(nix::unistd::Uid::from_raw(node.uid)),
+        Some(nix::unistd::Gid::from_raw(node.gid)),
+    )
+    .map_err(|e| format!("{what}: chown: {e}"))
 }
 
 fn populate_dev(rootfs: &Path) -> Result<(), String> {

@@ -23,6 +23,11 @@ pub enum Error {
     ContainerSetup { id: String, message: String },
     #[error("network: {0}")]
     Network(String),
+    #[error("block device: {0}")]
+    Device(String),
+    /// A hot-plugged block device did not show up in time.
+    #[error("block device: {0}")]
+    DeviceTimeout(String),
     #[error("{context}")]
     Io {
         context: String,
@@ -45,7 +50,9 @@ impl Error {
             Error::ContainerExists(_) => Code::ALREADY_EXISTS,
             Error::InvalidRequest(_) => Code::INVALID_ARGUMENT,
             Error::WrongState { .. } => Code::FAILED_PRECONDITION,
+            Error::DeviceTimeout(_) => Code::DEADLINE_EXCEEDED,
             Error::ContainerSetup { .. }
+            | Error::Device(_)
             | Error::Boot(_)
             | Error::Network(_)
             | Error::Io { .. } => Code::INTERNAL,

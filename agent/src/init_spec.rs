@@ -50,6 +50,22 @@ pub struct InitSpec {
     pub join_namespaces: Vec<String>,
     #[serde(default)]
     pub join_pid: i32,
+    /// Block device nodes to make in the container (hot-plugged disks).
+    #[serde(default)]
+    pub devices: Vec<DeviceNode>,
+}
+
+/// A block device node: where in the container, which guest disk.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceNode {
+    pub path: String,
+    /// The guest's name for it (`vda`, `sdb`, `nvme0n1`), for messages.
+    pub guest_name: String,
+    pub major: u32,
+    pub minor: u32,
+    pub file_mode: u32,
+    pub uid: u32,
+    pub gid: u32,
 }
 
 /// Everything an exec process needs: whose namespaces and root to join, and what to run.
@@ -151,6 +167,15 @@ mod tests {
             },
             join_namespaces: vec!["ipc".into()],
             join_pid: 7,
+            devices: vec![DeviceNode {
+                path: "/dev/xvda".into(),
+                guest_name: "sda".into(),
+                major: 8,
+                minor: 0,
+                file_mode: 0o660,
+                uid: 0,
+                gid: 6,
+            }],
         };
         let json = serde_json::to_vec(&spec).unwrap();
         assert_eq!(serde_json::from_slice::<InitSpec>(&json).unwrap(), spec);

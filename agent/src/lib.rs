@@ -14,6 +14,7 @@
 //! terminal gets a pseudo-terminal whose master end carries its stdin and output.
 
 pub mod become_process;
+mod block_devices;
 pub mod boot;
 mod cgroup;
 pub mod container_init;

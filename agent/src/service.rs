@@ -222,6 +222,7 @@ fn init_spec(share: &Path, req: &CreateContainerRequest) -> Result<InitSpec, Err
         process,
         join_namespaces: Vec::new(),
         join_pid: 0,
+        devices: Vec::new(),
     })
 }
 
@@ -251,6 +252,7 @@ impl AgentService {
             spec.join_namespaces = req.join_namespaces.clone();
             spec.join_pid = sandbox.init.pid();
         }
+        spec.devices = crate::block_devices::resolve(&req.block_devices).await?;
         let helper = if spec.join_namespaces.iter().any(|n| n == "pid") {
             Helper::ContainerInitInPodPidNamespace
         } else {

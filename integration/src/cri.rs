@@ -144,6 +144,18 @@ impl Cri {
         command: &[&str],
         memory_limit: i64,
     ) -> anyhow::Result<String> {
+        let config = Self::container_config(pod_config, name, image, command, memory_limit);
+        self.create_and_start_config(pod, pod_config, config).await
+    }
+
+    /// The container config kubelet would send, with a memory limit in bytes (0: none).
+    pub fn container_config(
+        pod_config: &PodSandboxConfig,
+        name: &str,
+        image: &str,
+        command: &[&str],
+        memory_limit: i64,
+    ) -> ContainerConfig {
         // As kubelet does: the container's namespace modes are the pod's.
         let namespaces = pod_config
             .linux
@@ -161,7 +173,7 @@ impl Cri {
                 ..Default::default()
             }),
         };
-        let config = ContainerConfig {
+        ContainerConfig {
             metadata: Some(ContainerMetadata {
                 name: name.into(),
                 attempt: 0,
@@ -174,7 +186,16 @@ impl Cri {
             log_path: format!("{name}.log"),
             linux: Some(linux),
             ..Default::default()
-        };
+        }
+    }
+
+    /// CreateContainer with `config`, then StartContainer.
+    pub async fn create_and_start_config(
+        &mut self,
+        pod: &str,
+        pod_config: &PodSandboxConfig,
+        config: ContainerConfig,
+    ) -> anyhow::Result<String> {
         let id = self
             .client
             .create_container(CreateContainerRequest {

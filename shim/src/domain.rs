@@ -259,6 +259,8 @@ pub struct DomainParams {
     pub vsock: VsockDevice,
     /// The shim's tap socket, for `vmlet-vmwrapper`, when the pod has a network.
     pub tap_socket: Option<String>,
+    /// The shim's socket vmlet's QMP monitor connects to (block device hot-plug).
+    pub qmp_socket: String,
 }
 
 /// How the guest's vsock device is provided.
@@ -305,6 +307,9 @@ impl Domain {
                 None
             }
         };
+        for arg in crate::block_devices::qemu_args(&p.qmp_socket) {
+            commandline.args.push(QemuArg { value: arg });
+        }
         Domain {
             kind: if p.kvm { "kvm" } else { "qemu" }.into(),
             qemu_ns: QEMU_NS,
@@ -411,6 +416,7 @@ mod tests {
             console_log: "/run/vmlet/t1/console.log".into(),
             vsock,
             tap_socket: Some("/run/vmlet/t1/taps.sock".into()),
+            qmp_socket: "/run/vmlet/t1/qmp.sock".into(),
         }
     }
 
@@ -437,6 +443,9 @@ mod tests {
             "<qemu:arg value=\"socket,id=vmlet-vsock,path=/run/vmlet/t1/vhost.sock\"/>",
             "<qemu:env name=\"VMLET_QEMU\" value=\"/usr/bin/qemu-system-x86_64\"/>",
             "<qemu:env name=\"VMLET_TAP_SOCKET\" value=\"/run/vmlet/t1/taps.sock\"/>",
+            "<qemu:arg value=\"socket,id=vmlet-qmp,path=/run/vmlet/t1/qmp.sock\"/>",
+            "<qemu:arg value=\"chardev=vmlet-qmp,mode=control\"/>",
+            "<qemu:arg value=\"pcie-root-port,id=vmlet-hp3,bus=pcie.0,addr=0x1d,chassis=203,port=0x23\"/>",
             "<vmlet:pod xmlns:vmlet=\"https://vmlet.io/xmlns/domain/1\" id=\"t1\"/>",
         ] {
             assert!(xml.contains(expected), "missing {expected} in\n{xml}");

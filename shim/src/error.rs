@@ -20,6 +20,9 @@ pub enum Error {
     /// The node's operator does not let pods do this (an annotation off the allowlist).
     #[error("{0}")]
     PermissionDenied(String),
+    /// A per-pod limit is reached (hot-plug ports).
+    #[error("{0}")]
+    ResourceExhausted(String),
     #[error("{0} is not supported yet")]
     Unimplemented(String),
     #[error("libvirt: {0}")]
@@ -66,6 +69,7 @@ impl Error {
             Error::FailedPrecondition(_) | Error::Hook(_) => Code::FAILED_PRECONDITION,
             Error::Unimplemented(_) => Code::UNIMPLEMENTED,
             Error::PermissionDenied(_) => Code::PERMISSION_DENIED,
+            Error::ResourceExhausted(_) => Code::RESOURCE_EXHAUSTED,
             Error::Agent { code, .. } => *code,
             Error::Network(e) => match e {
                 vmlet_netns::Error::Enter { .. } | vmlet_netns::Error::NoInterface(_) => {

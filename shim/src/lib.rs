@@ -9,14 +9,18 @@
 //! - [`stdio`]: containerd FIFOs <-> raw vsock stream connections;
 //! - [`state`]: what a pod created, persisted for `shim delete`;
 //! - [`hooks`]: OCI hooks run on the host; [`netns_holder`]: the pod's host process whose
-//!   PID they are given.
+//!   PID they are given;
+//! - [`block_devices`]: the spec's raw block devices, hot-plugged through vmlet's own QMP
+//!   monitor ([`qmp`]).
 
+pub mod block_devices;
 pub mod domain;
 mod error;
 pub mod hooks;
 pub mod log_uri;
 pub mod metrics;
 pub mod netns_holder;
+pub mod qmp;
 pub mod shim;
 pub mod spec;
 pub mod state;

@@ -248,6 +248,7 @@ impl TaskService {
             pid: 0,
         };
         let (mut agent_request, binds) = crate::spec::create_request(&req.id, &spec, wanted)?;
+        let block_devices = crate::block_devices::from_spec(&spec)?;
         let sandbox_pid = match &role {
             crate::spec::PodRole::Container { sandbox_id } => self
                 .tasks
@@ -355,6 +356,8 @@ impl TaskService {
             };
             let owns_vm = pod_id == req.id;
             let started = async {
+                agent_request.block_devices =
+                    vm.attach_block_devices(&req.id, &block_devices).await?;
                 let response = vm
                     .agent
                     .create_container(agent_ctx(), &agent_request)
@@ -385,6 +388,9 @@ impl TaskService {
                                 },
                             )
                             .await;
+                        if let Err(e) = vm.detach_block_devices(&req.id).await {
+                            log::error!("{}: {}", req.id, e.message());
+                        }
                         vm.remove_container(&req.id)
                     };
                     if let Err(cleanup) = cleanup {
@@ -841,6 +847,11 @@ impl TaskService {
                 )
                 .await?;
             task.vm.remove_container(&task.id)?;
+            // The guest has let go of the devices with the container; the VM's end would
+            // release one that fails to unplug.
+            if let Err(e) = task.vm.detach_block_devices(&task.id).await {
+                log::error!("{}: {}", task.id, e.message());
+            }
         }
         crate::hooks::run_logged(&task.hooks.poststop, &task.hook_state, "stopped").await;
         self.tasks.lock().unwrap().remove(&req.id);

@@ -17,6 +17,7 @@ use vmlet_protocol::agent::{
 use vmlet_protocol::agent_ttrpc::AgentClient;
 use vmlet_protocol::AGENT_PORT;
 
+use crate::block_devices::{BlockDevice, Hotplug};
 use crate::domain::{Domain, DomainParams, VsockDevice};
 use crate::state::PodState;
 use crate::taps::TapDescription;
@@ -28,6 +29,8 @@ use crate::Error;
 const SHARE_TAG: &str = "vmlet";
 /// How long teardown waits for the guest to power itself off.
 const POWER_OFF_WAIT: Duration = Duration::from_secs(2);
+/// How long QEMU may take to connect vmlet's QMP monitor once libvirt started it.
+const QMP_CONNECT_WAIT: Duration = Duration::from_secs(10);
 /// How much of the console log an agent timeout error carries.
 const CONSOLE_TAIL: usize = 2048;
 
@@ -45,6 +48,7 @@ pub struct PodPaths {
     pub console: PathBuf,
     pub vsock_log: PathBuf,
     pub tap_socket: PathBuf,
+    pub qmp_socket: PathBuf,
 }
 
 impl PodPaths {
@@ -57,6 +61,7 @@ impl PodPaths {
             console: dir.join("console.log"),
             vsock_log: dir.join("vhost-device-vsock.log"),
             tap_socket: dir.join("taps.sock"),
+            qmp_socket: dir.join("qmp.sock"),
             dir,
         }
     }
@@ -77,6 +82,8 @@ pub struct Vm {
     vmm: Arc<dyn VmManager>,
     /// Serves the tap fds to vmlet-vmwrapper; aborting it closes the shim's copies.
     tap_server: Option<tokio::task::JoinHandle<()>>,
+    /// Block device hot-plug through vmlet's QMP monitor.
+    hotplug: Arc<Mutex<Hotplug>>,
 }
 
 /// What to boot: the pod, its first container's rootfs, its shape and network.
@@ -109,6 +116,7 @@ struct Booted {
     endpoint: Endpoint,
     agent: AgentClient,
     boot_id: String,
+    hotplug: Hotplug,
 }
 
 /// Where the container's rootfs comes from.
@@ -117,6 +125,23 @@ pub enum RootfsSource {
     Mounts(Vec<RootfsMount>),
     /// A directory already prepared in the bundle.
     Dir(PathBuf),
+}
+
+/// Takes the connection of vmlet's QMP monitor, which QEMU makes as it starts.
+async fn accept_qmp(
+    listener: tokio::net::UnixListener,
+    driver: vmlet_config::DiskDriver,
+) -> Result<Hotplug, Error> {
+    let (stream, _) = tokio::time::timeout(QMP_CONNECT_WAIT, listener.accept())
+        .await
+        .map_err(|_| Error::Timeout("QEMU did not connect vmlet's QMP monitor".into()))?
+        .map_err(|e| Error::io("accept the QMP monitor", e))?;
+    let stream = stream
+        .into_std()
+        .and_then(|s| s.set_nonblocking(false).map(|()| s))
+        .map_err(|e| Error::io("QMP socket", e))?;
+    let qmp = block(move || crate::qmp::Qmp::handshake(stream)).await??;
+    Ok(Hotplug::new(qmp, driver))
 }
 
 /// Runs a blocking call (libvirt, mounts) off the async executor.
@@ -171,6 +196,7 @@ impl Vm {
                     state: Mutex::new(state),
                     vmm,
                     tap_server,
+                    hotplug: Arc::new(Mutex::new(booted.hotplug)),
                 })
             }
             Err(e) => {
@@ -327,6 +353,10 @@ impl Vm {
                 "CPU model {name} (vmlet.io/cpu-model) needs KVM, and this node runs TCG"
             )));
         }
+        // vmlet's QMP monitor connects here when QEMU starts.
+        let qmp_listener = tokio::net::UnixListener::bind(&paths.qmp_socket)
+            .map_err(|e| Error::io(format!("bind {}", paths.qmp_socket.display()), e))?;
+        chown_to_user(&paths.qmp_socket, &config.qemu_user)?;
         let name = domain_name(pod_id);
         let params = DomainParams {
             name: name.clone(),
@@ -352,6 +382,7 @@ impl Vm {
             console_log: paths.console.to_string_lossy().into_owned(),
             vsock: vsock_device.clone(),
             tap_socket,
+            qmp_socket: paths.qmp_socket.to_string_lossy().into_owned(),
         };
         let xml = Domain::new(&params).to_xml()?;
         log::info!(
@@ -370,6 +401,7 @@ impl Vm {
             "pod {pod_id}: domain started in {} ms",
             started.elapsed().as_millis()
         );
+        let hotplug = accept_qmp(qmp_listener, req.options.disk_driver).await?;
         let endpoint = match vsock_device {
             VsockDevice::VhostUser { .. } => Endpoint::Hybrid {
                 uds: paths.vsock_uds.clone(),
@@ -408,7 +440,36 @@ impl Vm {
             endpoint,
             agent,
             boot_id,
+            hotplug,
         })
+    }
+
+    /// Hot-plugs `container_id`'s block devices and returns what the agent needs to find
+    /// them (nothing stays attached on failure).
+    pub async fn attach_block_devices(
+        &self,
+        container_id: &str,
+        devices: &[BlockDevice],
+    ) -> Result<Vec<vmlet_protocol::agent::BlockDevice>, Error> {
+        if devices.is_empty() {
+            return Ok(Vec::new());
+        }
+        let fds = devices
+            .iter()
+            .map(crate::block_devices::open_host)
+            .collect::<Result<Vec<_>, _>>()?;
+        let (hotplug, id, devices) = (
+            self.hotplug.clone(),
+            container_id.to_owned(),
+            devices.to_vec(),
+        );
+        block(move || hotplug.lock().unwrap().attach(&id, &devices, fds)).await?
+    }
+
+    /// Unplugs what [`Vm::attach_block_devices`] attached for `container_id`.
+    pub async fn detach_block_devices(&self, container_id: &str) -> Result<(), Error> {
+        let (hotplug, id) = (self.hotplug.clone(), container_id.to_owned());
+        block(move || hotplug.lock().unwrap().detach(&id)).await?
     }
 
     /// Puts another container of the pod (rootfs and binds) into the running VM's share.

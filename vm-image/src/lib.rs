@@ -19,7 +19,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 pub use manifest::Manifest;
-pub use modules::{resolve as resolve_modules, GUEST_MODULES};
+pub use modules::{resolve as resolve_modules, DRIVER_MODULES, GUEST_MODULES};
 
 /// Errors of the image builder.
 #[derive(Debug, thiserror::Error)]
@@ -85,6 +85,7 @@ pub fn build(opts: &Options) -> Result<Manifest, Error> {
         &manifest::sha256_file(&deb)?,
         &manifest::sha256_hex(&agent_bytes),
         &GUEST_MODULES.join(","),
+        &format!("{DRIVER_MODULES:?}"),
         env!("CARGO_PKG_VERSION"),
     ]);
     if let Some(existing) = Manifest::load_if_current(&opts.out, &inputs)? {
@@ -98,13 +99,15 @@ pub fn build(opts: &Options) -> Result<Manifest, Error> {
         std::fs::read_to_string(modules_dir.join(name))
             .map_err(|e| Error::io(format!("read {name}"), e))
     };
-    let order = modules::resolve(
-        &read("modules.dep")?,
-        &read("modules.builtin")?,
-        GUEST_MODULES,
-    )?;
+    let (modules_dep, modules_builtin) = (read("modules.dep")?, read("modules.builtin")?);
+    let order = modules::resolve(&modules_dep, &modules_builtin, GUEST_MODULES)?;
+    let mut lists = vec![("vmlet-modules.list".to_owned(), order.clone())];
+    for (driver, wanted) in DRIVER_MODULES {
+        let list = modules::resolve(&modules_dep, &modules_builtin, wanted)?;
+        lists.push((format!("vmlet-modules.{driver}.list"), list));
+    }
     progress(&format!("packing {} modules and the agent", order.len()));
-    let initrd = pack_initrd(&agent_bytes, &modules_dir, &tree.release, &order)?;
+    let initrd = pack_initrd(&agent_bytes, &modules_dir, &tree.release, &lists)?;
 
     let vmlinuz = opts.out.join("vmlinuz");
     std::fs::copy(&tree.vmlinuz, &vmlinuz)
@@ -128,11 +131,13 @@ pub fn build(opts: &Options) -> Result<Manifest, Error> {
     Ok(manifest)
 }
 
+/// Packs the agent as `/init` and every module of `lists` (each once), with each list as
+/// `/lib/modules/<name>`.
 fn pack_initrd(
     agent: &[u8],
     modules_dir: &Path,
     release: &str,
-    order: &[String],
+    lists: &[(String, Vec<String>)],
 ) -> Result<Vec<u8>, Error> {
     let mut cpio = cpio::CpioWriter::new(Vec::new());
     let io = |e| Error::io("write initramfs", e);
@@ -152,7 +157,11 @@ fn pack_initrd(
     cpio.file("init", 0o755, agent).map_err(io)?;
     let base = format!("lib/modules/{release}");
     let mut dirs_done = std::collections::HashSet::new();
-    for module in order {
+    let mut packed = std::collections::HashSet::new();
+    for module in lists.iter().flat_map(|(_, l)| l) {
+        if !packed.insert(module) {
+            continue;
+        }
         let mut prefix = base.clone();
         for part in Path::new(module)
             .parent()
@@ -177,12 +186,14 @@ fn pack_initrd(
         cpio.file(&format!("{base}/{module}"), 0o644, &data)
             .map_err(io)?;
     }
-    cpio.file(
-        "lib/modules/vmlet-modules.list",
-        0o644,
-        order.join("\n").as_bytes(),
-    )
-    .map_err(io)?;
+    for (name, list) in lists {
+        cpio.file(
+            &format!("lib/modules/{name}"),
+            0o644,
+            list.join("\n").as_bytes(),
+        )
+        .map_err(io)?;
+    }
     let raw = cpio.finish().map_err(io)?;
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
     gz.write_all(&raw).map_err(io)?;

@@ -15,6 +15,11 @@ pub const GUEST_MODULES: &[&str] = &[
     "virtio_console",
 ];
 
+/// Modules a disk driver needs, packed but loaded only when the first disk of that driver
+/// is attached (the list goes to `/lib/modules/vmlet-modules.<driver>.list`). virtio-blk is
+/// in the boot list; NVMe is built into the kernel; SCSI needs these.
+pub const DRIVER_MODULES: &[(&str, &[&str])] = &[("scsi", &["virtio_scsi", "sd_mod"])];
+
 /// `virtio-pci.ko` and `virtio_pci` name the same module.
 fn module_name(path: &str) -> String {
     let file = path.rsplit('/').next().unwrap_or(path);
