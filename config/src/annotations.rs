@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 
+use crate::cpu_setting::CpuSetting;
 use crate::{parse_memory_mib, Error};
 
 /// Every vmlet annotation starts with this prefix.
@@ -26,6 +27,18 @@ pub enum AnnotationKey {
     KernelParams,
     /// The QEMU machine type (a q35 one).
     Machine,
+    /// libvirt's `<cpu>` as YAML (Virtlet's expert setting; sets the CPU like `CpuModel`).
+    LibvirtCpuSetting,
+}
+
+impl AnnotationKey {
+    /// The setting a key decides: two keys deciding one setting must agree.
+    fn setting(self) -> AnnotationKey {
+        match self {
+            AnnotationKey::LibvirtCpuSetting => AnnotationKey::CpuModel,
+            other => other,
+        }
+    }
 }
 
 /// The table of known annotations: the one place a key's name is written.
@@ -39,6 +52,7 @@ pub const ANNOTATION_KEYS: &[(&str, AnnotationKey)] = &[
     ("VirtletVCPUCount", AnnotationKey::Vcpus),
     ("VirtletDiskDriver", AnnotationKey::DiskDriver),
     ("VirtletCPUModel", AnnotationKey::CpuModel),
+    ("VirtletLibvirtCPUSetting", AnnotationKey::LibvirtCpuSetting),
 ];
 
 /// The annotations a node allows when its config says nothing: the VM's size and disk
@@ -93,6 +107,8 @@ pub enum CpuModel {
     HostModel,
     /// A named libvirt/QEMU CPU model (`Skylake-Client`, `qemu64`, ...).
     Named(String),
+    /// libvirt's `<cpu>` spelled out (`VirtletLibvirtCPUSetting`).
+    Libvirt(CpuSetting),
 }
 
 impl CpuModel {
@@ -103,6 +119,7 @@ impl CpuModel {
             CpuModel::HostPassthrough => Some("host-passthrough"),
             CpuModel::HostModel => Some("host-model"),
             CpuModel::Named(_) => None,
+            CpuModel::Libvirt(setting) => setting.host_mode(),
         }
     }
 }
@@ -155,7 +172,7 @@ impl PodAnnotations {
             if !allowed.iter().any(|a| a == key) {
                 return Err(Error::AnnotationNotAllowed { key: key.clone() });
             }
-            if let Some((other, other_value)) = seen.get(known) {
+            if let Some((other, other_value)) = seen.get(&known.setting()) {
                 if *other_value != value {
                     return Err(Error::InvalidAnnotation {
                         key: key.clone(),
@@ -164,7 +181,7 @@ impl PodAnnotations {
                     });
                 }
             }
-            seen.insert(*known, (key, value));
+            seen.insert(known.setting(), (key, value));
             parsed.set(*known, key, value)?;
         }
         Ok(parsed)
@@ -204,6 +221,11 @@ impl PodAnnotations {
                     "host-model" => CpuModel::HostModel,
                     name => CpuModel::Named(check_name(name, "a CPU model").map_err(invalid)?),
                 });
+            }
+            AnnotationKey::LibvirtCpuSetting => {
+                self.cpu_model = Some(CpuModel::Libvirt(
+                    crate::cpu_setting::parse(value).map_err(invalid)?,
+                ));
             }
             AnnotationKey::DiskDriver => {
                 self.disk_driver = Some(match value.trim() {
@@ -330,6 +352,31 @@ mod tests {
     }
 
     #[test]
+    fn virtlets_libvirt_cpu_setting_is_the_cpu_and_conflicts_with_a_model() {
+        let a = parse(&[(
+            "VirtletLibvirtCPUSetting",
+            "Mode: custom\nModel:\n  Value: Nehalem\nFeatures:\n- {Policy: disable, Name: sse4.2}\n",
+        )])
+        .unwrap();
+        let Some(CpuModel::Libvirt(setting)) = a.cpu_model else {
+            panic!("{:?}", a.cpu_model);
+        };
+        assert_eq!(setting.model.unwrap().name, "Nehalem");
+        assert_eq!(setting.features[0].name, "sse4.2");
+        let passthrough = parse(&[("VirtletLibvirtCPUSetting", "mode: host-passthrough")]).unwrap();
+        assert_eq!(
+            passthrough.cpu_model.unwrap().host_mode(),
+            Some("host-passthrough")
+        );
+        let err = parse(&[
+            ("VirtletLibvirtCPUSetting", "model: Nehalem"),
+            ("vmlet.io/cpu-model", "Skylake-Client"),
+        ])
+        .unwrap_err();
+        assert!(err.to_string().contains("sets the same thing"), "{err}");
+    }
+
+    #[test]
     fn foreign_annotations_are_ignored() {
         let a = parse(&[("io.kubernetes.cri.sandbox-id", "abc")]).unwrap();
         assert_eq!(a, PodAnnotations::default());
@@ -365,6 +412,14 @@ mod tests {
             ("vmlet.io/machine", "pc"),
             ("vmlet.io/machine", "microvm"),
             ("vmlet.io/machine", ""),
+            ("VirtletLibvirtCPUSetting", ""),
+            ("VirtletLibvirtCPUSetting", "mode: turbo"),
+            ("VirtletLibvirtCPUSetting", "topology: {sockets: 2}"),
+            ("VirtletLibvirtCPUSetting", "model: {value: 'Nehalem,+avx'}"),
+            (
+                "VirtletLibvirtCPUSetting",
+                "model: x\nfeatures: [{policy: want, name: vmx}]",
+            ),
         ] {
             let err = parse(&[(key, bad)]).unwrap_err();
             assert!(
@@ -392,6 +447,7 @@ mod tests {
             "vmlet.io/cpu-model",
             "vmlet.io/machine",
             "VirtletCPUModel",
+            "VirtletLibvirtCPUSetting",
         ] {
             let err = parse_with(&[(key, "q35")], &allowed).unwrap_err();
             assert!(
@@ -435,6 +491,26 @@ mod tests {
             let value = words.join(" ");
             let a = parse(&[("vmlet.io/kernel-params", &value)]).unwrap();
             prop_assert_eq!(a.kernel_params, Some(value));
+        }
+
+        #[test]
+        fn libvirt_cpu_settings_round_trip(
+            model in "[A-Za-z][A-Za-z0-9._-]{0,30}",
+            features in proptest::collection::vec(("(force|require|optional|disable|forbid)", "[a-z][a-z0-9._-]{0,15}"), 0..5),
+        ) {
+            prop_assume!(!["null", "Null", "NULL"].contains(&model.as_str()));
+            let mut yaml = format!("match: exact\nmodel:\n  value: {model}\n  fallback: forbid\n");
+            if !features.is_empty() {
+                yaml.push_str("features:\n");
+                for (policy, name) in &features {
+                    yaml.push_str(&format!("- policy: {policy}\n  name: {name}\n"));
+                }
+            }
+            let a = parse(&[("VirtletLibvirtCPUSetting", &yaml)]).unwrap();
+            let Some(CpuModel::Libvirt(s)) = a.cpu_model else { panic!() };
+            prop_assert_eq!(s.model.map(|m| m.name), Some(model));
+            let got: Vec<(String, String)> = s.features.into_iter().map(|f| (f.policy, f.name)).collect();
+            prop_assert_eq!(got, features);
         }
 
         /// Whatever the value, parsing ends in a value or an error that names the key.

@@ -12,6 +12,7 @@
 #![forbid(unsafe_code)]
 
 mod annotations;
+mod cpu_setting;
 mod error;
 mod node;
 mod quantity;
@@ -21,6 +22,7 @@ pub use annotations::{
     AnnotationKey, CpuModel, DiskDriver, PodAnnotations, ANNOTATION_KEYS, ANNOTATION_PREFIX,
     DEFAULT_ALLOWED, VIRTLET_PREFIX,
 };
+pub use cpu_setting::{CpuFeature, CpuSetting, CpuSettingModel};
 pub use error::Error;
 pub use node::{
     Accel, AnnotationsConfig, GuestConfig, HelperPaths, NodeConfig, VsockTransport, CONFIG_ENV,

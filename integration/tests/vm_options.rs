@@ -1,7 +1,7 @@
 //! End to end: what pods choose through annotations reaches their VM, and what the node's
 //! allowlist does not name is refused. The stack's node config allows the defaults plus
-//! `vmlet.io/kernel-params` and `vmlet.io/cpu-model` (see `scripts/stack`), so that
-//! `vmlet.io/machine` stays off the list. Run by `make test`.
+//! `vmlet.io/kernel-params`, `vmlet.io/cpu-model` and `VirtletLibvirtCPUSetting` (see
+//! `scripts/stack`), so that `vmlet.io/machine` stays off the list. Run by `make test`.
 
 use vmlet_integration::{unique_id, Stack};
 
@@ -91,6 +91,36 @@ fn allowlisted_kernel_params_and_cpu_model_reach_the_guest() {
     assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
     assert!(stdout.contains("vmlet_test_marker=42"), "{stdout}");
     assert!(stdout.contains("Nehalem"), "{stdout}");
+}
+
+#[test]
+#[ignore = "needs the vmlet stack: make test"]
+fn virtlets_libvirt_cpu_setting_reaches_the_guest() {
+    // Nehalem has SSE4.2; the setting takes it away.
+    let s = stack();
+    let setting = "match: exact\nmodel:\n  value: Nehalem\n  fallback: forbid\nfeatures:\n- policy: disable\n  name: sse4.2\n";
+    let out = s
+        .run(
+            &unique_id("cpuset"),
+            &[
+                "--annotation",
+                &format!("VirtletLibvirtCPUSetting={setting}"),
+            ],
+            &[
+                "sh",
+                "-c",
+                "grep -m1 'model name' /proc/cpuinfo; grep -m1 flags /proc/cpuinfo",
+            ],
+        )
+        .unwrap();
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
+    assert!(stdout.contains("Nehalem"), "{stdout}");
+    assert!(stdout.contains(" sse4_1"), "{stdout}");
+    assert!(
+        !stdout.contains("sse4_2"),
+        "sse4.2 should be disabled: {stdout}"
+    );
 }
 
 #[test]

@@ -266,9 +266,13 @@ impl Hotplug {
             &[],
         );
         // The block node holds its own duplicate: the set's copy is not needed any more.
-        self.qmp
-            .execute("remove-fd", json!({"fdset-id": fdset}), &[])?;
+        let removed = self
+            .qmp
+            .execute("remove-fd", json!({"fdset-id": fdset}), &[]);
         node_added.map_err(|e| Error::Internal(format!("{what}: {}", e.message())))?;
+        if let Err(e) = removed {
+            log::warn!("{container_id}: {what}: {}", e.message());
+        }
 
         let port = match self.driver {
             DiskDriver::Scsi if self.scsi_port.is_some() => None,

@@ -100,44 +100,82 @@ pub struct Features {
 #[derive(Debug, Serialize, Default)]
 pub struct Empty {}
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, PartialEq, Eq)]
 pub struct Cpu {
-    #[serde(rename = "@mode")]
-    pub mode: &'static str,
+    #[serde(rename = "@mode", skip_serializing_if = "Option::is_none")]
+    pub mode: Option<String>,
     #[serde(rename = "@match", skip_serializing_if = "Option::is_none")]
-    pub match_: Option<&'static str>,
+    pub match_: Option<String>,
+    #[serde(rename = "@check", skip_serializing_if = "Option::is_none")]
+    pub check: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub model: Option<CpuModelXml>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vendor: Option<String>,
+    #[serde(rename = "feature")]
+    pub features: Vec<CpuFeatureXml>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, PartialEq, Eq)]
 pub struct CpuModelXml {
-    #[serde(rename = "@fallback")]
-    pub fallback: &'static str,
+    #[serde(rename = "@fallback", skip_serializing_if = "Option::is_none")]
+    pub fallback: Option<String>,
     #[serde(rename = "$text")]
     pub name: String,
 }
 
+#[derive(Debug, Serialize, PartialEq, Eq)]
+pub struct CpuFeatureXml {
+    #[serde(rename = "@policy")]
+    pub policy: String,
+    #[serde(rename = "@name")]
+    pub name: String,
+}
+
 impl Cpu {
+    fn mode(mode: &str) -> Self {
+        Cpu {
+            mode: Some(mode.into()),
+            match_: None,
+            check: None,
+            model: None,
+            vendor: None,
+            features: Vec::new(),
+        }
+    }
+
     /// The pod's CPU model; without one, the host's CPU under KVM and QEMU's default under
     /// TCG.
     fn for_model(model: Option<&CpuModel>, kvm: bool) -> Option<Self> {
-        let mode = |mode| Cpu {
-            mode,
-            match_: None,
-            model: None,
-        };
         match model {
-            None => kvm.then(|| mode("host-passthrough")),
+            None => kvm.then(|| Cpu::mode("host-passthrough")),
             Some(CpuModel::Named(name)) => Some(Cpu {
-                mode: "custom",
-                match_: Some("exact"),
+                match_: Some("exact".into()),
                 model: Some(CpuModelXml {
-                    fallback: "forbid",
+                    fallback: Some("forbid".into()),
                     name: name.clone(),
                 }),
+                ..Cpu::mode("custom")
             }),
-            Some(host) => host.host_mode().map(mode),
+            Some(CpuModel::Libvirt(s)) => Some(Cpu {
+                mode: s.mode.clone(),
+                match_: s.match_.clone(),
+                check: s.check.clone(),
+                model: s.model.as_ref().map(|m| CpuModelXml {
+                    fallback: m.fallback.clone(),
+                    name: m.name.clone(),
+                }),
+                vendor: s.vendor.clone(),
+                features: s
+                    .features
+                    .iter()
+                    .map(|f| CpuFeatureXml {
+                        policy: f.policy.clone(),
+                        name: f.name.clone(),
+                    })
+                    .collect(),
+            }),
+            Some(host) => host.host_mode().map(Cpu::mode),
         }
     }
 }
@@ -478,6 +516,26 @@ mod tests {
         p.cpu_model = Some(CpuModel::HostModel);
         let xml = Domain::new(&p).to_xml().unwrap();
         assert!(xml.contains("<cpu mode=\"host-model\"/>"), "{xml}");
+    }
+
+    #[test]
+    fn renders_virtlets_libvirt_cpu_setting() {
+        let mut p = params(VsockDevice::Vhost);
+        let annotations = std::collections::HashMap::from([(
+            "VirtletLibvirtCPUSetting".to_string(),
+            "match: exact\ncheck: partial\nmodel: {value: Nehalem, fallback: allow}\nvendor: Intel\nfeatures:\n- {policy: disable, name: sse4.2}\n- {policy: require, name: vmx}\n".to_string(),
+        )]);
+        let pod = vmlet_config::PodAnnotations::from_map(
+            &annotations,
+            &["VirtletLibvirtCPUSetting".to_string()],
+        )
+        .unwrap();
+        p.cpu_model = pod.cpu_model;
+        let xml = Domain::new(&p).to_xml().unwrap();
+        assert!(
+            xml.contains("<cpu match=\"exact\" check=\"partial\"><model fallback=\"allow\">Nehalem</model><vendor>Intel</vendor><feature policy=\"disable\" name=\"sse4.2\"/><feature policy=\"require\" name=\"vmx\"/></cpu>"),
+            "{xml}"
+        );
     }
 
     #[test]

@@ -350,7 +350,7 @@ impl Vm {
         let host_cpu = req.options.cpu_model.as_ref().and_then(CpuModel::host_mode);
         if let (false, Some(name)) = (kvm, host_cpu) {
             return Err(Error::FailedPrecondition(format!(
-                "CPU model {name} (vmlet.io/cpu-model) needs KVM, and this node runs TCG"
+                "CPU mode {name} (the pod's CPU annotation) needs KVM, and this node runs TCG"
             )));
         }
         // vmlet's QMP monitor connects here when QEMU starts.
