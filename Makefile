@@ -16,7 +16,7 @@ unit:
 	scripts/install-deps
 	cargo test --workspace --locked
 
-## fuzz: each cargo-fuzz target for VMLET_FUZZ_SECONDS (default 60).
+## fuzz: each cargo-fuzz target for VMLET_FUZZ_SECONDS (default 30).
 fuzz:
 	scripts/fuzz
 

@@ -50,7 +50,12 @@ impl Shim for VmletShim {
             })
             .unwrap_or_default();
         let grouping = crate::spec::grouping(&annotations, &opts.id);
-        spawn(opts, &grouping, Vec::new()).await
+        let address = spawn(opts, &grouping, Vec::new()).await?;
+        // The bundle's `address` is how containerd finds the shim again after a restart
+        // (without it a restarted containerd takes a live pod for a dead shim).
+        std::fs::write("address", &address)
+            .map_err(|e| ShimError::Other(format!("write the bundle's address file: {e}")))?;
+        Ok(address)
     }
 
     async fn delete_shim(&mut self) -> Result<api::DeleteResponse, ShimError> {

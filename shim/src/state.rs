@@ -29,6 +29,10 @@ pub struct PodState {
     /// PID of the pod's host process (see `netns_holder`), when its spec has OCI hooks.
     #[serde(default)]
     pub holder_pid: Option<u32>,
+    /// PID of the shim serving the pod: `shim delete` stops it if it still runs (containerd
+    /// took it for dead, so nothing would ever talk to it again).
+    #[serde(default)]
+    pub shim_pid: Option<u32>,
 }
 
 impl PodState {
@@ -62,6 +66,7 @@ mod tests {
             netns: None,
             wirings: vec![],
             holder_pid: Some(43),
+            shim_pid: Some(44),
         };
         state.save().unwrap();
         assert_eq!(PodState::load(&dir).unwrap(), state);

@@ -129,6 +129,15 @@ impl Copies {
     pub fn close_stdin(&self) {
         self.close_stdin.notify_one();
     }
+
+    /// Stops every copy at once (the guest is gone: nothing more will come), closing the
+    /// FIFOs, so that a client attached to them sees the end.
+    pub fn abort(&mut self) {
+        self.close_stdin();
+        for handle in self.outputs.drain(..) {
+            handle.abort();
+        }
+    }
 }
 
 /// Which process's streams: a container's init (empty exec id) or one of its execs.

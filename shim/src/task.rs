@@ -36,6 +36,11 @@ use crate::Error;
 
 /// How long the shim waits for a process's output to drain after it exited.
 const OUTPUT_DRAIN: Duration = Duration::from_secs(5);
+/// Exit status of every process of a pod whose VM ended under it (QEMU killed or crashed,
+/// the guest kernel panicked): 128 + SIGKILL, as if the process had been killed.
+pub const VM_ENDED_STATUS: u32 = 137;
+/// How long a broken agent connection waits for QEMU's end to be seen.
+const VM_END_GRACE: Duration = Duration::from_secs(1);
 
 /// Where a created task's container goes: a new VM (sandbox or plain task) or a running
 /// pod's VM.
@@ -156,6 +161,18 @@ fn now() -> Timestamp {
         nanos: d.subsec_nanos() as i32,
         ..Default::default()
     }
+}
+
+/// The exit status of a process whose VM ended under it, logged unless the shim stopped
+/// the VM itself.
+fn vm_ended_under(task: &TaskEntry, process: &ProcessEntry) -> u32 {
+    if !task.vm.is_stopping() {
+        log::error!(
+            "{}: the pod's VM stopped (QEMU exited) while it ran: exit status {VM_ENDED_STATUS}",
+            task.name(process)
+        );
+    }
+    VM_ENDED_STATUS
 }
 
 fn agent_ctx() -> ttrpc::context::Context {
@@ -349,6 +366,7 @@ impl TaskService {
                     rootfs,
                     binds,
                 } => {
+                    vm.check_running()?;
                     crate::hooks::run(&hooks.create, &hook_state, "creating").await?;
                     vm.add_container(&req.id, &rootfs, &binds)?;
                     (vm, sandbox_id)
@@ -531,17 +549,28 @@ impl TaskService {
             process: Some(task.process_ref(&process)).into(),
             ..Default::default()
         };
-        let (status, oom_killed) = match task
-            .vm
-            .agent
-            .wait_process(ttrpc::context::Context::default(), &request)
-            .await
-        {
-            Ok(r) => (r.exit_status, r.oom_killed),
-            Err(e) => {
-                log::error!("wait for {}: {e}", task.name(&process));
-                (255, false)
+        let waited = tokio::select! {
+            r = task
+                .vm
+                .agent
+                .wait_process(ttrpc::context::Context::default(), &request) => Some(r),
+            () = task.vm.ended() => None,
+        };
+        let (status, oom_killed) = match waited {
+            Some(Ok(r)) => (r.exit_status, r.oom_killed),
+            // The agent's connection can break a moment before QEMU's end is seen.
+            Some(Err(e)) => {
+                if tokio::time::timeout(VM_END_GRACE, task.vm.ended())
+                    .await
+                    .is_ok()
+                {
+                    (vm_ended_under(&task, &process), false)
+                } else {
+                    log::error!("wait for {}: {e}", task.name(&process));
+                    (255, false)
+                }
             }
+            None => (vm_ended_under(&task, &process), false),
         };
         if oom_killed {
             // Before the exit, as runc's shim does: CRI then reports reason OOMKilled.
@@ -556,7 +585,9 @@ impl TaskService {
         }
         if let Some(copies) = process.copies.lock().await.as_mut() {
             copies.close_stdin();
-            if tokio::time::timeout(OUTPUT_DRAIN, copies.drain())
+            if task.vm.has_ended() {
+                copies.abort();
+            } else if tokio::time::timeout(OUTPUT_DRAIN, copies.drain())
                 .await
                 .is_err()
             {
@@ -706,6 +737,7 @@ impl TaskService {
                 task.init.phase()
             )));
         }
+        task.vm.check_running()?;
         let json = req.spec.as_ref().map(|a| a.value.as_slice()).unwrap_or(&[]);
         let process = crate::spec::exec_process(json, &req.exec_id)?;
         let paths = StdioPaths {
@@ -835,6 +867,10 @@ impl TaskService {
             }
             task.vm.teardown().await?;
             self.vms.lock().unwrap().remove(&task.pod_id);
+        } else if task.vm.has_ended() {
+            // Nothing of the container is left in the guest; the sandbox's delete tears
+            // the rest down.
+            task.vm.remove_container(&task.id)?;
         } else {
             task.vm
                 .agent
@@ -1152,5 +1188,23 @@ pub fn cleanup_after_shim(
         domain: Some(crate::vm::domain_name(pod_id)),
         ..Default::default()
     });
+    if let Some(pid) = state.shim_pid.filter(|p| *p != std::process::id()) {
+        // A shim containerd gave up on while it still ran: nothing will talk to it again.
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+        let ours = args
+            .first()
+            .is_some_and(|a| a.ends_with(b"containerd-shim-vmlet-v2"))
+            && args
+                .windows(2)
+                .any(|w| w[0] == b"-id" && w[1] == pod_id.as_bytes());
+        if ours {
+            log::warn!("pod {pod_id}: stopping its shim {pid}, which containerd gave up on");
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
     crate::vm::teardown(vmm, &state)
 }

@@ -84,6 +84,10 @@ pub struct Vm {
     tap_server: Option<tokio::task::JoinHandle<()>>,
     /// Block device hot-plug through vmlet's QMP monitor.
     hotplug: Arc<Mutex<Hotplug>>,
+    /// Becomes true when QEMU is gone (its end of vmlet's QMP monitor closed).
+    ended: tokio::sync::watch::Receiver<bool>,
+    /// Set when the shim itself stops the VM (its end is then expected).
+    stopping: std::sync::atomic::AtomicBool,
 }
 
 /// What to boot: the pod, its first container's rootfs, its shape and network.
@@ -117,6 +121,7 @@ struct Booted {
     agent: AgentClient,
     boot_id: String,
     hotplug: Hotplug,
+    ended: tokio::sync::watch::Receiver<bool>,
 }
 
 /// Where the container's rootfs comes from.
@@ -127,11 +132,13 @@ pub enum RootfsSource {
     Dir(PathBuf),
 }
 
-/// Takes the connection of vmlet's QMP monitor, which QEMU makes as it starts.
+/// Takes the connection of vmlet's QMP monitor, which QEMU makes as it starts, and watches
+/// it for QEMU's end: the kernel closes QEMU's side however it ends (killed, crashed, the
+/// guest powered off or panicked), at once and without polling libvirt.
 async fn accept_qmp(
     listener: tokio::net::UnixListener,
     driver: vmlet_config::DiskDriver,
-) -> Result<Hotplug, Error> {
+) -> Result<(Hotplug, tokio::sync::watch::Receiver<bool>), Error> {
     let (stream, _) = tokio::time::timeout(QMP_CONNECT_WAIT, listener.accept())
         .await
         .map_err(|_| Error::Timeout("QEMU did not connect vmlet's QMP monitor".into()))?
@@ -140,8 +147,40 @@ async fn accept_qmp(
         .into_std()
         .and_then(|s| s.set_nonblocking(false).map(|()| s))
         .map_err(|e| Error::io("QMP socket", e))?;
+    let watched = stream.try_clone().map_err(|e| Error::io("QMP socket", e))?;
+    let (ended_tx, ended) = tokio::sync::watch::channel(false);
+    std::thread::Builder::new()
+        .name("qemu-end".into())
+        .spawn(move || {
+            wait_for_hangup(&watched);
+            ended_tx.send_replace(true);
+        })
+        .map_err(|e| Error::io("start the QEMU watcher", e))?;
     let qmp = block(move || crate::qmp::Qmp::handshake(stream)).await??;
-    Ok(Hotplug::new(qmp, driver))
+    Ok((Hotplug::new(qmp, driver), ended))
+}
+
+/// Blocks until the peer of `stream` has closed it (only hang-up is watched: the data on
+/// it is the QMP client's to read).
+fn wait_for_hangup(stream: &std::os::unix::net::UnixStream) {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    use std::os::fd::AsFd;
+    // nix names no POLLRDHUP: the peer's shutdown or close.
+    let rdhup = PollFlags::from_bits_retain(libc::POLLRDHUP);
+    let end = rdhup | PollFlags::POLLHUP | PollFlags::POLLERR | PollFlags::POLLNVAL;
+    loop {
+        let mut fds = [PollFd::new(stream.as_fd(), rdhup)];
+        match poll(&mut fds, PollTimeout::NONE) {
+            // nix's `revents` is None when a bit it does not name is set: POLLRDHUP.
+            Ok(_) => match fds[0].revents() {
+                None => return,
+                Some(e) if e.intersects(end) => return,
+                Some(_) => {}
+            },
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(_) => return,
+        }
+    }
 }
 
 /// Runs a blocking call (libvirt, mounts) off the async executor.
@@ -170,6 +209,7 @@ impl Vm {
             .map_err(|e| Error::io(format!("create {}", paths.share.display()), e))?;
         let state = Arc::new(Mutex::new(PodState {
             dir: paths.dir.clone(),
+            shim_pid: Some(std::process::id()),
             ..Default::default()
         }));
         let mut tap_server = None;
@@ -197,6 +237,8 @@ impl Vm {
                     vmm,
                     tap_server,
                     hotplug: Arc::new(Mutex::new(booted.hotplug)),
+                    ended: booted.ended,
+                    stopping: std::sync::atomic::AtomicBool::new(false),
                 })
             }
             Err(e) => {
@@ -401,7 +443,7 @@ impl Vm {
             "pod {pod_id}: domain started in {} ms",
             started.elapsed().as_millis()
         );
-        let hotplug = accept_qmp(qmp_listener, req.options.disk_driver).await?;
+        let (hotplug, ended) = accept_qmp(qmp_listener, req.options.disk_driver).await?;
         let endpoint = match vsock_device {
             VsockDevice::VhostUser { .. } => Endpoint::Hybrid {
                 uds: paths.vsock_uds.clone(),
@@ -441,6 +483,7 @@ impl Vm {
             agent,
             boot_id,
             hotplug,
+            ended,
         })
     }
 
@@ -464,6 +507,35 @@ impl Vm {
             devices.to_vec(),
         );
         block(move || hotplug.lock().unwrap().attach(&id, &devices, fds)).await?
+    }
+
+    /// Whether QEMU is gone.
+    pub fn has_ended(&self) -> bool {
+        *self.ended.borrow()
+    }
+
+    /// Resolves when QEMU is gone; logs it when the shim did not stop the VM itself.
+    pub async fn ended(&self) {
+        let mut ended = self.ended.clone();
+        // An error means the watcher is gone, which it only is after QEMU ended.
+        let _ = ended.wait_for(|e| *e).await;
+    }
+
+    /// Refuses a call into the guest once the VM has ended (it would wait for an agent
+    /// that is gone).
+    pub fn check_running(&self) -> Result<(), Error> {
+        if self.has_ended() {
+            return Err(Error::FailedPrecondition(format!(
+                "the VM of pod {} has stopped",
+                self.pod_id
+            )));
+        }
+        Ok(())
+    }
+
+    /// Whether the shim is stopping the VM itself.
+    pub fn is_stopping(&self) -> bool {
+        self.stopping.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Unplugs what [`Vm::attach_block_devices`] attached for `container_id`.
@@ -522,23 +594,19 @@ impl Vm {
         if let Some(server) = &self.tap_server {
             server.abort();
         }
-        let name = domain_name(&self.pod_id);
-        let asked = tokio::time::timeout(
-            POWER_OFF_WAIT,
-            self.agent.shutdown(
-                ttrpc::context::with_timeout(1_000_000_000),
-                &ShutdownRequest::default(),
-            ),
-        )
-        .await;
-        if matches!(asked, Ok(Ok(_))) {
-            let deadline = Instant::now() + POWER_OFF_WAIT;
-            while Instant::now() < deadline {
-                let (vmm, n) = (self.vmm.clone(), name.clone());
-                if !block(move || vmm.is_active(&n)).await?.unwrap_or(true) {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(10)).await;
+        self.stopping
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        if !self.has_ended() {
+            let asked = tokio::time::timeout(
+                POWER_OFF_WAIT,
+                self.agent.shutdown(
+                    ttrpc::context::with_timeout(1_000_000_000),
+                    &ShutdownRequest::default(),
+                ),
+            )
+            .await;
+            if matches!(asked, Ok(Ok(_))) {
+                let _ = tokio::time::timeout(POWER_OFF_WAIT, self.ended()).await;
             }
         }
         let state = self.state.lock().unwrap().clone();
@@ -888,6 +956,7 @@ mod tests {
             netns: None,
             wirings: vec![],
             holder_pid: None,
+            shim_pid: None,
         };
         teardown(&vmm, &state).unwrap();
         assert!(vmm.running.lock().unwrap().is_empty());

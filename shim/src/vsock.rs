@@ -8,12 +8,12 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::UnixStream;
 
+use vmlet_protocol::hybrid;
+
 use crate::Error;
 
 /// The guest CID used with `vhost-device-vsock` (each VM has its own device).
 pub const HYBRID_GUEST_CID: u32 = 3;
-/// Longest handshake reply accepted from `vhost-device-vsock`.
-const MAX_REPLY: usize = 64;
 
 pub trait Stream: AsyncRead + AsyncWrite + Send + Sync + Unpin + 'static {}
 impl<T: AsyncRead + AsyncWrite + Send + Sync + Unpin + 'static> Stream for T {}
@@ -57,42 +57,27 @@ impl Endpoint {
 /// sent while the guest boots can stay unanswered.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Parses `vhost-device-vsock`'s reply to `CONNECT <port>`: `OK <host port>`.
-pub fn parse_connect_reply(reply: &str) -> Result<(), String> {
-    match reply.strip_suffix('\n').unwrap_or(reply).split_once(' ') {
-        Some(("OK", port)) if port.parse::<u32>().is_ok() => Ok(()),
-        _ => Err(format!("unexpected reply {reply:?}")),
-    }
-}
-
 async fn hybrid_connect(uds: &Path, port: u32) -> Result<UnixStream, Error> {
     let mut stream = UnixStream::connect(uds)
         .await
         .map_err(|e| Error::io(format!("connect {}", uds.display()), e))?;
     stream
-        .write_all(format!("CONNECT {port}\n").as_bytes())
+        .write_all(hybrid::connect_request(port).as_bytes())
         .await
         .map_err(|e| Error::io("hybrid vsock handshake", e))?;
     // Byte by byte: whatever follows the reply belongs to the connection.
-    let mut reply = Vec::with_capacity(16);
+    let mut reply = hybrid::ReplyReader::default();
     loop {
         let byte = stream
             .read_u8()
             .await
             .map_err(|e| Error::io(format!("hybrid vsock handshake for port {port}"), e))?;
-        reply.push(byte);
-        if byte == b'\n' {
-            break;
-        }
-        if reply.len() >= MAX_REPLY {
-            return Err(Error::Internal(
-                "hybrid vsock handshake reply too long".into(),
-            ));
+        match reply.push(byte) {
+            Ok(None) => {}
+            Ok(Some(_)) => return Ok(stream),
+            Err(e) => return Err(Error::Internal(format!("hybrid vsock port {port}: {e}"))),
         }
     }
-    parse_connect_reply(&String::from_utf8_lossy(&reply))
-        .map_err(|e| Error::Internal(format!("hybrid vsock port {port}: {e}")))?;
-    Ok(stream)
 }
 
 /// Starts `vhost-device-vsock` for one VM and waits until its vhost-user socket exists.
@@ -139,14 +124,6 @@ pub fn start_vhost_device_vsock(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn connect_reply() {
-        assert!(parse_connect_reply("OK 1073741824\n").is_ok());
-        for bad in ["", "OK\n", "ERR\n", "OK x\n", "NOPE 1\n"] {
-            assert!(parse_connect_reply(bad).is_err(), "{bad}");
-        }
-    }
 
     #[tokio::test]
     async fn hybrid_handshake_keeps_following_bytes() {

@@ -4,7 +4,12 @@
 //!   from `protos/agent.proto` by `ttrpc-codegen` (pure Rust, no protoc).
 //! - Stdio: one raw vsock connection per stream to port [`STREAM_PORT`], opened by the host,
 //!   which first writes a [`StreamHeader`] line; after it the connection carries the bytes.
+//! - [`hybrid`]: the `CONNECT` handshake of hybrid vsock (`vhost-device-vsock`).
+//!
+//! Everything the host reads from the guest is untrusted: `fuzz/` has cargo-fuzz targets
+//! for decoding the agent's messages and the handshake reply.
 
+pub mod hybrid;
 mod stream;
 
 pub use stream::{StreamHeader, StreamKind, MAX_HEADER_LEN};
