@@ -86,6 +86,18 @@ impl Stack {
         self.ctr_output(&args)
     }
 
+    /// `ctr run -d --runtime vmlet IMAGE ID COMMAND...`, then waits (60 s at most) until
+    /// `ctr task ls` shows it RUNNING.
+    pub fn run_detached(&self, id: &str, command: &[&str]) -> anyhow::Result<()> {
+        let mut args = vec!["run", "-d", "--runtime", RUNTIME, &self.image, id];
+        args.extend_from_slice(command);
+        let out = self.ctr_output(&args)?;
+        if !out.status.success() {
+            bail!("ctr run -d {id}: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        self.wait_status(id, "RUNNING", Duration::from_secs(60))
+    }
+
     /// Starts an attached `ctr run --rm --runtime vmlet EXTRA... IMAGE ID COMMAND...` with no
     /// stdin and piped output.
     pub fn spawn_run(&self, id: &str, extra: &[&str], command: &[&str]) -> anyhow::Result<Child> {

@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use vmlet_integration::{bounded, unique_id, Stack, RUNTIME};
+use vmlet_integration::{bounded, unique_id, Stack};
 
 /// What issue 6 promises: the pod's end is seen within this long.
 const REPORTED_WITHIN: Duration = Duration::from_secs(5);
@@ -19,16 +19,17 @@ fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
-/// SIGKILLs the pod's QEMU (a process of this test's stack) and returns when it is gone.
-fn kill_qemu(s: &Stack, pod: &str) {
-    let qemu: Vec<u32> = s
+/// SIGKILLs the pod's one process whose command line contains `kind` (QEMU or the shim,
+/// processes of this test's stack).
+fn kill_pod_process(s: &Stack, pod: &str, kind: &str) {
+    let found: Vec<u32> = s
         .pod_processes(pod)
         .into_iter()
-        .filter(|(_, c)| c.contains("qemu-system"))
+        .filter(|(_, c)| c.contains(kind))
         .map(|(pid, _)| pid)
         .collect();
-    assert_eq!(qemu.len(), 1, "one QEMU for pod {pod}: {qemu:?}");
-    let pid = nix::unistd::Pid::from_raw(qemu[0] as i32);
+    assert_eq!(found.len(), 1, "one {kind} for pod {pod}: {found:?}");
+    let pid = nix::unistd::Pid::from_raw(found[0] as i32);
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).unwrap();
 }
 
@@ -62,23 +63,10 @@ fn assert_nothing_left(s: &Stack, pod: &str) {
 fn qemu_killed_under_a_detached_task_stops_it_with_137() {
     let s = stack();
     let id = unique_id("qemukill");
-    let run = s
-        .ctr_output(&[
-            "run",
-            "-d",
-            "--runtime",
-            RUNTIME,
-            &s.image,
-            &id,
-            "sleep",
-            "1000",
-        ])
-        .unwrap();
-    assert!(run.status.success(), "{}", text(&run.stderr));
-    s.wait_status(&id, "RUNNING", BOOT).unwrap();
+    s.run_detached(&id, &["sleep", "1000"]).unwrap();
 
     let killed = Instant::now();
-    kill_qemu(&s, &id);
+    kill_pod_process(&s, &id, "qemu-system");
     let took = time_to_stopped(&s, &id, killed);
     println!("qemu killed -> task STOPPED in {} ms", took.as_millis());
     assert!(took <= REPORTED_WITHIN, "STOPPED after {took:?}");
@@ -104,7 +92,7 @@ fn qemu_killed_under_an_attached_run_returns_it() {
     s.wait_status(&id, "RUNNING", BOOT).unwrap();
 
     let killed = Instant::now();
-    kill_qemu(&s, &id);
+    kill_pod_process(&s, &id, "qemu-system");
     let out = bounded::output_within(child, Duration::from_secs(30), "ctr run")
         .expect("ctr run should return when the pod's VM is gone");
     let took = killed.elapsed();
@@ -128,29 +116,8 @@ fn shim_killed_then_deleted_leaves_nothing_ten_times() {
     let s = stack();
     for round in 0..10 {
         let id = unique_id("shimkill");
-        let run = s
-            .ctr_output(&[
-                "run",
-                "-d",
-                "--runtime",
-                RUNTIME,
-                &s.image,
-                &id,
-                "sleep",
-                "1000",
-            ])
-            .unwrap();
-        assert!(run.status.success(), "{}", text(&run.stderr));
-        s.wait_status(&id, "RUNNING", BOOT).unwrap();
-        let shims: Vec<u32> = s
-            .pod_processes(&id)
-            .into_iter()
-            .filter(|(_, c)| c.contains("containerd-shim-vmlet"))
-            .map(|(pid, _)| pid)
-            .collect();
-        assert_eq!(shims.len(), 1, "one shim for {id}");
-        let pid = nix::unistd::Pid::from_raw(shims[0] as i32);
-        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).unwrap();
+        s.run_detached(&id, &["sleep", "1000"]).unwrap();
+        kill_pod_process(&s, &id, "containerd-shim-vmlet");
 
         // containerd sees the shim go, runs `containerd-shim-vmlet-v2 delete` and marks the
         // task stopped; then the user deletes it.
@@ -179,20 +146,7 @@ fn shim_killed_then_deleted_leaves_nothing_ten_times() {
 fn containerd_restarted_finds_the_pod_running_and_manages_it() {
     let s = stack();
     let id = unique_id("cdrestart");
-    let run = s
-        .ctr_output(&[
-            "run",
-            "-d",
-            "--runtime",
-            RUNTIME,
-            &s.image,
-            &id,
-            "sleep",
-            "1000",
-        ])
-        .unwrap();
-    assert!(run.status.success(), "{}", text(&run.stderr));
-    s.wait_status(&id, "RUNNING", BOOT).unwrap();
+    s.run_detached(&id, &["sleep", "1000"]).unwrap();
 
     let stack_script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/stack");
     let restarted = bounded::output(

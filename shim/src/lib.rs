@@ -11,9 +11,11 @@
 //! - [`hooks`]: OCI hooks run on the host; [`netns_holder`]: the pod's host process whose
 //!   PID they are given;
 //! - [`block_devices`]: the spec's raw block devices, hot-plugged through vmlet's own QMP
-//!   monitor ([`qmp`]).
+//!   monitor ([`qmp`]);
+//! - [`ctl`]: what `vmletctl` (ps, console, gc) does.
 
 pub mod block_devices;
+pub mod ctl;
 pub mod domain;
 mod error;
 pub mod hooks;

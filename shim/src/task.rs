@@ -1190,15 +1190,7 @@ pub fn cleanup_after_shim(
     });
     if let Some(pid) = state.shim_pid.filter(|p| *p != std::process::id()) {
         // A shim containerd gave up on while it still ran: nothing will talk to it again.
-        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
-        let ours = args
-            .first()
-            .is_some_and(|a| a.ends_with(b"containerd-shim-vmlet-v2"))
-            && args
-                .windows(2)
-                .any(|w| w[0] == b"-id" && w[1] == pod_id.as_bytes());
-        if ours {
+        if crate::ctl::live_shim(pid, pod_id) {
             log::warn!("pod {pod_id}: stopping its shim {pid}, which containerd gave up on");
             let _ = nix::sys::signal::kill(
                 nix::unistd::Pid::from_raw(pid as i32),

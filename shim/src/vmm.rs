@@ -19,6 +19,29 @@ pub trait VmManager: Send + Sync + 'static {
     fn live_xml(&self, name: &str) -> Result<String, Error>;
     /// Whether the domain is running; no such domain is "not running".
     fn is_active(&self, name: &str) -> Result<bool, Error>;
+    /// Every domain (running or only defined) carrying vmlet's pod metadata: its name,
+    /// pod id and whether it runs. Domains without the mark are not vmlet's.
+    fn vmlet_domains(&self) -> Result<Vec<VmletDomain>, Error>;
+}
+
+/// A domain vmlet made (its metadata names the pod).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VmletDomain {
+    pub name: String,
+    pub pod_id: String,
+    pub active: bool,
+}
+
+/// The pod id in a domain XML's `<vmlet:pod id=...>` metadata, if it has vmlet's mark.
+pub fn pod_id_in(xml: &str) -> Option<String> {
+    let mark = xml.find(crate::domain::VMLET_METADATA_NS)?;
+    let element_start = xml[..mark].rfind('<')?;
+    let element = &xml[element_start..];
+    let element = &element[..element.find('>')?];
+    let id = element.split(" id=").nth(1)?;
+    let quote = id.chars().next()?;
+    let id = &id[1..];
+    Some(id[..id.find(quote)?].to_owned())
 }
 
 /// libvirt through the `virt` crate; one connection per call, opened from the URI.
@@ -102,6 +125,28 @@ impl VmManager for Libvirt {
         })
     }
 
+    fn vmlet_domains(&self) -> Result<Vec<VmletDomain>, Error> {
+        self.with_conn(|conn| {
+            let domains = conn
+                .list_all_domains(0)
+                .map_err(|e| Error::Libvirt(format!("list domains: {e}")))?;
+            let mut found = Vec::new();
+            for d in domains {
+                let (Ok(name), Ok(xml)) = (d.get_name(), d.get_xml_desc(0)) else {
+                    continue; // gone meanwhile
+                };
+                if let Some(pod_id) = pod_id_in(&xml) {
+                    found.push(VmletDomain {
+                        name,
+                        pod_id,
+                        active: d.is_active().unwrap_or(false),
+                    });
+                }
+            }
+            Ok(found)
+        })
+    }
+
     fn is_active(&self, name: &str) -> Result<bool, Error> {
         self.with_conn(|conn| match Domain::lookup_by_name(conn, name) {
             Ok(d) => d
@@ -146,5 +191,36 @@ impl VmManager for FakeVmm {
 
     fn is_active(&self, name: &str) -> Result<bool, Error> {
         Ok(self.running.lock().unwrap().iter().any(|n| n == name))
+    }
+
+    fn vmlet_domains(&self) -> Result<Vec<VmletDomain>, Error> {
+        Ok(self
+            .running
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|n| {
+                Some(VmletDomain {
+                    name: n.clone(),
+                    pod_id: n.strip_prefix("vmlet-")?.to_owned(),
+                    active: true,
+                })
+            })
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_pod_id_comes_from_vmlets_metadata_only() {
+        let ours = r#"<domain><name>vmlet-p1</name><metadata><vmlet:pod xmlns:vmlet="https://vmlet.io/xmlns/domain/1" id="p1"/></metadata></domain>"#;
+        assert_eq!(pod_id_in(ours), Some("p1".into()));
+        let single =
+            r#"<metadata><x:pod id='p2' xmlns:x='https://vmlet.io/xmlns/domain/1'/></metadata>"#;
+        assert_eq!(pod_id_in(single), Some("p2".into()));
+        assert_eq!(pod_id_in("<domain><name>vmlet-p3</name></domain>"), None);
     }
 }

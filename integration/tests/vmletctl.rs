@@ -1,0 +1,132 @@
+//! End to end: `vmletctl ps`, `console` and `gc` against the stack. Orphans are made by
+//! hand (a libvirt domain carrying vmlet's pod mark, a state directory whose shim is gone)
+//! next to a live pod and two domains that are not vmlet's (one of them named like vmlet's):
+//! `gc --dry-run` removes nothing, `gc` removes exactly the orphans. Run by `make test`.
+
+use std::process::Command;
+
+use vmlet_integration::{bounded, unique_id, Stack};
+
+fn stack() -> Stack {
+    Stack::from_env().expect("the vmlet stack")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn vmletctl(s: &Stack, args: &[&str]) -> String {
+    let out = bounded::output(
+        Command::new(format!("{}/bin/vmletctl", s.dir))
+            .args(args)
+            .env("VMLET_CONFIG", format!("{}/config.toml", s.dir)),
+    )
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "vmletctl {args:?}: {}",
+        text(&out.stderr)
+    );
+    text(&out.stdout)
+}
+
+fn virsh(s: &Stack, args: &[&str]) -> std::process::Output {
+    bounded::output(
+        Command::new("virsh")
+            .args(["-c", &s.libvirt_uri])
+            .args(args),
+    )
+    .unwrap()
+}
+
+/// Defines (does not start) a small domain, with vmlet's pod mark when `pod` is given.
+fn define_domain(s: &Stack, name: &str, pod: Option<&str>) {
+    let metadata = pod.map_or(String::new(), |id| {
+        format!(
+            r#"<metadata><vmlet:pod xmlns:vmlet="https://vmlet.io/xmlns/domain/1" id="{id}"/></metadata>"#
+        )
+    });
+    let xml = format!(
+        r#"<domain type="qemu"><name>{name}</name>{metadata}<memory unit="MiB">64</memory><os><type arch="x86_64" machine="q35">hvm</type></os></domain>"#
+    );
+    let path = format!("{}/{name}.xml", s.dir);
+    std::fs::write(&path, xml).unwrap();
+    let out = virsh(s, &["define", &path]);
+    assert!(out.status.success(), "virsh define: {}", text(&out.stderr));
+    std::fs::remove_file(&path).unwrap();
+}
+
+fn all_domains(s: &Stack) -> String {
+    text(&virsh(s, &["list", "--all", "--name"]).stdout)
+}
+
+#[test]
+#[ignore = "needs the vmlet stack: make test"]
+fn gc_removes_orphans_only_and_ps_and_console_show_the_pods() {
+    let s = stack();
+    let live = unique_id("ctllive");
+    s.run_detached(&live, &["sleep", "1000"]).unwrap();
+
+    // The orphans: a marked domain without a shim, a state dir whose shim is gone.
+    let orphan_pod = unique_id("ctlorphan");
+    define_domain(&s, &format!("vmlet-{orphan_pod}"), Some(&orphan_pod));
+    let gone = unique_id("ctlgone");
+    let gone_dir = format!("{}/state/{gone}", s.dir);
+    std::fs::create_dir_all(&gone_dir).unwrap();
+    let dead_pid = {
+        let mut child = Command::new("true").spawn().unwrap();
+        child.wait().unwrap();
+        child.id()
+    };
+    std::fs::write(
+        format!("{gone_dir}/state.json"),
+        format!(r#"{{"dir": "{gone_dir}", "mounts": [], "shim_pid": {dead_pid}}}"#),
+    )
+    .unwrap();
+    // Not vmlet's: no mark, whatever the name.
+    let foreign = unique_id("notvmlet");
+    define_domain(&s, &foreign, None);
+    let lookalike = format!("vmlet-{}", unique_id("lookalike"));
+    define_domain(&s, &lookalike, None);
+
+    let ps = vmletctl(&s, &["ps"]);
+    let line = |id: &str| {
+        ps.lines()
+            .find(|l| l.starts_with(id))
+            .unwrap_or_else(|| panic!("{id} missing from ps:\n{ps}"))
+            .to_owned()
+    };
+    assert!(!line(&live).contains("gone"), "{ps}");
+    assert!(line(&live).contains("running"), "{ps}");
+    assert!(line(&orphan_pod).contains("gone"), "{ps}");
+    assert!(line(&gone).contains("gone"), "{ps}");
+    assert!(!ps.contains(&foreign) && !ps.contains(&lookalike), "{ps}");
+
+    let console = vmletctl(&s, &["console", &live]);
+    assert!(console.contains("agent ready on vsock port"), "{console}");
+
+    let dry = vmletctl(&s, &["gc", "--dry-run"]);
+    assert!(dry.contains(&orphan_pod) && dry.contains(&gone), "{dry}");
+    assert!(
+        all_domains(&s).contains(&orphan_pod),
+        "a dry run removes nothing"
+    );
+    assert!(std::path::Path::new(&gone_dir).exists());
+
+    let removed = vmletctl(&s, &["gc"]);
+    assert!(!removed.contains(&live), "{removed}");
+    let domains = all_domains(&s);
+    assert!(!domains.contains(&orphan_pod), "{domains}");
+    assert!(!std::path::Path::new(&gone_dir).exists());
+    assert!(
+        domains.contains(&foreign) && domains.contains(&lookalike),
+        "{domains}"
+    );
+    assert!(domains.contains(&format!("vmlet-{live}")), "{domains}");
+    assert_eq!(s.task_status(&live).unwrap().as_deref(), Some("RUNNING"));
+
+    for d in [&foreign, &lookalike] {
+        assert!(virsh(&s, &["undefine", d]).status.success());
+    }
+    s.kill_and_remove(&live).unwrap();
+}

@@ -1,0 +1,161 @@
+//! What `vmletctl` does: list the node's pods as vmlet sees them (state directories and
+//! marked libvirt domains, each with whether its shim still runs), show a pod's console,
+//! and remove what a gone shim left behind (`gc`), never touching a pod whose shim lives
+//! or anything without vmlet's mark.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use vmlet_config::NodeConfig;
+
+use crate::state::PodState;
+use crate::vmm::VmManager;
+use crate::Error;
+
+/// One pod as found on the node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodView {
+    pub pod_id: String,
+    /// The shim's PID when it still runs.
+    pub shim_pid: Option<u32>,
+    /// Its state directory exists.
+    pub has_state: bool,
+    /// Its domain: None when libvirt has none, else whether it runs.
+    pub domain_active: Option<bool>,
+}
+
+impl PodView {
+    /// Left behind: no live shim owns it.
+    pub fn is_orphan(&self) -> bool {
+        self.shim_pid.is_none()
+    }
+}
+
+/// Whether `pid` is the running shim of `pod_id` (checked by its command line, so that a
+/// recycled PID is never taken for it).
+pub fn live_shim(pid: u32, pod_id: &str) -> bool {
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+    args.first()
+        .is_some_and(|a| a.ends_with(b"containerd-shim-vmlet-v2"))
+        && args
+            .windows(2)
+            .any(|w| w[0] == b"-id" && w[1] == pod_id.as_bytes())
+}
+
+/// Every pod with a state directory or a marked domain, by id.
+pub fn survey(state_dir: &Path, vmm: &dyn VmManager) -> Result<Vec<PodView>, Error> {
+    let mut pods: BTreeMap<String, PodView> = BTreeMap::new();
+    let view = |id: &str| PodView {
+        pod_id: id.to_owned(),
+        shim_pid: None,
+        has_state: false,
+        domain_active: None,
+    };
+    if let Ok(entries) = std::fs::read_dir(state_dir) {
+        for entry in entries.flatten() {
+            if !entry.path().is_dir() {
+                continue;
+            }
+            let id = entry.file_name().to_string_lossy().into_owned();
+            let pod = pods.entry(id.clone()).or_insert_with(|| view(&id));
+            pod.has_state = true;
+            pod.shim_pid = PodState::load(&entry.path())
+                .ok()
+                .and_then(|s| s.shim_pid)
+                .filter(|pid| live_shim(*pid, &id));
+        }
+    }
+    for domain in vmm.vmlet_domains()? {
+        let pod = pods
+            .entry(domain.pod_id.clone())
+            .or_insert_with(|| view(&domain.pod_id));
+        pod.domain_active = Some(domain.active);
+    }
+    Ok(pods.into_values().collect())
+}
+
+/// Removes what orphaned pods left: everything a state directory lists (as `shim delete`
+/// does), or the bare domain. Returns what was (or, with `dry_run`, would be) removed.
+pub fn gc(config: &NodeConfig, vmm: &dyn VmManager, dry_run: bool) -> Result<Vec<String>, Error> {
+    let mut removed = Vec::new();
+    let mut first = None;
+    for pod in survey(&config.state_dir, vmm)?
+        .into_iter()
+        .filter(PodView::is_orphan)
+    {
+        let what = match (pod.has_state, pod.domain_active) {
+            (true, _) => format!("pod {}: state directory and what it lists", pod.pod_id),
+            (false, Some(_)) => format!("pod {}: domain {}", pod.pod_id, domain_of(&pod)),
+            (false, None) => continue,
+        };
+        if !dry_run {
+            let done = if pod.has_state {
+                crate::task::cleanup_after_shim(config, vmm, &pod.pod_id)
+            } else {
+                vmm.remove(&domain_of(&pod))
+            };
+            if let Err(e) = done {
+                first.get_or_insert(e);
+                continue;
+            }
+        }
+        removed.push(what);
+    }
+    first.map_or(Ok(removed), Err)
+}
+
+fn domain_of(pod: &PodView) -> String {
+    crate::vm::domain_name(&pod.pod_id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::vmm::FakeVmm;
+
+    #[test]
+    fn orphans_are_found_and_removed_and_live_pods_kept() {
+        let dir = std::env::temp_dir().join(format!("vmlet-ctl-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let vmm = FakeVmm::default();
+        // A pod whose shim is gone (PID 0 is never a shim), with its domain.
+        let orphan = PodState {
+            dir: dir.join("gone"),
+            domain: Some("vmlet-gone".into()),
+            shim_pid: Some(0),
+            ..Default::default()
+        };
+        std::fs::create_dir_all(&orphan.dir).unwrap();
+        orphan.save().unwrap();
+        vmm.start("<name>vmlet-gone</name>").unwrap();
+        // A domain without a state directory.
+        vmm.start("<name>vmlet-bare</name>").unwrap();
+        let config = NodeConfig {
+            state_dir: dir.clone(),
+            ..Default::default()
+        };
+        let pods = survey(&dir, &vmm).unwrap();
+        let ids: Vec<_> = pods.iter().map(|p| p.pod_id.as_str()).collect();
+        assert_eq!(ids, ["bare", "gone"]);
+        assert!(pods.iter().all(PodView::is_orphan));
+
+        let would = gc(&config, &vmm, true).unwrap();
+        assert_eq!(would.len(), 2);
+        assert_eq!(
+            vmm.running.lock().unwrap().len(),
+            2,
+            "dry run removes nothing"
+        );
+        gc(&config, &vmm, false).unwrap();
+        assert!(vmm.running.lock().unwrap().is_empty());
+        assert!(!orphan.dir.exists());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_pid_is_a_shim_only_by_its_command_line() {
+        assert!(!live_shim(std::process::id(), "x"));
+        assert!(!live_shim(0, "x"));
+    }
+}
