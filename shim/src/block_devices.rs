@@ -15,7 +15,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use oci_spec::runtime::{LinuxDeviceCgroup, LinuxDeviceType, Spec};
-use serde_json::json;
+use serde_json::{json, Value};
 use vmlet_config::DiskDriver;
 
 use crate::qmp::Qmp;
@@ -274,54 +274,23 @@ impl Hotplug {
             log::warn!("{container_id}: {what}: {}", e.message());
         }
 
-        let port = match self.driver {
-            DiskDriver::Scsi if self.scsi_port.is_some() => None,
-            _ => match self.ports.iter().position(|taken| !taken) {
-                Some(p) => Some(p),
-                None => {
-                    let _ = self
-                        .qmp
-                        .execute("blockdev-del", json!({"node-name": node}), &[]);
-                    return Err(Error::ResourceExhausted(format!(
-                        "{what}: all {HOTPLUG_PORTS} hot-plug ports of the pod's VM are taken"
-                    )));
-                }
-            },
-        };
-        let props = match self.driver {
+        let mut props = match self.driver {
             DiskDriver::Virtio => json!({"driver": "virtio-blk-pci"}),
             DiskDriver::Nvme => json!({"driver": "nvme"}),
             DiskDriver::Scsi => json!({"driver": "scsi-hd", "bus": format!("{SCSI_CONTROLLER}.0")}),
         };
-        let mut props = props;
         props["id"] = json!(device_id);
         props["drive"] = json!(node);
         props["serial"] = json!(serial);
-        let plugged = (|| {
-            if let Some(p) = port {
-                if self.driver == DiskDriver::Scsi {
-                    self.qmp.execute(
-                        "device_add",
-                        json!({"driver": "virtio-scsi-pci", "id": SCSI_CONTROLLER, "bus": port_id(p)}),
-                        &[],
-                    )?;
-                    self.scsi_port = Some(p);
-                } else {
-                    props["bus"] = json!(port_id(p));
-                }
-                self.ports[p] = true;
+        let port = match self.plug_disk(&what, props) {
+            Ok(port) => port,
+            Err(e) => {
+                let _ = self
+                    .qmp
+                    .execute("blockdev-del", json!({"node-name": node}), &[]);
+                return Err(e);
             }
-            self.qmp.execute("device_add", props.clone(), &[])
-        })();
-        if let Err(e) = plugged {
-            if let Some(p) = port.filter(|_| self.driver != DiskDriver::Scsi) {
-                self.ports[p] = false;
-            }
-            let _ = self
-                .qmp
-                .execute("blockdev-del", json!({"node-name": node}), &[]);
-            return Err(Error::Internal(format!("{what}: {}", e.message())));
-        }
+        };
         log::info!(
             "{container_id}: attached {what} as {device_id} (serial {serial}{})",
             if device.readonly { ", read-only" } else { "" }
@@ -332,7 +301,7 @@ impl Hotplug {
             .push(Attached {
                 device_id,
                 node,
-                port: port.filter(|_| self.driver != DiskDriver::Scsi),
+                port,
             });
         Ok(vmlet_protocol::agent::BlockDevice {
             serial,
@@ -343,6 +312,57 @@ impl Hotplug {
             gid: device.gid,
             ..Default::default()
         })
+    }
+
+    /// Plugs a disk device with `props` (its block node added): a PCI disk on a port of
+    /// its own, returned; a SCSI disk on the controller, plugged with the first one. On
+    /// failure the ports are as they were.
+    fn plug_disk(&mut self, what: &str, mut props: Value) -> Result<Option<usize>, Error> {
+        let port = match self.driver {
+            DiskDriver::Scsi => {
+                self.ensure_scsi_controller(what)?;
+                None
+            }
+            DiskDriver::Virtio | DiskDriver::Nvme => {
+                let p = self.take_port(what)?;
+                props["bus"] = json!(port_id(p));
+                Some(p)
+            }
+        };
+        if let Err(e) = self.qmp.execute("device_add", props, &[]) {
+            if let Some(p) = port {
+                self.ports[p] = false;
+            }
+            return Err(Error::Internal(format!("{what}: {}", e.message())));
+        }
+        Ok(port)
+    }
+
+    /// The pod's one SCSI controller, plugged into a port when the first SCSI disk comes.
+    fn ensure_scsi_controller(&mut self, what: &str) -> Result<(), Error> {
+        if self.scsi_port.is_some() {
+            return Ok(());
+        }
+        let p = self.take_port(what)?;
+        let controller =
+            json!({"driver": "virtio-scsi-pci", "id": SCSI_CONTROLLER, "bus": port_id(p)});
+        if let Err(e) = self.qmp.execute("device_add", controller, &[]) {
+            self.ports[p] = false;
+            return Err(Error::Internal(format!("{what}: {}", e.message())));
+        }
+        self.scsi_port = Some(p);
+        Ok(())
+    }
+
+    /// Takes a free hot-plug port.
+    fn take_port(&mut self, what: &str) -> Result<usize, Error> {
+        let p = self.ports.iter().position(|taken| !taken).ok_or_else(|| {
+            Error::ResourceExhausted(format!(
+                "{what}: all {HOTPLUG_PORTS} hot-plug ports of the pod's VM are taken"
+            ))
+        })?;
+        self.ports[p] = true;
+        Ok(p)
     }
 
     /// Unplugs what `container_id` attached (the guest must release each device) and frees
@@ -389,7 +409,6 @@ impl Hotplug {
 mod tests {
     use super::*;
     use crate::qmp::tests::fake_qemu;
-    use serde_json::Value;
 
     fn device(path: &str, readonly: bool) -> BlockDevice {
         BlockDevice {
