@@ -101,7 +101,12 @@ fn qemu_killed_under_an_attached_run_returns_it() {
         took.as_millis()
     );
     assert!(took <= REPORTED_WITHIN, "ctr run returned after {took:?}");
-    assert_eq!(out.status.code(), Some(137), "ctr run's exit code");
+    assert_eq!(
+        out.status.code(),
+        Some(137),
+        "ctr run's exit code; its stderr: {}",
+        text(&out.stderr)
+    );
     // `ctr run --rm` deleted the task and container itself.
     let deadline = Instant::now() + Duration::from_secs(10);
     while !s.pod_processes(&id).is_empty() && Instant::now() < deadline {

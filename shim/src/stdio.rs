@@ -113,6 +113,7 @@ fn open_outputs(
 }
 
 /// Running copies of one process's streams.
+#[derive(Default)]
 pub struct Copies {
     outputs: Vec<JoinHandle<()>>,
     close_stdin: Arc<Notify>,

@@ -60,6 +60,9 @@ pub type VmmFactory = Arc<dyn Fn(&NodeConfig) -> Arc<dyn VmManager> + Send + Syn
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
     Created,
+    /// Claimed by a start whose agent call has not answered yet; reported as CREATED, so
+    /// RUNNING means the process really started.
+    Starting,
     Running,
     Paused,
     Stopped,
@@ -106,6 +109,24 @@ impl ProcessEntry {
 
     fn exited(&self) -> Option<Exit> {
         self.exit.borrow().clone()
+    }
+
+    /// Whether a start is in flight or the process runs (it cannot be deleted then).
+    fn is_live(&self) -> bool {
+        matches!(self.phase(), Phase::Starting | Phase::Running)
+    }
+
+    /// Records the exit once: Stopped with `status`. False when an exit was already
+    /// recorded (the VM's end and the process's own exit can race).
+    fn record_exit(&self, status: u32) -> Option<Exit> {
+        let mut phase = self.phase.lock().unwrap();
+        if self.exit.borrow().is_some() {
+            return None;
+        }
+        let exit = Exit { status, at: now() };
+        *phase = Phase::Stopped;
+        self.exit.send_replace(Some(exit.clone()));
+        Some(exit)
     }
 }
 
@@ -173,6 +194,19 @@ fn vm_ended_under(task: &TaskEntry, process: &ProcessEntry) -> u32 {
         );
     }
     VM_ENDED_STATUS
+}
+
+/// The exit a delete reports for a process: the recorded one; for one never started, 137
+/// when its VM ended, else 0 (as runc's shim reports a created task's).
+fn exit_of_unwatched(task: &TaskEntry, process: &ProcessEntry) -> Exit {
+    process.exited().unwrap_or_else(|| Exit {
+        status: if task.vm.has_ended() {
+            VM_ENDED_STATUS
+        } else {
+            0
+        },
+        at: now(),
+    })
 }
 
 fn agent_ctx() -> ttrpc::context::Context {
@@ -485,7 +519,7 @@ impl TaskService {
                 )));
             }
             // Claimed: a second start fails above instead of racing this one.
-            *phase = Phase::Running;
+            *phase = Phase::Starting;
         }
         let started = task
             .vm
@@ -500,11 +534,9 @@ impl TaskService {
             .await;
         let started = match started {
             Ok(r) => r,
-            Err(e) => {
-                *process.phase.lock().unwrap() = Phase::Created;
-                return Err(e.into());
-            }
+            Err(e) => return Err(self.start_failed(&task, &process, e).await),
         };
+        *process.phase.lock().unwrap() = Phase::Running;
         if started.pid != 0 {
             // An exec's PID is known from its start; a container init cloned into the pod's
             // PID namespace reports its own here too.
@@ -597,9 +629,41 @@ impl TaskService {
                 );
             }
         }
-        let exit = Exit { status, at: now() };
-        *process.phase.lock().unwrap() = Phase::Stopped;
-        process.exit.send_replace(Some(exit.clone()));
+        self.finish(&task, &process, status).await;
+    }
+
+    /// A start the agent did not carry out: back to Created, or, when the pod's VM ended
+    /// under it, finished with [`VM_ENDED_STATUS`] (waiters return, delete works).
+    async fn start_failed(
+        &self,
+        task: &TaskEntry,
+        process: &ProcessEntry,
+        e: ttrpc::Error,
+    ) -> Error {
+        // The agent's own refusal is not a broken connection: no need to wait for QEMU.
+        let transport = !matches!(e, ttrpc::Error::RpcStatus(_));
+        let ended = task.vm.has_ended()
+            || (transport
+                && tokio::time::timeout(VM_END_GRACE, task.vm.ended())
+                    .await
+                    .is_ok());
+        if !ended {
+            *process.phase.lock().unwrap() = Phase::Created;
+            return e.into();
+        }
+        self.finish(task, process, vm_ended_under(task, process))
+            .await;
+        Error::FailedPrecondition(format!(
+            "start {}: the pod's VM stopped (QEMU exited)",
+            task.name(process)
+        ))
+    }
+
+    /// Records a process's exit (once) and publishes TaskExit.
+    async fn finish(&self, task: &TaskEntry, process: &ProcessEntry, status: u32) {
+        let Some(exit) = process.record_exit(status) else {
+            return;
+        };
         let id = if process.exec_id.is_empty() {
             task.id.clone()
         } else {
@@ -811,19 +875,13 @@ impl TaskService {
         task: &TaskEntry,
         process: &ProcessEntry,
     ) -> Result<api::DeleteResponse, Error> {
-        let exit = match (process.phase(), process.exited()) {
-            (Phase::Running, _) => {
-                return Err(Error::FailedPrecondition(format!(
-                    "{} is running; kill it first",
-                    task.name(process)
-                )))
-            }
-            (_, Some(exit)) => exit,
-            (_, None) => Exit {
-                status: 0,
-                at: now(),
-            },
-        };
+        if process.is_live() {
+            return Err(Error::FailedPrecondition(format!(
+                "{} is running; kill it first",
+                task.name(process)
+            )));
+        }
+        let exit = exit_of_unwatched(task, process);
         self.forget_exec(task, &process.exec_id).await;
         task.execs.lock().unwrap().remove(&process.exec_id);
         Ok(api::DeleteResponse {
@@ -839,16 +897,13 @@ impl TaskService {
         if !req.exec_id.is_empty() {
             return self.delete_exec(&task, &process).await;
         }
-        if process.phase() == Phase::Running {
+        if process.is_live() {
             return Err(Error::FailedPrecondition(format!(
                 "task {} is running; kill it first",
                 req.id
             )));
         }
-        let exit = process.exited().unwrap_or(Exit {
-            status: 0,
-            at: now(),
-        });
+        let exit = exit_of_unwatched(&task, &process);
         if task.pod_id == task.id {
             let others: Vec<String> = self
                 .tasks
@@ -954,7 +1009,7 @@ impl Task for TaskApi {
             bundle: task.bundle.clone(),
             pid: process.pid(),
             status: match process.phase() {
-                Phase::Created => api::Status::CREATED,
+                Phase::Created | Phase::Starting => api::Status::CREATED,
                 Phase::Running => api::Status::RUNNING,
                 Phase::Paused => api::Status::PAUSED,
                 Phase::Stopped => api::Status::STOPPED,
@@ -976,14 +1031,20 @@ impl Task for TaskApi {
         _: &TtrpcContext,
         req: api::WaitRequest,
     ) -> TtrpcResult<api::WaitResponse> {
-        let (_, process) = self.0.get(&req.id, &req.exec_id)?;
+        let (task, process) = self.0.get(&req.id, &req.exec_id)?;
         let mut rx = process.exit.subscribe();
         let exit = loop {
             if let Some(exit) = rx.borrow_and_update().clone() {
                 break exit;
             }
-            if rx.changed().await.is_err() {
-                return Err(Error::Internal("task dropped while waiting".into()).into());
+            tokio::select! {
+                changed = rx.changed() => if changed.is_err() {
+                    return Err(Error::Internal("task dropped while waiting".into()).into());
+                },
+                // A started process's watcher records its end; one never started has none.
+                () = task.vm.ended(), if process.phase() == Phase::Created => {
+                    self.0.finish(&task, &process, vm_ended_under(&task, &process)).await;
+                }
             }
         };
         Ok(api::WaitResponse {
@@ -1199,4 +1260,36 @@ pub fn cleanup_after_shim(
         }
     }
     crate::vm::teardown(vmm, &state)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn process() -> ProcessEntry {
+        ProcessEntry::new("", 1, StdioPaths::default(), false, Copies::default())
+    }
+
+    #[test]
+    fn an_exit_is_recorded_once_and_stops_the_process() {
+        let p = process();
+        *p.phase.lock().unwrap() = Phase::Running;
+        assert!(p.is_live());
+        let first = p.record_exit(VM_ENDED_STATUS).expect("first exit recorded");
+        assert_eq!(first.status, VM_ENDED_STATUS);
+        assert_eq!(p.phase(), Phase::Stopped);
+        assert!(!p.is_live());
+        // The process's own exit arriving after the VM's end changes nothing.
+        assert!(p.record_exit(0).is_none());
+        assert_eq!(p.exited().unwrap().status, VM_ENDED_STATUS);
+    }
+
+    #[test]
+    fn a_start_in_flight_is_live_but_not_running() {
+        let p = process();
+        assert!(!p.is_live());
+        *p.phase.lock().unwrap() = Phase::Starting;
+        assert!(p.is_live());
+        assert!(p.exited().is_none());
+    }
 }
