@@ -89,7 +89,19 @@ impl Stack {
     /// `ctr run -d --runtime vmlet IMAGE ID COMMAND...`, then waits (60 s at most) until
     /// `ctr task ls` shows it RUNNING.
     pub fn run_detached(&self, id: &str, command: &[&str]) -> anyhow::Result<()> {
-        let mut args = vec!["run", "-d", "--runtime", RUNTIME, &self.image, id];
+        self.run_detached_with(id, &[], command)
+    }
+
+    /// [`Stack::run_detached`] with `extra` `ctr run` options (before the image).
+    pub fn run_detached_with(
+        &self,
+        id: &str,
+        extra: &[&str],
+        command: &[&str],
+    ) -> anyhow::Result<()> {
+        let mut args = vec!["run", "-d", "--runtime", RUNTIME];
+        args.extend_from_slice(extra);
+        args.extend([self.image.as_str(), id]);
         args.extend_from_slice(command);
         let out = self.ctr_output(&args)?;
         if !out.status.success() {
@@ -291,4 +303,30 @@ pub fn unique_id(prefix: &str) -> String {
         std::process::id(),
         N.fetch_add(1, Ordering::Relaxed)
     )
+}
+
+/// The stack's node config (`VMLET_CONFIG`, read by the shim at every create) replaced for
+/// a test; the original is put back when dropped, also when the test fails.
+pub struct ConfigSwap {
+    path: String,
+    original: String,
+}
+
+impl ConfigSwap {
+    pub fn with(text: &str) -> Self {
+        let path = std::env::var("VMLET_CONFIG").expect("VMLET_CONFIG: the stack's config");
+        let original = std::fs::read_to_string(&path).unwrap();
+        std::fs::write(&path, text).unwrap();
+        Self { path, original }
+    }
+
+    pub fn original(&self) -> &str {
+        &self.original
+    }
+}
+
+impl Drop for ConfigSwap {
+    fn drop(&mut self) {
+        std::fs::write(&self.path, &self.original).unwrap();
+    }
 }

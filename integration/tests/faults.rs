@@ -1,11 +1,15 @@
-//! End to end: what happens when part of a pod dies under it. QEMU killed: within 5 s the
-//! task is STOPPED with exit status 137, an attached `ctr run` returns, and deleting it
-//! leaves nothing. The shim killed: containerd's cleanup (`containerd-shim-vmlet-v2
-//! delete`) removes everything the pod had, ten times over. Run by `make test`.
+//! End to end: what happens when part of a pod dies under it. QEMU killed or the guest
+//! kernel panicking: within 5 s the task is STOPPED with exit status 137, an attached
+//! `ctr run` returns, and deleting it leaves nothing. The shim killed: containerd's cleanup
+//! (`containerd-shim-vmlet-v2 delete`) removes everything the pod had (its taps too),
+//! ten times over. A guest that never brings its agent up (it dies while booting, or is
+//! too slow for the configured timeout): the create fails with the console's tail and
+//! leaves nothing. Run by `make test`.
 
 use std::time::{Duration, Instant};
 
-use vmlet_integration::{bounded, unique_id, Stack};
+use vmlet_integration::testnet::TestNet;
+use vmlet_integration::{bounded, unique_id, ConfigSwap, Stack};
 
 /// What issue 6 promises: the pod's end is seen within this long.
 const REPORTED_WITHIN: Duration = Duration::from_secs(5);
@@ -119,9 +123,17 @@ fn qemu_killed_under_an_attached_run_returns_it() {
 #[ignore = "needs the vmlet stack: make test"]
 fn shim_killed_then_deleted_leaves_nothing_ten_times() {
     let s = stack();
+    // The first round's pod has a network: its taps must go too.
+    let net = TestNet::new("shimkill", 1500);
+    let with_ns = format!("network:{}", net.pod_path().display());
     for round in 0..10 {
         let id = unique_id("shimkill");
-        s.run_detached(&id, &["sleep", "1000"]).unwrap();
+        let extra: &[&str] = if round == 0 {
+            &["--with-ns", &with_ns]
+        } else {
+            &[]
+        };
+        s.run_detached_with(&id, extra, &["sleep", "1000"]).unwrap();
         kill_pod_process(&s, &id, "containerd-shim-vmlet");
 
         // containerd sees the shim go, runs `containerd-shim-vmlet-v2 delete` and marks the
@@ -142,6 +154,9 @@ fn shim_killed_then_deleted_leaves_nothing_ten_times() {
             std::thread::sleep(Duration::from_millis(100));
         }
         assert_nothing_left(&s, &id);
+        if round == 0 {
+            assert_eq!(net.vmlet_leftovers(), Vec::<String>::new(), "taps left");
+        }
         println!("round {round}: shim killed, pod {id} cleaned up");
     }
 }
@@ -179,4 +194,105 @@ fn containerd_restarted_finds_the_pod_running_and_manages_it() {
     assert_eq!(text(&exec.stdout).trim(), "still-here");
     s.kill_and_remove(&id).unwrap();
     assert_nothing_left(&s, &id);
+}
+
+#[test]
+#[ignore = "needs the vmlet stack: make test"]
+fn guest_kernel_panic_stops_the_task_with_137() {
+    let s = stack();
+    let id = unique_id("panic");
+    // A proc mount of its own: the default /proc hides sysrq-trigger from writes.
+    s.run_detached_with(
+        &id,
+        &["--mount", "type=proc,src=proc,dst=/crash,options=rw"],
+        &["sleep", "1000"],
+    )
+    .unwrap();
+
+    let panicked = Instant::now();
+    // The exec dies with the guest; its own result does not matter.
+    let _ = s.ctr_output(&[
+        "task",
+        "exec",
+        "--exec-id",
+        "crash",
+        &id,
+        "sh",
+        "-c",
+        "echo c > /crash/sysrq-trigger",
+    ]);
+    let took = time_to_stopped(&s, &id, panicked);
+    println!(
+        "guest kernel panic -> task STOPPED in {} ms",
+        took.as_millis()
+    );
+    assert!(took <= REPORTED_WITHIN, "STOPPED after {took:?}");
+    let delete = s.ctr_output(&["task", "delete", &id]).unwrap();
+    assert!(
+        text(&delete.stderr).contains("137") || delete.status.code() == Some(137),
+        "ctr task delete reports 137: {} {:?}",
+        text(&delete.stderr),
+        delete.status
+    );
+    let rm = s.ctr_output(&["container", "rm", &id]).unwrap();
+    assert!(rm.status.success(), "{}", text(&rm.stderr));
+    assert_nothing_left(&s, &id);
+}
+
+/// Runs a pod that must fail to start; returns ctr's stderr after checking that nothing of
+/// the pod is left.
+fn failed_start(s: &Stack, id: &str, extra: &[&str]) -> (String, Duration) {
+    let started = Instant::now();
+    let out = s.run(id, extra, &["true"]).unwrap();
+    let took = started.elapsed();
+    assert!(!out.status.success(), "{id} started");
+    let _ = s.ctr_output(&["container", "rm", id]);
+    assert_nothing_left(s, id);
+    (text(&out.stderr), took)
+}
+
+#[test]
+#[ignore = "needs the vmlet stack: make test"]
+fn a_guest_dying_while_it_boots_fails_the_create_at_once_with_the_console_tail() {
+    let s = stack();
+    let id = unique_id("noinit");
+    // No init to run: the guest kernel panics (and, with panic=-1, ends QEMU).
+    let (stderr, took) = failed_start(
+        &s,
+        &id,
+        &["--annotation", "vmlet.io/kernel-params=rdinit=/nonexistent"],
+    );
+    println!(
+        "guest died while booting -> create failed in {} ms",
+        took.as_millis()
+    );
+    assert!(
+        stderr.contains("the VM stopped (QEMU exited) before its agent answered"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("console tail"), "{stderr}");
+    assert!(
+        stderr.contains("Kernel panic"),
+        "the console's end: {stderr}"
+    );
+    // Not the agent timeout (30 s): the VM's end is seen as it happens.
+    assert!(took < Duration::from_secs(25), "failed after {took:?}");
+}
+
+#[test]
+#[ignore = "needs the vmlet stack: make test"]
+fn an_agent_slower_than_the_configured_timeout_fails_the_create_with_the_console_tail() {
+    let s = stack();
+    let id = unique_id("slowagent");
+    let stderr = {
+        let original = std::fs::read_to_string(std::env::var("VMLET_CONFIG").unwrap()).unwrap();
+        // TCG boots in about 2 s: one second is too short.
+        let _swap = ConfigSwap::with(&format!("agent_timeout_secs = 1\n{original}"));
+        failed_start(&s, &id, &[]).0
+    };
+    assert!(
+        stderr.contains("did not report ready on the console within 1 s"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("console tail"), "{stderr}");
 }

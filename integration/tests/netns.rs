@@ -85,7 +85,7 @@ fn wires_taps_to_cni_interfaces_and_unwires_them() {
     let pod_mac = net.mac(&net.pod, "eth0");
     let peer_mac = net.mac(&net.peer, "peer0");
 
-    let wired = vmlet_netns::wire(&net.pod_path()).unwrap();
+    let wired = vmlet_netns::wire(&net.pod_path(), "wire-test-pod").unwrap();
     assert_eq!(wired.wirings.len(), 1);
     assert_eq!(wired.taps.len(), 1);
     let w = &wired.wirings[0];
@@ -111,6 +111,10 @@ fn wires_taps_to_cni_interfaces_and_unwires_them() {
     let tap_link: serde_json::Value =
         serde_json::from_str(&ip(&["-n", &net.pod, "-j", "link", "show", "vmtap0"])).unwrap();
     assert_eq!(tap_link[0]["mtu"], 1400);
+    assert_eq!(
+        tap_link[0]["ifalias"], "vmlet:wire-test-pod:eth0",
+        "the tap's mark"
+    );
     for (dev, to) in [("eth0", "vmtap0"), ("vmtap0", "eth0")] {
         let filters = tc(&net.pod, &["filter", "show", "dev", dev, "ingress"]);
         assert!(
@@ -166,10 +170,59 @@ fn wires_taps_to_cni_interfaces_and_unwires_them() {
 
 #[test]
 #[ignore = "needs root and iproute2: make test"]
+fn a_tap_whose_state_was_lost_is_found_by_its_mark_and_removed_alone() {
+    let net = TestNet::new("marks", 1500);
+    let wired = vmlet_netns::wire(&net.pod_path(), "lost-pod").unwrap();
+    // The wirings are forgotten (as when the pod's state file is gone) while the tap lives
+    // on: QEMU holds its fd (a tap nobody holds is gone with its last fd).
+    let _held_by_qemu = wired.taps;
+    // Not vmlet's: a tap named like vmlet's without the mark, one with another alias.
+    ip(&["-n", &net.pod, "tuntap", "add", "vmtap7", "mode", "tap"]);
+    ip(&["-n", &net.pod, "tuntap", "add", "other0", "mode", "tap"]);
+    ip(&[
+        "-n",
+        &net.pod,
+        "link",
+        "set",
+        "other0",
+        "alias",
+        "uplink of something",
+    ]);
+
+    let found = vmlet_netns::marked_taps(&net.pod_path()).unwrap();
+    assert_eq!(found.len(), 1, "{found:?}");
+    let tap = &found[0];
+    assert_eq!(
+        (tap.name.as_str(), tap.pod_id.as_str(), tap.peer.as_str()),
+        ("vmtap0", "lost-pod", "eth0")
+    );
+    assert_eq!(tap.netns, net.pod_path());
+
+    vmlet_netns::remove_marked_tap(tap).unwrap();
+    let links = ip(&["-n", &net.pod, "-brief", "link", "show"]);
+    assert!(!links.contains("vmtap0"), "{links}");
+    assert!(
+        links.contains("vmtap7") && links.contains("other0"),
+        "{links}"
+    );
+    let qdiscs = tc(&net.pod, &["qdisc", "show", "dev", "eth0"]);
+    assert!(
+        !qdiscs.contains("ingress"),
+        "eth0's redirect removed: {qdiscs}"
+    );
+    assert!(vmlet_netns::marked_taps(&net.pod_path())
+        .unwrap()
+        .is_empty());
+    // Removing it again finds nothing to do.
+    vmlet_netns::remove_marked_tap(tap).unwrap();
+}
+
+#[test]
+#[ignore = "needs root and iproute2: make test"]
 fn a_namespace_without_interfaces_is_refused() {
     let name = format!("vmlet-empty-{}", std::process::id() % 100_000);
     ip(&["netns", "add", &name]);
-    let result = vmlet_netns::wire(&PathBuf::from("/run/netns").join(&name));
+    let result = vmlet_netns::wire(&PathBuf::from("/run/netns").join(&name), "wire-test-pod");
     let _ = Command::new("ip").args(["netns", "del", &name]).status();
     let err = result.unwrap_err().to_string();
     assert!(err.contains("no usable interface"), "{err}");
@@ -178,8 +231,11 @@ fn a_namespace_without_interfaces_is_refused() {
 #[test]
 #[ignore = "needs root and iproute2: make test"]
 fn a_missing_namespace_is_refused() {
-    let err = vmlet_netns::wire(&PathBuf::from("/run/netns/vmlet-does-not-exist"))
-        .unwrap_err()
-        .to_string();
+    let err = vmlet_netns::wire(
+        &PathBuf::from("/run/netns/vmlet-does-not-exist"),
+        "wire-test-pod",
+    )
+    .unwrap_err()
+    .to_string();
     assert!(err.contains("cannot enter network namespace"), "{err}");
 }

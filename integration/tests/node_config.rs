@@ -3,32 +3,7 @@
 //! stack's config file (`VMLET_CONFIG`, read by the shim at every create) and restores it,
 //! also when it fails. Run by `make test`.
 
-use vmlet_integration::{unique_id, Stack};
-
-/// Puts the original config back when dropped.
-struct ConfigSwap {
-    path: String,
-    original: String,
-}
-
-impl ConfigSwap {
-    fn with(text: &str) -> Self {
-        let path = std::env::var("VMLET_CONFIG").expect("VMLET_CONFIG: the stack's config");
-        let original = std::fs::read_to_string(&path).unwrap();
-        std::fs::write(&path, text).unwrap();
-        Self { path, original }
-    }
-
-    fn original(&self) -> &str {
-        &self.original
-    }
-}
-
-impl Drop for ConfigSwap {
-    fn drop(&mut self) {
-        std::fs::write(&self.path, &self.original).unwrap();
-    }
-}
+use vmlet_integration::{unique_id, ConfigSwap, Stack};
 
 fn containerd_log(s: &Stack) -> String {
     std::fs::read_to_string(format!("{}/containerd/containerd.log", s.dir)).unwrap_or_default()

@@ -1,10 +1,13 @@
 //! End to end: `vmletctl ps`, `console` and `gc` against the stack. Orphans are made by
-//! hand (a libvirt domain carrying vmlet's pod mark, a state directory whose shim is gone)
-//! next to a live pod and two domains that are not vmlet's (one of them named like vmlet's):
-//! `gc --dry-run` removes nothing, `gc` removes exactly the orphans. Run by `make test`.
+//! hand (a libvirt domain carrying vmlet's pod mark, a state directory whose shim is gone,
+//! a tap carrying the mark of a pod that has neither, held open as QEMU would) next to a
+//! live pod with a network, two domains that are not vmlet's (one of them named like
+//! vmlet's) and an unmarked `vmtap`: `gc --dry-run` removes nothing, `gc` removes exactly
+//! the orphans. Run by `make test`.
 
 use std::process::Command;
 
+use vmlet_integration::testnet::{ip, TestNet};
 use vmlet_integration::{bounded, unique_id, Stack};
 
 fn stack() -> Stack {
@@ -65,7 +68,10 @@ fn all_domains(s: &Stack) -> String {
 fn gc_removes_orphans_only_and_ps_and_console_show_the_pods() {
     let s = stack();
     let live = unique_id("ctllive");
-    s.run_detached(&live, &["sleep", "1000"]).unwrap();
+    let live_net = TestNet::new("ctllive", 1500);
+    let with_ns = format!("network:{}", live_net.pod_path().display());
+    s.run_detached_with(&live, &["--with-ns", &with_ns], &["sleep", "1000"])
+        .unwrap();
 
     // The orphans: a marked domain without a shim, a state dir whose shim is gone.
     let orphan_pod = unique_id("ctlorphan");
@@ -83,6 +89,12 @@ fn gc_removes_orphans_only_and_ps_and_console_show_the_pods() {
         format!(r#"{{"dir": "{gone_dir}", "mounts": [], "shim_pid": {dead_pid}}}"#),
     )
     .unwrap();
+    // A tap whose pod left nothing else (its fd held here, as QEMU holds a live one's),
+    // beside an unmarked tap named like vmlet's.
+    let tap_net = TestNet::new("ctltap", 1500);
+    let tap_pod = unique_id("ctltap");
+    let held = vmlet_netns::wire(&tap_net.pod_path(), &tap_pod).unwrap();
+    ip(&["-n", &tap_net.pod, "tuntap", "add", "vmtap9", "mode", "tap"]);
     // Not vmlet's: no mark, whatever the name.
     let foreign = unique_id("notvmlet");
     define_domain(&s, &foreign, None);
@@ -100,6 +112,10 @@ fn gc_removes_orphans_only_and_ps_and_console_show_the_pods() {
     assert!(line(&live).contains("running"), "{ps}");
     assert!(line(&orphan_pod).contains("gone"), "{ps}");
     assert!(line(&gone).contains("gone"), "{ps}");
+    let taps_column = |id: &str| line(id).split_whitespace().last().unwrap().to_owned();
+    assert_eq!(taps_column(&live), "1", "{ps}");
+    assert_eq!(taps_column(&tap_pod), "1", "{ps}");
+    assert!(line(&tap_pod).contains("gone"), "{ps}");
     assert!(!ps.contains(&foreign) && !ps.contains(&lookalike), "{ps}");
 
     let console = vmletctl(&s, &["console", &live]);
@@ -107,11 +123,16 @@ fn gc_removes_orphans_only_and_ps_and_console_show_the_pods() {
 
     let dry = vmletctl(&s, &["gc", "--dry-run"]);
     assert!(dry.contains(&orphan_pod) && dry.contains(&gone), "{dry}");
+    assert!(dry.contains(&format!("pod {tap_pod}: tap vmtap0")), "{dry}");
     assert!(
         all_domains(&s).contains(&orphan_pod),
         "a dry run removes nothing"
     );
     assert!(std::path::Path::new(&gone_dir).exists());
+    assert!(
+        links(&tap_net).contains("vmtap0"),
+        "a dry run removes nothing"
+    );
 
     let removed = vmletctl(&s, &["gc"]);
     assert!(!removed.contains(&live), "{removed}");
@@ -123,10 +144,24 @@ fn gc_removes_orphans_only_and_ps_and_console_show_the_pods() {
         "{domains}"
     );
     assert!(domains.contains(&format!("vmlet-{live}")), "{domains}");
+    let orphan_links = links(&tap_net);
+    assert!(!orphan_links.contains("vmtap0"), "{orphan_links}");
+    assert!(orphan_links.contains("vmtap9"), "{orphan_links}");
+    let live_tap = ip(&["-n", &live_net.pod, "-j", "link", "show", "vmtap0"]);
+    assert!(
+        live_tap.contains(&format!("vmlet:{live}:eth0")),
+        "the live pod's tap is kept: {live_tap}"
+    );
     assert_eq!(s.task_status(&live).unwrap().as_deref(), Some("RUNNING"));
 
     for d in [&foreign, &lookalike] {
         assert!(virsh(&s, &["undefine", d]).status.success());
     }
     s.kill_and_remove(&live).unwrap();
+    assert_eq!(live_net.vmlet_leftovers(), Vec::<String>::new());
+    drop(held);
+}
+
+fn links(net: &TestNet) -> String {
+    ip(&["-n", &net.pod, "-brief", "link", "show"])
 }

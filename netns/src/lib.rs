@@ -6,15 +6,19 @@
 //! one tap per interface with the same MTU, and joins each pair with an `ingress` qdisc and a
 //! match-all u32 filter with `mirred egress redirect` in both directions (the model Kata
 //! calls tcfilter). The tap file descriptors go to QEMU; the guest gets the interface's MAC,
-//! addresses and MTU. [`unwire`] removes exactly what was added.
+//! addresses and MTU. [`unwire`] removes exactly what was added. Each tap carries its pod's
+//! mark as its alias ([`marks`]), so that one whose pod's state was lost can still be found
+//! and removed ([`marked_taps`], [`remove_marked_tap`]).
 
 mod error;
 mod interface;
+pub mod marks;
 mod tap;
 mod wiring;
 pub mod worker;
 
 pub use error::Error;
 pub use interface::{format_mac, Interface, IpNet, Route};
+pub use marks::{marked_taps, remove_marked_tap, MarkedTap};
 pub use tap::TAP_PREFIX;
 pub use wiring::{unwire, wire, Wired, Wiring};

@@ -13,6 +13,7 @@ use rtnetlink::packet_route::tc::TcHandle;
 use rtnetlink::{Handle, LinkUnspec};
 
 use crate::interface::{is_link_local, is_pod_interface, Interface, IpNet, Route};
+use crate::marks::mark;
 use crate::tap::{open_tap, tap_name};
 use crate::worker::in_netns;
 use crate::Error;
@@ -37,10 +38,12 @@ pub struct Wired {
     pub taps: Vec<OwnedFd>,
 }
 
-/// Lists the pod interfaces in the namespace at `netns` and joins each to a new tap.
-/// On failure, whatever was added is removed again before the error is returned.
-pub fn wire(netns: &Path) -> Result<Wired, Error> {
+/// Lists the pod interfaces in the namespace at `netns` and joins each to a new tap marked
+/// as `pod_id`'s (see [`crate::marks`]). On failure, whatever was added is removed again
+/// before the error is returned.
+pub fn wire(netns: &Path, pod_id: &str) -> Result<Wired, Error> {
     let path = netns.to_owned();
+    let pod_id = pod_id.to_owned();
     in_netns(netns, move |handle| async move {
         let interfaces = list_interfaces(&handle).await?;
         if interfaces.is_empty() {
@@ -48,7 +51,7 @@ pub fn wire(netns: &Path) -> Result<Wired, Error> {
         }
         let mut wired = Wired::default();
         for (n, interface) in interfaces.into_iter().enumerate() {
-            match wire_one(&handle, n, interface).await {
+            match wire_one(&handle, n, interface, &pod_id).await {
                 Ok((wiring, tap)) => {
                     wired.wirings.push(wiring);
                     wired.taps.push(tap);
@@ -209,6 +212,7 @@ async fn wire_one(
     handle: &Handle,
     n: usize,
     interface: Interface,
+    pod_id: &str,
 ) -> Result<(Wiring, OwnedFd), Error> {
     let name = tap_name(n);
     let tap = open_tap(&name)?;
@@ -224,6 +228,10 @@ async fn wire_one(
             .set(
                 LinkUnspec::new_with_index(tap_index)
                     .mtu(wiring.interface.mtu)
+                    .append_extra_attribute(LinkAttribute::IfAlias(mark(
+                        pod_id,
+                        &wiring.interface.name,
+                    )))
                     .up()
                     .build(),
             )
@@ -278,23 +286,35 @@ fn is_gone(e: &rtnetlink::Error) -> bool {
 async fn unwire_all(handle: &Handle, wirings: &[Wiring]) -> Result<(), Error> {
     let mut first = None;
     for wiring in wirings {
-        let mut request = handle.qdisc().del(wiring.interface.index as i32);
-        request.message_mut().header.parent = TcHandle::INGRESS;
-        request.message_mut().header.handle = TcHandle::from(INGRESS_PARENT);
-        if let Err(e) = request.execute().await {
-            if !is_gone(&e) {
-                first.get_or_insert(Error::netlink(
-                    format!("remove ingress qdisc of {}", wiring.interface.name),
-                    e,
-                ));
-            }
-        }
-        // The tap's own qdisc and filter go with it.
-        if let Err(e) = handle.link().del(wiring.tap_index).execute().await {
-            if !is_gone(&e) {
-                first.get_or_insert(Error::netlink(format!("remove {}", wiring.tap_name), e));
-            }
+        let removed = remove_ingress_qdisc(handle, wiring.interface.index, &wiring.interface.name)
+            .await
+            .and(remove_link(handle, wiring.tap_index, &wiring.tap_name).await);
+        if let Err(e) = removed {
+            first.get_or_insert(e);
         }
     }
     first.map_or(Ok(()), Err)
+}
+
+/// Removes the ingress qdisc (and with it vmlet's redirect filter) of link `index`.
+pub(crate) async fn remove_ingress_qdisc(
+    handle: &Handle,
+    index: u32,
+    name: &str,
+) -> Result<(), Error> {
+    let mut request = handle.qdisc().del(index as i32);
+    request.message_mut().header.parent = TcHandle::INGRESS;
+    request.message_mut().header.handle = TcHandle::from(INGRESS_PARENT);
+    match request.execute().await {
+        Err(e) if !is_gone(&e) => Err(Error::netlink(format!("remove ingress qdisc of {name}"), e)),
+        _ => Ok(()),
+    }
+}
+
+/// Removes link `index` (a tap: its own qdisc and filter go with it).
+pub(crate) async fn remove_link(handle: &Handle, index: u32, name: &str) -> Result<(), Error> {
+    match handle.link().del(index).execute().await {
+        Err(e) if !is_gone(&e) => Err(Error::netlink(format!("remove {name}"), e)),
+        _ => Ok(()),
+    }
 }

@@ -1,12 +1,13 @@
-//! What `vmletctl` does: list the node's pods as vmlet sees them (state directories and
-//! marked libvirt domains, each with whether its shim still runs), show a pod's console,
-//! and remove what a gone shim left behind (`gc`), never touching a pod whose shim lives
-//! or anything without vmlet's mark.
+//! What `vmletctl` does: list the node's pods as vmlet sees them (state directories, marked
+//! libvirt domains and marked taps in the named network namespaces, each with whether its
+//! shim still runs), show a pod's console, and remove what a gone shim left behind (`gc`),
+//! never touching a pod whose shim lives or anything without vmlet's mark.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
 use vmlet_config::NodeConfig;
+use vmlet_netns::MarkedTap;
 
 use crate::state::PodState;
 use crate::vmm::VmManager;
@@ -22,6 +23,8 @@ pub struct PodView {
     pub has_state: bool,
     /// Its domain: None when libvirt has none, else whether it runs.
     pub domain_active: Option<bool>,
+    /// Taps carrying its mark, in any of the named network namespaces.
+    pub taps: Vec<MarkedTap>,
 }
 
 impl PodView {
@@ -43,14 +46,23 @@ pub fn live_shim(pid: u32, pod_id: &str) -> bool {
             .any(|w| w[0] == b"-id" && w[1] == pod_id.as_bytes())
 }
 
-/// Every pod with a state directory or a marked domain, by id.
-pub fn survey(state_dir: &Path, vmm: &dyn VmManager) -> Result<Vec<PodView>, Error> {
+/// Where `ip netns` and CNI (through containerd's CRI) keep named network namespaces.
+pub const NAMED_NETNS_DIR: &str = "/run/netns";
+
+/// Every pod with a state directory, a marked domain or a marked tap in a namespace under
+/// `netns_dir`, by id.
+pub fn survey(
+    state_dir: &Path,
+    netns_dir: &Path,
+    vmm: &dyn VmManager,
+) -> Result<Vec<PodView>, Error> {
     let mut pods: BTreeMap<String, PodView> = BTreeMap::new();
     let view = |id: &str| PodView {
         pod_id: id.to_owned(),
         shim_pid: None,
         has_state: false,
         domain_active: None,
+        taps: Vec::new(),
     };
     if let Ok(entries) = std::fs::read_dir(state_dir) {
         for entry in entries.flatten() {
@@ -72,35 +84,98 @@ pub fn survey(state_dir: &Path, vmm: &dyn VmManager) -> Result<Vec<PodView>, Err
             .or_insert_with(|| view(&domain.pod_id));
         pod.domain_active = Some(domain.active);
     }
+    for tap in marked_taps_under(netns_dir)? {
+        pods.entry(tap.pod_id.clone())
+            .or_insert_with(|| view(&tap.pod_id))
+            .taps
+            .push(tap);
+    }
     Ok(pods.into_values().collect())
 }
 
+/// The marked taps of every namespace under `dir`. A file there that is no namespace (a
+/// stale name whose mount is gone) cannot be entered and holds nothing.
+fn marked_taps_under(dir: &Path) -> Result<Vec<MarkedTap>, Error> {
+    let mut taps = Vec::new();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Ok(taps);
+    };
+    let mut paths: Vec<_> = entries.flatten().map(|e| e.path()).collect();
+    paths.sort();
+    for path in paths {
+        match vmlet_netns::marked_taps(&path) {
+            Ok(found) => taps.extend(found),
+            Err(vmlet_netns::Error::Enter { .. }) => {}
+            Err(e) => return Err(Error::Network(e)),
+        }
+    }
+    Ok(taps)
+}
+
+/// One thing `gc` removes.
+enum Removal {
+    /// Everything the pod's state directory lists, as `shim delete` removes it.
+    State(String),
+    /// A marked domain without a state directory.
+    Domain(String),
+    Tap(MarkedTap),
+}
+
+impl Removal {
+    fn of(pod: &PodView) -> Vec<Removal> {
+        let mut all = Vec::new();
+        if pod.has_state {
+            all.push(Removal::State(pod.pod_id.clone()));
+        } else if pod.domain_active.is_some() {
+            all.push(Removal::Domain(domain_of(pod)));
+        }
+        all.extend(pod.taps.iter().cloned().map(Removal::Tap));
+        all
+    }
+
+    fn describe(&self, pod_id: &str) -> String {
+        match self {
+            Removal::State(_) => format!("pod {pod_id}: state directory and what it lists"),
+            Removal::Domain(name) => format!("pod {pod_id}: domain {name}"),
+            Removal::Tap(tap) => {
+                format!("pod {pod_id}: tap {} in {}", tap.name, tap.netns.display())
+            }
+        }
+    }
+
+    fn run(&self, config: &NodeConfig, vmm: &dyn VmManager) -> Result<(), Error> {
+        match self {
+            Removal::State(id) => crate::task::cleanup_after_shim(config, vmm, id),
+            Removal::Domain(name) => vmm.remove(name),
+            Removal::Tap(tap) => vmlet_netns::remove_marked_tap(tap).map_err(Error::Network),
+        }
+    }
+}
+
 /// Removes what orphaned pods left: everything a state directory lists (as `shim delete`
-/// does), or the bare domain. Returns what was (or, with `dry_run`, would be) removed.
-pub fn gc(config: &NodeConfig, vmm: &dyn VmManager, dry_run: bool) -> Result<Vec<String>, Error> {
+/// does), or the bare domain, and the pod's marked taps. Returns what was (or, with
+/// `dry_run`, would be) removed, one line each.
+pub fn gc(
+    config: &NodeConfig,
+    netns_dir: &Path,
+    vmm: &dyn VmManager,
+    dry_run: bool,
+) -> Result<Vec<String>, Error> {
     let mut removed = Vec::new();
     let mut first = None;
-    for pod in survey(&config.state_dir, vmm)?
+    for pod in survey(&config.state_dir, netns_dir, vmm)?
         .into_iter()
         .filter(PodView::is_orphan)
     {
-        let what = match (pod.has_state, pod.domain_active) {
-            (true, _) => format!("pod {}: state directory and what it lists", pod.pod_id),
-            (false, Some(_)) => format!("pod {}: domain {}", pod.pod_id, domain_of(&pod)),
-            (false, None) => continue,
-        };
-        if !dry_run {
-            let done = if pod.has_state {
-                crate::task::cleanup_after_shim(config, vmm, &pod.pod_id)
-            } else {
-                vmm.remove(&domain_of(&pod))
-            };
-            if let Err(e) = done {
-                first.get_or_insert(e);
-                continue;
+        for removal in Removal::of(&pod) {
+            if !dry_run {
+                if let Err(e) = removal.run(config, vmm) {
+                    first.get_or_insert(e);
+                    continue;
+                }
             }
+            removed.push(removal.describe(&pod.pod_id));
         }
-        removed.push(what);
     }
     first.map_or(Ok(removed), Err)
 }
@@ -135,19 +210,20 @@ mod tests {
             state_dir: dir.clone(),
             ..Default::default()
         };
-        let pods = survey(&dir, &vmm).unwrap();
+        let no_netns = dir.join("netns");
+        let pods = survey(&dir, &no_netns, &vmm).unwrap();
         let ids: Vec<_> = pods.iter().map(|p| p.pod_id.as_str()).collect();
         assert_eq!(ids, ["bare", "gone"]);
         assert!(pods.iter().all(PodView::is_orphan));
 
-        let would = gc(&config, &vmm, true).unwrap();
+        let would = gc(&config, &no_netns, &vmm, true).unwrap();
         assert_eq!(would.len(), 2);
         assert_eq!(
             vmm.running.lock().unwrap().len(),
             2,
             "dry run removes nothing"
         );
-        gc(&config, &vmm, false).unwrap();
+        gc(&config, &no_netns, &vmm, false).unwrap();
         assert!(vmm.running.lock().unwrap().is_empty());
         assert!(!orphan.dir.exists());
         std::fs::remove_dir_all(&dir).unwrap();

@@ -15,6 +15,7 @@
 //! - [`ctl`]: what `vmletctl` (ps, console, gc) does.
 
 pub mod block_devices;
+pub mod console;
 pub mod ctl;
 pub mod domain;
 mod error;

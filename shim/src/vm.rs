@@ -31,8 +31,6 @@ const SHARE_TAG: &str = "vmlet";
 const POWER_OFF_WAIT: Duration = Duration::from_secs(2);
 /// How long QEMU may take to connect vmlet's QMP monitor once libvirt started it.
 const QMP_CONNECT_WAIT: Duration = Duration::from_secs(10);
-/// How much of the console log an agent timeout error carries.
-const CONSOLE_TAIL: usize = 2048;
 
 pub fn domain_name(pod_id: &str) -> String {
     format!("vmlet-{pod_id}")
@@ -307,8 +305,8 @@ impl Vm {
         let tap_socket = match &wire_from {
             Some(netns) => {
                 save(&|s| s.netns = Some(netns.clone()))?;
-                let path = netns.clone();
-                let wired = match block(move || vmlet_netns::wire(&path)).await? {
+                let (path, owner) = (netns.clone(), pod_id.to_owned());
+                let wired = match block(move || vmlet_netns::wire(&path, &owner)).await? {
                     Ok(wired) => wired,
                     Err(vmlet_netns::Error::NoInterface(_)) if may_be_empty => {
                         vmlet_netns::Wired::default()
@@ -459,15 +457,25 @@ impl Vm {
             }
         };
         let deadline = Duration::from_secs(config.agent_timeout_secs);
-        let (agent, boot_id) = connect_agent(&endpoint, deadline, Some(&paths.console))
-            .await
-            .map_err(|e| {
-                Error::Timeout(format!(
-                    "{}; console tail:\n{}",
-                    e.message(),
-                    console_tail(&paths.console)
-                ))
-            })?;
+        let mut end = ended.clone();
+        let connected = tokio::select! {
+            r = connect_agent(&endpoint, deadline, Some(&paths.console)) => r,
+            // The guest died while booting (kernel panic, no init): no need to wait on.
+            _ = end.wait_for(|ended| *ended) => Err(Error::FailedPrecondition(
+                "the VM stopped (QEMU exited) before its agent answered".into(),
+            )),
+        };
+        let (agent, boot_id) = connected.map_err(|e| {
+            let message = format!(
+                "{}; console tail:\n{}",
+                e.message(),
+                crate::console::tail(&paths.console)
+            );
+            match e {
+                Error::Timeout(_) => Error::Timeout(message),
+                _ => Error::FailedPrecondition(message),
+            }
+        })?;
         log::info!(
             "pod {pod_id}: agent answered {} ms after start",
             started.elapsed().as_millis()
@@ -766,13 +774,6 @@ fn network_request(interfaces: &[vmlet_netns::Interface]) -> ConfigureNetworkReq
     }
 }
 
-fn console_tail(path: &Path) -> String {
-    let text = std::fs::read(path).unwrap_or_default();
-    let start = text.len().saturating_sub(CONSOLE_TAIL);
-    String::from_utf8_lossy(&text[start..]).into_owned()
-}
-
-/// Connects to the agent and pings it until it answers or `timeout` passes.
 /// How long one connection attempt to the agent may take.
 const CONNECT_ATTEMPT: Duration = Duration::from_secs(2);
 
@@ -786,7 +787,8 @@ pub async fn connect_agent(
     let deadline = Instant::now() + timeout;
     let mut last = String::from("no attempt");
     if let Some(console) = console {
-        while !console_shows_ready(console) {
+        let mut watch = crate::console::ReadyWatch::new(console, vmlet_protocol::READY_LINE);
+        while !watch.shows_ready() {
             if Instant::now() >= deadline {
                 return Err(Error::Timeout(format!(
                     "the agent did not report ready on the console within {} s",
@@ -833,14 +835,22 @@ pub async fn connect_agent(
     )))
 }
 
-fn console_shows_ready(console: &Path) -> bool {
-    std::fs::read(console)
-        .map(|bytes| {
-            bytes
-                .windows(vmlet_protocol::READY_LINE.len())
-                .any(|w| w == vmlet_protocol::READY_LINE.as_bytes())
-        })
-        .unwrap_or(false)
+/// Removes the wirings listed, then any other tap in `netns` marked as `pod_id`'s (a shim
+/// that died between creating a tap and recording it).
+fn unwire_pod(
+    netns: &Path,
+    pod_id: &str,
+    wirings: &[vmlet_netns::Wiring],
+) -> Result<(), vmlet_netns::Error> {
+    if !wirings.is_empty() {
+        vmlet_netns::unwire(netns, wirings)?;
+    }
+    for tap in vmlet_netns::marked_taps(netns)? {
+        if tap.pod_id == pod_id {
+            vmlet_netns::remove_marked_tap(&tap)?;
+        }
+    }
+    Ok(())
 }
 
 /// Removes what `state` lists: domain, pod network wiring, host process, vsock backend,
@@ -857,12 +867,11 @@ pub fn teardown(vmm: &dyn VmManager, state: &PodState) -> Result<(), Error> {
         note(vmm.remove(domain));
     }
     if let Some(netns) = &state.netns {
-        if !state.wirings.is_empty() {
-            match vmlet_netns::unwire(netns, &state.wirings) {
-                // The namespace is gone (CNI DEL ran first): so is everything in it.
-                Err(vmlet_netns::Error::Enter { .. }) => {}
-                other => note(other.map_err(Error::Network)),
-            }
+        let pod_id = state.dir.file_name().unwrap_or_default().to_string_lossy();
+        match unwire_pod(netns, &pod_id, &state.wirings) {
+            // The namespace is gone (CNI DEL ran first): so is everything in it.
+            Err(vmlet_netns::Error::Enter { .. }) => {}
+            other => note(other.map_err(Error::Network)),
         }
     }
     if let Some(pid) = state.holder_pid {

@@ -1,11 +1,12 @@
 //! `vmletctl`: vmlet's debug and cleanup tool, reading the node config like the shim
 //! (`VMLET_CONFIG` or `/etc/vmlet/config.toml`).
 //!
-//! - `vmletctl ps`: every pod vmlet finds (state directories, marked libvirt domains) with
-//!   its shim and domain;
+//! - `vmletctl ps`: every pod vmlet finds (state directories, marked libvirt domains, marked
+//!   taps in `/run/netns/*`) with its shim, domain and taps;
 //! - `vmletctl console POD`: the pod's guest console so far;
 //! - `vmletctl gc [--dry-run]`: removes what pods whose shim is gone left behind.
 
+use std::path::Path;
 use std::process::ExitCode;
 
 use vmlet_config::NodeConfig;
@@ -29,13 +30,17 @@ fn main() -> ExitCode {
 fn run(args: &[&str]) -> Result<(), String> {
     let config = NodeConfig::load().map_err(|e| format!("node config: {e}"))?;
     let vmm = Libvirt::new(&config.libvirt_uri);
+    let netns_dir = Path::new(ctl::NAMED_NETNS_DIR);
     match args {
         ["ps"] => {
-            let pods = ctl::survey(&config.state_dir, &vmm).map_err(|e| e.message())?;
-            println!("{:<66} {:>8} {:>6} {:<8}", "POD", "SHIM", "STATE", "DOMAIN");
+            let pods = ctl::survey(&config.state_dir, netns_dir, &vmm).map_err(|e| e.message())?;
+            println!(
+                "{:<66} {:>8} {:>6} {:<8} {:>4}",
+                "POD", "SHIM", "STATE", "DOMAIN", "TAPS"
+            );
             for p in pods {
                 println!(
-                    "{:<66} {:>8} {:>6} {:<8}",
+                    "{:<66} {:>8} {:>6} {:<8} {:>4}",
                     p.pod_id,
                     p.shim_pid.map_or("gone".into(), |pid| pid.to_string()),
                     if p.has_state { "yes" } else { "no" },
@@ -43,7 +48,8 @@ fn run(args: &[&str]) -> Result<(), String> {
                         Some(true) => "running",
                         Some(false) => "defined",
                         None => "none",
-                    }
+                    },
+                    p.taps.len()
                 );
             }
             Ok(())
@@ -57,7 +63,7 @@ fn run(args: &[&str]) -> Result<(), String> {
         }
         ["gc", rest @ ..] if rest.is_empty() || rest == ["--dry-run"] => {
             let dry_run = !rest.is_empty();
-            let removed = ctl::gc(&config, &vmm, dry_run).map_err(|e| e.message())?;
+            let removed = ctl::gc(&config, netns_dir, &vmm, dry_run).map_err(|e| e.message())?;
             for what in &removed {
                 println!(
                     "{}{what}",

@@ -1,0 +1,135 @@
+//! The guest's serial console log, read by the shim: its tail (for errors) and the agent's
+//! ready line (while booting). The guest writes that file as fast as it likes, so nothing
+//! here reads more of it than a bounded amount at a time.
+
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+
+/// How much of the console's end an error quotes.
+pub const CONSOLE_TAIL: u64 = 2048;
+/// Most bytes one [`ReadyWatch::shows_ready`] call reads.
+const READ_PER_CHECK: u64 = 1 << 20;
+
+/// The last [`CONSOLE_TAIL`] bytes of the console log (empty when there is none).
+pub fn tail(path: &Path) -> String {
+    let Ok(mut file) = std::fs::File::open(path) else {
+        return String::new();
+    };
+    let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+    let mut bytes = Vec::new();
+    if file
+        .seek(SeekFrom::Start(len.saturating_sub(CONSOLE_TAIL)))
+        .is_ok()
+    {
+        let _ = file.take(CONSOLE_TAIL).read_to_end(&mut bytes);
+    }
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// Looks for a line in the console log, reading only what was added since the last look.
+pub struct ReadyWatch {
+    path: PathBuf,
+    needle: &'static [u8],
+    offset: u64,
+    /// The end of what was read, in case the needle straddles two reads.
+    carry: Vec<u8>,
+}
+
+impl ReadyWatch {
+    pub fn new(path: &Path, needle: &'static str) -> Self {
+        Self {
+            path: path.to_owned(),
+            needle: needle.as_bytes(),
+            offset: 0,
+            carry: Vec::new(),
+        }
+    }
+
+    /// Whether the needle has appeared (reads at most [`READ_PER_CHECK`] new bytes).
+    pub fn shows_ready(&mut self) -> bool {
+        let Ok(mut file) = std::fs::File::open(&self.path) else {
+            return false;
+        };
+        let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+        if len < self.offset {
+            // Rotated or truncated: start again.
+            self.offset = 0;
+            self.carry.clear();
+        }
+        if file.seek(SeekFrom::Start(self.offset)).is_err() {
+            return false;
+        }
+        let mut fresh = Vec::new();
+        if file.take(READ_PER_CHECK).read_to_end(&mut fresh).is_err() {
+            return false;
+        }
+        self.offset += fresh.len() as u64;
+        let mut window = std::mem::take(&mut self.carry);
+        window.extend_from_slice(&fresh);
+        if window.windows(self.needle.len()).any(|w| w == self.needle) {
+            return true;
+        }
+        let keep = window.len().min(self.needle.len().saturating_sub(1));
+        self.carry = window.split_off(window.len() - keep);
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn temp(name: &str) -> PathBuf {
+        std::env::temp_dir().join(format!("vmlet-console-{name}-{}", std::process::id()))
+    }
+
+    #[test]
+    fn the_tail_is_the_end_of_a_long_log() {
+        let path = temp("tail");
+        let mut text = "x".repeat(10_000);
+        text.push_str("Kernel panic - not syncing");
+        std::fs::write(&path, &text).unwrap();
+        let t = tail(&path);
+        assert_eq!(t.len() as u64, CONSOLE_TAIL);
+        assert!(t.ends_with("Kernel panic - not syncing"));
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(tail(&path), "");
+    }
+
+    #[test]
+    fn the_ready_line_is_found_across_reads_and_after_a_rotation() {
+        let path = temp("ready");
+        let mut file = std::fs::File::create(&path).unwrap();
+        let mut watch = ReadyWatch::new(&path, "agent ready");
+        assert!(!watch.shows_ready());
+        file.write_all(b"booting...\nagent re").unwrap();
+        assert!(!watch.shows_ready());
+        file.write_all(b"ady on vsock\n").unwrap();
+        assert!(watch.shows_ready(), "a line split over two reads");
+
+        let mut watch = ReadyWatch::new(&path, "agent ready");
+        watch.offset = 1 << 40;
+        std::fs::write(&path, "agent ready\n").unwrap();
+        assert!(watch.shows_ready(), "a shorter file is read from its start");
+        std::fs::remove_file(&path).unwrap();
+        assert!(!ReadyWatch::new(&path, "agent ready").shows_ready());
+    }
+
+    #[test]
+    fn a_flood_is_read_a_bounded_amount_at_a_time() {
+        let path = temp("flood");
+        let size = 3 * READ_PER_CHECK as usize;
+        let mut text = vec![b'y'; size];
+        text.extend_from_slice(b"agent ready");
+        std::fs::write(&path, &text).unwrap();
+        let mut watch = ReadyWatch::new(&path, "agent ready");
+        let mut checks = 1;
+        while !watch.shows_ready() {
+            checks += 1;
+            assert!(watch.carry.len() < "agent ready".len());
+        }
+        assert_eq!(checks, 4);
+        std::fs::remove_file(&path).unwrap();
+    }
+}
