@@ -1,12 +1,15 @@
-//! End to end: many create/start/delete cycles of a pod leak nothing. After one warm-up
-//! cycle (libvirt and containerd open some things once), the counts of shims, QEMUs and
-//! other helpers, the open fds of the long-lived daemons, the mounts, the links and the
-//! libvirt domains are taken, `VMLET_CYCLES` (default 100) cycles run, and the counts must be
-//! the same again. The figures are printed. Run by `make test`.
+//! End to end: many create/start/delete cycles of a pod leak nothing. Each pod has a network
+//! (a namespace of the test's, wired to a tap every time). After one warm-up cycle (libvirt
+//! and containerd open some things once), the counts of shims, QEMUs and other helpers, the
+//! open fds of the long-lived daemons, the mounts, the links (of the host, the node and the
+//! pod namespace), the pod namespace's qdiscs and the libvirt domains are taken,
+//! `VMLET_CYCLES` (default 100) cycles run, and the counts must be the same again. The
+//! figures are printed. Run by `make test`.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use vmlet_integration::testnet::{tc, TestNet};
 use vmlet_integration::{bounded, unique_id, Stack, RUNTIME};
 
 fn stack() -> Stack {
@@ -32,8 +35,8 @@ fn count_links(netns: Option<&str>) -> usize {
     String::from_utf8_lossy(&out.stdout).lines().count()
 }
 
-/// What must not grow, by name.
-fn figures(s: &Stack) -> BTreeMap<&'static str, usize> {
+/// What must not grow, by name (`net`: the pods' network namespace).
+fn figures(s: &Stack, net: &TestNet) -> BTreeMap<&'static str, usize> {
     let processes = s.stack_processes();
     let kind = |k: &str| processes.iter().filter(|(_, c)| c.contains(k)).count();
     let node = std::env::var("VMLET_NODE_NETNS").unwrap_or_default();
@@ -52,6 +55,11 @@ fn figures(s: &Stack) -> BTreeMap<&'static str, usize> {
         ),
         ("host links", count_links(None)),
         ("node links", count_links(Some(&node))),
+        ("pod netns links", count_links(Some(&net.pod))),
+        (
+            "pod netns qdiscs",
+            tc(&net.pod, &["qdisc", "show"]).lines().count(),
+        ),
         (
             "containerd fds",
             count_fds(&format!("{}/containerd/containerd.pid", s.dir)),
@@ -63,8 +71,9 @@ fn figures(s: &Stack) -> BTreeMap<&'static str, usize> {
     ])
 }
 
-fn cycle(s: &Stack, id: &str) {
-    let out = s.run(id, &[], &["true"]).unwrap();
+fn cycle(s: &Stack, net: &TestNet, id: &str) {
+    let with_ns = format!("network:{}", net.pod_path().display());
+    let out = s.run(id, &["--with-ns", &with_ns], &["true"]).unwrap();
     assert!(
         out.status.success(),
         "{id}: {}",
@@ -73,10 +82,14 @@ fn cycle(s: &Stack, id: &str) {
 }
 
 /// Waits for the processes of finished pods to be gone (shims exit just after delete).
-fn settle(s: &Stack, want: &BTreeMap<&'static str, usize>) -> BTreeMap<&'static str, usize> {
+fn settle(
+    s: &Stack,
+    net: &TestNet,
+    want: &BTreeMap<&'static str, usize>,
+) -> BTreeMap<&'static str, usize> {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let now = figures(s);
+        let now = figures(s, net);
         if &now == want || Instant::now() > deadline {
             return now;
         }
@@ -92,14 +105,15 @@ fn many_cycles_leave_every_count_as_it_was() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(100);
-    cycle(&s, &unique_id("warmup"));
-    let before = settle(&s, &figures(&s));
+    let net = TestNet::new("cycles", 1500);
+    cycle(&s, &net, &unique_id("warmup"));
+    let before = settle(&s, &net, &figures(&s, &net));
     let started = Instant::now();
     for i in 0..cycles {
-        cycle(&s, &unique_id(&format!("cycle{i}")));
+        cycle(&s, &net, &unique_id(&format!("cycle{i}")));
     }
     let took = started.elapsed();
-    let after = settle(&s, &before);
+    let after = settle(&s, &net, &before);
     println!(
         "{cycles} create/start/delete cycles in {:.1} s ({:.2} s each)",
         took.as_secs_f64(),
@@ -117,7 +131,8 @@ fn many_cycles_leave_every_count_as_it_was() {
 fn concurrent_pods_all_run_and_all_go() {
     // Eight pods at once, each a small VM (1 vCPU, 128 MiB) running until told to stop.
     let s = stack();
-    let before = settle(&s, &figures(&s));
+    let net = TestNet::new("concurrent", 1500);
+    let before = settle(&s, &net, &figures(&s, &net));
     let ids: Vec<String> = (0..8).map(|i| unique_id(&format!("conc{i}"))).collect();
     let started: Vec<_> = ids
         .iter()
@@ -153,7 +168,7 @@ fn concurrent_pods_all_run_and_all_go() {
         s.wait_status(id, "RUNNING", Duration::from_secs(120))
             .unwrap();
     }
-    let running = figures(&s);
+    let running = figures(&s, &net);
     println!(
         "8 pods running: {} QEMUs, {} shims",
         running["qemu"], running["shims"]
@@ -173,6 +188,6 @@ fn concurrent_pods_all_run_and_all_go() {
             .unwrap()
             .unwrap_or_else(|e| panic!("{id}: {e}"));
     }
-    let after = settle(&s, &before);
+    let after = settle(&s, &net, &before);
     assert_eq!(before, after, "counts after the 8 pods went");
 }

@@ -4,7 +4,8 @@
 //! (`containerd-shim-vmlet-v2 delete`) removes everything the pod had (its taps too),
 //! ten times over. A guest that never brings its agent up (it dies while booting, or is
 //! too slow for the configured timeout): the create fails with the console's tail and
-//! leaves nothing. Run by `make test`.
+//! leaves nothing. The agent connection lost while the VM runs (its vsock backend killed):
+//! the task is STOPPED with 255 within 5 s and deletes cleanly. Run by `make test`.
 
 use std::time::{Duration, Instant};
 
@@ -295,4 +296,32 @@ fn an_agent_slower_than_the_configured_timeout_fails_the_create_with_the_console
         "{stderr}"
     );
     assert!(stderr.contains("console tail"), "{stderr}");
+}
+
+#[test]
+#[ignore = "needs the vmlet stack: make test"]
+fn agent_connection_lost_stops_the_task_with_255() {
+    let s = stack();
+    let id = unique_id("agentlost");
+    s.run_detached(&id, &["sleep", "1000"]).unwrap();
+
+    // The VM runs on, but the shim's way to its agent (the vsock backend) is gone.
+    let lost = Instant::now();
+    kill_pod_process(&s, &id, "vhost-device-vsock");
+    let took = time_to_stopped(&s, &id, lost);
+    println!(
+        "agent connection lost -> task STOPPED in {} ms",
+        took.as_millis()
+    );
+    assert!(took <= REPORTED_WITHIN, "STOPPED after {took:?}");
+    let delete = s.ctr_output(&["task", "delete", &id]).unwrap();
+    assert!(
+        text(&delete.stderr).contains("255") || delete.status.code() == Some(255),
+        "ctr task delete reports 255: {} {:?}",
+        text(&delete.stderr),
+        delete.status
+    );
+    let rm = s.ctr_output(&["container", "rm", &id]).unwrap();
+    assert!(rm.status.success(), "{}", text(&rm.stderr));
+    assert_nothing_left(&s, &id);
 }

@@ -39,6 +39,9 @@ const OUTPUT_DRAIN: Duration = Duration::from_secs(5);
 /// Exit status of every process of a pod whose VM ended under it (QEMU killed or crashed,
 /// the guest kernel panicked): 128 + SIGKILL, as if the process had been killed.
 pub const VM_ENDED_STATUS: u32 = 137;
+/// Exit status of a process whose pod's agent connection broke while the VM still ran:
+/// its real end cannot be known.
+pub const AGENT_LOST_STATUS: u32 = 255;
 /// How long a broken agent connection waits for QEMU's end to be seen.
 const VM_END_GRACE: Duration = Duration::from_secs(1);
 
@@ -598,8 +601,12 @@ impl TaskService {
                 {
                     (vm_ended_under(&task, &process), false)
                 } else {
-                    log::error!("wait for {}: {e}", task.name(&process));
-                    (255, false)
+                    log::error!(
+                        "{}: the pod's agent cannot be reached any more ({e}) while its VM \
+                         runs: exit status {AGENT_LOST_STATUS}",
+                        task.name(&process)
+                    );
+                    (AGENT_LOST_STATUS, false)
                 }
             }
             None => (vm_ended_under(&task, &process), false),
