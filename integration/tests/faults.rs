@@ -45,6 +45,25 @@ fn time_to_stopped(s: &Stack, id: &str, since: Instant) -> Duration {
     since.elapsed()
 }
 
+/// After a fault at `since`: the task is STOPPED within [`REPORTED_WITHIN`] (printed as
+/// `what -> task STOPPED in N ms`), `ctr task delete` reports `status`, and removing the
+/// container leaves nothing of the pod.
+fn stopped_then_deleted(s: &Stack, id: &str, since: Instant, what: &str, status: i32) {
+    let took = time_to_stopped(s, id, since);
+    println!("{what} -> task STOPPED in {} ms", took.as_millis());
+    assert!(took <= REPORTED_WITHIN, "STOPPED after {took:?}");
+    let delete = s.ctr_output(&["task", "delete", id]).unwrap();
+    assert!(
+        text(&delete.stderr).contains(&status.to_string()) || delete.status.code() == Some(status),
+        "ctr task delete reports {status}: {} {:?}",
+        text(&delete.stderr),
+        delete.status
+    );
+    let rm = s.ctr_output(&["container", "rm", id]).unwrap();
+    assert!(rm.status.success(), "{}", text(&rm.stderr));
+    assert_nothing_left(s, id);
+}
+
 fn assert_nothing_left(s: &Stack, pod: &str) {
     assert_eq!(s.pod_processes(pod), Vec::new(), "processes of {pod} left");
     assert!(
@@ -72,20 +91,7 @@ fn qemu_killed_under_a_detached_task_stops_it_with_137() {
 
     let killed = Instant::now();
     kill_pod_process(&s, &id, "qemu-system");
-    let took = time_to_stopped(&s, &id, killed);
-    println!("qemu killed -> task STOPPED in {} ms", took.as_millis());
-    assert!(took <= REPORTED_WITHIN, "STOPPED after {took:?}");
-
-    let delete = s.ctr_output(&["task", "delete", &id]).unwrap();
-    assert!(
-        text(&delete.stderr).contains("137") || delete.status.code() == Some(137),
-        "ctr task delete reports 137: {} {:?}",
-        text(&delete.stderr),
-        delete.status
-    );
-    let rm = s.ctr_output(&["container", "rm", &id]).unwrap();
-    assert!(rm.status.success(), "{}", text(&rm.stderr));
-    assert_nothing_left(&s, &id);
+    stopped_then_deleted(&s, &id, killed, "qemu killed", 137);
 }
 
 #[test]
@@ -222,22 +228,7 @@ fn guest_kernel_panic_stops_the_task_with_137() {
         "-c",
         "echo c > /crash/sysrq-trigger",
     ]);
-    let took = time_to_stopped(&s, &id, panicked);
-    println!(
-        "guest kernel panic -> task STOPPED in {} ms",
-        took.as_millis()
-    );
-    assert!(took <= REPORTED_WITHIN, "STOPPED after {took:?}");
-    let delete = s.ctr_output(&["task", "delete", &id]).unwrap();
-    assert!(
-        text(&delete.stderr).contains("137") || delete.status.code() == Some(137),
-        "ctr task delete reports 137: {} {:?}",
-        text(&delete.stderr),
-        delete.status
-    );
-    let rm = s.ctr_output(&["container", "rm", &id]).unwrap();
-    assert!(rm.status.success(), "{}", text(&rm.stderr));
-    assert_nothing_left(&s, &id);
+    stopped_then_deleted(&s, &id, panicked, "guest kernel panic", 137);
 }
 
 /// Runs a pod that must fail to start; returns ctr's stderr after checking that nothing of
@@ -308,20 +299,5 @@ fn agent_connection_lost_stops_the_task_with_255() {
     // The VM runs on, but the shim's way to its agent (the vsock backend) is gone.
     let lost = Instant::now();
     kill_pod_process(&s, &id, "vhost-device-vsock");
-    let took = time_to_stopped(&s, &id, lost);
-    println!(
-        "agent connection lost -> task STOPPED in {} ms",
-        took.as_millis()
-    );
-    assert!(took <= REPORTED_WITHIN, "STOPPED after {took:?}");
-    let delete = s.ctr_output(&["task", "delete", &id]).unwrap();
-    assert!(
-        text(&delete.stderr).contains("255") || delete.status.code() == Some(255),
-        "ctr task delete reports 255: {} {:?}",
-        text(&delete.stderr),
-        delete.status
-    );
-    let rm = s.ctr_output(&["container", "rm", &id]).unwrap();
-    assert!(rm.status.success(), "{}", text(&rm.stderr));
-    assert_nothing_left(&s, &id);
+    stopped_then_deleted(&s, &id, lost, "agent connection lost", 255);
 }

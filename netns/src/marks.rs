@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use futures_util::TryStreamExt;
 use rtnetlink::packet_route::link::LinkAttribute;
 
-use crate::wiring::{remove_ingress_qdisc, remove_link};
+use crate::wiring::{all_links, remove_ingress_qdisc, remove_link};
 use crate::worker::in_netns;
 use crate::Error;
 
@@ -46,13 +46,8 @@ pub struct MarkedTap {
 pub fn marked_taps(netns: &Path) -> Result<Vec<MarkedTap>, Error> {
     let path = netns.to_owned();
     in_netns(netns, move |handle| async move {
-        let mut links = handle.link().get().execute();
         let mut found = Vec::new();
-        while let Some(link) = links
-            .try_next()
-            .await
-            .map_err(|e| Error::netlink("list links", e))?
-        {
+        for link in all_links(&handle).await? {
             let mut name = String::new();
             let mut alias = None;
             for attribute in link.attributes {

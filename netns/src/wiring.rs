@@ -5,7 +5,7 @@ use std::path::Path;
 
 use futures_util::TryStreamExt;
 use rtnetlink::packet_route::address::AddressAttribute;
-use rtnetlink::packet_route::link::{LinkAttribute, LinkFlags};
+use rtnetlink::packet_route::link::{LinkAttribute, LinkFlags, LinkMessage};
 use rtnetlink::packet_route::route::{
     RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteProtocol,
 };
@@ -77,14 +77,20 @@ pub fn unwire(netns: &Path, wirings: &[Wiring]) -> Result<(), Error> {
     })
 }
 
-async fn list_interfaces(handle: &Handle) -> Result<Vec<Interface>, Error> {
-    let mut links = handle.link().get().execute();
-    let mut found = Vec::new();
-    while let Some(link) = links
-        .try_next()
+/// Every link of the namespace `handle` talks to.
+pub(crate) async fn all_links(handle: &Handle) -> Result<Vec<LinkMessage>, Error> {
+    handle
+        .link()
+        .get()
+        .execute()
+        .try_collect()
         .await
-        .map_err(|e| Error::netlink("list links", e))?
-    {
+        .map_err(|e| Error::netlink("list links", e))
+}
+
+async fn list_interfaces(handle: &Handle) -> Result<Vec<Interface>, Error> {
+    let mut found = Vec::new();
+    for link in all_links(handle).await? {
         let mut name = String::new();
         let mut mac = None;
         let mut mtu = 1500;
