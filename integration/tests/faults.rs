@@ -208,13 +208,10 @@ fn containerd_restarted_finds_the_pod_running_and_manages_it() {
 fn guest_kernel_panic_stops_the_task_with_137() {
     let s = stack();
     let id = unique_id("panic");
-    // A proc mount of its own: the default /proc hides sysrq-trigger from writes.
-    s.run_detached_with(
-        &id,
-        &["--mount", "type=proc,src=proc,dst=/crash,options=rw"],
-        &["sleep", "1000"],
-    )
-    .unwrap();
+    // Privileged, as a user would crash it: /proc/sysrq-trigger is writable then (and the
+    // node's own disks, which a privileged spec lists, are not hot-plugged).
+    s.run_detached_with(&id, &["--privileged"], &["sleep", "1000"])
+        .unwrap();
 
     let panicked = Instant::now();
     // The exec dies with the guest; its own result does not matter.
@@ -226,7 +223,7 @@ fn guest_kernel_panic_stops_the_task_with_137() {
         &id,
         "sh",
         "-c",
-        "echo c > /crash/sysrq-trigger",
+        "echo c > /proc/sysrq-trigger",
     ]);
     stopped_then_deleted(&s, &id, panicked, "guest kernel panic", 137);
 }

@@ -1,6 +1,7 @@
 //! End to end: `vmletctl ps`, `console` and `gc` against the stack. Orphans are made by
 //! hand (a libvirt domain carrying vmlet's pod mark, a state directory whose shim is gone,
-//! a tap carrying the mark of a pod that has neither, held open as QEMU would) next to a
+//! a tap carrying the mark of a pod that has neither, held open as QEMU would, a
+//! `vhost-device-vsock` serving a pod whose `state.json` is lost) next to a
 //! live pod with a network, two domains that are not vmlet's (one of them named like
 //! vmlet's) and an unmarked `vmtap`: `gc --dry-run` removes nothing, `gc` removes exactly
 //! the orphans. Run by `make test`.
@@ -95,6 +96,19 @@ fn gc_removes_orphans_only_and_ps_and_console_show_the_pods() {
     let tap_pod = unique_id("ctltap");
     let held = vmlet_netns::wire(&tap_net.pod_path(), &tap_pod).unwrap();
     ip(&["-n", &tap_net.pod, "tuntap", "add", "vmtap9", "mode", "tap"]);
+    // A vsock backend of a pod whose state file is lost: known by its socket's directory.
+    let helper_pod = unique_id("ctlhelper");
+    let helper_dir = format!("{}/state/{helper_pod}", s.dir);
+    std::fs::create_dir_all(&helper_dir).unwrap();
+    let mut helper = Command::new("vhost-device-vsock")
+        .arg("--vm")
+        .arg(format!(
+            "guest-cid=9,socket={helper_dir}/vhost-vsock.sock,uds-path={helper_dir}/vsock.sock"
+        ))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
     // Not vmlet's: no mark, whatever the name.
     let foreign = unique_id("notvmlet");
     define_domain(&s, &foreign, None);
@@ -124,6 +138,8 @@ fn gc_removes_orphans_only_and_ps_and_console_show_the_pods() {
     let dry = vmletctl(&s, &["gc", "--dry-run"]);
     assert!(dry.contains(&orphan_pod) && dry.contains(&gone), "{dry}");
     assert!(dry.contains(&format!("pod {tap_pod}: tap vmtap0")), "{dry}");
+    let helper_line = format!("pod {helper_pod}: vhost-device-vsock {}", helper.id());
+    assert!(dry.contains(&helper_line), "{dry}");
     assert!(
         all_domains(&s).contains(&orphan_pod),
         "a dry run removes nothing"
@@ -132,6 +148,10 @@ fn gc_removes_orphans_only_and_ps_and_console_show_the_pods() {
     assert!(
         links(&tap_net).contains("vmtap0"),
         "a dry run removes nothing"
+    );
+    assert!(
+        helper.try_wait().unwrap().is_none(),
+        "a dry run stops nothing"
     );
 
     let removed = vmletctl(&s, &["gc"]);
@@ -144,6 +164,15 @@ fn gc_removes_orphans_only_and_ps_and_console_show_the_pods() {
         "{domains}"
     );
     assert!(domains.contains(&format!("vmlet-{live}")), "{domains}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while helper.try_wait().unwrap().is_none() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the orphaned vhost-device-vsock still runs"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(!std::path::Path::new(&helper_dir).exists());
     let orphan_links = links(&tap_net);
     assert!(!orphan_links.contains("vmtap0"), "{orphan_links}");
     assert!(orphan_links.contains("vmtap9"), "{orphan_links}");

@@ -46,6 +46,12 @@ pub struct BlockDevice {
 }
 
 /// The spec's block devices (character devices are the guest's own business).
+///
+/// A privileged container's spec lists every host device and allows them all (one device
+/// cgroup rule allowing everything: `ctr run --privileged`, or CRI without
+/// `privileged_without_host_devices`). Those are not attached: the VM is the pod's boundary,
+/// and hot-plugging the node's own disks into it is never what a privileged pod means. Its
+/// block devices are then none (the shim logs how many it left out).
 pub fn from_spec(spec: &Spec) -> Result<Vec<BlockDevice>, Error> {
     let Some(linux) = spec.linux() else {
         return Ok(Vec::new());
@@ -55,6 +61,21 @@ pub fn from_spec(spec: &Spec) -> Result<Vec<BlockDevice>, Error> {
         .as_ref()
         .and_then(|r| r.devices().clone())
         .unwrap_or_default();
+    if rules.iter().any(allows_every_device) {
+        let left_out = linux
+            .devices()
+            .iter()
+            .flatten()
+            .filter(|d| d.typ() == LinuxDeviceType::B)
+            .count();
+        if left_out > 0 {
+            log::info!(
+                "privileged container (every device allowed): its {left_out} host block \
+                 devices are not attached to the VM"
+            );
+        }
+        return Ok(Vec::new());
+    }
     let mut devices = Vec::new();
     for d in linux.devices().iter().flatten() {
         if d.typ() != LinuxDeviceType::B {
@@ -85,6 +106,15 @@ pub fn from_spec(spec: &Spec) -> Result<Vec<BlockDevice>, Error> {
         });
     }
     Ok(devices)
+}
+
+/// The rule privileged specs carry: allow every device, all access.
+fn allows_every_device(rule: &LinuxDeviceCgroup) -> bool {
+    rule.allow()
+        && matches!(rule.typ(), None | Some(LinuxDeviceType::A))
+        && rule.major().is_none()
+        && rule.minor().is_none()
+        && rule.access().as_deref().is_none_or(|a| a.contains("rwm"))
 }
 
 /// Whether the device cgroup rules (the last matching one wins, as in runc) deny writing
@@ -602,6 +632,32 @@ mod tests {
                 },
             ]
         );
+    }
+
+    #[test]
+    fn a_privileged_spec_s_host_devices_are_not_attached() {
+        let spec: Spec = serde_json::from_value(json!({
+            "ociVersion": "1.0.2",
+            "linux": {
+                "devices": [
+                    {"path": "/dev/sda", "type": "b", "major": 8, "minor": 0},
+                    {"path": "/dev/loop3", "type": "b", "major": 7, "minor": 3}
+                ],
+                "resources": {"devices": [{"allow": true, "access": "rwm"}]}
+            }
+        }))
+        .unwrap();
+        assert_eq!(from_spec(&spec).unwrap(), []);
+        // A rule allowing one class of devices is no privileged spec.
+        let spec: Spec = serde_json::from_value(json!({
+            "ociVersion": "1.0.2",
+            "linux": {
+                "devices": [{"path": "/dev/loop3", "type": "b", "major": 7, "minor": 3}],
+                "resources": {"devices": [{"allow": true, "type": "b", "access": "rwm"}]}
+            }
+        }))
+        .unwrap();
+        assert_eq!(from_spec(&spec).unwrap().len(), 1);
     }
 
     #[test]

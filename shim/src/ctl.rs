@@ -25,6 +25,9 @@ pub struct PodView {
     pub domain_active: Option<bool>,
     /// Taps carrying its mark, in any of the named network namespaces.
     pub taps: Vec<MarkedTap>,
+    /// PIDs of the `vhost-device-vsock` processes serving it (found by their socket in its
+    /// state directory, so also when its `state.json` is lost).
+    pub helpers: Vec<u32>,
 }
 
 impl PodView {
@@ -63,6 +66,7 @@ pub fn survey(
         has_state: false,
         domain_active: None,
         taps: Vec::new(),
+        helpers: Vec::new(),
     };
     if let Ok(entries) = std::fs::read_dir(state_dir) {
         for entry in entries.flatten() {
@@ -84,6 +88,12 @@ pub fn survey(
             .or_insert_with(|| view(&domain.pod_id));
         pod.domain_active = Some(domain.active);
     }
+    for (pid, id) in vsock_helpers(Path::new("/proc"), state_dir) {
+        pods.entry(id.clone())
+            .or_insert_with(|| view(&id))
+            .helpers
+            .push(pid);
+    }
     for tap in marked_taps_under(netns_dir)? {
         pods.entry(tap.pod_id.clone())
             .or_insert_with(|| view(&tap.pod_id))
@@ -91,6 +101,43 @@ pub fn survey(
             .push(tap);
     }
     Ok(pods.into_values().collect())
+}
+
+/// The `vhost-device-vsock` processes (PID, pod id) whose socket lies in a pod directory
+/// under `state_dir`.
+fn vsock_helpers(proc_dir: &Path, state_dir: &Path) -> Vec<(u32, String)> {
+    let Ok(entries) = std::fs::read_dir(proc_dir) else {
+        return Vec::new();
+    };
+    let mut found: Vec<(u32, String)> = entries
+        .flatten()
+        .filter_map(|e| {
+            let pid = e.file_name().to_str()?.parse().ok()?;
+            let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+            Some((pid, helper_pod(&cmdline, state_dir)?))
+        })
+        .collect();
+    found.sort();
+    found
+}
+
+/// The pod a `vhost-device-vsock` command line (NUL-separated) serves: the directory under
+/// `state_dir` its `socket=` lies in.
+fn helper_pod(cmdline: &[u8], state_dir: &Path) -> Option<String> {
+    let text = String::from_utf8_lossy(cmdline);
+    let mut args = text.split('\0');
+    if !args.next()?.ends_with("vhost-device-vsock") {
+        return None;
+    }
+    let socket = args
+        .flat_map(|a| a.split(','))
+        .find_map(|part| part.strip_prefix("socket="))?;
+    let relative = Path::new(socket).strip_prefix(state_dir).ok()?;
+    let mut parts = relative.components();
+    let pod = parts.next()?.as_os_str().to_str()?.to_owned();
+    // The socket itself is inside the pod's directory.
+    parts.next()?;
+    Some(pod)
 }
 
 /// The marked taps of every namespace under `dir`. A file there that is no namespace (a
@@ -119,6 +166,8 @@ enum Removal {
     /// A marked domain without a state directory.
     Domain(String),
     Tap(MarkedTap),
+    /// A pod's `vhost-device-vsock` (PID), stopped after checking it still serves the pod.
+    Helper(u32, String),
 }
 
 impl Removal {
@@ -130,6 +179,11 @@ impl Removal {
             all.push(Removal::Domain(domain_of(pod)));
         }
         all.extend(pod.taps.iter().cloned().map(Removal::Tap));
+        all.extend(
+            pod.helpers
+                .iter()
+                .map(|pid| Removal::Helper(*pid, pod.pod_id.clone())),
+        );
         all
     }
 
@@ -140,6 +194,7 @@ impl Removal {
             Removal::Tap(tap) => {
                 format!("pod {pod_id}: tap {} in {}", tap.name, tap.netns.display())
             }
+            Removal::Helper(pid, _) => format!("pod {pod_id}: vhost-device-vsock {pid}"),
         }
     }
 
@@ -148,6 +203,16 @@ impl Removal {
             Removal::State(id) => crate::task::cleanup_after_shim(config, vmm, id),
             Removal::Domain(name) => vmm.remove(name),
             Removal::Tap(tap) => vmlet_netns::remove_marked_tap(tap).map_err(Error::Network),
+            Removal::Helper(pid, pod_id) => {
+                let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+                if helper_pod(&cmdline, &config.state_dir).as_deref() == Some(pod_id.as_str()) {
+                    let _ = nix::sys::signal::kill(
+                        nix::unistd::Pid::from_raw(*pid as i32),
+                        nix::sys::signal::Signal::SIGKILL,
+                    );
+                }
+                Ok(())
+            }
         }
     }
 }
@@ -227,6 +292,31 @@ mod tests {
         assert!(vmm.running.lock().unwrap().is_empty());
         assert!(!orphan.dir.exists());
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_vsock_helper_is_known_by_its_socket_in_a_pod_directory() {
+        let state = Path::new("/run/vmlet");
+        let cmdline = |args: &[&str]| args.join("\0").into_bytes();
+        let ours = cmdline(&[
+            "/usr/local/bin/vhost-device-vsock",
+            "--vm",
+            "guest-cid=3,socket=/run/vmlet/pod-a/vhost-vsock.sock,uds-path=/run/vmlet/pod-a/v.sock",
+        ]);
+        assert_eq!(helper_pod(&ours, state).as_deref(), Some("pod-a"));
+        for other in [
+            // Another state dir, another program, the state dir itself, no socket.
+            cmdline(&[
+                "vhost-device-vsock",
+                "--vm",
+                "socket=/run/other/pod-a/s.sock",
+            ]),
+            cmdline(&["qemu", "--vm", "socket=/run/vmlet/pod-a/s.sock"]),
+            cmdline(&["vhost-device-vsock", "--vm", "socket=/run/vmlet/s.sock"]),
+            cmdline(&["vhost-device-vsock", "--help"]),
+        ] {
+            assert_eq!(helper_pod(&other, state), None);
+        }
     }
 
     #[test]
