@@ -162,10 +162,10 @@ fn wires_taps_to_cni_interfaces_and_unwires_them() {
     drop(tap);
     let wirings = wired.wirings.clone();
     drop(wired);
-    vmlet_netns::unwire(&net.pod_path(), &wirings).unwrap();
+    vmlet_netns::unwire(&net.pod_path(), "wire-test-pod", &wirings).unwrap();
     assert_eq!(net.vmlet_leftovers(), Vec::<String>::new());
     // Unwiring twice finds nothing to do.
-    vmlet_netns::unwire(&net.pod_path(), &wirings).unwrap();
+    vmlet_netns::unwire(&net.pod_path(), "wire-test-pod", &wirings).unwrap();
 }
 
 #[test]

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 
 use futures_util::TryStreamExt;
 use rtnetlink::packet_route::link::LinkAttribute;
+use rtnetlink::Handle;
 
 use crate::wiring::{all_links, remove_ingress_qdisc, remove_link};
 use crate::worker::in_netns;
@@ -46,29 +47,34 @@ pub struct MarkedTap {
 pub fn marked_taps(netns: &Path) -> Result<Vec<MarkedTap>, Error> {
     let path = netns.to_owned();
     in_netns(netns, move |handle| async move {
-        let mut found = Vec::new();
-        for link in all_links(&handle).await? {
-            let mut name = String::new();
-            let mut alias = None;
-            for attribute in link.attributes {
-                match attribute {
-                    LinkAttribute::IfName(n) => name = n,
-                    LinkAttribute::IfAlias(a) => alias = Some(a),
-                    _ => {}
-                }
-            }
-            if let Some((pod, peer)) = alias.as_deref().and_then(parse_mark) {
-                found.push(MarkedTap {
-                    netns: path.clone(),
-                    name,
-                    index: link.header.index,
-                    pod_id: pod.to_owned(),
-                    peer: peer.to_owned(),
-                });
+        marked_in(&handle, &path).await
+    })
+}
+
+/// The marked taps of the namespace `handle` talks to (`netns` names it in the result).
+pub(crate) async fn marked_in(handle: &Handle, netns: &Path) -> Result<Vec<MarkedTap>, Error> {
+    let mut found = Vec::new();
+    for link in all_links(handle).await? {
+        let mut name = String::new();
+        let mut alias = None;
+        for attribute in link.attributes {
+            match attribute {
+                LinkAttribute::IfName(n) => name = n,
+                LinkAttribute::IfAlias(a) => alias = Some(a),
+                _ => {}
             }
         }
-        Ok(found)
-    })
+        if let Some((pod, peer)) = alias.as_deref().and_then(parse_mark) {
+            found.push(MarkedTap {
+                netns: netns.to_owned(),
+                name,
+                index: link.header.index,
+                pod_id: pod.to_owned(),
+                peer: peer.to_owned(),
+            });
+        }
+    }
+    Ok(found)
 }
 
 /// Removes a marked tap and the ingress qdisc (with vmlet's redirect) of its interface,
@@ -77,35 +83,30 @@ pub fn marked_taps(netns: &Path) -> Result<Vec<MarkedTap>, Error> {
 pub fn remove_marked_tap(tap: &MarkedTap) -> Result<(), Error> {
     let tap = tap.clone();
     in_netns(&tap.netns.clone(), move |handle| async move {
-        let current = handle
-            .link()
-            .get()
-            .match_index(tap.index)
-            .execute()
-            .try_next()
-            .await;
-        let Ok(Some(link)) = current else {
-            return Ok(());
-        };
-        let same = link.attributes.iter().any(|a| matches!(a, LinkAttribute::IfName(n) if *n == tap.name))
-            && link.attributes.iter().any(|a| {
-                matches!(a, LinkAttribute::IfAlias(alias) if parse_mark(alias) == Some((&tap.pod_id, &tap.peer)))
-            });
-        if !same {
+        let still = marked_in(&handle, &tap.netns)
+            .await?
+            .into_iter()
+            .any(|t| t == tap);
+        if !still {
             return Ok(());
         }
-        let peer = handle
-            .link()
-            .get()
-            .match_name(tap.peer.clone())
-            .execute()
-            .try_next()
-            .await;
-        if let Ok(Some(peer)) = peer {
-            remove_ingress_qdisc(&handle, peer.header.index, &tap.peer).await?;
-        }
-        remove_link(&handle, tap.index, &tap.name).await
+        remove_with_peer_qdisc(&handle, &tap).await
     })
+}
+
+/// Removes the ingress qdisc of `tap`'s interface (if it is still there) and the tap.
+pub(crate) async fn remove_with_peer_qdisc(handle: &Handle, tap: &MarkedTap) -> Result<(), Error> {
+    let peer = handle
+        .link()
+        .get()
+        .match_name(tap.peer.clone())
+        .execute()
+        .try_next()
+        .await;
+    if let Ok(Some(peer)) = peer {
+        remove_ingress_qdisc(handle, peer.header.index, &tap.peer).await?;
+    }
+    remove_link(handle, tap.index, &tap.name).await
 }
 
 #[cfg(test)]

@@ -68,12 +68,20 @@ pub fn wire(netns: &Path, pod_id: &str) -> Result<Wired, Error> {
     })
 }
 
-/// Removes what [`wire`] added: the ingress qdiscs (and with them the filters) and the
-/// taps. Things already gone are not an error.
-pub fn unwire(netns: &Path, wirings: &[Wiring]) -> Result<(), Error> {
-    let wirings = wirings.to_vec();
+/// Removes what [`wire`] added for `pod_id`: the ingress qdiscs (and with them the filters)
+/// and the taps of `wirings`, then any other tap carrying the pod's mark (one made just
+/// before its shim died, never recorded), all in one visit to the namespace. Things already
+/// gone are not an error.
+pub fn unwire(netns: &Path, pod_id: &str, wirings: &[Wiring]) -> Result<(), Error> {
+    let (pod_id, wirings) = (pod_id.to_owned(), wirings.to_vec());
     in_netns(netns, move |handle| async move {
-        unwire_all(&handle, &wirings).await
+        unwire_all(&handle, &wirings).await?;
+        for tap in crate::marks::marked_in(&handle, Path::new("")).await? {
+            if tap.pod_id == pod_id {
+                crate::marks::remove_with_peer_qdisc(&handle, &tap).await?;
+            }
+        }
+        Ok(())
     })
 }
 

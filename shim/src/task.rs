@@ -119,7 +119,7 @@ impl ProcessEntry {
         matches!(self.phase(), Phase::Starting | Phase::Running)
     }
 
-    /// Records the exit once: Stopped with `status`. False when an exit was already
+    /// Records the exit once: Stopped with `status`. None when an exit was already
     /// recorded (the VM's end and the process's own exit can race).
     fn record_exit(&self, status: u32) -> Option<Exit> {
         let mut phase = self.phase.lock().unwrap();
@@ -200,16 +200,31 @@ fn vm_ended_under(task: &TaskEntry, process: &ProcessEntry) -> u32 {
 }
 
 /// The exit a delete reports for a process: the recorded one; for one never started, 137
-/// when its VM ended, else 0 (as runc's shim reports a created task's).
-fn exit_of_unwatched(task: &TaskEntry, process: &ProcessEntry) -> Exit {
-    process.exited().unwrap_or_else(|| Exit {
+/// when its VM ended, else 0 (as runc's shim reports a created task's). A process that
+/// runs or is starting cannot be deleted.
+fn exit_for_delete(task: &TaskEntry, process: &ProcessEntry) -> Result<Exit, Error> {
+    if process.is_live() {
+        return Err(Error::FailedPrecondition(format!(
+            "{} is running; kill it first",
+            task.name(process)
+        )));
+    }
+    Ok(process.exited().unwrap_or_else(|| Exit {
         status: if task.vm.has_ended() {
             VM_ENDED_STATUS
         } else {
             0
         },
         at: now(),
-    })
+    }))
+}
+
+/// Whether the pod's VM has ended or does within [`VM_END_GRACE`] (the agent's connection
+/// can break a moment before QEMU's end is seen).
+async fn vm_ends_within_grace(task: &TaskEntry) -> bool {
+    tokio::time::timeout(VM_END_GRACE, task.vm.ended())
+        .await
+        .is_ok()
 }
 
 fn agent_ctx() -> ttrpc::context::Context {
@@ -593,12 +608,8 @@ impl TaskService {
         };
         let (status, oom_killed) = match waited {
             Some(Ok(r)) => (r.exit_status, r.oom_killed),
-            // The agent's connection can break a moment before QEMU's end is seen.
             Some(Err(e)) => {
-                if tokio::time::timeout(VM_END_GRACE, task.vm.ended())
-                    .await
-                    .is_ok()
-                {
+                if vm_ends_within_grace(&task).await {
                     (vm_ended_under(&task, &process), false)
                 } else {
                     log::error!(
@@ -649,11 +660,7 @@ impl TaskService {
     ) -> Error {
         // The agent's own refusal is not a broken connection: no need to wait for QEMU.
         let transport = !matches!(e, ttrpc::Error::RpcStatus(_));
-        let ended = task.vm.has_ended()
-            || (transport
-                && tokio::time::timeout(VM_END_GRACE, task.vm.ended())
-                    .await
-                    .is_ok());
+        let ended = task.vm.has_ended() || (transport && vm_ends_within_grace(task).await);
         if !ended {
             *process.phase.lock().unwrap() = Phase::Created;
             return e.into();
@@ -882,13 +889,7 @@ impl TaskService {
         task: &TaskEntry,
         process: &ProcessEntry,
     ) -> Result<api::DeleteResponse, Error> {
-        if process.is_live() {
-            return Err(Error::FailedPrecondition(format!(
-                "{} is running; kill it first",
-                task.name(process)
-            )));
-        }
-        let exit = exit_of_unwatched(task, process);
+        let exit = exit_for_delete(task, process)?;
         self.forget_exec(task, &process.exec_id).await;
         task.execs.lock().unwrap().remove(&process.exec_id);
         Ok(api::DeleteResponse {
@@ -904,13 +905,7 @@ impl TaskService {
         if !req.exec_id.is_empty() {
             return self.delete_exec(&task, &process).await;
         }
-        if process.is_live() {
-            return Err(Error::FailedPrecondition(format!(
-                "task {} is running; kill it first",
-                req.id
-            )));
-        }
-        let exit = exit_of_unwatched(&task, &process);
+        let exit = exit_for_delete(&task, &process)?;
         if task.pod_id == task.id {
             let others: Vec<String> = self
                 .tasks

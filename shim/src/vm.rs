@@ -835,24 +835,6 @@ pub async fn connect_agent(
     )))
 }
 
-/// Removes the wirings listed, then any other tap in `netns` marked as `pod_id`'s (a shim
-/// that died between creating a tap and recording it).
-fn unwire_pod(
-    netns: &Path,
-    pod_id: &str,
-    wirings: &[vmlet_netns::Wiring],
-) -> Result<(), vmlet_netns::Error> {
-    if !wirings.is_empty() {
-        vmlet_netns::unwire(netns, wirings)?;
-    }
-    for tap in vmlet_netns::marked_taps(netns)? {
-        if tap.pod_id == pod_id {
-            vmlet_netns::remove_marked_tap(&tap)?;
-        }
-    }
-    Ok(())
-}
-
 /// Removes what `state` lists: domain, pod network wiring, host process, vsock backend,
 /// mounts, then the directory. Goes on past failures and reports the first.
 pub fn teardown(vmm: &dyn VmManager, state: &PodState) -> Result<(), Error> {
@@ -868,7 +850,7 @@ pub fn teardown(vmm: &dyn VmManager, state: &PodState) -> Result<(), Error> {
     }
     if let Some(netns) = &state.netns {
         let pod_id = state.dir.file_name().unwrap_or_default().to_string_lossy();
-        match unwire_pod(netns, &pod_id, &state.wirings) {
+        match vmlet_netns::unwire(netns, &pod_id, &state.wirings) {
             // The namespace is gone (CNI DEL ran first): so is everything in it.
             Err(vmlet_netns::Error::Enter { .. }) => {}
             other => note(other.map_err(Error::Network)),
