@@ -1,5 +1,6 @@
 //! The last steps of every container process (a container's init or an exec): session and
-//! controlling terminal, limits, identity, environment, working directory, then execve.
+//! controlling terminal, limits, capabilities and identity, no_new_privs, environment,
+//! working directory, then execve.
 
 use std::ffi::CString;
 use std::os::unix::process::CommandExt;
@@ -38,6 +39,11 @@ pub fn become_process(spec: &ProcessSpec) -> String {
             );
         }
     }
+    if let Some(caps) = &spec.capabilities {
+        if let Err(e) = crate::privileges::before_identity(caps) {
+            return e;
+        }
+    }
     let gids: Vec<Gid> = spec
         .additional_gids
         .iter()
@@ -51,6 +57,16 @@ pub fn become_process(spec: &ProcessSpec) -> String {
     }
     if let Err(e) = setuid(Uid::from_raw(spec.uid)) {
         return format!("setuid {}: {e}", spec.uid);
+    }
+    if let Some(caps) = &spec.capabilities {
+        if let Err(e) = crate::privileges::after_identity(caps) {
+            return e;
+        }
+    }
+    if spec.no_new_privileges {
+        if let Err(e) = crate::privileges::no_new_privileges() {
+            return e;
+        }
     }
     let Some(program) = spec.args.first() else {
         return "no process args".into();

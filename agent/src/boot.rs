@@ -20,9 +20,47 @@ pub const SHARE_DIR: &str = "/run/vmlet/share";
 /// Kernel command-line parameter naming the virtio-fs tag to mount.
 pub const SHARE_PARAM: &str = "vmlet.share=";
 
+/// Kernel command-line parameter switching on test faults (comma-separated names): only
+/// the node's admin sets it (`guest.kernel_params`; a pod's `vmlet.io/kernel-params` may
+/// not name `vmlet.` parameters).
+pub const FAULT_PARAM: &str = "vmlet.fault=";
+
+/// Faults the agent plays for the tests of the shim's distrust of the guest.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Faults {
+    /// `ignore-signals`: SignalProcess answers success and signals nothing (a guest that
+    /// will not let its pod be killed).
+    pub ignore_signals: bool,
+    /// `share-in-containers`: every container gets the guest's whole view of the share at
+    /// [`EXPOSED_SHARE`] (guest root, or a compromised agent, writing where the host works).
+    pub share_in_containers: bool,
+}
+
+/// Where `share-in-containers` puts the share in each container.
+pub const EXPOSED_SHARE: &str = "/.vmlet-share";
+
+impl Faults {
+    pub fn from_cmdline(cmdline: &str) -> Self {
+        let names = cmdline
+            .split_whitespace()
+            .filter_map(|w| w.strip_prefix(FAULT_PARAM))
+            .flat_map(|list| list.split(','));
+        let mut faults = Faults::default();
+        for name in names {
+            match name {
+                "ignore-signals" => faults.ignore_signals = true,
+                "share-in-containers" => faults.share_in_containers = true,
+                other => log::warn!("unknown fault {other:?} ignored"),
+            }
+        }
+        faults
+    }
+}
+
 /// What boot found out, handed to the service.
 pub struct Boot {
     pub share: Option<PathBuf>,
+    pub faults: Faults,
 }
 
 /// Kernel settings of a Kubernetes node, which kubelet sets on its hosts: a container sees
@@ -52,7 +90,11 @@ pub fn boot() -> Result<Boot, Error> {
         None => None,
     };
     let _ = nix::unistd::sethostname("vmlet");
-    Ok(Boot { share })
+    let faults = Faults::from_cmdline(&cmdline);
+    if faults != Faults::default() {
+        log::warn!("test faults on: {faults:?}");
+    }
+    Ok(Boot { share, faults })
 }
 
 fn mount_fs(
@@ -149,5 +191,22 @@ pub fn power_off() -> ! {
     // reboot(2) only returns on error; PID 1 must not exit (that panics the kernel).
     loop {
         std::thread::sleep(std::time::Duration::from_secs(3600));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn faults_come_from_the_command_line_only_when_named() {
+        assert_eq!(
+            Faults::from_cmdline("console=ttyS0 vmlet.share=vmlet"),
+            Faults::default()
+        );
+        let on = Faults::from_cmdline("quiet vmlet.fault=nothing,ignore-signals");
+        assert!(on.ignore_signals && !on.share_in_containers);
+        let on = Faults::from_cmdline("vmlet.fault=share-in-containers");
+        assert!(on.share_in_containers && !on.ignore_signals);
     }
 }

@@ -73,6 +73,12 @@ fn prepare(spec: &InitSpec) -> Result<(), String> {
     for node in &spec.devices {
         make_device_node(&rootfs, node)?;
     }
+    for path in &spec.readonly_paths {
+        readonly_path(&rootfs, path)?;
+    }
+    for path in &spec.masked_paths {
+        mask_path(&rootfs, path)?;
+    }
     let shares_uts = spec.join_namespaces.iter().any(|n| n == "uts");
     if !spec.hostname.is_empty() && !shares_uts {
         sethostname(&spec.hostname).map_err(|e| format!("sethostname: {e}"))?;
@@ -127,6 +133,68 @@ fn mount_one(rootfs: &Path, m: &crate::init_spec::MountSpec) -> Result<(), Strin
     let data = (!data.is_empty()).then_some(data.as_str());
     mount(Some(source), &target, Some(fstype), flags, data)
         .map_err(|e| format!("mount {} on {}: {e}", fstype, m.destination))
+}
+
+/// The spec's path inside the rootfs; `None` when it does not exist there (nothing to do,
+/// as runc does).
+fn in_rootfs(rootfs: &Path, path: &str) -> Option<PathBuf> {
+    let target = rootfs.join(path.trim_start_matches('/'));
+    target.symlink_metadata().is_ok().then_some(target)
+}
+
+/// A readonlyPaths entry: bound onto itself, then remounted read-only keeping its flags.
+fn readonly_path(rootfs: &Path, path: &str) -> Result<(), String> {
+    let Some(target) = in_rootfs(rootfs, path) else {
+        return Ok(());
+    };
+    let bind = MsFlags::MS_BIND | MsFlags::MS_REC;
+    mount(Some(&target), &target, None::<&str>, bind, None::<&str>)
+        .map_err(|e| format!("bind read-only path {path}: {e}"))?;
+    let kept = nix::sys::statvfs::statvfs(&target)
+        .map(|v| {
+            let f = v.flags();
+            let mut kept = MsFlags::empty();
+            for (vfs, ms) in [
+                (nix::sys::statvfs::FsFlags::ST_NOSUID, MsFlags::MS_NOSUID),
+                (nix::sys::statvfs::FsFlags::ST_NODEV, MsFlags::MS_NODEV),
+                (nix::sys::statvfs::FsFlags::ST_NOEXEC, MsFlags::MS_NOEXEC),
+            ] {
+                if f.contains(vfs) {
+                    kept |= ms;
+                }
+            }
+            kept
+        })
+        .unwrap_or(MsFlags::empty());
+    let remount = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | kept;
+    mount(None::<&str>, &target, None::<&str>, remount, None::<&str>)
+        .map_err(|e| format!("make {path} read-only: {e}"))
+}
+
+/// A maskedPaths entry: a directory gets an empty read-only tmpfs over it, anything else
+/// the guest's `/dev/null`.
+fn mask_path(rootfs: &Path, path: &str) -> Result<(), String> {
+    let Some(target) = in_rootfs(rootfs, path) else {
+        return Ok(());
+    };
+    let masked = if target.is_dir() {
+        mount(
+            Some("tmpfs"),
+            &target,
+            Some("tmpfs"),
+            MsFlags::MS_RDONLY,
+            None::<&str>,
+        )
+    } else {
+        mount(
+            Some("/dev/null"),
+            &target,
+            None::<&str>,
+            MsFlags::MS_BIND,
+            None::<&str>,
+        )
+    };
+    masked.map_err(|e| format!("mask {path}: {e}"))
 }
 
 /// A bind from the share: the mount point is a file or a directory like its source; `ro`

@@ -33,6 +33,21 @@ pub struct ProcessSpec {
     pub rlimits: Vec<RlimitSpec>,
     /// stdio is a terminal, which becomes the controlling terminal.
     pub terminal: bool,
+    /// The capability sets to end with (none: keep all, as runc does without them).
+    #[serde(default)]
+    pub capabilities: Option<CapabilitySpec>,
+    #[serde(default)]
+    pub no_new_privileges: bool,
+}
+
+/// Capability sets, as capability numbers.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CapabilitySpec {
+    pub bounding: Vec<u32>,
+    pub effective: Vec<u32>,
+    pub permitted: Vec<u32>,
+    pub inheritable: Vec<u32>,
+    pub ambient: Vec<u32>,
 }
 
 /// Everything the container init needs.
@@ -53,6 +68,11 @@ pub struct InitSpec {
     /// Block device nodes to make in the container (hot-plugged disks).
     #[serde(default)]
     pub devices: Vec<DeviceNode>,
+    /// Paths hidden in the container (maskedPaths) and made read-only (readonlyPaths).
+    #[serde(default)]
+    pub masked_paths: Vec<String>,
+    #[serde(default)]
+    pub readonly_paths: Vec<String>,
 }
 
 /// A block device node: where in the container, which guest disk.
@@ -164,6 +184,12 @@ mod tests {
                     hard: 1024,
                 }],
                 terminal: false,
+                capabilities: Some(CapabilitySpec {
+                    bounding: vec![0, 21],
+                    effective: vec![0],
+                    ..Default::default()
+                }),
+                no_new_privileges: true,
             },
             join_namespaces: vec!["ipc".into()],
             join_pid: 7,
@@ -176,6 +202,8 @@ mod tests {
                 uid: 0,
                 gid: 6,
             }],
+            masked_paths: vec!["/proc/kcore".into()],
+            readonly_paths: vec!["/proc/sys".into()],
         };
         let json = serde_json::to_vec(&spec).unwrap();
         assert_eq!(serde_json::from_slice::<InitSpec>(&json).unwrap(), spec);

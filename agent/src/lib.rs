@@ -12,6 +12,11 @@
 //! Exec processes are started by [`EXEC_INIT_ARG`] ([`exec_init`]), which joins the init's
 //! namespaces and root and clones the process as a child of the agent. A process with a
 //! terminal gets a pseudo-terminal whose master end carries its stdin and output.
+//! Before it executes, every container process takes the spec's capabilities and
+//! `no_new_privileges` ([`become_process`]); the init also masks the spec's masked paths
+//! and makes its read-only paths read-only. The guest is the host's untrusted side: the
+//! agent's test faults (`vmlet.fault=` on the kernel command line, [`boot::Faults`]) play
+//! a compromised agent for the shim's tests.
 
 pub mod become_process;
 mod block_devices;
@@ -26,6 +31,7 @@ pub mod init_spec;
 pub mod launch;
 mod logger;
 mod network;
+mod privileges;
 mod pty;
 mod reaper;
 mod service;

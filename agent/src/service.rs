@@ -29,6 +29,7 @@ use crate::Error;
 
 pub struct AgentService {
     share: Option<PathBuf>,
+    faults: crate::boot::Faults,
     containers: Arc<Containers>,
     reaper: Arc<Reaper>,
 }
@@ -47,6 +48,7 @@ pub async fn serve(boot: Boot) -> Result<(), Error> {
     let containers = Arc::new(Containers::default());
     let service = Arc::new(AgentService {
         share: boot.share,
+        faults: boot.faults,
         containers: containers.clone(),
         reaper,
     });
@@ -188,6 +190,17 @@ fn process_spec(process: Option<&proto::Process>) -> Result<ProcessSpec, Error> 
             })
             .collect(),
         terminal: process.terminal,
+        capabilities: process
+            .capabilities
+            .as_ref()
+            .map(|c| crate::init_spec::CapabilitySpec {
+                bounding: c.bounding.clone(),
+                effective: c.effective.clone(),
+                permitted: c.permitted.clone(),
+                inheritable: c.inheritable.clone(),
+                ambient: c.ambient.clone(),
+            }),
+        no_new_privileges: process.no_new_privileges,
     })
 }
 
@@ -223,6 +236,8 @@ fn init_spec(share: &Path, req: &CreateContainerRequest) -> Result<InitSpec, Err
         join_namespaces: Vec::new(),
         join_pid: 0,
         devices: Vec::new(),
+        masked_paths: req.masked_paths.clone(),
+        readonly_paths: req.readonly_paths.clone(),
     })
 }
 
@@ -240,6 +255,15 @@ impl AgentService {
             .as_deref()
             .ok_or_else(|| Error::InvalidRequest("this VM has no shared directory".into()))?;
         let mut spec = init_spec(share, &req)?;
+        if self.faults.share_in_containers {
+            // A compromised guest: every container can write where the agent can.
+            spec.mounts.push(MountSpec {
+                destination: crate::boot::EXPOSED_SHARE.into(),
+                fstype: "bind".into(),
+                source: share.to_string_lossy().into_owned(),
+                options: vec!["rbind".into()],
+            });
+        }
         if !req.join_namespaces.is_empty() {
             let sandbox = self.containers.get(&req.join_namespaces_of)?;
             if sandbox.init.exit_status().is_some() {
@@ -490,6 +514,13 @@ impl AgentService {
             .map_err(|_| Error::InvalidRequest(format!("unknown signal {}", req.signal)))?;
         if process.exit_status().is_some() {
             return Err(Error::ProcessNotFound(r.container_id));
+        }
+        if self.faults.ignore_signals {
+            log::warn!(
+                "fault ignore-signals: not sending {signal} to {}",
+                r.container_id
+            );
+            return Ok(Empty::default());
         }
         let own = process.pid();
         let targets = if req.all {

@@ -24,6 +24,15 @@ pub enum Error {
     /// has not let pods set it.
     #[error("annotation `{key}` is not allowed on this node (the operator's annotations.allowed does not list it)")]
     AnnotationNotAllowed { key: String },
+    /// A sizing annotation above the pod's limits (plus the node's overhead): the VM would
+    /// take more of the node than kubelet accounts for the pod, which only the node's
+    /// `annotations.beyond_limits` permits.
+    #[error("annotation `{key}`: {value} is above the pod's limit of {limit} (its limit plus the node's overhead); the node does not allow annotations beyond a pod's limits (annotations.beyond_limits)")]
+    AnnotationBeyondLimits {
+        key: String,
+        value: String,
+        limit: String,
+    },
     /// A known annotation with a bad value.
     #[error("annotation `{key}`: bad value {value:?}: {reason}")]
     InvalidAnnotation {

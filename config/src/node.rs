@@ -111,6 +111,10 @@ pub struct AnnotationsConfig {
     /// Annotation names pods may set (see `ANNOTATION_KEYS`); a pod setting another known
     /// one is refused with PERMISSION_DENIED.
     pub allowed: Vec<String>,
+    /// Whether `vmlet.io/vcpus` / `vmlet.io/memory` may size a pod's VM beyond its limits
+    /// plus the overhead (off: refused with PERMISSION_DENIED, so a pod's VM never takes
+    /// more than kubelet accounts for it).
+    pub beyond_limits: bool,
 }
 
 impl Default for AnnotationsConfig {
@@ -120,6 +124,7 @@ impl Default for AnnotationsConfig {
                 .iter()
                 .map(|s| s.to_string())
                 .collect(),
+            beyond_limits: false,
         }
     }
 }

@@ -76,13 +76,18 @@ pub enum ShapeSource {
 
 impl VmShape {
     /// The rule, for each of vCPUs and memory: the pod's annotation if it set one (above the
-    /// node's maximum is an error naming it); else the pod's limit plus the node's overhead,
-    /// at most the node's maximum; else the node's default.
+    /// node's maximum is an error naming it, and so is one above the pod's limit plus the
+    /// overhead unless `beyond_limits`); else the pod's limit plus the node's overhead, at
+    /// most the node's maximum; else the node's default.
     pub fn resolve(
         guest: &GuestConfig,
         pod: &PodAnnotations,
         limits: &PodLimits,
+        beyond_limits: bool,
     ) -> Result<(Self, [ShapeSource; 2]), Error> {
+        if !beyond_limits {
+            within_limits(guest, pod, limits)?;
+        }
         let sized =
             |annotation: Option<u64>, limit: Option<u64>, overhead: u64, max: u64, default: u64| {
                 match (annotation, limit) {
@@ -134,6 +139,36 @@ impl VmShape {
     }
 }
 
+/// Refuses a sizing annotation above the pod's limit plus the node's overhead (a pod
+/// without a limit has nothing to exceed).
+fn within_limits(
+    guest: &GuestConfig,
+    pod: &PodAnnotations,
+    limits: &PodLimits,
+) -> Result<(), Error> {
+    if let (Some(asked), Some(limit)) = (pod.vcpus, limits.vcpus) {
+        let most = limit.saturating_add(guest.overhead_vcpus);
+        if asked > most {
+            return Err(Error::AnnotationBeyondLimits {
+                key: "vmlet.io/vcpus".into(),
+                value: asked.to_string(),
+                limit: most.to_string(),
+            });
+        }
+    }
+    if let (Some(asked), Some(limit)) = (pod.memory_mib, limits.memory_mib) {
+        let most = limit.saturating_add(guest.overhead_memory_mib);
+        if asked > most {
+            return Err(Error::AnnotationBeyondLimits {
+                key: "vmlet.io/memory".into(),
+                value: format!("{asked}Mi"),
+                limit: format!("{most}Mi"),
+            });
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -142,7 +177,7 @@ mod tests {
     fn defaults_without_annotations() {
         let g = GuestConfig::default();
         let (s, _) =
-            VmShape::resolve(&g, &PodAnnotations::default(), &PodLimits::default()).unwrap();
+            VmShape::resolve(&g, &PodAnnotations::default(), &PodLimits::default(), false).unwrap();
         assert_eq!((s.vcpus, s.memory_mib), (g.vcpus, g.memory_mib));
     }
 
@@ -154,9 +189,42 @@ mod tests {
             ..Default::default()
         };
         let limits = PodLimits::from_cgroup_values(400_000, 100_000, 1 << 30);
-        let (s, source) = VmShape::resolve(&GuestConfig::default(), &pod, &limits).unwrap();
+        let (s, source) = VmShape::resolve(&GuestConfig::default(), &pod, &limits, false).unwrap();
         assert_eq!((s.vcpus, s.memory_mib), (2, 512));
         assert_eq!(source, [ShapeSource::Annotation; 2]);
+    }
+
+    #[test]
+    fn annotations_beyond_the_pods_limits_need_the_nodes_leave() {
+        let pod = PodAnnotations {
+            vcpus: Some(2),
+            memory_mib: Some(2048),
+            ..Default::default()
+        };
+        // 1 CPU and 1 GiB: at most 1 vCPU and 1024 + 128 MiB.
+        let limits = PodLimits::from_cgroup_values(100_000, 100_000, 1 << 30);
+        let g = GuestConfig::default();
+        let err = VmShape::resolve(&g, &pod, &limits, false).unwrap_err();
+        assert!(
+            matches!(&err, Error::AnnotationBeyondLimits { key, value, limit }
+                if key == "vmlet.io/vcpus" && value == "2" && limit == "1"),
+            "{err}"
+        );
+        let cpu_ok = PodAnnotations {
+            vcpus: Some(1),
+            ..pod.clone()
+        };
+        let err = VmShape::resolve(&g, &cpu_ok, &limits, false).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("2048Mi is above the pod's limit of 1152Mi"),
+            "{err}"
+        );
+        let (s, _) = VmShape::resolve(&g, &pod, &limits, true).unwrap();
+        assert_eq!((s.vcpus, s.memory_mib), (2, 2048));
+        // No limits: nothing to exceed.
+        let (s, _) = VmShape::resolve(&g, &pod, &PodLimits::default(), false).unwrap();
+        assert_eq!((s.vcpus, s.memory_mib), (2, 2048));
     }
 
     #[test]
@@ -166,8 +234,8 @@ mod tests {
             memory_mib: None,
             ..Default::default()
         };
-        let err =
-            VmShape::resolve(&GuestConfig::default(), &pod, &PodLimits::default()).unwrap_err();
+        let err = VmShape::resolve(&GuestConfig::default(), &pod, &PodLimits::default(), false)
+            .unwrap_err();
         assert!(err.to_string().contains("vmlet.io/vcpus"));
     }
 
@@ -176,7 +244,7 @@ mod tests {
         let g = GuestConfig::default();
         // 1 CPU, 300 MiB: 1 + 0 vCPUs, 300 + 128 MiB.
         let limits = PodLimits::from_cgroup_values(100_000, 100_000, 300 << 20);
-        let (s, source) = VmShape::resolve(&g, &PodAnnotations::default(), &limits).unwrap();
+        let (s, source) = VmShape::resolve(&g, &PodAnnotations::default(), &limits, false).unwrap();
         assert_eq!((s.vcpus, s.memory_mib), (1, 428));
         assert_eq!(source, [ShapeSource::Limits; 2]);
         // 1.5 CPUs round up; a part of a MiB rounds up.
@@ -190,7 +258,7 @@ mod tests {
         );
         // Above the node's maximum: the maximum.
         let limits = PodLimits::from_cgroup_values(64 * 100_000, 100_000, 64 << 30);
-        let (s, source) = VmShape::resolve(&g, &PodAnnotations::default(), &limits).unwrap();
+        let (s, source) = VmShape::resolve(&g, &PodAnnotations::default(), &limits, false).unwrap();
         assert_eq!((s.vcpus, s.memory_mib), (g.max_vcpus, g.max_memory_mib));
         assert_eq!(source, [ShapeSource::LimitsCapped; 2]);
         // No limits: none.
@@ -232,8 +300,8 @@ mod tests {
             memory_mib: Some(16),
             ..Default::default()
         };
-        let err =
-            VmShape::resolve(&GuestConfig::default(), &pod, &PodLimits::default()).unwrap_err();
+        let err = VmShape::resolve(&GuestConfig::default(), &pod, &PodLimits::default(), false)
+            .unwrap_err();
         assert!(err.to_string().contains("vmlet.io/memory"));
     }
 }

@@ -180,3 +180,37 @@ fn a_host_cpu_model_under_tcg_is_refused_clearly() {
     assert!(!std::path::Path::new(&format!("{}/state/{id}", s.dir)).exists());
     let _ = s.ctr_output(&["container", "rm", &id]);
 }
+
+#[test]
+#[ignore = "needs the vmlet stack: make test"]
+fn an_annotation_beyond_the_pods_limits_is_refused_and_leaves_nothing() {
+    // 1 CPU and 300 MiB: the VM may have at most 1 vCPU and 300 + 128 MiB (the stack keeps
+    // the node's default annotations.beyond_limits = false).
+    let s = stack();
+    let limits = ["--cpus", "1", "--memory-limit", "314572800"];
+    for (annotation, key, value) in [
+        ("vmlet.io/memory=1Gi", "vmlet.io/memory", "1024Mi"),
+        ("VirtletVCPUCount=2", "vmlet.io/vcpus", "2"),
+    ] {
+        let id = unique_id("beyond");
+        let mut extra = limits.to_vec();
+        extra.extend(["--annotation", annotation]);
+        let out = s.run(&id, &extra, &["true"]).unwrap();
+        assert!(!out.status.success(), "{annotation} was accepted");
+        let stderr = text(&out.stderr);
+        assert!(
+            stderr.contains(key) && stderr.contains(value) && stderr.contains("beyond_limits"),
+            "{stderr}"
+        );
+        assert!(!std::path::Path::new(&format!("{}/state/{id}", s.dir)).exists());
+        let _ = s.ctr_output(&["container", "rm", &id]);
+    }
+    // Within the limits it is the pod's choice.
+    let mut extra = limits.to_vec();
+    extra.extend(["--annotation", "vmlet.io/memory=400Mi"]);
+    let (_, memory_kib) = guest_shape(&s, &extra);
+    assert!(
+        memory_kib < 400 * 1024 && memory_kib > 300 * 1024,
+        "{memory_kib} KiB"
+    );
+}

@@ -23,7 +23,8 @@ pub fn tail(path: &Path) -> String {
     {
         let _ = file.take(CONSOLE_TAIL).read_to_end(&mut bytes);
     }
-    String::from_utf8_lossy(&bytes).into_owned()
+    // The guest wrote it: no control characters (terminal escapes) pass on.
+    crate::guest_text::clean(&String::from_utf8_lossy(&bytes), 3 * bytes.len())
 }
 
 /// Looks for a line in the console log, reading only what was added since the last look.

@@ -102,7 +102,8 @@ impl From<vmlet_config::Error> for Error {
             | vmlet_config::Error::UnknownAnnotation { .. } => {
                 Error::InvalidArgument(e.to_string())
             }
-            vmlet_config::Error::AnnotationNotAllowed { .. } => {
+            vmlet_config::Error::AnnotationNotAllowed { .. }
+            | vmlet_config::Error::AnnotationBeyondLimits { .. } => {
                 Error::PermissionDenied(e.to_string())
             }
             other => Error::Config(other),
@@ -113,9 +114,10 @@ impl From<vmlet_config::Error> for Error {
 impl From<ttrpc::Error> for Error {
     fn from(e: ttrpc::Error) -> Self {
         match e {
+            // The message is the guest's: bounded and without control characters.
             ttrpc::Error::RpcStatus(status) => Error::Agent {
                 code: status.code(),
-                message: status.message,
+                message: crate::guest_text::clean(&status.message, crate::guest_text::MAX_MESSAGE),
             },
             other => Error::Agent {
                 code: Code::UNAVAILABLE,
@@ -180,6 +182,18 @@ mod tests {
             "{}",
             e.message()
         );
+    }
+
+    #[test]
+    fn agent_messages_are_cleaned() {
+        let long = format!("\x1b]0;owned\x07{}", "z".repeat(100_000));
+        let e: Error = ttrpc::Error::RpcStatus(ttrpc::get_status(Code::INTERNAL, long)).into();
+        let message = e.message();
+        assert!(
+            !message.contains('\x1b') && !message.contains('\x07'),
+            "{message}"
+        );
+        assert!(message.len() < 2 * crate::guest_text::MAX_MESSAGE);
     }
 
     #[test]

@@ -8,22 +8,30 @@
 //! - [`vsock`]: reaching guest ports (vhost-vsock or hybrid vsock);
 //! - [`stdio`]: containerd FIFOs <-> raw vsock stream connections;
 //! - [`state`]: what a pod created, persisted for `shim delete`;
+//! - [`pod_cgroup`]: the pod's host cgroup, where every host process of its VM goes;
 //! - [`hooks`]: OCI hooks run on the host; [`netns_holder`]: the pod's host process whose
 //!   PID they are given;
 //! - [`block_devices`]: the spec's raw block devices, hot-plugged through vmlet's own QMP
 //!   monitor ([`qmp`]);
+//! - [`share`]: the pod's shared directory, laid out so the guest cannot steer host path
+//!   operations, over [`fd_mount`] (mounts, unmounts and removal by file descriptor);
 //! - [`ctl`]: what `vmletctl` (ps, console, gc) does.
 
 pub mod block_devices;
+pub mod capabilities;
 pub mod console;
 pub mod ctl;
 pub mod domain;
 mod error;
+pub mod fd_mount;
+pub mod guest_text;
 pub mod hooks;
 pub mod log_uri;
 pub mod metrics;
 pub mod netns_holder;
+pub mod pod_cgroup;
 pub mod qmp;
+pub mod share;
 pub mod shim;
 pub mod spec;
 pub mod state;

@@ -4,9 +4,11 @@
 //! the device's fd travels with `add-fd` (SCM_RIGHTS), QEMU never opens host paths.
 //!
 //! The client is blocking and line-based (QMP sends one JSON object per line); events that
-//! arrive between replies are kept for [`Qmp::wait_event`].
+//! arrive between replies are kept for [`Qmp::wait_event`]. QEMU runs the guest's devices,
+//! so what it sends is bounded: lines of [`MAX_LINE`] bytes, [`MAX_EVENTS`] kept events,
+//! and a deadline on every read.
 
-use std::io::{BufRead, BufReader, IoSlice, Write};
+use std::io::{BufRead, BufReader, IoSlice, Read, Write};
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
@@ -18,6 +20,11 @@ use crate::Error;
 
 /// How long one command may take.
 const REPLY_TIMEOUT: Duration = Duration::from_secs(10);
+/// The longest QMP line read (QEMU's replies and events to vmlet's commands are a few
+/// hundred bytes); a longer one is an error, never a growing buffer.
+pub const MAX_LINE: usize = 64 * 1024;
+/// Events kept between replies; past that the oldest is dropped (and logged).
+pub const MAX_EVENTS: usize = 64;
 
 pub struct Qmp {
     writer: UnixStream,
@@ -90,8 +97,19 @@ impl Qmp {
                     .unwrap_or("no description");
                 return Err(Error::Internal(format!("QEMU refused {command}: {desc}")));
             }
-            self.events.push(message);
+            self.keep_event(message);
         }
+    }
+
+    fn keep_event(&mut self, event: Value) {
+        if self.events.len() >= MAX_EVENTS {
+            let dropped = self.events.remove(0);
+            log::warn!(
+                "QMP: more than {MAX_EVENTS} events unread; dropped {}",
+                dropped.get("event").and_then(Value::as_str).unwrap_or("?")
+            );
+        }
+        self.events.push(event);
     }
 
     /// Waits up to `timeout` for an event named `name` whose `data` satisfies `matches`.
@@ -140,16 +158,23 @@ impl Qmp {
     }
 
     fn read_message(&mut self) -> Result<Value, Error> {
-        let mut line = String::new();
-        let n = self
-            .reader
-            .read_line(&mut line)
+        let mut line = Vec::new();
+        let n = (&mut self.reader)
+            .take(MAX_LINE as u64 + 1)
+            .read_until(b'\n', &mut line)
             .map_err(|e| Error::io("read QMP", e))?;
         if n == 0 {
             return Err(Error::Internal("QEMU closed the QMP monitor".into()));
         }
-        serde_json::from_str(&line)
-            .map_err(|e| Error::Internal(format!("QMP sent {}: {e}", line.trim_end())))
+        if line.len() > MAX_LINE {
+            return Err(Error::Internal(format!(
+                "QMP sent a line longer than {MAX_LINE} bytes"
+            )));
+        }
+        serde_json::from_slice(&line).map_err(|e| {
+            let shown = String::from_utf8_lossy(&line[..line.len().min(200)]).into_owned();
+            Error::Internal(format!("QMP sent {}: {e}", shown.trim_end()))
+        })
     }
 }
 
@@ -231,6 +256,47 @@ pub(crate) mod tests {
         let names: Vec<_> = seen.iter().map(|(c, _)| c["execute"].clone()).collect();
         assert_eq!(names, ["qmp_capabilities", "add-fd", "device_add"]);
         assert_eq!(seen[1].1, 1, "the fd travels with add-fd");
+    }
+
+    #[test]
+    fn an_endless_line_is_refused_not_buffered() {
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        let writer = std::thread::spawn(move || {
+            let mut out = theirs;
+            let chunk = vec![b'x'; 64 * 1024];
+            // 64 MiB without a newline, unless the reader gives up first.
+            for _ in 0..1024 {
+                if out.write_all(&chunk).is_err() {
+                    return;
+                }
+            }
+        });
+        let err = Qmp::handshake(ours).err().expect("no QMP greeting");
+        assert_eq!(
+            err.message(),
+            format!("QMP sent a line longer than {MAX_LINE} bytes")
+        );
+        writer.join().unwrap();
+    }
+
+    #[test]
+    fn a_flood_of_events_keeps_only_the_newest() {
+        let (stream, _server) = fake_qemu(|c| {
+            if c["execute"] == "flood" {
+                let mut lines: Vec<Value> = (0..10 * MAX_EVENTS)
+                    .map(|i| json!({"event": "NOISE", "data": {"n": i}}))
+                    .collect();
+                lines.push(json!({"return": {}}));
+                lines
+            } else {
+                vec![json!({"return": {}})]
+            }
+        });
+        let mut qmp = Qmp::handshake(stream).unwrap();
+        qmp.execute("flood", json!({}), &[]).unwrap();
+        assert_eq!(qmp.events.len(), MAX_EVENTS);
+        let newest = (10 * MAX_EVENTS - 1) as u64;
+        assert_eq!(qmp.events.last().unwrap()["data"]["n"], newest);
     }
 
     #[test]

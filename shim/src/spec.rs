@@ -244,6 +244,13 @@ pub fn agent_process(process: &oci_spec::runtime::Process, what: &str) -> Result
             })
             .collect(),
         terminal: process.terminal().unwrap_or(false),
+        capabilities: process
+            .capabilities()
+            .as_ref()
+            .map(|c| crate::capabilities::agent_capabilities(c, what))
+            .transpose()?
+            .into(),
+        no_new_privileges: process.no_new_privileges().unwrap_or(false),
         ..Default::default()
     })
 }
@@ -346,6 +353,7 @@ pub fn create_request(
             ..Default::default()
         });
     }
+    let linux = spec.linux().as_ref();
     let request = CreateContainerRequest {
         container_id: container_id.into(),
         rootfs: rootfs_in_share(container_id),
@@ -358,12 +366,16 @@ pub fn create_request(
         process: Some(process).into(),
         mounts,
         stdio: Some(stdio).into(),
-        resources: spec
-            .linux()
-            .as_ref()
+        resources: linux
             .and_then(|l| l.resources().as_ref())
             .map(agent_resources)
             .into(),
+        masked_paths: linux
+            .and_then(|l| l.masked_paths().clone())
+            .unwrap_or_default(),
+        readonly_paths: linux
+            .and_then(|l| l.readonly_paths().clone())
+            .unwrap_or_default(),
         ..Default::default()
     };
     Ok((request, binds))

@@ -33,6 +33,9 @@ pub struct PodState {
     /// took it for dead, so nothing would ever talk to it again).
     #[serde(default)]
     pub shim_pid: Option<u32>,
+    /// The pod's host cgroup (below each hierarchy's root), once it was made.
+    #[serde(default)]
+    pub cgroup: Option<PathBuf>,
 }
 
 impl PodState {
@@ -67,6 +70,7 @@ mod tests {
             wirings: vec![],
             holder_pid: Some(43),
             shim_pid: Some(44),
+            cgroup: Some(PathBuf::from("/kubepods/pod1/p")),
         };
         state.save().unwrap();
         assert_eq!(PodState::load(&dir).unwrap(), state);

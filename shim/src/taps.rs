@@ -8,7 +8,6 @@ use std::io::IoSlice;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
-use std::sync::Arc;
 
 use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags, UnixAddr};
 use serde::{Deserialize, Serialize};
@@ -46,13 +45,16 @@ pub fn qemu_args(taps: &[TapDescription], fds: &[RawFd]) -> Vec<String> {
     args
 }
 
-/// Serves `taps` with their `fds` to every connection on `listener` until aborted.
+/// Hands `taps` with their `fds` to the first connection on `listener` made by a process
+/// running as `peer_uid` (the QEMU user: the domain's wrapper about to become its QEMU),
+/// then closes the listener and the shim's copies of the fds: nothing else ever gets them.
+/// A connection by any other user gets nothing and is logged.
 pub fn serve(
     listener: tokio::net::UnixListener,
     taps: Vec<TapDescription>,
     fds: Vec<OwnedFd>,
+    peer_uid: u32,
 ) -> tokio::task::JoinHandle<()> {
-    let fds = Arc::new(fds);
     tokio::spawn(async move {
         let payload = match serde_json::to_vec(&taps) {
             Ok(p) => p,
@@ -61,15 +63,29 @@ pub fn serve(
                 return;
             }
         };
-        loop {
+        let mut fds = Some(fds);
+        while let Some(held) = fds.take() {
             let Ok((stream, _)) = listener.accept().await else {
                 return;
             };
-            let (payload, fds) = (payload.clone(), fds.clone());
-            let sent = tokio::task::spawn_blocking(move || send(stream, &payload, &fds)).await;
+            match stream.peer_cred() {
+                Ok(cred) if cred.uid() == peer_uid => {}
+                other => {
+                    let who = other.map_or_else(
+                        |e| format!("an unknown peer ({e})"),
+                        |c| format!("uid {} (pid {:?})", c.uid(), c.pid()),
+                    );
+                    log::warn!("tap socket: refused a connection by {who}");
+                    fds = Some(held);
+                    continue;
+                }
+            }
+            let sent = tokio::task::spawn_blocking(move || send(stream, &payload, &held)).await;
             if let Ok(Err(e)) = sent {
                 log::warn!("send taps to vmlet-vmwrapper: {}", e.message());
             }
+            // One hand-over: the listener and the fds are dropped here.
+            return;
         }
     })
 }
@@ -131,6 +147,7 @@ pub fn fetch(socket: &Path) -> Result<(Vec<TapDescription>, Vec<RawFd>), Error> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::PathBuf;
 
     #[test]
     fn args_name_fd_mac_mtu_and_slot() {
@@ -160,27 +177,59 @@ mod tests {
         );
     }
 
-    #[tokio::test]
-    async fn fds_and_descriptions_travel_together() {
-        let dir = std::env::temp_dir().join(format!("vmlet-taps-test-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("taps.sock");
-        let listener = tokio::net::UnixListener::bind(&path).unwrap();
-        let file = std::fs::File::open("/dev/null").unwrap();
-        let taps = vec![TapDescription {
+    fn one_tap() -> Vec<TapDescription> {
+        vec![TapDescription {
             mac: "0a:00:00:00:00:01".into(),
             mtu: 1500,
-        }];
-        let server = serve(listener, taps.clone(), vec![OwnedFd::from(file)]);
-        let p = path.clone();
-        let (got, fds) = tokio::task::spawn_blocking(move || fetch(&p))
+        }]
+    }
+
+    /// A tap server (one fd: /dev/null) for `peer_uid` on a socket in a new directory.
+    fn tap_server(name: &str, peer_uid: u32) -> (PathBuf, tokio::task::JoinHandle<()>) {
+        let dir = std::env::temp_dir().join(format!("vmlet-taps-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let listener = tokio::net::UnixListener::bind(dir.join("taps.sock")).unwrap();
+        let file = std::fs::File::open("/dev/null").unwrap();
+        let server = serve(listener, one_tap(), vec![OwnedFd::from(file)], peer_uid);
+        (dir, server)
+    }
+
+    async fn fetch_from(dir: &Path) -> Result<(Vec<TapDescription>, Vec<RawFd>), Error> {
+        let path = dir.join("taps.sock");
+        tokio::task::spawn_blocking(move || fetch(&path))
             .await
             .unwrap()
-            .unwrap();
-        assert_eq!(got, taps);
+    }
+
+    #[tokio::test]
+    async fn fds_and_descriptions_travel_together() {
+        let (dir, server) = tap_server("once", nix::unistd::geteuid().as_raw());
+        let (got, fds) = fetch_from(&dir).await.unwrap();
+        assert_eq!(got, one_tap());
         assert_eq!(fds.len(), 1);
         // SAFETY: the fd was just received and is owned by nobody else.
         drop(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fds[0]) });
+        // One hand-over only: the server is done and a second connection gets nothing.
+        tokio::time::timeout(std::time::Duration::from_secs(5), server)
+            .await
+            .expect("the server ends after one hand-over")
+            .unwrap();
+        assert!(
+            fetch_from(&dir).await.is_err(),
+            "a second connection got taps"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[tokio::test]
+    async fn another_user_gets_nothing() {
+        let other = nix::unistd::geteuid().as_raw().wrapping_add(1);
+        let (dir, server) = tap_server("uid", other);
+        assert!(
+            fetch_from(&dir).await.is_err(),
+            "a peer of the wrong user got taps"
+        );
+        assert!(!server.is_finished(), "still waiting for the QEMU user");
         server.abort();
         std::fs::remove_dir_all(&dir).unwrap();
     }

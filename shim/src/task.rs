@@ -44,6 +44,9 @@ pub const VM_ENDED_STATUS: u32 = 137;
 pub const AGENT_LOST_STATUS: u32 = 255;
 /// How long a broken agent connection waits for QEMU's end to be seen.
 const VM_END_GRACE: Duration = Duration::from_secs(1);
+/// How long the guest has to report the end of a pod's sandbox after SIGKILL before the
+/// shim ends the VM itself (the guest may not be trusted to obey).
+pub const KILL_GRACE: Duration = Duration::from_secs(5);
 
 /// Where a created task's container goes: a new VM (sandbox or plain task) or a running
 /// pod's VM.
@@ -349,7 +352,12 @@ impl TaskService {
         let target = match role {
             crate::spec::PodRole::Sandbox => {
                 let limits = crate::spec::pod_limits(&spec, &annotations)?;
-                let (shape, sources) = VmShape::resolve(&config.guest, &pod_annotations, &limits)?;
+                let (shape, sources) = VmShape::resolve(
+                    &config.guest,
+                    &pod_annotations,
+                    &limits,
+                    config.annotations.beyond_limits,
+                )?;
                 log::info!(
                     "pod {}: {} vCPU ({:?}), {} MiB ({:?}); limits {:?}",
                     req.id,
@@ -373,6 +381,12 @@ impl TaskService {
                         create_hooks: hooks.create.clone(),
                         state: hook_state.clone(),
                     }),
+                    cgroup: spec
+                        .linux()
+                        .as_ref()
+                        .and_then(|l| l.cgroups_path().as_ref())
+                        .map(|p| crate::pod_cgroup::PodCgroup::from_spec_path(&p.to_string_lossy()))
+                        .transpose()?,
                 }))
             }
             crate::spec::PodRole::Container { sandbox_id } => {
@@ -929,7 +943,8 @@ impl TaskService {
             // the rest down.
             task.vm.remove_container(&task.id)?;
         } else {
-            task.vm
+            let removed = task
+                .vm
                 .agent
                 .remove_container(
                     agent_ctx(),
@@ -938,7 +953,15 @@ impl TaskService {
                         ..Default::default()
                     },
                 )
-                .await?;
+                .await;
+            // The host's part is removed whatever the guest answers: an agent that fails
+            // (or will not) must not keep the container's mounts on the host.
+            if let Err(e) = removed {
+                log::error!(
+                    "{}: the agent did not remove the container ({e}); removing the host's part",
+                    task.id
+                );
+            }
             task.vm.remove_container(&task.id)?;
             // The guest has let go of the devices with the container; the VM's end would
             // release one that fails to unplug.
@@ -1071,11 +1094,45 @@ impl Task for TaskApi {
             all: req.all,
             ..Default::default()
         };
-        task.vm
+        let signalled = task
+            .vm
             .agent
             .signal_process(agent_ctx(), &request)
             .await
-            .map_err(Error::from)?;
+            .map_err(Error::from);
+        let kills_the_pod =
+            req.signal == libc::SIGKILL as u32 && req.exec_id.is_empty() && task.pod_id == task.id;
+        if !kills_the_pod {
+            signalled?;
+            return Ok(api::Empty::default());
+        }
+        // Killing the pod's sandbox must work whatever the guest does: the VM ends when
+        // the guest did not report the sandbox's end in time (or refused the signal).
+        if let Err(e) = &signalled {
+            log::warn!(
+                "{}: the agent did not take SIGKILL: {}",
+                task.id,
+                e.message()
+            );
+        }
+        tokio::spawn(async move {
+            let mut exit = process.exit.subscribe();
+            let reported =
+                tokio::time::timeout(KILL_GRACE, exit.wait_for(|e: &Option<Exit>| e.is_some()))
+                    .await
+                    .is_ok_and(|r| r.is_ok());
+            if reported || task.vm.has_ended() {
+                return;
+            }
+            log::warn!(
+                "{}: the guest did not report the end of the pod's sandbox within \
+                 {KILL_GRACE:?} of SIGKILL: ending its VM",
+                task.id
+            );
+            if let Err(e) = task.vm.kill().await {
+                log::error!("{}: end the VM: {}", task.id, e.message());
+            }
+        });
         Ok(api::Empty::default())
     }
 

@@ -6,8 +6,6 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use containerd_shim_protos::api::Mount as RootfsMount;
-use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use vmlet_config::{Accel, CpuModel, NodeConfig, VmOptions, VmShape, VsockTransport};
@@ -19,6 +17,8 @@ use vmlet_protocol::AGENT_PORT;
 
 use crate::block_devices::{BlockDevice, Hotplug};
 use crate::domain::{Domain, DomainParams, VsockDevice};
+use crate::share;
+pub use crate::share::RootfsSource;
 use crate::state::PodState;
 use crate::taps::TapDescription;
 use crate::vmm::VmManager;
@@ -103,6 +103,9 @@ pub struct BootRequest {
     pub netns: Option<PathBuf>,
     /// Given when the spec has OCI hooks that run on the host.
     pub host_process: Option<HostProcess>,
+    /// The host cgroup (the sandbox spec's `cgroupsPath`) every host process of the VM
+    /// goes into; none: they stay where libvirt and the shim put them.
+    pub cgroup: Option<crate::pod_cgroup::PodCgroup>,
 }
 
 /// The pod's host process (see [`crate::netns_holder`]): started before the VM in the pod
@@ -122,25 +125,33 @@ struct Booted {
     ended: tokio::sync::watch::Receiver<bool>,
 }
 
-/// Where the container's rootfs comes from.
-pub enum RootfsSource {
-    /// Mounts from containerd's CreateTask request (usually one overlay).
-    Mounts(Vec<RootfsMount>),
-    /// A directory already prepared in the bundle.
-    Dir(PathBuf),
-}
-
 /// Takes the connection of vmlet's QMP monitor, which QEMU makes as it starts, and watches
 /// it for QEMU's end: the kernel closes QEMU's side however it ends (killed, crashed, the
 /// guest powered off or panicked), at once and without polling libvirt.
+/// Only a process of the QEMU user (`qemu_uid`) is taken for QEMU; its PID is returned.
 async fn accept_qmp(
     listener: tokio::net::UnixListener,
     driver: vmlet_config::DiskDriver,
-) -> Result<(Hotplug, tokio::sync::watch::Receiver<bool>), Error> {
-    let (stream, _) = tokio::time::timeout(QMP_CONNECT_WAIT, listener.accept())
+    qemu_uid: u32,
+) -> Result<(Hotplug, tokio::sync::watch::Receiver<bool>, u32), Error> {
+    let accept = async {
+        loop {
+            let (stream, _) = listener
+                .accept()
+                .await
+                .map_err(|e| Error::io("accept the QMP monitor", e))?;
+            match stream.peer_cred() {
+                Ok(cred) if cred.uid() == qemu_uid => {
+                    let pid = cred.pid().unwrap_or(0) as u32;
+                    return Ok::<_, Error>((stream, pid));
+                }
+                other => log::warn!("QMP socket: refused a connection not by QEMU ({other:?})"),
+            }
+        }
+    };
+    let (stream, qemu_pid) = tokio::time::timeout(QMP_CONNECT_WAIT, accept)
         .await
-        .map_err(|_| Error::Timeout("QEMU did not connect vmlet's QMP monitor".into()))?
-        .map_err(|e| Error::io("accept the QMP monitor", e))?;
+        .map_err(|_| Error::Timeout("QEMU did not connect vmlet's QMP monitor".into()))??;
     let stream = stream
         .into_std()
         .and_then(|s| s.set_nonblocking(false).map(|()| s))
@@ -155,7 +166,7 @@ async fn accept_qmp(
         })
         .map_err(|e| Error::io("start the QEMU watcher", e))?;
     let qmp = block(move || crate::qmp::Qmp::handshake(stream)).await??;
-    Ok((Hotplug::new(qmp, driver), ended))
+    Ok((Hotplug::new(qmp, driver), ended, qemu_pid))
 }
 
 /// Blocks until the peer of `stream` has closed it (only hang-up is watched: the data on
@@ -203,8 +214,9 @@ impl Vm {
                 paths.dir.display()
             )));
         }
-        std::fs::create_dir_all(&paths.share)
-            .map_err(|e| Error::io(format!("create {}", paths.share.display()), e))?;
+        std::fs::create_dir_all(&config.state_dir)
+            .and_then(|()| std::fs::create_dir(&paths.dir))
+            .map_err(|e| Error::io(format!("create {}", paths.dir.display()), e))?;
         let state = Arc::new(Mutex::new(PodState {
             dir: paths.dir.clone(),
             shim_pid: Some(std::process::id()),
@@ -271,15 +283,27 @@ impl Vm {
             s.save()
         };
         save(&|_| {})?;
-        std::fs::set_permissions(&paths.dir, std::fs::Permissions::from_mode(0o755))
-            .map_err(|e| Error::io("chmod pod dir", e))?;
-
-        mount_container(
-            &paths.share,
+        std::fs::set_permissions(
+            &paths.dir,
+            std::fs::Permissions::from_mode(share::POD_DIR_MODE),
+        )
+        .map_err(|e| Error::io("chmod pod dir", e))?;
+        if let Some(cgroup) = &req.cgroup {
+            save(&|s| s.cgroup = Some(cgroup.path.clone()))?;
+            cgroup.create()?;
+        }
+        let place = |pid: u32, what: &str| match &req.cgroup {
+            Some(cgroup) => cgroup.add(pid, what),
+            None => Ok(()),
+        };
+        let record = |target: &Path| save(&|s| s.mounts.push(target.to_owned()));
+        share::prepare(&paths.dir, &record)?;
+        share::mount_container(
+            &paths.dir,
             &req.container_id,
             &req.rootfs,
             &req.binds,
-            &|target| save(&|s| s.mounts.push(target.to_owned())),
+            &record,
         )?;
 
         // The pod's host process and the hooks that need it come before the network: a
@@ -290,6 +314,7 @@ impl Vm {
             let join = req.netns.clone();
             let pid = block(move || crate::netns_holder::spawn(join.as_deref())).await??;
             save(&|s| s.holder_pid = Some(pid))?;
+            place(pid, "the pod's host process")?;
             let state = crate::hooks::HookState {
                 pid,
                 ..host.state.clone()
@@ -341,8 +366,8 @@ impl Vm {
                         tokio::net::UnixListener::bind(&paths.tap_socket).map_err(|e| {
                             Error::io(format!("bind {}", paths.tap_socket.display()), e)
                         })?;
-                    chown_to_user(&paths.tap_socket, &config.qemu_user)?;
-                    *tap_server = Some(crate::taps::serve(listener, taps, wired.taps));
+                    let qemu_uid = chown_to_user(&paths.tap_socket, &config.qemu_user)?;
+                    *tap_server = Some(crate::taps::serve(listener, taps, wired.taps, qemu_uid));
                     Some(paths.tap_socket.to_string_lossy().into_owned())
                 }
             }
@@ -366,6 +391,7 @@ impl Vm {
                     block(move || vsock::start_vhost_device_vsock(&binary, &socket, &uds, &log))
                         .await??;
                 save(&|s| s.vsock_pid = Some(pid))?;
+                place(pid, "vhost-device-vsock")?;
                 chown_to_user(&paths.vhost_socket, &config.qemu_user)?;
                 VsockDevice::VhostUser {
                     socket: paths.vhost_socket.to_string_lossy().into_owned(),
@@ -396,7 +422,7 @@ impl Vm {
         // vmlet's QMP monitor connects here when QEMU starts.
         let qmp_listener = tokio::net::UnixListener::bind(&paths.qmp_socket)
             .map_err(|e| Error::io(format!("bind {}", paths.qmp_socket.display()), e))?;
-        chown_to_user(&paths.qmp_socket, &config.qemu_user)?;
+        let qemu_uid = chown_to_user(&paths.qmp_socket, &config.qemu_user)?;
         let name = domain_name(pod_id);
         let params = DomainParams {
             name: name.clone(),
@@ -441,7 +467,16 @@ impl Vm {
             "pod {pod_id}: domain started in {} ms",
             started.elapsed().as_millis()
         );
-        let (hotplug, ended) = accept_qmp(qmp_listener, req.options.disk_driver).await?;
+        let (hotplug, ended, qemu_pid) =
+            accept_qmp(qmp_listener, req.options.disk_driver, qemu_uid).await?;
+        // libvirt is done placing QEMU (in its own cgroup) once the domain started: the
+        // pod's cgroup takes it, and virtiofsd, from here on.
+        if req.cgroup.is_some() {
+            place(qemu_pid, "QEMU")?;
+            for pid in crate::pod_cgroup::virtiofsd_pids(&paths.share) {
+                place(pid, "virtiofsd")?;
+            }
+        }
         let endpoint = match vsock_device {
             VsockDevice::VhostUser { .. } => Endpoint::Hybrid {
                 uds: paths.vsock_uds.clone(),
@@ -546,6 +581,18 @@ impl Vm {
         self.stopping.load(std::sync::atomic::Ordering::SeqCst)
     }
 
+    /// Ends the VM at once (libvirt destroys it: QEMU is killed), for a guest that did not
+    /// obey a SIGKILL of the pod; every process of the pod then ends with status 137.
+    pub async fn kill(&self) -> Result<(), Error> {
+        self.stopping
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        let Some(domain) = self.state.lock().unwrap().domain.clone() else {
+            return Ok(());
+        };
+        let vmm = self.vmm.clone();
+        block(move || vmm.remove(&domain)).await?
+    }
+
     /// Unplugs what [`Vm::attach_block_devices`] attached for `container_id`.
     pub async fn detach_block_devices(&self, container_id: &str) -> Result<(), Error> {
         let (hotplug, id) = (self.hotplug.clone(), container_id.to_owned());
@@ -560,11 +607,12 @@ impl Vm {
         rootfs: &RootfsSource,
         binds: &[crate::spec::HostBind],
     ) -> Result<(), Error> {
-        let added = mount_container(&self.paths.share, container_id, rootfs, binds, &|target| {
-            let mut state = self.state.lock().unwrap();
-            state.mounts.push(target.to_owned());
-            state.save()
-        });
+        let added =
+            share::mount_container(&self.paths.dir, container_id, rootfs, binds, &|target| {
+                let mut state = self.state.lock().unwrap();
+                state.mounts.push(target.to_owned());
+                state.save()
+            });
         if added.is_err() {
             let _ = self.remove_container(container_id);
         }
@@ -573,25 +621,15 @@ impl Vm {
 
     /// Removes a container's rootfs and binds from the share (the VM goes on).
     pub fn remove_container(&self, container_id: &str) -> Result<(), Error> {
-        let dir = self.paths.share.join(container_id);
+        let dir = self.paths.dir.join(share::MOUNTS_DIR).join(container_id);
         let mut state = self.state.lock().unwrap();
         let (theirs, ours): (Vec<PathBuf>, Vec<PathBuf>) = std::mem::take(&mut state.mounts)
             .into_iter()
             .partition(|m| m.starts_with(&dir));
         state.mounts = ours;
-        let mut first = None;
-        for target in theirs.iter().rev() {
-            if let Err(e) = unmount(target) {
-                first.get_or_insert(e);
-            }
-        }
+        let unmounted = share::unmount_recorded(&self.paths.dir, &theirs);
         state.save()?;
-        if dir.exists() {
-            if let Err(e) = std::fs::remove_dir_all(&dir) {
-                first.get_or_insert(Error::io(format!("remove {}", dir.display()), e));
-            }
-        }
-        first.map_or(Ok(()), Err)
+        unmounted.and(share::remove_container_dir(&self.paths.dir, container_id))
     }
 
     /// Stops the VM and removes everything the pod created. The guest is asked to power
@@ -629,98 +667,8 @@ impl Vm {
     }
 }
 
-fn mount_rootfs(rootfs: &RootfsSource, target: &Path) -> Result<(), Error> {
-    match rootfs {
-        RootfsSource::Dir(dir) => mount(
-            Some(dir),
-            target,
-            None::<&str>,
-            MsFlags::MS_BIND | MsFlags::MS_REC,
-            None::<&str>,
-        )
-        .map_err(|e| Error::io(format!("bind {} to the share", dir.display()), e.into())),
-        RootfsSource::Mounts(mounts) => {
-            if mounts.len() != 1 {
-                return Err(Error::Unimplemented(format!(
-                    "a rootfs of {} mounts",
-                    mounts.len()
-                )));
-            }
-            let m = &mounts[0];
-            containerd_shim::mount::mount_rootfs(
-                Some(m.type_.as_str()),
-                Some(m.source.as_str()),
-                &m.options,
-                target,
-            )
-            .map_err(|e| Error::Internal(format!("mount rootfs: {e}")))
-        }
-    }
-}
-
-/// Mounts a container's rootfs at `share/<id>/rootfs` and its binds at
-/// `share/<id>/mounts/<n>`; `record` persists each mount point before it is mounted.
-fn mount_container(
-    share: &Path,
-    container_id: &str,
-    rootfs: &RootfsSource,
-    binds: &[crate::spec::HostBind],
-    record: &dyn Fn(&Path) -> Result<(), Error>,
-) -> Result<(), Error> {
-    let target = share.join(crate::spec::rootfs_in_share(container_id));
-    std::fs::create_dir_all(&target)
-        .map_err(|e| Error::io(format!("create {}", target.display()), e))?;
-    record(&target)?;
-    mount_rootfs(rootfs, &target)?;
-    for bind in binds {
-        let target = share.join(&bind.share_path);
-        record(&target)?;
-        bind_into_share(bind, &target)?;
-    }
-    Ok(())
-}
-
-/// Binds a host path into the share (an empty file or directory is the mount point);
-/// read-only binds are read-only on the host side too, so virtiofsd cannot write them.
-fn bind_into_share(bind: &crate::spec::HostBind, target: &Path) -> Result<(), Error> {
-    let source = &bind.source;
-    let created = if source.is_dir() {
-        std::fs::create_dir_all(target)
-    } else {
-        target
-            .parent()
-            .map_or(Ok(()), std::fs::create_dir_all)
-            .and_then(|()| std::fs::File::create(target).map(drop))
-    };
-    created.map_err(|e| Error::io(format!("create {}", target.display()), e))?;
-    let io = |what: &str, e: nix::errno::Errno| {
-        Error::io(
-            format!("{what} {} to the share", source.display()),
-            e.into(),
-        )
-    };
-    mount(
-        Some(source),
-        target,
-        None::<&str>,
-        MsFlags::MS_BIND | MsFlags::MS_REC,
-        None::<&str>,
-    )
-    .map_err(|e| io("bind", e))?;
-    if bind.readonly {
-        mount(
-            None::<&str>,
-            target,
-            None::<&str>,
-            MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY,
-            None::<&str>,
-        )
-        .map_err(|e| io("make read-only the bind of", e))?;
-    }
-    Ok(())
-}
-
-fn chown_to_user(path: &Path, user: &str) -> Result<(), Error> {
+/// Gives `path` to `user` (QEMU's) and returns the user's uid.
+fn chown_to_user(path: &Path, user: &str) -> Result<u32, Error> {
     let user = nix::unistd::User::from_name(user)
         .map_err(|e| Error::io(format!("look up user {user}"), e.into()))?
         .ok_or_else(|| {
@@ -730,7 +678,8 @@ fn chown_to_user(path: &Path, user: &str) -> Result<(), Error> {
             })
         })?;
     nix::unistd::chown(path, Some(user.uid), Some(user.gid))
-        .map_err(|e| Error::io(format!("chown {}", path.display()), e.into()))
+        .map_err(|e| Error::io(format!("chown {}", path.display()), e.into()))?;
+    Ok(user.uid.as_raw())
 }
 
 /// The guest CID libvirt assigned (`<cid auto='yes' address='N'/>` in the live XML).
@@ -864,14 +813,14 @@ pub fn teardown(vmm: &dyn VmManager, state: &PodState) -> Result<(), Error> {
             let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
         }
     }
-    for target in state.mounts.iter().rev() {
-        note(unmount(target));
+    note(share::unmount_recorded(&state.dir, &state.mounts));
+    if let Some(path) = &state.cgroup {
+        note(crate::pod_cgroup::PodCgroup { path: path.clone() }.remove());
     }
+    // Whatever the state file did not list (it was lost): nothing may stop the removal.
     if state.dir.exists() {
-        note(
-            std::fs::remove_dir_all(&state.dir)
-                .map_err(|e| Error::io(format!("remove {}", state.dir.display()), e)),
-        );
+        note(share::unmount_below(&state.dir));
+        note(share::remove_pod_dir(&state.dir));
     }
     first.map_or(Ok(()), Err)
 }
@@ -881,18 +830,6 @@ fn is_vhost_device_vsock(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/cmdline"))
         .map(|c| c.contains("vhost-device-vsock"))
         .unwrap_or(false)
-}
-
-fn unmount(target: &Path) -> Result<(), Error> {
-    // Mounts may stack; detach until the path is no longer a mount point.
-    for _ in 0..8 {
-        match umount2(target, MntFlags::MNT_DETACH) {
-            Ok(()) => continue,
-            Err(nix::errno::Errno::EINVAL) | Err(nix::errno::Errno::ENOENT) => return Ok(()),
-            Err(e) => return Err(Error::io(format!("unmount {}", target.display()), e.into())),
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -948,6 +885,7 @@ mod tests {
             wirings: vec![],
             holder_pid: None,
             shim_pid: None,
+            cgroup: None,
         };
         teardown(&vmm, &state).unwrap();
         assert!(vmm.running.lock().unwrap().is_empty());

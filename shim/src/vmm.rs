@@ -104,8 +104,11 @@ impl VmManager for Libvirt {
             };
             if domain.is_active().unwrap_or(false) {
                 if let Err(e) = domain.destroy() {
-                    if domain.is_active().unwrap_or(true) {
-                        return Err(Error::Libvirt(format!("destroy {name}: {e}")));
+                    // A concurrent removal (a kill of the pod) may have ended it first.
+                    match Domain::lookup_by_name(conn, name) {
+                        Err(gone) if is_no_domain(&gone) => return Ok(()),
+                        Ok(d) if d.is_active().ok() == Some(false) => {}
+                        _ => return Err(Error::Libvirt(format!("destroy {name}: {e}"))),
                     }
                 }
             }

@@ -1,0 +1,508 @@
+//! The guest is untrusted. Exploit tests of the host side of the pod's share: a compromised
+//! guest (the agent's `share-in-containers` fault gives a privileged container the agent's
+//! whole view of the share) plants what it can; containers with binds are then added and
+//! removed and the pod deleted. Host canaries outside the state directory (a file, a
+//! directory, a mount) must come through unchanged. And a guest that ignores SIGKILL still
+//! has its pod killed. Run by `make test`.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use vmlet_integration::{unique_id, ConfigSwap, Stack};
+
+fn stack() -> Stack {
+    Stack::from_env().expect("the vmlet stack")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// The stack's node config with the guest kernel parameters `params` (how the node's
+/// admin, and only the admin, switches on the agent's test faults).
+fn with_guest_kernel_params(params: &str) -> ConfigSwap {
+    let path = std::env::var("VMLET_CONFIG").expect("VMLET_CONFIG: the stack's config");
+    let original = std::fs::read_to_string(path).unwrap();
+    assert!(original.contains("[guest]\n"), "{original}");
+    let line = format!("[guest]\nkernel_params = \"{params}\"\n");
+    ConfigSwap::with(&original.replacen("[guest]\n", &line, 1))
+}
+
+/// Where the `share-in-containers` fault puts the guest's view of the share.
+const SHARE: &str = "/.vmlet-share";
+
+/// Host files and a mount the guest would like to reach, and how they looked before.
+struct Canaries {
+    root: PathBuf,
+    dir: PathBuf,
+    file: PathBuf,
+    mount: PathBuf,
+    /// A read-write and a read-only volume given to the pod's containers.
+    rw_volume: PathBuf,
+    ro_volume: PathBuf,
+    before: Vec<(PathBuf, Vec<u8>)>,
+}
+
+impl Canaries {
+    fn new() -> Self {
+        // Outside the stack's directory (the state dir is below it) and off /tmp's tmpfs.
+        let root = PathBuf::from("/var/tmp").join(unique_id("vmlet-canaries"));
+        let mut c = Canaries {
+            dir: root.join("dir"),
+            file: root.join("file"),
+            mount: root.join("mount"),
+            rw_volume: root.join("rw-volume"),
+            ro_volume: root.join("ro-volume"),
+            root,
+            before: Vec::new(),
+        };
+        for d in [&c.dir, &c.mount, &c.rw_volume, &c.ro_volume] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        std::fs::write(c.dir.join("keep"), b"canary directory\n").unwrap();
+        std::fs::write(&c.file, b"canary file\n").unwrap();
+        std::fs::write(c.ro_volume.join("keep"), b"read-only volume\n").unwrap();
+        std::fs::write(c.rw_volume.join("keep"), b"read-write volume\n").unwrap();
+        let mounted = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=1m", "vmlet-canary"])
+            .arg(&c.mount)
+            .status()
+            .unwrap();
+        assert!(mounted.success(), "mount the canary tmpfs");
+        std::fs::write(c.mount.join("keep"), b"canary mount\n").unwrap();
+        c.before = snapshot(&c.root);
+        c
+    }
+
+    fn is_mounted(&self) -> bool {
+        let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        let point = self.mount.to_string_lossy().into_owned();
+        info.lines()
+            .any(|l| l.split(' ').nth(4) == Some(point.as_str()))
+    }
+}
+
+impl Drop for Canaries {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.mount)
+            .status();
+        let _ = std::fs::remove_dir_all(&self.root);
+    }
+}
+
+/// Every path below `root` (symlinks not followed) with the file's bytes, or the link's
+/// target, sorted.
+fn snapshot(root: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut todo = vec![root.to_path_buf()];
+    while let Some(dir) = todo.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            let meta = std::fs::symlink_metadata(&path).unwrap();
+            let content = if meta.file_type().is_symlink() {
+                std::fs::read_link(&path)
+                    .unwrap()
+                    .into_os_string()
+                    .into_encoded_bytes()
+            } else if meta.is_dir() {
+                todo.push(path.clone());
+                b"<dir>".to_vec()
+            } else {
+                std::fs::read(&path).unwrap()
+            };
+            out.push((path, content));
+        }
+    }
+    out.sort();
+    out
+}
+
+/// What guest root tries through the agent's view of the share (`/m`). Each attempt prints
+/// `planted: WHAT` when it worked; the pod's own rootfs (`$POD/rootfs`) and the read-write
+/// volume are the guest's to write and get links to the canaries, which the host must not
+/// follow.
+fn attack_script(pod: &str, c: &Canaries, rw: &str, ro: &str, late: &str) -> String {
+    let (dir, file, mount) = (c.dir.display(), c.file.display(), c.mount.display());
+    format!(
+        r#"
+ln -s {SHARE} /m || exit 3
+ls /m/ | grep -qx {pod} || {{ echo "the share does not show the pod: $(ls /m/)"; exit 4; }}
+try() {{ what=$1; shift; "$@" 2>/dev/null && echo "planted: $what"; }}
+try "symlink as a new container's directory" ln -s {dir} /m/evil
+try "directory at the share's top" mkdir /m/evil2
+try "symlink as the next container's directory" ln -s {dir} /m/{late}
+try "file at the share's top" sh -c 'echo x > /m/evil3'
+try "rename of the pod's directory" mv /m/{pod} /m/moved
+try "rename of the pod's rootfs" mv /m/{pod}/rootfs /m/{pod}/rootfs2
+try "symlink beside the rootfs" ln -s {mount} /m/{pod}/mounts
+try "symlink in a container's mounts dir" ln -s {file} /m/{rw}/mounts/9
+try "write through a read-only volume" sh -c 'echo pwned > /m/{ro}/mounts/0/keep'
+try "remove in a read-only volume" rm /m/{ro}/mounts/0/keep
+# The guest's own places: allowed, and the host must not follow them.
+ln -s {dir} /m/{pod}/rootfs/escape-dir
+ln -s {file} /m/{rw}/mounts/0/escape-file
+ln -s {mount} /m/{rw}/mounts/0/escape-mount
+echo attacks done
+"#
+    )
+}
+
+#[test]
+#[ignore = "needs the vmlet stack: make test"]
+fn guest_root_cannot_steer_the_share() {
+    let s = stack();
+    let _compromised = with_guest_kernel_params("vmlet.fault=share-in-containers");
+    let canaries = Canaries::new();
+    let pod = unique_id("guestroot");
+    let in_pod = format!("io.kubernetes.cri.sandbox-id={pod}");
+    s.run_detached_with(
+        &pod,
+        &[
+            "--privileged",
+            "--annotation",
+            "io.kubernetes.cri.container-type=sandbox",
+            "--annotation",
+            &in_pod,
+        ],
+        &["sleep", "1000"],
+    )
+    .unwrap();
+
+    // Containers joining the pod, with a read-write and a read-only volume.
+    let rw = unique_id("rw");
+    let ro = unique_id("ro");
+    for (id, source, options) in [
+        (&rw, &canaries.rw_volume, "rbind:rw"),
+        (&ro, &canaries.ro_volume, "rbind:ro"),
+    ] {
+        let mount = format!(
+            "type=bind,src={},dst=/data,options={options}",
+            source.display()
+        );
+        let extra = [
+            "--annotation",
+            "io.kubernetes.cri.container-type=container",
+            "--annotation",
+            &in_pod,
+            "--mount",
+            &mount,
+        ];
+        s.run_detached_with(id, &extra, &["sleep", "1000"]).unwrap();
+    }
+
+    let late = unique_id("late");
+    let script = attack_script(&pod, &canaries, &rw, &ro, &late);
+    let out = s
+        .ctr_output(&[
+            "task",
+            "exec",
+            "--exec-id",
+            "attack",
+            &pod,
+            "sh",
+            "-c",
+            &script,
+        ])
+        .unwrap();
+    let said = text(&out.stdout);
+    println!("attack: {said}{}", text(&out.stderr));
+    assert!(
+        said.contains("attacks done"),
+        "the attack did not run: {said}"
+    );
+    let planted: Vec<&str> = said.lines().filter(|l| l.starts_with("planted")).collect();
+    assert_eq!(
+        planted,
+        Vec::<&str>::new(),
+        "the guest wrote where the host works"
+    );
+
+    // The container the guest aimed at, added after the plants; then everything removed.
+    let out = s
+        .run(
+            &late,
+            &[
+                "--annotation",
+                "io.kubernetes.cri.container-type=container",
+                "--annotation",
+                &in_pod,
+            ],
+            &["true"],
+        )
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "late container: {}",
+        text(&out.stderr)
+    );
+    for id in [&rw, &ro] {
+        s.kill_and_remove(id).unwrap();
+    }
+    s.kill_and_remove(&pod).unwrap();
+
+    assert!(canaries.is_mounted(), "the canary mount was unmounted");
+    let after = snapshot(&canaries.root);
+    // The guest did reach the share: its links are in the read-write volume.
+    assert!(
+        after.iter().any(|(p, _)| p.ends_with("escape-file")),
+        "the guest could not write its volume: the attack had no reach"
+    );
+    let planted_by_guest = |p: &PathBuf| {
+        p.starts_with(&canaries.rw_volume)
+            && p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("escape-"))
+    };
+    let changed: Vec<_> = after.iter().filter(|e| !planted_by_guest(&e.0)).collect();
+    let before: Vec<_> = canaries.before.iter().collect();
+    assert_eq!(changed, before, "host files changed");
+    let pod_dir = Path::new(&s.dir).join("state").join(&pod);
+    assert!(!pod_dir.exists(), "{} left", pod_dir.display());
+}
+
+/// What the guest sees at the top of the share is read-only; the host's state directory
+/// for the pod is not readable by other host users.
+#[test]
+#[ignore = "needs the vmlet stack: make test"]
+fn the_pods_state_is_private_and_its_binds_nosuid_nodev() {
+    let s = stack();
+    let pod = unique_id("private");
+    s.run_detached_with(&pod, &[], &["sleep", "1000"]).unwrap();
+    let pod_dir = Path::new(&s.dir).join("state").join(&pod);
+    let mode = |p: &Path| {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::symlink_metadata(p).unwrap().permissions().mode() & 0o7777
+    };
+    assert_eq!(mode(&pod_dir), 0o711, "{}", pod_dir.display());
+    assert_eq!(mode(&pod_dir.join("mounts")), 0o700);
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let options_of = |point: &Path| -> String {
+        let point = point.to_string_lossy().into_owned();
+        info.lines()
+            .rev()
+            .find(|l| l.split(' ').nth(4) == Some(point.as_str()))
+            .map(|l| l.split(' ').nth(5).unwrap_or_default().to_owned())
+            .unwrap_or_else(|| panic!("{point} is not mounted:\n{info}"))
+    };
+    let share = options_of(&pod_dir.join("share"));
+    for flag in ["ro", "nosuid", "nodev"] {
+        assert!(share.split(',').any(|o| o == flag), "share: {share}");
+    }
+    let rootfs = options_of(&pod_dir.join("mounts").join(&pod).join("rootfs"));
+    for flag in ["nosuid", "nodev"] {
+        assert!(rootfs.split(',').any(|o| o == flag), "rootfs: {rootfs}");
+    }
+    let in_share = options_of(&pod_dir.join("share").join(&pod).join("rootfs"));
+    assert!(
+        in_share.split(',').any(|o| o == "rw"),
+        "rootfs in the share: {in_share}"
+    );
+    s.kill_and_remove(&pod).unwrap();
+    assert!(!pod_dir.exists());
+}
+
+/// How long the shim gives the guest to report a SIGKILL of the pod (the shim's
+/// `KILL_GRACE`), and the margin for destroying the VM and seeing QEMU's end.
+const KILL_GRACE: Duration = Duration::from_secs(5);
+const KILL_MARGIN: Duration = Duration::from_secs(15);
+
+#[test]
+#[ignore = "needs the vmlet stack: make test"]
+fn a_guest_that_ignores_sigkill_is_ended() {
+    let s = stack();
+    let _stubborn = with_guest_kernel_params("vmlet.fault=ignore-signals");
+    let pod = unique_id("stubborn");
+    s.run_detached(&pod, &["sleep", "1000"]).unwrap();
+    let killed = Instant::now();
+    let kill = s
+        .ctr_output(&["task", "kill", "-s", "SIGKILL", &pod])
+        .unwrap();
+    assert!(kill.status.success(), "{}", text(&kill.stderr));
+    s.wait_status(&pod, "STOPPED", KILL_GRACE + KILL_MARGIN)
+        .unwrap();
+    let took = killed.elapsed();
+    println!(
+        "guest ignoring SIGKILL -> task STOPPED in {} ms",
+        took.as_millis()
+    );
+    assert!(
+        took >= KILL_GRACE,
+        "the guest did obey after {took:?}: the fault is off"
+    );
+    let delete = s.ctr_output(&["task", "delete", &pod]).unwrap();
+    assert!(
+        text(&delete.stderr).contains("137") || delete.status.code() == Some(137),
+        "ctr task delete reports 137: {} {:?}",
+        text(&delete.stderr),
+        delete.status
+    );
+    let rm = s.ctr_output(&["container", "rm", &pod]).unwrap();
+    assert!(rm.status.success(), "{}", text(&rm.stderr));
+    let domain = format!("vmlet-{pod}");
+    assert!(!s.vmlet_domains().unwrap().contains(&domain), "domain left");
+    assert_eq!(s.pod_processes(&pod), Vec::new(), "processes left");
+    assert!(!Path::new(&s.dir).join("state").join(&pod).exists());
+}
+
+/// The default capability set containerd gives a container (CAP_CHOWN, DAC_OVERRIDE,
+/// FOWNER, FSETID, KILL, SETGID, SETUID, SETPCAP, NET_BIND_SERVICE, NET_RAW, SYS_CHROOT,
+/// MKNOD, AUDIT_WRITE, SETFCAP): no CAP_SYS_ADMIN.
+const DEFAULT_CAPS: &str = "00000000a80425fb";
+
+#[test]
+#[ignore = "needs the vmlet stack: make test"]
+fn containers_get_the_specs_privileges_and_paths() {
+    let s = stack();
+    // What a root container may do in the guest: no more than the spec gives it.
+    let probe = "grep -E '^(CapBnd|CapEff|CapPrm|NoNewPrivs)' /proc/self/status; \
+                 mkdir -p /mnt/t; mount -t tmpfs probe /mnt/t 2>/dev/null && echo MOUNTED; \
+                 echo KCORE $(stat -c %t:%T /proc/kcore); \
+                 echo x 2>/dev/null > /proc/sys/kernel/domainname && echo WROTE_PROC_SYS; \
+                 echo probed";
+    let out = s
+        .run(&unique_id("caps"), &[], &["sh", "-c", probe])
+        .unwrap();
+    let said = text(&out.stdout);
+    assert!(said.contains("probed"), "{said}{}", text(&out.stderr));
+    for set in ["CapBnd", "CapEff", "CapPrm"] {
+        let line = format!("{set}:\t{DEFAULT_CAPS}");
+        assert!(said.contains(&line), "{set} is not the spec's:\n{said}");
+    }
+    assert!(
+        said.contains("NoNewPrivs:\t1"),
+        "no_new_privileges:\n{said}"
+    );
+    assert!(
+        !said.contains("MOUNTED"),
+        "a default container mounted:\n{said}"
+    );
+    assert!(
+        said.contains("KCORE 1:3"),
+        "/proc/kcore is not masked:\n{said}"
+    );
+    assert!(
+        !said.contains("WROTE_PROC_SYS"),
+        "/proc/sys is writable:\n{said}"
+    );
+
+    // Privileged: every capability, and mounts work.
+    let out = s
+        .run(
+            &unique_id("privcaps"),
+            &["--privileged"],
+            &["sh", "-c", probe],
+        )
+        .unwrap();
+    let said = text(&out.stdout);
+    // containerd lists every capability its host has (this host has no CAP_SYS_RESOURCE).
+    let effective = said
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:\t"))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        .unwrap_or_else(|| panic!("no CapEff:\n{said}"));
+    const CAP_SYS_ADMIN: u32 = 21;
+    assert!(effective & (1 << CAP_SYS_ADMIN) != 0, "{said}");
+    assert!(
+        effective.count_ones() > 30,
+        "a privileged container's set:\n{said}"
+    );
+    assert!(
+        said.contains("MOUNTED"),
+        "a privileged container cannot mount:\n{said}"
+    );
+}
+
+/// The cgroup `pid` is in, per hierarchy line of `/proc/PID/cgroup` (`4:memory:/a/b`).
+fn cgroups_of(pid: u32) -> Vec<String> {
+    std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Processes of the stack whose command line contains every one of `needles`.
+fn pids_of(s: &Stack, needles: &[&str]) -> Vec<u32> {
+    s.stack_processes()
+        .into_iter()
+        .filter(|(_, c)| needles.iter().all(|n| c.contains(n)))
+        .map(|(p, _)| p)
+        .collect()
+}
+
+#[tokio::test]
+#[ignore = "needs the vmlet stack: make test"]
+async fn a_cri_pods_vm_runs_in_the_pods_cgroup() {
+    let s = stack();
+    let mut cri = vmlet_integration::cri::Cri::connect(&s.containerd)
+        .await
+        .unwrap();
+    let logs = std::env::temp_dir().join(unique_id("vmlet-cgroup-logs"));
+    std::fs::create_dir_all(&logs).unwrap();
+    // As kubelet's cgroupfs driver names a pod's cgroup; containerd puts the sandbox in
+    // <parent>/<sandbox id>.
+    let parent = format!("/vmlet-e2e/pod-{}", unique_id("uid"));
+    let mut config = vmlet_integration::cri::Cri::pod_config(
+        &unique_id("cgpod"),
+        &unique_id("uid"),
+        &logs.to_string_lossy(),
+    );
+    config.linux.as_mut().unwrap().cgroup_parent = parent.clone();
+    let pod = cri.run_pod(&config, "vmlet").await.unwrap();
+    let cgroup = format!("{parent}/{pod}");
+
+    let state = format!("{}/state/{pod}/", s.dir);
+    let qemu = pids_of(&s, &["qemu-system", &format!("guest=vmlet-{pod},")]);
+    let virtiofsd = pids_of(&s, &["virtiofsd", &format!("source={state}share")]);
+    let vsock = pids_of(&s, &["vhost-device-vsock", &state]);
+    let mut placed = Vec::new();
+    for (what, pids) in [
+        ("QEMU", &qemu),
+        ("virtiofsd", &virtiofsd),
+        ("vhost-device-vsock", &vsock),
+    ] {
+        assert!(!pids.is_empty(), "no {what} for pod {pod}");
+        for pid in pids.iter() {
+            let lines = cgroups_of(*pid);
+            let memory = lines
+                .iter()
+                .find(|l| l.contains(":memory:") || l.starts_with("0::"));
+            placed.push((what, *pid, memory.cloned().unwrap_or_default()));
+            for line in &lines {
+                assert!(
+                    line.ends_with(&format!(":{cgroup}")),
+                    "{what} ({pid}) is not in the pod's cgroup {cgroup}: {line}"
+                );
+            }
+        }
+    }
+    println!("pod cgroup {cgroup}: {placed:?}");
+    // The pod's memory usage includes the VM's (v1 memory controller here, v2 elsewhere).
+    let usage = ["/sys/fs/cgroup/memory", "/sys/fs/cgroup"]
+        .iter()
+        .find_map(|root| {
+            let base = format!("{root}{cgroup}");
+            std::fs::read_to_string(format!("{base}/memory.usage_in_bytes"))
+                .or_else(|_| std::fs::read_to_string(format!("{base}/memory.current")))
+                .ok()
+        })
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .expect("the pod cgroup's memory usage");
+    println!("pod cgroup memory usage: {} MiB", usage >> 20);
+    assert!(
+        usage > 64 << 20,
+        "the VM's memory is not counted: {usage} bytes"
+    );
+
+    cri.remove_pod(&pod).await.unwrap();
+    let _ = std::fs::remove_dir_all(&logs);
+    for root in vmlet_shim::pod_cgroup::hierarchies() {
+        let root = root.display();
+        let left = format!("{root}{cgroup}");
+        assert!(!Path::new(&left).exists(), "{left} is left");
+        // The parents are the test's (kubelet's on a node).
+        let _ = std::fs::remove_dir(format!("{root}{parent}"));
+        let _ = std::fs::remove_dir(format!("{root}/vmlet-e2e"));
+    }
+}

@@ -1,0 +1,258 @@
+//! The pod's host cgroup: the sandbox spec's `linux.cgroupsPath`, made in every cgroup
+//! hierarchy of the host (v1 controllers and the unified v2 one), and every host process
+//! of the pod's VM moved into it (QEMU, virtiofsd, vhost-device-vsock, the pod's host
+//! process), as Kata's `sandbox_cgroup_only` does: kubelet's limits, eviction and stats
+//! then see the VM. The sandbox's own resources (a pause container's) are not applied:
+//! the pod's limits are on the parent cgroup kubelet made.
+
+use std::path::{Component, Path, PathBuf};
+
+use crate::Error;
+
+/// The pod's cgroup: its path below each hierarchy's root.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodCgroup {
+    pub path: PathBuf,
+}
+
+/// Where the host's cgroup hierarchies are mounted (cgroup v1 controllers and cgroup2),
+/// from `/proc/self/mountinfo`.
+pub fn hierarchies() -> Vec<PathBuf> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    hierarchies_in(&info)
+}
+
+fn hierarchies_in(mountinfo: &str) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    for line in mountinfo.lines() {
+        let Some((before, after)) = line.split_once(" - ") else {
+            continue;
+        };
+        let fstype = after.split(' ').next().unwrap_or_default();
+        if fstype != "cgroup" && fstype != "cgroup2" {
+            continue;
+        }
+        // Only a hierarchy's root (a bind of a sub-cgroup would misplace paths).
+        let mut fields = before.split(' ');
+        let (root, point) = (fields.nth(3), fields.next());
+        if let (Some("/"), Some(point)) = (root, point) {
+            found.push(PathBuf::from(point));
+        }
+    }
+    found
+}
+
+impl PodCgroup {
+    /// The cgroup a spec's `cgroupsPath` names: a cgroupfs path (`/kubepods/pod1/abc`), or
+    /// systemd's `slice:prefix:name` expanded as runc expands it
+    /// (`kubepods-pod1.slice:cri-containerd:abc` ->
+    /// `/kubepods.slice/kubepods-pod1.slice/cri-containerd-abc.scope`). Anything that would
+    /// leave the hierarchy (`..`) is INVALID_ARGUMENT.
+    pub fn from_spec_path(cgroups_path: &str) -> Result<Self, Error> {
+        let bad =
+            |why: &str| Error::InvalidArgument(format!("cgroupsPath {cgroups_path:?}: {why}"));
+        let path = match cgroups_path.split(':').collect::<Vec<_>>()[..] {
+            [path] => PathBuf::from("/").join(path.trim_start_matches('/')),
+            [slice, prefix, name] => {
+                let mut path = expand_slice(slice).map_err(|why| bad(&why))?;
+                let unit = if name.ends_with(".slice") {
+                    name.to_owned()
+                } else if prefix.is_empty() {
+                    format!("{name}.scope")
+                } else {
+                    format!("{prefix}-{name}.scope")
+                };
+                path.push(unit);
+                path
+            }
+            _ => return Err(bad("neither a path nor slice:prefix:name")),
+        };
+        let plain = path
+            .components()
+            .all(|c| matches!(c, Component::RootDir | Component::Normal(_)));
+        if !plain || path == Path::new("/") {
+            return Err(bad("not a cgroup below the root"));
+        }
+        Ok(Self { path })
+    }
+
+    fn relative(&self) -> &Path {
+        self.path.strip_prefix("/").unwrap_or(&self.path)
+    }
+
+    /// This cgroup in each hierarchy.
+    fn dirs(&self) -> Vec<PathBuf> {
+        hierarchies()
+            .iter()
+            .map(|h| h.join(self.relative()))
+            .collect()
+    }
+
+    /// Makes the cgroup in every hierarchy, level by level (a new v1 cpuset cgroup gets
+    /// its parent's CPUs and memory nodes, without which nothing can join it); where the
+    /// hierarchy has the v1 memory controller, the charges of a process move with it.
+    pub fn create(&self) -> Result<(), Error> {
+        for hierarchy in hierarchies() {
+            let mut dir = hierarchy.clone();
+            for part in self.relative().iter() {
+                let parent = dir.clone();
+                dir.push(part);
+                match std::fs::create_dir(&dir) {
+                    Ok(()) => inherit_cpuset(&parent, &dir)?,
+                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                    Err(e) => return Err(Error::io(format!("create cgroup {}", dir.display()), e)),
+                }
+            }
+            let immigrate = dir.join("memory.move_charge_at_immigrate");
+            if immigrate.exists() {
+                // Deprecated in recent kernels, but where it works the VM's memory that
+                // QEMU touched before it moved is counted for the pod too.
+                let _ = std::fs::write(&immigrate, "3");
+            }
+        }
+        Ok(())
+    }
+
+    /// Moves the process `pid` (all its threads) into the cgroup in every hierarchy.
+    pub fn add(&self, pid: u32, what: &str) -> Result<(), Error> {
+        for dir in self.dirs() {
+            std::fs::write(dir.join("cgroup.procs"), pid.to_string()).map_err(|e| {
+                Error::io(
+                    format!("move {what} ({pid}) into cgroup {}", dir.display()),
+                    e,
+                )
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Removes the cgroup from every hierarchy once its processes are gone (a process
+    /// that is still exiting keeps it busy for a moment). Goes on past failures.
+    pub fn remove(&self) -> Result<(), Error> {
+        let mut first = None;
+        for dir in self.dirs().into_iter().rev() {
+            if let Err(e) = remove_when_empty(&dir) {
+                first.get_or_insert(e);
+            }
+        }
+        first.map_or(Ok(()), Err)
+    }
+}
+
+/// A v1 cpuset cgroup starts with no CPUs and no memory nodes: copies its parent's.
+fn inherit_cpuset(parent: &Path, dir: &Path) -> Result<(), Error> {
+    for file in ["cpuset.cpus", "cpuset.mems"] {
+        let own = dir.join(file);
+        if !own.exists() {
+            continue;
+        }
+        let value = std::fs::read_to_string(parent.join(file))
+            .map_err(|e| Error::io(format!("read {}", parent.join(file).display()), e))?;
+        std::fs::write(&own, value.trim())
+            .map_err(|e| Error::io(format!("write {}", own.display()), e))?;
+    }
+    Ok(())
+}
+
+fn remove_when_empty(dir: &Path) -> Result<(), Error> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        match std::fs::remove_dir(dir) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) if std::time::Instant::now() >= deadline => {
+                return Err(Error::io(format!("remove cgroup {}", dir.display()), e))
+            }
+            Err(_) => std::thread::sleep(std::time::Duration::from_millis(50)),
+        }
+    }
+}
+
+/// systemd's slice name to its path: `a-b-c.slice` -> `/a.slice/a-b.slice/a-b-c.slice`.
+fn expand_slice(slice: &str) -> Result<PathBuf, String> {
+    let mut path = PathBuf::from("/");
+    if slice.is_empty() || slice == "-.slice" {
+        return Ok(path);
+    }
+    let Some(name) = slice.strip_suffix(".slice") else {
+        return Err(format!("{slice:?} is not a slice"));
+    };
+    if name.contains('/') || name.starts_with('-') || name.contains("--") {
+        return Err(format!("bad slice name {slice:?}"));
+    }
+    let mut prefix = String::new();
+    for part in name.split('-') {
+        if !prefix.is_empty() {
+            prefix.push('-');
+        }
+        prefix.push_str(part);
+        path.push(format!("{prefix}.slice"));
+    }
+    Ok(path)
+}
+
+/// The PIDs of the virtiofsd processes serving `share` (libvirt starts them; their command
+/// line names the directory).
+pub fn virtiofsd_pids(share: &Path) -> Vec<u32> {
+    let needle = format!("source={}", share.display());
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+            args.first().is_some_and(|a| a.ends_with(b"virtiofsd"))
+                && args.contains(&needle.as_bytes())
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cgroupfs_paths_and_systemd_slices() {
+        let p = |s: &str| PodCgroup::from_spec_path(s).map(|c| c.path);
+        assert_eq!(p("/default/t1").unwrap(), PathBuf::from("/default/t1"));
+        assert_eq!(
+            p("kubepods/besteffort/pod1/abc").unwrap(),
+            PathBuf::from("/kubepods/besteffort/pod1/abc")
+        );
+        assert_eq!(
+            p("kubepods-besteffort-pod1.slice:cri-containerd:abc").unwrap(),
+            PathBuf::from(
+                "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1.slice/cri-containerd-abc.scope"
+            )
+        );
+        assert_eq!(
+            p("system.slice::x").unwrap(),
+            PathBuf::from("/system.slice/x.scope")
+        );
+        for bad in ["/", "/a/../../etc", "a:b", "nots:p:n", "bad--x.slice:p:n"] {
+            let err = PodCgroup::from_spec_path(bad).unwrap_err();
+            assert!(
+                err.message().contains("cgroupsPath"),
+                "{bad}: {}",
+                err.message()
+            );
+        }
+    }
+
+    #[test]
+    fn hierarchies_are_cgroup_mount_roots() {
+        let info = "30 25 0:26 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n\
+                    31 25 0:27 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw\n\
+                    32 25 0:27 /sub /mnt/sub rw - cgroup2 cgroup2 rw\n\
+                    33 25 0:28 / /run rw - tmpfs tmpfs rw\n";
+        assert_eq!(
+            hierarchies_in(info),
+            [
+                PathBuf::from("/sys/fs/cgroup/memory"),
+                PathBuf::from("/sys/fs/cgroup/unified")
+            ]
+        );
+    }
+}
