@@ -506,3 +506,21 @@ async fn a_cri_pods_vm_runs_in_the_pods_cgroup() {
         let _ = std::fs::remove_dir(format!("{root}/vmlet-e2e"));
     }
 }
+
+#[test]
+#[ignore = "needs the vmlet stack: make test"]
+fn containerd_is_told_host_pids_not_the_guests() {
+    let s = stack();
+    let pod = unique_id("hostpid");
+    s.run_detached(&pod, &["sleep", "1000"]).unwrap();
+    let qemu = pids_of(&s, &["qemu-system", &format!("guest=vmlet-{pod},")]);
+    let listed = s.ctr_output(&["task", "ls"]).unwrap();
+    let pid = text(&listed.stdout)
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(pod.as_str()))
+        .and_then(|l| l.split_whitespace().nth(1).map(str::to_owned))
+        .unwrap_or_default();
+    s.kill_and_remove(&pod).unwrap();
+    assert_eq!(qemu.len(), 1, "one QEMU for {pod}");
+    assert_eq!(pid, qemu[0].to_string(), "the task's PID is not its QEMU's");
+}

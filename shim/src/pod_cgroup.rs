@@ -129,9 +129,10 @@ impl PodCgroup {
     /// Removes the cgroup from every hierarchy once its processes are gone (a process
     /// that is still exiting keeps it busy for a moment). Goes on past failures.
     pub fn remove(&self) -> Result<(), Error> {
+        let deadline = std::time::Instant::now() + REMOVE_WAIT;
         let mut first = None;
         for dir in self.dirs().into_iter().rev() {
-            if let Err(e) = remove_when_empty(&dir) {
+            if let Err(e) = remove_when_empty(&dir, deadline) {
                 first.get_or_insert(e);
             }
         }
@@ -154,8 +155,10 @@ fn inherit_cpuset(parent: &Path, dir: &Path) -> Result<(), Error> {
     Ok(())
 }
 
-fn remove_when_empty(dir: &Path) -> Result<(), Error> {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+/// How long [`PodCgroup::remove`] waits, in all, for processes still on their way out.
+const REMOVE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+fn remove_when_empty(dir: &Path, deadline: std::time::Instant) -> Result<(), Error> {
     loop {
         match std::fs::remove_dir(dir) {
             Ok(()) => return Ok(()),

@@ -4,7 +4,6 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -83,8 +82,8 @@ struct Exit {
 /// One process of a task: its init (empty exec id) or an exec.
 struct ProcessEntry {
     exec_id: String,
-    /// Guest PID; an exec's is known once it started.
-    pid: AtomicU32,
+    /// The PID containerd is given: the pod's QEMU (see `Vm::host_pid`).
+    pid: u32,
     stdio: StdioPaths,
     terminal: bool,
     phase: Mutex<Phase>,
@@ -96,7 +95,7 @@ impl ProcessEntry {
     fn new(exec_id: &str, pid: u32, stdio: StdioPaths, terminal: bool, copies: Copies) -> Self {
         Self {
             exec_id: exec_id.into(),
-            pid: AtomicU32::new(pid),
+            pid,
             stdio,
             terminal,
             phase: Mutex::new(Phase::Created),
@@ -106,7 +105,7 @@ impl ProcessEntry {
     }
 
     fn pid(&self) -> u32 {
-        self.pid.load(Ordering::SeqCst)
+        self.pid
     }
 
     fn phase(&self) -> Phase {
@@ -499,6 +498,14 @@ impl TaskService {
         if owns_vm {
             self.vms.lock().unwrap().insert(pod_id.clone(), vm.clone());
         }
+        // containerd is told the VM's host PID (QEMU's), never the guest's: a PID the
+        // guest chose means nothing on the host (and could name a host process).
+        let guest_pid = pid;
+        let pid = vm.host_pid;
+        log::info!(
+            "{}: guest PID {guest_pid}; reported as QEMU's, {pid}",
+            req.id
+        );
         let entry = Arc::new(TaskEntry {
             id: req.id.clone(),
             bundle: req.bundle.clone(),
@@ -569,11 +576,11 @@ impl TaskService {
             Err(e) => return Err(self.start_failed(&task, &process, e).await),
         };
         *process.phase.lock().unwrap() = Phase::Running;
-        if started.pid != 0 {
-            // An exec's PID is known from its start; a container init cloned into the pod's
-            // PID namespace reports its own here too.
-            process.pid.store(started.pid, Ordering::SeqCst);
-        }
+        log::info!(
+            "{}: started, guest PID {}",
+            task.name(&process),
+            started.pid
+        );
         if process.exec_id.is_empty() {
             crate::hooks::run_logged(&task.hooks.poststart, &task.hook_state, "running").await;
             self.publish(
@@ -591,7 +598,7 @@ impl TaskService {
                 Box::new(TaskExecStarted {
                     container_id: task.id.clone(),
                     exec_id: process.exec_id.clone(),
-                    pid: started.pid,
+                    pid: process.pid(),
                     ..Default::default()
                 }),
             )
@@ -869,7 +876,13 @@ impl TaskService {
                     return Err(e);
                 }
             };
-        let entry = Arc::new(ProcessEntry::new(&req.exec_id, 0, paths, terminal, copies));
+        let entry = Arc::new(ProcessEntry::new(
+            &req.exec_id,
+            task.vm.host_pid,
+            paths,
+            terminal,
+            copies,
+        ));
         task.execs
             .lock()
             .unwrap()

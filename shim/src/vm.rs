@@ -72,6 +72,8 @@ pub struct Vm {
     pub endpoint: Endpoint,
     pub agent: AgentClient,
     pub boot_id: String,
+    /// QEMU's PID on the host: what containerd is told for every process of the pod.
+    pub host_pid: u32,
     /// vCPUs and memory the VM was booted with (it does not grow).
     pub shape: VmShape,
     /// The pod's host process, when the sandbox's spec had OCI hooks.
@@ -123,11 +125,13 @@ struct Booted {
     boot_id: String,
     hotplug: Hotplug,
     ended: tokio::sync::watch::Receiver<bool>,
+    qemu_pid: u32,
 }
 
 /// Takes the connection of vmlet's QMP monitor, which QEMU makes as it starts, and watches
 /// it for QEMU's end: the kernel closes QEMU's side however it ends (killed, crashed, the
 /// guest powered off or panicked), at once and without polling libvirt.
+///
 /// Only a process of the QEMU user (`qemu_uid`) is taken for QEMU; its PID is returned.
 async fn accept_qmp(
     listener: tokio::net::UnixListener,
@@ -142,8 +146,13 @@ async fn accept_qmp(
                 .map_err(|e| Error::io("accept the QMP monitor", e))?;
             match stream.peer_cred() {
                 Ok(cred) if cred.uid() == qemu_uid => {
-                    let pid = cred.pid().unwrap_or(0) as u32;
-                    return Ok::<_, Error>((stream, pid));
+                    // Linux always reports the peer's PID; without it QEMU could not be
+                    // placed in the pod's cgroup (0 would name the shim itself).
+                    let pid = cred
+                        .pid()
+                        .filter(|p| *p > 0)
+                        .ok_or_else(|| Error::Internal("the QMP peer's PID is unknown".into()))?;
+                    return Ok::<_, Error>((stream, pid as u32));
                 }
                 other => log::warn!("QMP socket: refused a connection not by QEMU ({other:?})"),
             }
@@ -243,6 +252,7 @@ impl Vm {
                     endpoint: booted.endpoint,
                     agent: booted.agent,
                     boot_id: booted.boot_id,
+                    host_pid: booted.qemu_pid,
                     state: Mutex::new(state),
                     vmm,
                     tap_server,
@@ -527,6 +537,7 @@ impl Vm {
             boot_id,
             hotplug,
             ended,
+            qemu_pid,
         })
     }
 
