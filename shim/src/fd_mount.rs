@@ -14,7 +14,7 @@
 
 use std::ffi::{CString, OsStr};
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path};
 
@@ -178,7 +178,7 @@ pub fn mkdirs_beneath(dir: BorrowedFd, rel: &Path, mode: u32) -> io::Result<Owne
             Ok(()) | Err(nix::errno::Errno::EEXIST) => {}
             Err(e) => return Err(e.into()),
         }
-        let fd = fd_of(&current);
+        let fd = current.as_fd();
         current = openat2(
             fd,
             Path::new(name),
@@ -188,11 +188,6 @@ pub fn mkdirs_beneath(dir: BorrowedFd, rel: &Path, mode: u32) -> io::Result<Owne
         )?;
     }
     Ok(current)
-}
-
-fn fd_of(fd: &OwnedFd) -> BorrowedFd<'_> {
-    use std::os::fd::AsFd;
-    fd.as_fd()
 }
 
 /// Makes an empty regular file `name` in `dir` (a mount point for a file bind) and returns
@@ -236,7 +231,7 @@ pub fn bind(
     if readonly {
         set |= libc::MOUNT_ATTR_RDONLY;
     }
-    setattr(fd_of(&tree), set, Some(propagation))?;
+    setattr(tree.as_fd(), set, Some(propagation))?;
     // SAFETY: `empty` is NUL-terminated; both descriptors are open.
     unit_result(unsafe {
         libc::syscall(
@@ -315,7 +310,7 @@ pub fn remove_tree(path: &Path) -> io::Result<()> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
         Err(e) => return Err(e),
     };
-    match remove_entry(fd_of(&parent), name, path) {
+    match remove_entry(parent.as_fd(), name, path) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
         other => other,
     }
@@ -350,7 +345,7 @@ fn remove_entry(dir: BorrowedFd, name: &OsStr, shown: &Path) -> io::Result<()> {
     let names = list(&sub)?;
     let mut first = None;
     for child in names {
-        if let Err(e) = remove_entry(fd_of(&sub), &child, &shown.join(&child)) {
+        if let Err(e) = remove_entry(sub.as_fd(), &child, &shown.join(&child)) {
             first.get_or_insert(e);
         }
     }
@@ -387,7 +382,6 @@ fn list(dir: &OwnedFd) -> io::Result<Vec<std::ffi::OsString>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::fd::AsFd;
 
     fn temp(name: &str) -> std::path::PathBuf {
         let dir = std::env::temp_dir().join(format!("vmlet-fdmount-{name}-{}", std::process::id()));

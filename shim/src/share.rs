@@ -58,7 +58,8 @@ pub fn prepare(pod_dir: &Path, record: &dyn Fn(&Path) -> Result<(), Error>) -> R
     record(&pod_dir.join(MOUNTS_DIR))?;
     fd_mount::bind(mounts.as_fd(), mounts.as_fd(), false, Propagation::Private)
         .map_err(io_error(what(MOUNTS_DIR)))?;
-    let root = mounts_root(pod_dir)?;
+    let root = fd_mount::open_beneath(pod.as_fd(), Path::new(MOUNTS_DIR), true)
+        .map_err(io_error(what(MOUNTS_DIR)))?;
     fd_mount::set_propagation(root.as_fd(), Propagation::Shared)
         .map_err(io_error(what(MOUNTS_DIR)))?;
     let share = fd_mount::mkdirs_beneath(pod.as_fd(), Path::new(SHARE_DIR), PRIVATE_MODE)

@@ -53,7 +53,7 @@ impl PodPaths {
     pub fn new(state_dir: &Path, pod_id: &str) -> Self {
         let dir = state_dir.join(pod_id);
         Self {
-            share: dir.join("share"),
+            share: dir.join(share::SHARE_DIR),
             vhost_socket: dir.join("vhost-vsock.sock"),
             vsock_uds: dir.join("vsock.sock"),
             console: dir.join("console.log"),
