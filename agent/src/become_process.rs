@@ -1,6 +1,6 @@
 //! The last steps of every container process (a container's init or an exec): session and
 //! controlling terminal, limits, capabilities and identity, no_new_privs, environment,
-//! working directory, then execve.
+//! working directory, seccomp, then execve.
 
 use std::ffi::CString;
 use std::os::unix::process::CommandExt;
@@ -37,6 +37,12 @@ pub fn become_process(spec: &ProcessSpec) -> String {
                 limit.resource,
                 std::io::Error::last_os_error()
             );
+        }
+    }
+    // Without no_new_privileges a filter needs CAP_SYS_ADMIN: before the capabilities go.
+    if let Some(filter) = spec.seccomp.as_ref().filter(|_| !spec.no_new_privileges) {
+        if let Err(e) = crate::privileges::install_seccomp(filter) {
+            return e;
         }
     }
     if let Some(caps) = &spec.capabilities {
@@ -81,7 +87,15 @@ pub fn become_process(spec: &ProcessSpec) -> String {
         command.env(key, value);
     }
     if !spec.cwd.is_empty() {
-        command.current_dir(&spec.cwd);
+        if let Err(e) = std::env::set_current_dir(&spec.cwd) {
+            return format!("chdir {:?}: {e}", spec.cwd);
+        }
+    }
+    // Under no_new_privileges the filter goes in last, so that it sees only execve.
+    if let Some(filter) = spec.seccomp.as_ref().filter(|_| spec.no_new_privileges) {
+        if let Err(e) = crate::privileges::install_seccomp(filter) {
+            return e;
+        }
     }
     let error = command.exec();
     format!("exec {program:?}: {error}")

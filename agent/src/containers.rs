@@ -10,6 +10,7 @@ use tokio::sync::watch;
 use vmlet_protocol::StreamKind;
 
 use crate::cgroup::Cgroup;
+use crate::init_spec::SeccompSpec;
 use crate::reaper::{ExitStatus, Reaper};
 use crate::Error;
 
@@ -234,14 +235,17 @@ pub struct Container {
     pub init: Arc<Process>,
     pub execs: Mutex<HashMap<String, Arc<Process>>>,
     pub cgroup: Cgroup,
+    /// The container's seccomp filter, which its execs take too.
+    pub seccomp: Option<SeccompSpec>,
 }
 
 impl Container {
-    pub fn new(init: Arc<Process>, cgroup: Cgroup) -> Self {
+    pub fn new(init: Arc<Process>, cgroup: Cgroup, seccomp: Option<SeccompSpec>) -> Self {
         Self {
             init,
             execs: Mutex::new(HashMap::new()),
             cgroup,
+            seccomp,
         }
     }
 }

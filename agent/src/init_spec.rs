@@ -38,6 +38,16 @@ pub struct ProcessSpec {
     pub capabilities: Option<CapabilitySpec>,
     #[serde(default)]
     pub no_new_privileges: bool,
+    /// The seccomp filter to install last (none: no filter).
+    #[serde(default)]
+    pub seccomp: Option<SeccompSpec>,
+}
+
+/// A compiled seccomp filter: `struct sock_filter` bytes and `seccomp(2)` flags.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SeccompSpec {
+    pub program: Vec<u8>,
+    pub flags: u32,
 }
 
 /// Capability sets, as capability numbers.
@@ -190,6 +200,10 @@ mod tests {
                     ..Default::default()
                 }),
                 no_new_privileges: true,
+                seccomp: Some(SeccompSpec {
+                    program: vec![6, 0, 0, 0, 0, 0, 0xff, 0x7f],
+                    flags: 2,
+                }),
             },
             join_namespaces: vec!["ipc".into()],
             join_pid: 7,

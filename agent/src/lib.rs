@@ -12,8 +12,8 @@
 //! Exec processes are started by [`EXEC_INIT_ARG`] ([`exec_init`]), which joins the init's
 //! namespaces and root and clones the process as a child of the agent. A process with a
 //! terminal gets a pseudo-terminal whose master end carries its stdin and output.
-//! Before it executes, every container process takes the spec's capabilities and
-//! `no_new_privileges` ([`become_process`]); the init also masks the spec's masked paths
+//! Before it executes, every container process takes the spec's capabilities,
+//! `no_new_privileges` and seccomp filter ([`become_process`]); the init also masks the spec's masked paths
 //! and makes its read-only paths read-only. The guest is the host's untrusted side: the
 //! agent's test faults (`vmlet.fault=` on the kernel command line, [`boot::Faults`]) play
 //! a compromised agent for the shim's tests.

@@ -1,10 +1,12 @@
 //! A container process's privileges, applied as runc applies them: the bounding set is
 //! dropped before the identity changes (with `PR_SET_KEEPCAPS`, so the permitted set
 //! survives `setuid`), then the effective, permitted and inheritable sets are set
-//! (`capset`), the ambient set raised, and `no_new_privileges` set last before `execve`.
+//! (`capset`), the ambient set raised, and `no_new_privileges` set last before `execve`;
+//! the seccomp filter goes in right before `execve` under `no_new_privileges`, else before
+//! the capabilities drop (installing one without it takes CAP_SYS_ADMIN).
 //! Runs single-threaded in the container's init or exec helper.
 
-use crate::init_spec::CapabilitySpec;
+use crate::init_spec::{CapabilitySpec, SeccompSpec};
 
 /// `_LINUX_CAPABILITY_VERSION_3`: two 32-bit words per set.
 const CAPABILITY_VERSION_3: u32 = 0x2008_0522;
@@ -122,6 +124,46 @@ pub fn no_new_privileges() -> Result<(), String> {
     // SAFETY: prctl with PR_SET_NO_NEW_PRIVS takes 1.
     if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
         return Err(os_error("set no_new_privs"));
+    }
+    Ok(())
+}
+
+/// Installs a compiled seccomp filter on the calling thread (the helper is single-threaded).
+/// Without `no_new_privileges` this needs CAP_SYS_ADMIN, so the caller installs it before
+/// the capabilities drop, as runc does.
+pub fn install_seccomp(filter: &SeccompSpec) -> Result<(), String> {
+    if filter.program.is_empty() || !filter.program.len().is_multiple_of(8) {
+        return Err(format!(
+            "seccomp program of {} bytes is not a list of instructions",
+            filter.program.len()
+        ));
+    }
+    let mut insns: Vec<libc::sock_filter> = filter
+        .program
+        .chunks_exact(8)
+        .map(|c| libc::sock_filter {
+            code: u16::from_ne_bytes([c[0], c[1]]),
+            jt: c[2],
+            jf: c[3],
+            k: u32::from_ne_bytes([c[4], c[5], c[6], c[7]]),
+        })
+        .collect();
+    let prog = libc::sock_fprog {
+        len: u16::try_from(insns.len()).map_err(|_| "seccomp program too long".to_string())?,
+        filter: insns.as_mut_ptr(),
+    };
+    // SAFETY: seccomp(SECCOMP_SET_MODE_FILTER) reads `prog`, which points at `insns`, alive
+    // for the call; the kernel checks the program itself.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_seccomp,
+            libc::SECCOMP_SET_MODE_FILTER,
+            filter.flags as libc::c_ulong,
+            &prog as *const libc::sock_fprog,
+        )
+    };
+    if ret != 0 {
+        return Err(os_error("install the seccomp filter"));
     }
     Ok(())
 }

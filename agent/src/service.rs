@@ -201,6 +201,13 @@ fn process_spec(process: Option<&proto::Process>) -> Result<ProcessSpec, Error> 
                 ambient: c.ambient.clone(),
             }),
         no_new_privileges: process.no_new_privileges,
+        seccomp: process
+            .seccomp
+            .as_ref()
+            .map(|s| crate::init_spec::SeccompSpec {
+                program: s.program.clone(),
+                flags: s.flags,
+            }),
     })
 }
 
@@ -309,8 +316,10 @@ impl AgentService {
             }
         };
         let pid = process.pid();
-        self.containers
-            .insert(&id, Container::new(process, cgroup))?;
+        self.containers.insert(
+            &id,
+            Container::new(process, cgroup, spec.process.seccomp.clone()),
+        )?;
         log::info!("container {id} created, pid {pid}");
         Ok(CreateContainerResponse {
             pid: pid as u32,
@@ -383,7 +392,11 @@ impl AgentService {
         }
         let spec = ExecSpec {
             init_pid: container.init.pid(),
-            process: process_spec(req.process.as_ref())?,
+            process: ProcessSpec {
+                // As runc: an exec runs under its container's filter.
+                seccomp: container.seccomp.clone(),
+                ..process_spec(req.process.as_ref())?
+            },
         };
         // An exec's terminal comes from its container's devpts where it has one, so that
         // `tty` inside names it.

@@ -145,6 +145,10 @@ pub struct NodeConfig {
     pub qemu_user: String,
     /// Seconds to wait for the agent to answer after the VM started.
     pub agent_timeout_secs: u64,
+    /// Size in MiB of each pod's `log/` directory, a tmpfs holding every file the guest can
+    /// make a host process write (its serial console, the vsock backend's log): the most of
+    /// the node's memory and state file system a guest can take that way.
+    pub pod_log_mib: u64,
     /// Guest image and default shape.
     pub guest: GuestConfig,
     /// Helper programs.
@@ -162,6 +166,7 @@ impl Default for NodeConfig {
             vsock: VsockTransport::Auto,
             qemu_user: "libvirt-qemu".into(),
             agent_timeout_secs: 30,
+            pod_log_mib: 8,
             guest: GuestConfig::default(),
             helpers: HelperPaths::default(),
             annotations: AnnotationsConfig::default(),
@@ -235,6 +240,9 @@ impl NodeConfig {
         }
         if self.agent_timeout_secs == 0 {
             return invalid("agent_timeout_secs", "must be at least 1".into());
+        }
+        if self.pod_log_mib == 0 {
+            return invalid("pod_log_mib", "must be at least 1".into());
         }
         if !self.state_dir.is_absolute() {
             return invalid("state_dir", "must be an absolute path".into());
@@ -310,6 +318,9 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("guest.max_vcpus"), "{err}");
+        let err = parse("pod_log_mib = 0\n").unwrap_err().to_string();
+        assert!(err.contains("pod_log_mib"), "{err}");
+        assert_eq!(parse("pod_log_mib = 2\n").unwrap().pod_log_mib, 2);
     }
 
     #[test]

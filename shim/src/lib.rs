@@ -15,6 +15,8 @@
 //!   monitor ([`qmp`]);
 //! - [`share`]: the pod's shared directory, laid out so the guest cannot steer host path
 //!   operations, over [`fd_mount`] (mounts, unmounts and removal by file descriptor);
+//!   [`log_dir`]: the size-limited tmpfs for what the guest can make the host log;
+//! - [`seccomp`]: the spec's seccomp profile compiled to the BPF program the agent installs;
 //! - [`ctl`]: what `vmletctl` (ps, console, gc) does.
 
 pub mod block_devices;
@@ -26,11 +28,13 @@ mod error;
 pub mod fd_mount;
 pub mod guest_text;
 pub mod hooks;
+pub mod log_dir;
 pub mod log_uri;
 pub mod metrics;
 pub mod netns_holder;
 pub mod pod_cgroup;
 pub mod qmp;
+pub mod seccomp;
 pub mod share;
 pub mod shim;
 pub mod spec;

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use oci_spec::runtime::{LinuxNamespaceType, PosixRlimitType, Spec};
 use vmlet_protocol::agent::{
-    CreateContainerRequest, Mount, Process, Resources, Rlimit, Stdio, User,
+    CreateContainerRequest, Mount, Process, Resources, Rlimit, Seccomp, Stdio, User,
 };
 
 use crate::Error;
@@ -304,7 +304,17 @@ pub fn create_request(
         .process()
         .as_ref()
         .ok_or_else(|| Error::InvalidArgument("the OCI spec has no process".into()))?;
-    let process = agent_process(process, "the OCI spec's process")?;
+    let mut process = agent_process(process, "the OCI spec's process")?;
+    let linux = spec.linux().as_ref();
+    if let Some(profile) = linux.and_then(|l| l.seccomp().as_ref()) {
+        let compiled = crate::seccomp::compile(profile)?;
+        process.seccomp = Some(Seccomp {
+            program: compiled.program,
+            flags: compiled.flags,
+            ..Default::default()
+        })
+        .into();
+    }
     let mut mounts = Vec::new();
     let mut binds = Vec::new();
     for m in spec.mounts().iter().flatten() {
@@ -353,7 +363,6 @@ pub fn create_request(
             ..Default::default()
         });
     }
-    let linux = spec.linux().as_ref();
     let request = CreateContainerRequest {
         container_id: container_id.into(),
         rootfs: rootfs_in_share(container_id),
@@ -604,6 +613,26 @@ mod tests {
         let s = spec(&BASE.replace(r#""args""#, r#""terminal": true, "args""#));
         let (req, _) = create_request("c1", &s, Stdio::default()).unwrap();
         assert!(req.process.terminal);
+    }
+
+    #[test]
+    fn the_seccomp_profile_reaches_the_agent_compiled() {
+        let with = |profile: &str| {
+            let json = BASE.replace(
+                r#""hostname""#,
+                &format!(r#""linux": {{"seccomp": {profile}}}, "hostname""#),
+            );
+            create_request("c1", &spec(&json), Stdio::default())
+        };
+        let (req, _) =
+            with(r#"{"defaultAction": "SCMP_ACT_ALLOW", "flags": ["SECCOMP_FILTER_FLAG_LOG"]}"#)
+                .unwrap();
+        let seccomp = req.process.seccomp.as_ref().unwrap();
+        assert_eq!((seccomp.program.len() % 8, seccomp.flags), (0, 2));
+        let (req, _) = create_request("c1", &spec(BASE), Stdio::default()).unwrap();
+        assert!(req.process.seccomp.is_none());
+        let err = with(r#"{"defaultAction": "SCMP_ACT_NOTIFY"}"#).unwrap_err();
+        assert!(err.to_string().contains("SCMP_ACT_NOTIFY"), "{err}");
     }
 
     #[test]

@@ -52,12 +52,13 @@ pub struct PodPaths {
 impl PodPaths {
     pub fn new(state_dir: &Path, pod_id: &str) -> Self {
         let dir = state_dir.join(pod_id);
+        let log = crate::log_dir::path(&dir);
         Self {
             share: dir.join(share::SHARE_DIR),
             vhost_socket: dir.join("vhost-vsock.sock"),
             vsock_uds: dir.join("vsock.sock"),
-            console: dir.join("console.log"),
-            vsock_log: dir.join("vhost-device-vsock.log"),
+            console: log.join("console.log"),
+            vsock_log: log.join("vhost-device-vsock.log"),
             tap_socket: dir.join("taps.sock"),
             qmp_socket: dir.join("qmp.sock"),
             dir,
@@ -307,6 +308,7 @@ impl Vm {
             None => Ok(()),
         };
         let record = |target: &Path| save(&|s| s.mounts.push(target.to_owned()));
+        crate::log_dir::mount(&paths.dir, config.pod_log_mib, &record)?;
         share::prepare(&paths.dir, &record)?;
         share::mount_container(
             &paths.dir,

@@ -104,10 +104,12 @@ impl VmManager for Libvirt {
             };
             if domain.is_active().unwrap_or(false) {
                 if let Err(e) = domain.destroy() {
-                    // A concurrent removal (a kill of the pod) may have ended it first.
-                    match Domain::lookup_by_name(conn, name) {
+                    // A concurrent removal (a kill of the pod) may have ended it first, and
+                    // may undefine it between any two of these calls.
+                    let running = Domain::lookup_by_name(conn, name).and_then(|d| d.is_active());
+                    match running {
                         Err(gone) if is_no_domain(&gone) => return Ok(()),
-                        Ok(d) if d.is_active().ok() == Some(false) => {}
+                        Ok(false) => {}
                         _ => return Err(Error::Libvirt(format!("destroy {name}: {e}"))),
                     }
                 }

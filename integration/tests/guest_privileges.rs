@@ -1,0 +1,235 @@
+//! Inside the guest, defence in depth as runc gives it: a container process has the spec's
+//! capabilities, `no_new_privileges`, masked and read-only paths, and runs under the spec's
+//! seccomp profile (compiled by the shim, installed by the agent), execs included; through
+//! `ctr` and through CRI (where `no_new_privileges` is off, so the filter goes in before the
+//! capabilities drop). Run by `make test`.
+
+use vmlet_integration::{unique_id, Stack};
+
+fn stack() -> Stack {
+    Stack::from_env().expect("the vmlet stack")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// The default capability set containerd gives a container (CAP_CHOWN, DAC_OVERRIDE,
+/// FOWNER, FSETID, KILL, SETGID, SETUID, SETPCAP, NET_BIND_SERVICE, NET_RAW, SYS_CHROOT,
+/// MKNOD, AUDIT_WRITE, SETFCAP): no CAP_SYS_ADMIN.
+const DEFAULT_CAPS: &str = "00000000a80425fb";
+
+#[test]
+#[ignore = "needs the vmlet stack: make test"]
+fn containers_get_the_specs_privileges_and_paths() {
+    let s = stack();
+    // What a root container may do in the guest: no more than the spec gives it.
+    let probe = "grep -E '^(CapBnd|CapEff|CapPrm|NoNewPrivs)' /proc/self/status; \
+                 mkdir -p /mnt/t; mount -t tmpfs probe /mnt/t 2>/dev/null && echo MOUNTED; \
+                 echo KCORE $(stat -c %t:%T /proc/kcore); \
+                 echo x 2>/dev/null > /proc/sys/kernel/domainname && echo WROTE_PROC_SYS; \
+                 echo probed";
+    let out = s
+        .run(&unique_id("caps"), &[], &["sh", "-c", probe])
+        .unwrap();
+    let said = text(&out.stdout);
+    assert!(said.contains("probed"), "{said}{}", text(&out.stderr));
+    for set in ["CapBnd", "CapEff", "CapPrm"] {
+        let line = format!("{set}:\t{DEFAULT_CAPS}");
+        assert!(said.contains(&line), "{set} is not the spec's:\n{said}");
+    }
+    assert!(
+        said.contains("NoNewPrivs:\t1"),
+        "no_new_privileges:\n{said}"
+    );
+    assert!(
+        !said.contains("MOUNTED"),
+        "a default container mounted:\n{said}"
+    );
+    assert!(
+        said.contains("KCORE 1:3"),
+        "/proc/kcore is not masked:\n{said}"
+    );
+    assert!(
+        !said.contains("WROTE_PROC_SYS"),
+        "/proc/sys is writable:\n{said}"
+    );
+
+    // Privileged: every capability, and mounts work.
+    let out = s
+        .run(
+            &unique_id("privcaps"),
+            &["--privileged"],
+            &["sh", "-c", probe],
+        )
+        .unwrap();
+    let said = text(&out.stdout);
+    // containerd lists every capability its host has (this host has no CAP_SYS_RESOURCE).
+    let effective = said
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:\t"))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        .unwrap_or_else(|| panic!("no CapEff:\n{said}"));
+    const CAP_SYS_ADMIN: u32 = 21;
+    assert!(effective & (1 << CAP_SYS_ADMIN) != 0, "{said}");
+    assert!(
+        effective.count_ones() > 30,
+        "a privileged container's set:\n{said}"
+    );
+    assert!(
+        said.contains("MOUNTED"),
+        "a privileged container cannot mount:\n{said}"
+    );
+}
+
+/// A profile that allows everything but making directories (EACCES instead of EPERM, so
+/// the refusal is the filter's) and `chmod` to mode 0777 (a condition on an argument).
+const PROFILE: &str = r#"{
+  "defaultAction": "SCMP_ACT_ALLOW",
+  "architectures": ["SCMP_ARCH_X86_64", "SCMP_ARCH_X86", "SCMP_ARCH_X32"],
+  "syscalls": [
+    {"names": ["mkdir", "mkdirat"], "action": "SCMP_ACT_ERRNO", "errnoRet": 13},
+    {"names": ["chmod"], "action": "SCMP_ACT_ERRNO",
+     "args": [{"index": 1, "value": 511, "op": "SCMP_CMP_EQ"}]},
+    {"names": ["fchmodat"], "action": "SCMP_ACT_ERRNO",
+     "args": [{"index": 2, "value": 511, "op": "SCMP_CMP_EQ"}]}
+  ]
+}"#;
+
+const PROBE: &str = "grep -E '^(Seccomp|NoNewPrivs)' /proc/self/status; \
+                     mkdir /tmp/d 2>&1; touch /tmp/f; chmod 755 /tmp/f && echo CHMOD_755; \
+                     chmod 777 /tmp/f 2>&1; echo probed";
+
+fn assert_filtered(said: &str) {
+    assert!(said.contains("probed"), "{said}");
+    assert!(said.contains("Seccomp:\t2"), "no filter:\n{said}");
+    assert!(
+        said.contains("Permission denied"),
+        "mkdir was not refused with the profile's errno:\n{said}"
+    );
+    assert!(said.contains("CHMOD_755"), "{said}");
+    assert!(
+        said.contains("Operation not permitted"),
+        "chmod 777 was not refused:\n{said}"
+    );
+}
+
+#[test]
+#[ignore = "needs the vmlet stack: make test"]
+fn the_specs_seccomp_profile_filters_the_container_and_its_execs() {
+    let s = stack();
+    let dir = std::env::temp_dir().join(unique_id("vmlet-seccomp"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let profile = dir.join("profile.json");
+    std::fs::write(&profile, PROFILE).unwrap();
+    let id = unique_id("seccomp");
+    s.run_detached_with(
+        &id,
+        &["--seccomp", "--seccomp-profile", &profile.to_string_lossy()],
+        &[
+            "sh",
+            "-c",
+            &format!("{{ {PROBE}; }} >/tmp/probe; sleep 1000"),
+        ],
+    )
+    .unwrap();
+    let read = |exec: &str, command: &str| {
+        let out = s
+            .ctr_output(&["task", "exec", "--exec-id", exec, &id, "sh", "-c", command])
+            .unwrap();
+        text(&out.stdout) + &text(&out.stderr)
+    };
+    let mut init = String::new();
+    for _ in 0..50 {
+        init = read(&unique_id("cat"), "cat /tmp/probe");
+        if init.contains("probed") {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    println!("container under the profile:\n{init}");
+    assert_filtered(&init);
+    let exec = read("probe", PROBE);
+    println!("exec under the profile:\n{exec}");
+    assert_filtered(&exec);
+    s.kill_and_remove(&id).unwrap();
+
+    // containerd's default profile: unshare is for CAP_SYS_ADMIN only.
+    let out = s
+        .run(
+            &unique_id("default-seccomp"),
+            &["--seccomp"],
+            &[
+                "sh",
+                "-c",
+                "grep ^Seccomp: /proc/self/status; unshare -U true 2>&1; echo probed",
+            ],
+        )
+        .unwrap();
+    let said = text(&out.stdout);
+    println!("default profile:\n{said}");
+    assert!(said.contains("Seccomp:\t2"), "{said}");
+    assert!(said.contains("Operation not permitted"), "{said}");
+    // Without a profile, no filter.
+    let out = s
+        .run(
+            &unique_id("no-seccomp"),
+            &[],
+            &["grep", "^Seccomp:", "/proc/self/status"],
+        )
+        .unwrap();
+    assert!(
+        text(&out.stdout).contains("Seccomp:\t0"),
+        "{}",
+        text(&out.stdout)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+#[ignore = "needs the vmlet stack: make test"]
+async fn a_cri_container_runs_under_the_runtime_default_profile() {
+    use k8s_cri::v1::{security_profile::ProfileType, SecurityProfile};
+    use vmlet_integration::cri::Cri;
+
+    let s = stack();
+    let mut cri = Cri::connect(&s.containerd).await.unwrap();
+    let logs = std::env::temp_dir().join(unique_id("vmlet-seccomp-logs"));
+    std::fs::create_dir_all(&logs).unwrap();
+    let config = Cri::pod_config(
+        &unique_id("seccomp-pod"),
+        &unique_id("uid"),
+        &logs.to_string_lossy(),
+    );
+    let pod = cri.run_pod(&config, "vmlet").await.unwrap();
+    let mut container = Cri::container_config(&config, "filtered", &s.image, &["sleep", "1000"], 0);
+    let context = container
+        .linux
+        .as_mut()
+        .and_then(|l| l.security_context.as_mut())
+        .unwrap();
+    context.seccomp = Some(SecurityProfile {
+        profile_type: ProfileType::RuntimeDefault as i32,
+        ..Default::default()
+    });
+    let id = cri
+        .create_and_start_config(&pod, &config, container)
+        .await
+        .unwrap();
+    let out = cri
+        .exec_sync(
+            &id,
+            &["sh", "-c", "grep -E '^(Seccomp|NoNewPrivs)' /proc/self/status; unshare -U true 2>&1; echo probed"],
+            30,
+        )
+        .await
+        .unwrap();
+    let said = text(&out.stdout) + &text(&out.stderr);
+    println!("CRI RuntimeDefault:\n{said}");
+    assert!(said.contains("probed"), "{said}");
+    assert!(said.contains("NoNewPrivs:\t0"), "{said}");
+    assert!(said.contains("Seccomp:\t2"), "{said}");
+    assert!(said.contains("Operation not permitted"), "{said}");
+    cri.remove_pod(&pod).await.unwrap();
+    let _ = std::fs::remove_dir_all(&logs);
+}
