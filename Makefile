@@ -2,7 +2,7 @@
 # and `make test`; .ci/run calls `make test`.
 SHELL := /bin/bash
 
-.PHONY: demo test unit fuzz e2e bench-start bench-exec bench-net lint stack-up stack-down
+.PHONY: demo test unit fuzz e2e critest bench-start bench-exec bench-net lint stack-up stack-down
 
 ## demo: boot a container in a VM with ctr against the embedded defaults, then tear down.
 demo:
@@ -24,9 +24,13 @@ lint:
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets --locked -- -D warnings
 
-## e2e / bench-start / bench-exec / bench-net: against a stack that is already up (eval "$$(scripts/stack up)").
+## e2e / critest / bench-start / bench-exec / bench-net: against a stack that is already up (eval "$$(scripts/stack up)").
 e2e:
 	scripts/e2e
+
+## critest: critest's Security Context specs for runc and vmlet; vmlet must pass what runc passes.
+critest:
+	scripts/critest
 
 bench-start:
 	cargo run --locked --release -p vmlet-integration --bin bench-start

@@ -91,6 +91,39 @@ fn stdin_and_stdout_reach_the_container() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("err"));
 }
 
+/// A process that cannot be executed ends its task as under runc: the start fails naming
+/// why, the task is stopped, and `ctr run --rm` removes it; in a pod the same, while the
+/// pod runs on.
+#[test]
+#[ignore = "needs the vmlet stack: make test"]
+fn a_start_that_cannot_exec_stops_the_task_and_leaves_nothing() {
+    let s = stack();
+    let id = unique_id("noexec");
+    let out = s.run(&id, &[], &["/etc/passwd"]).unwrap();
+    let said = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success());
+    assert!(said.contains("Permission denied"), "{said}");
+    assert_eq!(s.task_status(&id).unwrap(), None, "task left: {said}");
+    assert!(!s.vmlet_domains().unwrap().contains(&format!("vmlet-{id}")));
+    assert_eq!(s.pod_processes(&id), Vec::new(), "processes left");
+
+    let pod = unique_id("noexec-pod");
+    s.run_detached(&pod, &["sleep", "1000"]).unwrap();
+    let in_pod = format!("io.kubernetes.cri.sandbox-id={pod}");
+    let member = unique_id("noexec-member");
+    let extra = [
+        "--annotation",
+        "io.kubernetes.cri.container-type=container",
+        "--annotation",
+        in_pod.as_str(),
+    ];
+    let out = s.run(&member, &extra, &["/etc/passwd"]).unwrap();
+    assert!(!out.status.success());
+    assert_eq!(s.task_status(&member).unwrap(), None, "member task left");
+    assert_eq!(s.task_status(&pod).unwrap().as_deref(), Some("RUNNING"));
+    s.kill_and_remove(&pod).unwrap();
+}
+
 #[test]
 #[ignore = "needs the vmlet stack: make test"]
 fn sigterm_reaches_a_handler() {

@@ -43,6 +43,8 @@ pub const VM_ENDED_STATUS: u32 = 137;
 pub const AGENT_LOST_STATUS: u32 = 255;
 /// How long a broken agent connection waits for QEMU's end to be seen.
 const VM_END_GRACE: Duration = Duration::from_secs(1);
+/// How long the agent may take to report the exit of a process whose start it refused.
+const REFUSED_START_EXIT: Duration = Duration::from_secs(5);
 /// How long the guest has to report the end of a pod's sandbox after SIGKILL before the
 /// shim ends the VM itself (the guest may not be trusted to obey).
 pub const KILL_GRACE: Duration = Duration::from_secs(5);
@@ -227,6 +229,20 @@ async fn vm_ends_within_grace(task: &TaskEntry) -> bool {
     tokio::time::timeout(VM_END_GRACE, task.vm.ended())
         .await
         .is_ok()
+}
+
+/// The exit the agent recorded for a process whose start it refused; none when it has not
+/// (in [`REFUSED_START_EXIT`]): the process may still be there.
+async fn exit_after_refused_start(task: &TaskEntry, process: &ProcessEntry) -> Option<u32> {
+    let request = WaitProcessRequest {
+        process: Some(task.process_ref(process)).into(),
+        ..Default::default()
+    };
+    let wait = task.vm.agent.wait_process(agent_ctx(), &request);
+    match tokio::time::timeout(REFUSED_START_EXIT, wait).await {
+        Ok(Ok(r)) => Some(r.exit_status),
+        _ => None,
+    }
 }
 
 fn agent_ctx() -> ttrpc::context::Context {
@@ -671,8 +687,11 @@ impl TaskService {
         self.finish(&task, &process, status).await;
     }
 
-    /// A start the agent did not carry out: back to Created, or, when the pod's VM ended
-    /// under it, finished with [`VM_ENDED_STATUS`] (waiters return, delete works).
+    /// A start the agent did not carry out. When the agent refused it (an exec that failed,
+    /// a setup step that failed) the process has ended in the guest, as runc's init does:
+    /// its exit is recorded and published (the task is Stopped, kill and delete work). When
+    /// the pod's VM ended under it, finished with [`VM_ENDED_STATUS`]. Otherwise (the agent
+    /// did not answer) back to Created.
     async fn start_failed(
         &self,
         task: &TaskEntry,
@@ -683,6 +702,12 @@ impl TaskService {
         let transport = !matches!(e, ttrpc::Error::RpcStatus(_));
         let ended = task.vm.has_ended() || (transport && vm_ends_within_grace(task).await);
         if !ended {
+            if !transport {
+                if let Some(status) = exit_after_refused_start(task, process).await {
+                    self.finish(task, process, status).await;
+                    return e.into();
+                }
+            }
             *process.phase.lock().unwrap() = Phase::Created;
             return e.into();
         }

@@ -5,7 +5,7 @@ use std::collections::{HashMap, HashSet};
 use crate::Error;
 
 /// Modules the guest loads, by name: virtio PCI transport, vsock, virtio-fs, network,
-/// block and console. Their dependencies come from `modules.dep`.
+/// block, console and bridges. Their dependencies come from `modules.dep`.
 pub const GUEST_MODULES: &[&str] = &[
     "virtio_pci",
     "vmw_vsock_virtio_transport",
@@ -13,6 +13,8 @@ pub const GUEST_MODULES: &[&str] = &[
     "virtio_net",
     "virtio_blk",
     "virtio_console",
+    // A privileged container (or one with CAP_NET_ADMIN) may make bridges, as on a node.
+    "bridge",
 ];
 
 /// Modules a disk driver needs, packed but loaded only when the first disk of that driver
