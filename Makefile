@@ -28,7 +28,7 @@ lint:
 e2e:
 	scripts/e2e
 
-## critest: critest's Security Context specs for runc and vmlet; vmlet must pass what runc passes.
+## critest: critest's Security Context and sysctl specs for runc and vmlet; vmlet must pass what runc passes (docs/conformance.md).
 critest:
 	scripts/critest
 

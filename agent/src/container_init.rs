@@ -83,6 +83,11 @@ fn prepare(spec: &InitSpec) -> Result<(), String> {
     if !spec.hostname.is_empty() && !shares_uts {
         sethostname(&spec.hostname).map_err(|e| format!("sethostname: {e}"))?;
     }
+    // The guest's procfs, opened in the container's namespaces: namespaced sysctls (net.*,
+    // the IPC ones) land in the container's; the others in the pod's own kernel.
+    for (key, value) in &spec.sysctls {
+        write_sysctl(key, value)?;
+    }
     if spec.readonly_rootfs {
         mount(
             Some(&rootfs),
@@ -273,6 +278,20 @@ fn make_device_node(rootfs: &Path, node: &DeviceNode) -> Result<(), String> {
     .map_err(|e| format!("{what}: chown: {e}"))
 }
 
+/// Writes one sysctl (`net.ipv4.ip_forward` is `/proc/sys/net/ipv4/ip_forward`, as runc
+/// spells it). A key that is not a plain relative path is refused, named.
+fn write_sysctl(key: &str, value: &str) -> Result<(), String> {
+    let plain = key
+        .split(['.', '/'])
+        .all(|part| !part.is_empty() && part != "..");
+    let rel = PathBuf::from(key.replace('.', "/"));
+    if !plain {
+        return Err(format!("sysctl {key:?} is not a sysctl name"));
+    }
+    std::fs::write(Path::new("/proc/sys").join(&rel), value)
+        .map_err(|e| format!("sysctl {key}={value}: {e}"))
+}
+
 fn populate_dev(rootfs: &Path) -> Result<(), String> {
     let dev = rootfs.join("dev");
     if !dev.is_dir() {
@@ -307,4 +326,17 @@ fn populate_dev(rootfs: &Path) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sysctl_names_stay_below_proc_sys() {
+        for bad in ["", "..", "net/../../etc/x", "/etc/passwd", "net..x"] {
+            let err = write_sysctl(bad, "1").unwrap_err();
+            assert!(err.contains("not a sysctl name"), "{bad}: {err}");
+        }
+    }
 }

@@ -83,6 +83,9 @@ pub struct InitSpec {
     pub masked_paths: Vec<String>,
     #[serde(default)]
     pub readonly_paths: Vec<String>,
+    /// The spec's sysctls, written under /proc/sys in the container's namespaces.
+    #[serde(default)]
+    pub sysctls: std::collections::BTreeMap<String, String>,
 }
 
 /// A block device node: where in the container, which guest disk.
@@ -218,6 +221,7 @@ mod tests {
             }],
             masked_paths: vec!["/proc/kcore".into()],
             readonly_paths: vec!["/proc/sys".into()],
+            sysctls: [("net.ipv4.ip_forward".to_owned(), "1".to_owned())].into(),
         };
         let json = serde_json::to_vec(&spec).unwrap();
         assert_eq!(serde_json::from_slice::<InitSpec>(&json).unwrap(), spec);

@@ -244,6 +244,11 @@ fn init_spec(share: &Path, req: &CreateContainerRequest) -> Result<InitSpec, Err
         join_pid: 0,
         devices: Vec::new(),
         masked_paths: req.masked_paths.clone(),
+        sysctls: req
+            .sysctls
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
         readonly_paths: req.readonly_paths.clone(),
     })
 }

@@ -385,6 +385,11 @@ pub fn create_request(
         readonly_paths: linux
             .and_then(|l| l.readonly_paths().clone())
             .unwrap_or_default(),
+        sysctls: linux
+            .and_then(|l| l.sysctl().clone())
+            .unwrap_or_default()
+            .into_iter()
+            .collect(),
         ..Default::default()
     };
     Ok((request, binds))
@@ -613,6 +618,16 @@ mod tests {
         let s = spec(&BASE.replace(r#""args""#, r#""terminal": true, "args""#));
         let (req, _) = create_request("c1", &s, Stdio::default()).unwrap();
         assert!(req.process.terminal);
+    }
+
+    #[test]
+    fn sysctls_reach_the_agent() {
+        let json = BASE.replace(
+            r#""hostname""#,
+            r#""linux": {"sysctl": {"net.ipv4.ip_forward": "1"}}, "hostname""#,
+        );
+        let (req, _) = create_request("c1", &spec(&json), Stdio::default()).unwrap();
+        assert_eq!(req.sysctls["net.ipv4.ip_forward"], "1");
     }
 
     #[test]
