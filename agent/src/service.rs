@@ -244,11 +244,7 @@ fn init_spec(share: &Path, req: &CreateContainerRequest) -> Result<InitSpec, Err
         join_pid: 0,
         devices: Vec::new(),
         masked_paths: req.masked_paths.clone(),
-        sysctls: req
-            .sysctls
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect(),
+        sysctls: req.sysctls.clone().into_iter().collect(),
         readonly_paths: req.readonly_paths.clone(),
     })
 }

@@ -320,6 +320,13 @@ impl ConfigSwap {
         Self { path, original }
     }
 
+    /// The stack's config replaced by `edit` of its text.
+    pub fn edited(edit: impl FnOnce(&str) -> String) -> Self {
+        let path = std::env::var("VMLET_CONFIG").expect("VMLET_CONFIG: the stack's config");
+        let original = std::fs::read_to_string(path).unwrap();
+        Self::with(&edit(&original))
+    }
+
     pub fn original(&self) -> &str {
         &self.original
     }

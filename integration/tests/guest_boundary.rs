@@ -21,11 +21,11 @@ fn text(bytes: &[u8]) -> String {
 /// The stack's node config with the guest kernel parameters `params` (how the node's
 /// admin, and only the admin, switches on the agent's test faults).
 fn with_guest_kernel_params(params: &str) -> ConfigSwap {
-    let path = std::env::var("VMLET_CONFIG").expect("VMLET_CONFIG: the stack's config");
-    let original = std::fs::read_to_string(path).unwrap();
-    assert!(original.contains("[guest]\n"), "{original}");
-    let line = format!("[guest]\nkernel_params = \"{params}\"\n");
-    ConfigSwap::with(&original.replacen("[guest]\n", &line, 1))
+    ConfigSwap::edited(|original| {
+        assert!(original.contains("[guest]\n"), "{original}");
+        let line = format!("[guest]\nkernel_params = \"{params}\"\n");
+        original.replacen("[guest]\n", &line, 1)
+    })
 }
 
 /// Where the `share-in-containers` fault puts the guest's view of the share.

@@ -34,9 +34,7 @@ fn space(path: &Path) -> (u64, u64) {
 #[ignore = "needs the vmlet stack: make test"]
 fn a_guest_flooding_its_console_fills_only_the_pods_log_tmpfs() {
     let s = Stack::from_env().expect("the vmlet stack");
-    let path = std::env::var("VMLET_CONFIG").expect("VMLET_CONFIG: the stack's config");
-    let original = std::fs::read_to_string(path).unwrap();
-    let _bounded = ConfigSwap::with(&format!("pod_log_mib = {BOUND_MIB}\n{original}"));
+    let _bounded = ConfigSwap::edited(|original| format!("pod_log_mib = {BOUND_MIB}\n{original}"));
 
     let state = Path::new(&s.dir).join("state");
     let (_, free_before) = space(&state);

@@ -160,6 +160,14 @@ impl TaskEntry {
         }
     }
 
+    /// The agent's wait for `process`'s exit.
+    fn wait_request(&self, process: &ProcessEntry) -> WaitProcessRequest {
+        WaitProcessRequest {
+            process: Some(self.process_ref(process)).into(),
+            ..Default::default()
+        }
+    }
+
     /// `id` or `id/exec` for messages.
     fn name(&self, process: &ProcessEntry) -> String {
         if process.exec_id.is_empty() {
@@ -234,10 +242,7 @@ async fn vm_ends_within_grace(task: &TaskEntry) -> bool {
 /// The exit the agent recorded for a process whose start it refused; none when it has not
 /// (in [`REFUSED_START_EXIT`]): the process may still be there.
 async fn exit_after_refused_start(task: &TaskEntry, process: &ProcessEntry) -> Option<u32> {
-    let request = WaitProcessRequest {
-        process: Some(task.process_ref(process)).into(),
-        ..Default::default()
-    };
+    let request = task.wait_request(process);
     let wait = task.vm.agent.wait_process(agent_ctx(), &request);
     match tokio::time::timeout(REFUSED_START_EXIT, wait).await {
         Ok(Ok(r)) => Some(r.exit_status),
@@ -632,10 +637,7 @@ impl TaskService {
     /// Waits for the process's exit in the guest, lets its output drain, then records the
     /// exit and publishes TaskExit.
     async fn watch_exit(&self, task: Arc<TaskEntry>, process: Arc<ProcessEntry>) {
-        let request = WaitProcessRequest {
-            process: Some(task.process_ref(&process)).into(),
-            ..Default::default()
-        };
+        let request = task.wait_request(&process);
         let waited = tokio::select! {
             r = task
                 .vm
