@@ -2,15 +2,21 @@
 # and `make test`; .ci/run calls `make test`.
 SHELL := /bin/bash
 
-.PHONY: demo test unit fuzz e2e critest bench-start bench-exec bench-net lint stack-up stack-down
+.PHONY: demo test test-matrix unit fuzz e2e smoke critest bench-start bench-exec bench-net lint stack-up stack-down
 
 ## demo: boot a container in a VM with ctr against the embedded defaults, then tear down.
 demo:
 	scripts/demo
 
-## test: everything: lint, unit tests, the private stack, end-to-end tests, benchmark.
+## test: everything: lint, unit tests, the private stack, end-to-end tests, critest,
+## benchmarks on containerd 2.2, then the smoke tests on containerd 1.7 and 1.6.
 test:
 	scripts/test-all
+
+## test-matrix: every end-to-end test and critest on containerd 2.2, 1.7 and 1.6 (not in CI).
+test-matrix:
+	scripts/install-deps
+	scripts/test-matrix
 
 unit:
 	scripts/install-deps
@@ -24,11 +30,15 @@ lint:
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets --locked -- -D warnings
 
-## e2e / critest / bench-start / bench-exec / bench-net: against a stack that is already up (eval "$$(scripts/stack up)").
+## e2e / smoke / critest / bench-start / bench-exec / bench-net: against a stack that is already up (eval "$$(scripts/stack up)").
 e2e:
 	scripts/e2e
 
-## critest: critest's Security Context and sysctl specs for runc and vmlet; vmlet must pass what runc passes (docs/conformance.md).
+## smoke: the subset every containerd series must pass (ctr, a CRI pod, exec, logs, port-forward).
+smoke:
+	scripts/e2e smoke
+
+## critest: the CRI validation suite for runc and vmlet; vmlet must pass what runc passes (docs/conformance.md).
 critest:
 	scripts/critest
 

@@ -70,6 +70,9 @@ fn prepare(spec: &InitSpec) -> Result<(), String> {
         mount_one(&rootfs, m)?;
     }
     populate_dev(&rootfs)?;
+    if spec.all_guest_devices {
+        copy_guest_devices(Path::new("/dev"), &rootfs.join("dev"))?;
+    }
     for node in &spec.devices {
         make_device_node(&rootfs, node)?;
     }
@@ -292,6 +295,72 @@ fn write_sysctl(key: &str, value: &str) -> Result<(), String> {
         .map_err(|e| format!("sysctl {key}={value}: {e}"))
 }
 
+/// Directories of /dev that are not device nodes the container should get (runc skips the
+/// same ones of the host's): its own pts, shm and mqueue come from the spec's mounts.
+const NOT_DEVICES: &[&str] = &["pts", "shm", "mqueue", "fd"];
+
+/// A privileged container's /dev: a node for every character and block device of the
+/// guest's `/dev` (recursively), with its mode and owner, as runc gives one the host's.
+/// The console stays the container's own; what the container's /dev already has is kept.
+fn copy_guest_devices(from: &Path, to: &Path) -> Result<(), String> {
+    use nix::sys::stat::{mknod, Mode, SFlag};
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    if !to.is_dir() {
+        return Ok(());
+    }
+    let entries = std::fs::read_dir(from).map_err(|e| format!("read {}: {e}", from.display()))?;
+    for entry in entries {
+        let entry = entry.map_err(|e| format!("read {}: {e}", from.display()))?;
+        let name = entry.file_name();
+        let (source, target) = (entry.path(), to.join(&name));
+        let meta = entry
+            .metadata()
+            .map_err(|e| format!("stat {}: {e}", source.display()))?;
+        let kind = meta.file_type();
+        if kind.is_dir() {
+            if NOT_DEVICES.iter().any(|n| name == *n) {
+                continue;
+            }
+            if target.symlink_metadata().is_err() {
+                std::fs::create_dir(&target)
+                    .map_err(|e| format!("mkdir {}: {e}", target.display()))?;
+            }
+            if target.symlink_metadata().is_ok_and(|m| m.is_dir()) {
+                copy_guest_devices(&source, &target)?;
+            }
+            continue;
+        }
+        let flag = if kind.is_char_device() {
+            SFlag::S_IFCHR
+        } else if kind.is_block_device() {
+            SFlag::S_IFBLK
+        } else {
+            continue;
+        };
+        if name == "console" || target.symlink_metadata().is_ok() {
+            continue;
+        }
+        let mode = Mode::from_bits_truncate(meta.mode());
+        mknod(&target, flag, mode, meta.rdev())
+            .map_err(|e| format!("mknod {}: {e}", target.display()))?;
+        // mknod applies the umask.
+        nix::sys::stat::fchmodat(
+            None,
+            &target,
+            mode,
+            nix::sys::stat::FchmodatFlags::FollowSymlink,
+        )
+        .map_err(|e| format!("chmod {}: {e}", target.display()))?;
+        nix::unistd::chown(
+            &target,
+            Some(nix::unistd::Uid::from_raw(meta.uid())),
+            Some(nix::unistd::Gid::from_raw(meta.gid())),
+        )
+        .map_err(|e| format!("chown {}: {e}", target.display()))?;
+    }
+    Ok(())
+}
+
 fn populate_dev(rootfs: &Path) -> Result<(), String> {
     let dev = rootfs.join("dev");
     if !dev.is_dir() {
@@ -338,5 +407,51 @@ mod tests {
             let err = write_sysctl(bad, "1").unwrap_err();
             assert!(err.contains("not a sysctl name"), "{bad}: {err}");
         }
+    }
+
+    #[test]
+    fn a_privileged_container_gets_every_device_but_the_console_and_pts() {
+        use nix::sys::stat::{makedev, mknod, Mode, SFlag};
+        use std::os::unix::fs::{FileTypeExt, MetadataExt};
+        let dir = std::env::temp_dir().join(format!("vmlet-agent-devs-{}", std::process::id()));
+        let (from, to) = (dir.join("guest-dev"), dir.join("rootfs-dev"));
+        for d in [&from.join("snd"), &from.join("pts"), &to] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        let node = |path: &Path, kind, major, minor, mode| {
+            use std::os::unix::fs::PermissionsExt;
+            mknod(
+                path,
+                kind,
+                Mode::from_bits_truncate(mode),
+                makedev(major, minor),
+            )
+            .unwrap();
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+        };
+        node(&from.join("kmsg"), SFlag::S_IFCHR, 1, 11, 0o644);
+        node(&from.join("vda"), SFlag::S_IFBLK, 254, 0, 0o660);
+        node(&from.join("snd/timer"), SFlag::S_IFCHR, 116, 33, 0o660);
+        node(&from.join("pts/0"), SFlag::S_IFCHR, 136, 0, 0o620);
+        node(&from.join("console"), SFlag::S_IFCHR, 5, 1, 0o600);
+        std::fs::write(from.join("not-a-device"), "x").unwrap();
+        // What the container's /dev has (the spec's, the defaults) stays.
+        std::fs::write(to.join("kmsg"), "").unwrap();
+
+        copy_guest_devices(&from, &to).unwrap();
+
+        let meta = std::fs::metadata(to.join("vda")).unwrap();
+        assert!(meta.file_type().is_block_device());
+        assert_eq!(
+            (meta.rdev(), meta.mode() & 0o7777),
+            (makedev(254, 0), 0o660)
+        );
+        let timer = std::fs::metadata(to.join("snd/timer")).unwrap();
+        assert!(timer.file_type().is_char_device());
+        assert!(std::fs::metadata(to.join("kmsg")).unwrap().is_file());
+        for absent in ["pts", "console", "not-a-device"] {
+            assert!(to.join(absent).symlink_metadata().is_err(), "{absent}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

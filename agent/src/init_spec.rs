@@ -86,6 +86,9 @@ pub struct InitSpec {
     /// The spec's sysctls, written under /proc/sys in the container's namespaces.
     #[serde(default)]
     pub sysctls: std::collections::BTreeMap<String, String>,
+    /// A privileged container: a node for every device of the guest in its /dev.
+    #[serde(default)]
+    pub all_guest_devices: bool,
 }
 
 /// A block device node: where in the container, which guest disk.
@@ -222,6 +225,7 @@ mod tests {
             masked_paths: vec!["/proc/kcore".into()],
             readonly_paths: vec!["/proc/sys".into()],
             sysctls: [("net.ipv4.ip_forward".to_owned(), "1".to_owned())].into(),
+            all_guest_devices: true,
         };
         let json = serde_json::to_vec(&spec).unwrap();
         assert_eq!(serde_json::from_slice::<InitSpec>(&json).unwrap(), spec);

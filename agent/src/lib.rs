@@ -2,8 +2,9 @@
 //!
 //! Runs as PID 1 in the VM ([`run_agent`]): mounts the basic file systems, loads the kernel
 //! modules listed by the image builder, mounts the virtio-fs share, reaps every child, and
-//! serves the `vmlet.agent.v1.Agent` ttrpc service on vsock port 1024 plus raw stdio stream
-//! connections on port 1025.
+//! serves the `vmlet.agent.v1.Agent` ttrpc service on vsock port 1024, raw stdio stream
+//! connections on port 1025 and port-forward connections to the guest's loopback on port
+//! 1026 ([`forward`]).
 //!
 //! Containers are started by re-executing this binary as [`CONTAINER_INIT_ARG`] in fresh
 //! mount, PID, UTS and IPC namespaces ([`launch`]; a container sharing the pod's PID
@@ -26,6 +27,7 @@ pub mod container_init;
 mod containers;
 mod error;
 pub mod exec_init;
+pub mod forward;
 mod helper_fds;
 pub mod init_spec;
 pub mod launch;

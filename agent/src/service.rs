@@ -61,6 +61,11 @@ pub async fn serve(boot: Boot) -> Result<(), Error> {
         .await
         .map_err(|e| Error::Boot(format!("start ttrpc server: {e}")))?;
     log::info!("{} {AGENT_PORT}", vmlet_protocol::READY_LINE);
+    tokio::spawn(async {
+        if let Err(e) = crate::forward::serve().await {
+            log::error!("port-forward: {e}");
+        }
+    });
     crate::streams::serve(containers).await
 }
 
@@ -245,6 +250,7 @@ fn init_spec(share: &Path, req: &CreateContainerRequest) -> Result<InitSpec, Err
         devices: Vec::new(),
         masked_paths: req.masked_paths.clone(),
         sysctls: req.sysctls.clone().into_iter().collect(),
+        all_guest_devices: req.all_guest_devices,
         readonly_paths: req.readonly_paths.clone(),
     })
 }

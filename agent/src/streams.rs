@@ -35,23 +35,28 @@ pub async fn serve(containers: Arc<Containers>) -> Result<(), Error> {
 }
 
 async fn read_header(stream: &mut VsockStream) -> Result<StreamHeader, Error> {
+    let line = read_line(stream, "stream header").await?;
+    StreamHeader::parse(&line).map_err(Error::InvalidRequest)
+}
+
+/// The line (without its newline) that opens a host connection, at most
+/// [`MAX_HEADER_LEN`] bytes, read byte by byte: what follows belongs to the connection.
+pub(crate) async fn read_line(stream: &mut VsockStream, what: &str) -> Result<String, Error> {
     let mut line = Vec::with_capacity(64);
     loop {
         let byte = stream
             .read_u8()
             .await
-            .map_err(|e| Error::io("read stream header", e))?;
+            .map_err(|e| Error::io(format!("read {what}"), e))?;
         if byte == b'\n' {
             break;
         }
         line.push(byte);
         if line.len() >= MAX_HEADER_LEN {
-            return Err(Error::InvalidRequest("stream header too long".into()));
+            return Err(Error::InvalidRequest(format!("{what} too long")));
         }
     }
-    let line = String::from_utf8(line)
-        .map_err(|_| Error::InvalidRequest("stream header is not UTF-8".into()))?;
-    StreamHeader::parse(&line).map_err(Error::InvalidRequest)
+    String::from_utf8(line).map_err(|_| Error::InvalidRequest(format!("{what} is not UTF-8")))
 }
 
 async fn attach(mut stream: VsockStream, containers: &Containers) -> Result<(), Error> {

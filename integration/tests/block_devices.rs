@@ -176,7 +176,7 @@ async fn cri_containers_get_their_disk_hot_plugged_and_give_it_back() {
         &unique_id("uid"),
         &logs.to_string_lossy(),
     );
-    // Through the CRI plugin's pod_annotations (deploy/containerd-vmlet.toml).
+    // Through the CRI plugin's pod_annotations (deploy/containerd-vmlet-v2.toml, -v3.toml).
     config
         .annotations
         .insert("vmlet.io/disk-driver".into(), "nvme".into());

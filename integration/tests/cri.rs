@@ -385,3 +385,59 @@ async fn cri_log_has_every_line_up_to_the_exit() {
         "the last, unterminated output before exit:\n{log}"
     );
 }
+
+/// `crictl port-forward` (containerd dials localhost:PORT in the pod's network namespace)
+/// reaches a web server in the VM, connection after connection; a port nothing in the guest
+/// listens on gives the client a closed connection, not a hang (crictl, like kubectl, then
+/// ends the session).
+#[tokio::test]
+#[ignore = "needs the vmlet stack: make test"]
+async fn cri_port_forward_reaches_a_server_in_the_vm() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    use vmlet_integration::testnet::tcp_exchange;
+
+    let s = Stack::from_env().expect("the vmlet stack");
+    let node = std::env::var("VMLET_NODE_NETNS").expect("VMLET_NODE_NETNS (the stack's)");
+    let mut p = PodUnderTest::start(&s).await;
+    let script = "mkdir -p /www && echo served-from-the-vm >/www/index.html && \
+                  exec httpd -f -p 8080 -h /www";
+    let c = p.container("web", &s.image, &["sh", "-c", script], 0).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let listening = ["sh", "-c", "netstat -ltn | grep -q ':8080 '"];
+    while p.cri.exec_sync(&c, &listening, 10).await.unwrap().exit_code != 0 {
+        assert!(
+            Instant::now() < deadline,
+            "httpd does not listen in the guest"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // crictl's end listens in the node namespace, where the CRI streaming server is.
+    let mut crictl = Command::new("ip")
+        .args(["netns", "exec", &node, "crictl", "--runtime-endpoint"])
+        .arg(format!("unix://{}", s.containerd))
+        .args(["port-forward", &p.pod, "18080:8080", "18081:8081"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("run crictl (scripts/install-deps builds it)");
+    let mut lines = BufReader::new(crictl.stdout.take().unwrap()).lines();
+    let first = lines.next().and_then(Result::ok).unwrap_or_default();
+    let request = "GET / HTTP/1.0\r\n\r\n";
+    let pages: Vec<_> = (0..3)
+        .map(|_| tcp_exchange(&node, "127.0.0.1", 18080, request))
+        .collect();
+    let nothing = tcp_exchange(&node, "127.0.0.1", 18081, request);
+    let _ = crictl.kill();
+    let _ = crictl.wait();
+    p.finish(&[&c]).await;
+    assert!(first.contains("Forwarding from"), "crictl said {first:?}");
+    for page in pages {
+        assert!(
+            page.as_deref()
+                .is_some_and(|p| p.contains("served-from-the-vm")),
+            "through the forward: {page:?}"
+        );
+    }
+    assert_eq!(nothing, None, "a port nothing listens on answered");
+}

@@ -28,6 +28,7 @@ fn containers_get_the_specs_privileges_and_paths() {
                  mkdir -p /mnt/t; mount -t tmpfs probe /mnt/t 2>/dev/null && echo MOUNTED; \
                  echo KCORE $(stat -c %t:%T /proc/kcore); \
                  echo x 2>/dev/null > /proc/sys/kernel/domainname && echo WROTE_PROC_SYS; \
+                 [ -c /dev/vsock ] && [ -c /dev/ttyS0 ] && echo GUEST_DEVICES; \
                  echo probed";
     let out = s
         .run(&unique_id("caps"), &[], &["sh", "-c", probe])
@@ -54,8 +55,13 @@ fn containers_get_the_specs_privileges_and_paths() {
         !said.contains("WROTE_PROC_SYS"),
         "/proc/sys is writable:\n{said}"
     );
+    assert!(
+        !said.contains("GUEST_DEVICES"),
+        "a default container has the guest's devices:\n{said}"
+    );
 
-    // Privileged: every capability, and mounts work.
+    // Privileged, as runc makes one: every capability, mounts work, /proc and /sys are not
+    // masked or read-only, and every device of the guest (as runc gives the host's).
     let out = s
         .run(
             &unique_id("privcaps"),
@@ -79,6 +85,14 @@ fn containers_get_the_specs_privileges_and_paths() {
     assert!(
         said.contains("MOUNTED"),
         "a privileged container cannot mount:\n{said}"
+    );
+    assert!(
+        !said.contains("KCORE 1:3") && said.contains("WROTE_PROC_SYS"),
+        "a privileged container's /proc is masked or read-only:\n{said}"
+    );
+    assert!(
+        said.contains("GUEST_DEVICES"),
+        "a privileged container lacks the guest's devices:\n{said}"
     );
 }
 

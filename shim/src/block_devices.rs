@@ -56,11 +56,7 @@ pub fn from_spec(spec: &Spec) -> Result<Vec<BlockDevice>, Error> {
     let Some(linux) = spec.linux() else {
         return Ok(Vec::new());
     };
-    let rules = linux
-        .resources()
-        .as_ref()
-        .and_then(|r| r.devices().clone())
-        .unwrap_or_default();
+    let rules = device_rules(spec);
     if rules.iter().any(allows_every_device) {
         let left_out = linux
             .devices()
@@ -106,6 +102,21 @@ pub fn from_spec(spec: &Spec) -> Result<Vec<BlockDevice>, Error> {
         });
     }
     Ok(devices)
+}
+
+/// Whether the spec is a privileged container's: a device cgroup rule allows every device.
+/// Its container then gets every device node of the guest, as runc gives a privileged
+/// container the host's.
+pub fn every_device_allowed(spec: &Spec) -> bool {
+    device_rules(spec).iter().any(allows_every_device)
+}
+
+fn device_rules(spec: &Spec) -> Vec<LinuxDeviceCgroup> {
+    spec.linux()
+        .as_ref()
+        .and_then(|l| l.resources().as_ref())
+        .and_then(|r| r.devices().clone())
+        .unwrap_or_default()
 }
 
 /// The rule privileged specs carry: allow every device, all access.

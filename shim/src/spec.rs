@@ -390,6 +390,7 @@ pub fn create_request(
             .unwrap_or_default()
             .into_iter()
             .collect(),
+        all_guest_devices: crate::block_devices::every_device_allowed(spec),
         ..Default::default()
     };
     Ok((request, binds))
@@ -628,6 +629,23 @@ mod tests {
         );
         let (req, _) = create_request("c1", &spec(&json), Stdio::default()).unwrap();
         assert_eq!(req.sysctls["net.ipv4.ip_forward"], "1");
+    }
+
+    #[test]
+    fn a_privileged_container_gets_the_guest_s_devices() {
+        let privileged = BASE.replace(
+            r#""hostname""#,
+            r#""linux": {"resources": {"devices": [{"allow": true, "access": "rwm"}]}}, "hostname""#,
+        );
+        let (req, _) = create_request("c1", &spec(&privileged), Stdio::default()).unwrap();
+        assert!(req.all_guest_devices);
+        let one_class = BASE.replace(
+            r#""hostname""#,
+            r#""linux": {"resources": {"devices": [{"allow": false, "access": "rwm"},
+                {"allow": true, "type": "c", "major": 1, "minor": 3, "access": "rwm"}]}}, "hostname""#,
+        );
+        let (req, _) = create_request("c1", &spec(&one_class), Stdio::default()).unwrap();
+        assert!(!req.all_guest_devices);
     }
 
     #[test]

@@ -121,9 +121,12 @@ pub struct Copies {
 
 impl Copies {
     /// Waits until stdout and stderr have delivered everything (the guest closed them).
+    /// Cancel-safe: a copy still running when the caller gives up stays here, for
+    /// [`Copies::abort`] to stop (a dropped handle would leave it running, its FIFO open).
     pub async fn drain(&mut self) {
-        for handle in self.outputs.drain(..) {
+        while let Some(handle) = self.outputs.last_mut() {
             let _ = handle.await;
+            self.outputs.pop();
         }
     }
 
@@ -222,4 +225,32 @@ pub async fn attach(
         outputs,
         close_stdin,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A copy the guest never ends (something there still holds the stream): after the
+    /// drain's deadline, abort stops it, and what it held (the FIFO) is closed.
+    #[tokio::test]
+    async fn a_copy_that_outlives_the_drain_deadline_is_stopped_by_abort() {
+        let (held, closed) = tokio::sync::oneshot::channel::<()>();
+        let stuck = tokio::spawn(async move {
+            let _fifo = held;
+            std::future::pending::<()>().await;
+        });
+        let mut copies = Copies {
+            outputs: vec![tokio::spawn(async {}), stuck],
+            close_stdin: Arc::default(),
+        };
+        let drained =
+            tokio::time::timeout(std::time::Duration::from_millis(50), copies.drain()).await;
+        assert!(drained.is_err());
+        copies.abort();
+        assert!(
+            closed.await.is_err(),
+            "the stuck copy still holds its writer"
+        );
+    }
 }

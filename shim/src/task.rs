@@ -680,10 +680,13 @@ impl TaskService {
                 .await
                 .is_err()
             {
+                // Something in the guest still holds the stream (a daemon the process left):
+                // the FIFOs close now, or containerd would wait on them for ever.
                 log::warn!(
-                    "{}: output did not drain within {OUTPUT_DRAIN:?}",
+                    "{}: output did not drain within {OUTPUT_DRAIN:?}; closing it",
                     task.name(&process)
                 );
+                copies.abort();
             }
         }
         self.finish(&task, &process, status).await;

@@ -83,6 +83,8 @@ pub struct Vm {
     vmm: Arc<dyn VmManager>,
     /// Serves the tap fds to vmlet-vmwrapper; aborting it closes the shim's copies.
     tap_server: Option<tokio::task::JoinHandle<()>>,
+    /// Carries connections to the pod namespace's loopback into the guest.
+    port_forward: Option<crate::port_forward::PortForward>,
     /// Block device hot-plug through vmlet's QMP monitor.
     hotplug: Arc<Mutex<Hotplug>>,
     /// Becomes true when QEMU is gone (its end of vmlet's QMP monitor closed).
@@ -127,6 +129,7 @@ struct Booted {
     hotplug: Hotplug,
     ended: tokio::sync::watch::Receiver<bool>,
     qemu_pid: u32,
+    port_forward: Option<crate::port_forward::PortForward>,
 }
 
 /// Takes the connection of vmlet's QMP monitor, which QEMU makes as it starts, and watches
@@ -257,6 +260,7 @@ impl Vm {
                     state: Mutex::new(state),
                     vmm,
                     tap_server,
+                    port_forward: booted.port_forward,
                     hotplug: Arc::new(Mutex::new(booted.hotplug)),
                     ended: booted.ended,
                     stopping: std::sync::atomic::AtomicBool::new(false),
@@ -533,6 +537,12 @@ impl Vm {
                 .await
                 .map_err(Error::from)?;
         }
+        let port_forward = match &wire_from {
+            Some(netns) => {
+                crate::port_forward::PortForward::start(netns, endpoint.clone(), pod_id).await?
+            }
+            None => None,
+        };
         Ok(Booted {
             endpoint,
             agent,
@@ -540,6 +550,7 @@ impl Vm {
             hotplug,
             ended,
             qemu_pid,
+            port_forward,
         })
     }
 
@@ -652,6 +663,9 @@ impl Vm {
         let started = Instant::now();
         if let Some(server) = &self.tap_server {
             server.abort();
+        }
+        if let Some(forward) = &self.port_forward {
+            forward.stop();
         }
         self.stopping
             .store(true, std::sync::atomic::Ordering::SeqCst);

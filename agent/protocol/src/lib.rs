@@ -4,20 +4,27 @@
 //!   from `protos/agent.proto` by `ttrpc-codegen` (pure Rust, no protoc).
 //! - Stdio: one raw vsock connection per stream to port [`STREAM_PORT`], opened by the host,
 //!   which first writes a [`StreamHeader`] line; after it the connection carries the bytes.
+//! - Port-forward: one raw vsock connection per forwarded TCP connection to port
+//!   [`FORWARD_PORT`], opened by the host with a [`ForwardRequest`] line, answered with a
+//!   [`ForwardReply`] line; after an `OK` the connection carries the bytes.
 //! - [`hybrid`]: the `CONNECT` handshake of hybrid vsock (`vhost-device-vsock`).
 //!
 //! Everything the host reads from the guest is untrusted: `fuzz/` has cargo-fuzz targets
-//! for decoding the agent's messages and the handshake reply.
+//! for decoding the agent's messages, the handshake reply and the port-forward reply.
 
+mod forward;
 pub mod hybrid;
 mod stream;
 
+pub use forward::{ForwardReply, ForwardRequest};
 pub use stream::{StreamHeader, StreamKind, MAX_HEADER_LEN};
 
 /// vsock port of the agent's ttrpc server.
 pub const AGENT_PORT: u32 = 1024;
 /// vsock port for stdio stream connections.
 pub const STREAM_PORT: u32 = 1025;
+/// vsock port for port-forward connections (to TCP ports on the guest's loopback).
+pub const FORWARD_PORT: u32 = 1026;
 /// What the agent prints on the guest console once it listens on [`AGENT_PORT`]. The host
 /// connects only after seeing it: a vsock connection attempted while the guest's driver
 /// is still starting can leave vhost-device-vsock answering nothing for that VM again.
