@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
-use tokio_vsock::{VsockAddr, VsockListener, VsockStream, VMADDR_CID_ANY};
+use tokio_vsock::VsockStream;
 use vmlet_protocol::{ForwardReply, ForwardRequest, FORWARD_PORT};
 
 use crate::Error;
@@ -17,19 +17,7 @@ use crate::Error;
 const DIAL_TIMEOUT: Duration = Duration::from_secs(5);
 
 pub async fn serve() -> Result<(), Error> {
-    let listener = VsockListener::bind(VsockAddr::new(VMADDR_CID_ANY, FORWARD_PORT))
-        .map_err(|e| Error::io("listen on the forward port", e))?;
-    loop {
-        let (stream, _) = listener
-            .accept()
-            .await
-            .map_err(|e| Error::io("accept forward connection", e))?;
-        tokio::spawn(async move {
-            if let Err(e) = forward(stream).await {
-                log::warn!("port-forward connection: {e}");
-            }
-        });
-    }
+    crate::streams::serve_port(FORWARD_PORT, "port-forward", forward).await
 }
 
 async fn forward(mut host: VsockStream) -> Result<(), Error> {

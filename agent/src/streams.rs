@@ -18,17 +18,32 @@ use crate::Error;
 const COPY_BUFFER: usize = 256 * 1024;
 
 pub async fn serve(containers: Arc<Containers>) -> Result<(), Error> {
-    let listener = VsockListener::bind(VsockAddr::new(VMADDR_CID_ANY, STREAM_PORT))
-        .map_err(|e| Error::io("listen on the stream port", e))?;
+    serve_port(STREAM_PORT, "stream", move |stream| {
+        let containers = containers.clone();
+        async move { attach(stream, &containers).await }
+    })
+    .await
+}
+
+/// Accepts host connections on vsock `port` for ever, each handled by `handle` in a task
+/// of its own (a failure is logged, named by `what`).
+pub(crate) async fn serve_port<F, Fut>(port: u32, what: &str, handle: F) -> Result<(), Error>
+where
+    F: Fn(VsockStream) -> Fut,
+    Fut: std::future::Future<Output = Result<(), Error>> + Send + 'static,
+{
+    let listener = VsockListener::bind(VsockAddr::new(VMADDR_CID_ANY, port))
+        .map_err(|e| Error::io(format!("listen on the {what} port"), e))?;
     loop {
         let (stream, _) = listener
             .accept()
             .await
-            .map_err(|e| Error::io("accept stream", e))?;
-        let containers = containers.clone();
+            .map_err(|e| Error::io(format!("accept {what} connection"), e))?;
+        let connection = handle(stream);
+        let what = what.to_owned();
         tokio::spawn(async move {
-            if let Err(e) = attach(stream, &containers).await {
-                log::warn!("stream connection: {e}");
+            if let Err(e) = connection.await {
+                log::warn!("{what} connection: {e}");
             }
         });
     }
