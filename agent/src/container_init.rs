@@ -206,7 +206,8 @@ fn mask_path(rootfs: &Path, path: &str) -> Result<(), String> {
 }
 
 /// A bind from the share: the mount point is a file or a directory like its source; `ro`
-/// needs a second, remounting call (the kernel ignores MS_RDONLY on the first).
+/// needs a second, remounting call (the kernel ignores MS_RDONLY on the first), `rro` a
+/// `mount_setattr(2)` over the bind and every mount below it.
 fn bind_one(target: &Path, m: &crate::init_spec::MountSpec) -> Result<(), String> {
     let source = Path::new(&m.source);
     let made = if source.is_dir() {
@@ -233,6 +234,10 @@ fn bind_one(target: &Path, m: &crate::init_spec::MountSpec) -> Result<(), String
         None::<&str>,
     )
     .map_err(|e| format!("bind {}: {e}", m.destination))?;
+    if m.options.iter().any(|o| o == "rro") {
+        return readonly_recursively(target)
+            .map_err(|e| format!("make {} read-only with its submounts: {e}", m.destination));
+    }
     if flags.contains(MsFlags::MS_RDONLY) {
         mount(
             None::<&str>,
@@ -244,6 +249,35 @@ fn bind_one(target: &Path, m: &crate::init_spec::MountSpec) -> Result<(), String
         .map_err(|e| format!("make {} read-only: {e}", m.destination))?;
     }
     Ok(())
+}
+
+/// `mount_setattr(target, AT_RECURSIVE, MOUNT_ATTR_RDONLY)` (Linux 5.12).
+fn readonly_recursively(target: &Path) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(target.as_os_str().as_bytes())?;
+    let attr = libc::mount_attr {
+        attr_set: libc::MOUNT_ATTR_RDONLY,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: 0,
+    };
+    // SAFETY: `path` is NUL-terminated and `attr` a valid `mount_attr` of the size given;
+    // both outlive the call.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            libc::AT_RECURSIVE as libc::c_uint,
+            &attr as *const libc::mount_attr,
+            std::mem::size_of::<libc::mount_attr>(),
+        )
+    };
+    if ret == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
 }
 
 /// A block device node at the spec's path, as runc makes one: mknod with the spec's mode

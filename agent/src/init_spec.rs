@@ -118,7 +118,8 @@ pub fn parse_mount_options(options: &[String]) -> (MsFlags, String) {
     let mut data = Vec::new();
     for option in options {
         let (set, clear) = match option.as_str() {
-            "ro" => (MsFlags::MS_RDONLY, MsFlags::empty()),
+            // `rro` is also a bind's recursive read-only (container_init::bind_one).
+            "ro" | "rro" => (MsFlags::MS_RDONLY, MsFlags::empty()),
             "rw" => (MsFlags::empty(), MsFlags::MS_RDONLY),
             "nosuid" => (MsFlags::MS_NOSUID, MsFlags::empty()),
             "suid" => (MsFlags::empty(), MsFlags::MS_NOSUID),
@@ -167,6 +168,16 @@ mod tests {
             parse_mount_options(&opts(&["nosuid", "strictatime", "mode=755", "size=65536k"]));
         assert!(flags.contains(MsFlags::MS_NOSUID | MsFlags::MS_STRICTATIME));
         assert_eq!(data, "mode=755,size=65536k");
+    }
+
+    #[test]
+    fn every_option_the_shim_lists_is_applied_not_passed_as_data() {
+        for option in vmlet_protocol::MOUNT_OPTIONS {
+            let (_, data) = parse_mount_options(&opts(&[option]));
+            assert_eq!(data, "", "{option} would reach the file system as data");
+        }
+        let (flags, _) = parse_mount_options(&opts(&["rbind", "rro"]));
+        assert!(flags.contains(MsFlags::MS_RDONLY));
     }
 
     #[test]

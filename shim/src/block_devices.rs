@@ -247,6 +247,11 @@ impl Hotplug {
         }
     }
 
+    /// The monitor, for what else goes through it (growing the VM's memory).
+    pub fn qmp(&mut self) -> &mut Qmp {
+        &mut self.qmp
+    }
+
     /// Attaches `devices` (with their opened `fds`) for `container_id` and returns what the
     /// agent needs to find them. On failure what this call attached is detached again.
     pub fn attach(

@@ -7,7 +7,7 @@ use vmlet_protocol::agent::Capabilities;
 use crate::Error;
 
 /// Every capability, in the kernel's order: the index is its number.
-const NAMES: [&str; 41] = [
+pub const NAMES: [&str; 41] = [
     "CAP_CHOWN",
     "CAP_DAC_OVERRIDE",
     "CAP_DAC_READ_SEARCH",

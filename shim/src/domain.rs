@@ -17,6 +17,9 @@ pub struct Domain {
     pub qemu_ns: &'static str,
     pub name: String,
     pub metadata: Metadata,
+    /// Set when the VM can grow ([`MemoryDevice`]): the boot memory plus the device's region.
+    #[serde(rename = "maxMemory", skip_serializing_if = "Option::is_none")]
+    pub max_memory: Option<MaxMemory>,
     pub memory: Memory,
     pub vcpu: u32,
     #[serde(rename = "memoryBacking")]
@@ -49,6 +52,16 @@ pub struct VmletPod {
 
 #[derive(Debug, Serialize)]
 pub struct Memory {
+    #[serde(rename = "@unit")]
+    pub unit: &'static str,
+    #[serde(rename = "$text")]
+    pub value: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct MaxMemory {
+    #[serde(rename = "@slots")]
+    pub slots: u32,
     #[serde(rename = "@unit")]
     pub unit: &'static str,
     #[serde(rename = "$text")]
@@ -114,6 +127,27 @@ pub struct Cpu {
     pub vendor: Option<String>,
     #[serde(rename = "feature")]
     pub features: Vec<CpuFeatureXml>,
+    /// One NUMA cell holding every vCPU and the boot memory: libvirt wants it for a
+    /// virtio-mem device (whose memory goes to that node).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub numa: Option<Numa>,
+}
+
+#[derive(Debug, Serialize, PartialEq, Eq)]
+pub struct Numa {
+    pub cell: NumaCell,
+}
+
+#[derive(Debug, Serialize, PartialEq, Eq)]
+pub struct NumaCell {
+    #[serde(rename = "@id")]
+    pub id: u32,
+    #[serde(rename = "@cpus")]
+    pub cpus: String,
+    #[serde(rename = "@memory")]
+    pub memory: u64,
+    #[serde(rename = "@unit")]
+    pub unit: &'static str,
 }
 
 #[derive(Debug, Serialize, PartialEq, Eq)]
@@ -133,6 +167,32 @@ pub struct CpuFeatureXml {
 }
 
 impl Cpu {
+    /// `cpu` with the one NUMA cell a VM that can grow needs (an empty `<cpu>` when the VM
+    /// had none: libvirt's default model).
+    fn with_numa(cpu: Option<Self>, p: &DomainParams) -> Option<Self> {
+        if p.hotplug_mib == 0 {
+            return cpu;
+        }
+        let mut cpu = cpu.unwrap_or(Cpu {
+            mode: None,
+            match_: None,
+            check: None,
+            model: None,
+            vendor: None,
+            features: Vec::new(),
+            numa: None,
+        });
+        cpu.numa = Some(Numa {
+            cell: NumaCell {
+                id: 0,
+                cpus: format!("0-{}", p.vcpus.saturating_sub(1)),
+                memory: p.memory_mib,
+                unit: "MiB",
+            },
+        });
+        Some(cpu)
+    }
+
     fn mode(mode: &str) -> Self {
         Cpu {
             mode: Some(mode.into()),
@@ -141,6 +201,7 @@ impl Cpu {
             model: None,
             vendor: None,
             features: Vec::new(),
+            numa: None,
         }
     }
 
@@ -174,6 +235,7 @@ impl Cpu {
                         name: f.name.clone(),
                     })
                     .collect(),
+                numa: None,
             }),
             Some(host) => host.host_mode().map(Cpu::mode),
         }
@@ -189,6 +251,48 @@ pub struct Devices {
     pub vsock: Option<Vsock>,
     pub controller: Vec<Controller>,
     pub memballoon: ModelAttr,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory: Option<MemoryDevice>,
+}
+
+/// A virtio-mem device: a region the shim plugs into the running guest block by block
+/// (`requested`, through vmlet's QMP monitor) when the pod's containers need more memory
+/// than the VM booted with (`crate::memory`).
+#[derive(Debug, Serialize)]
+pub struct MemoryDevice {
+    #[serde(rename = "@model")]
+    pub model: &'static str,
+    pub target: MemoryTarget,
+    pub alias: NameAttr,
+    pub address: PciAddress,
+}
+
+#[derive(Debug, Serialize)]
+pub struct MemoryTarget {
+    pub size: Memory,
+    pub node: u32,
+    pub block: Memory,
+    pub requested: Memory,
+}
+
+#[derive(Debug, Serialize)]
+pub struct NameAttr {
+    #[serde(rename = "@name")]
+    pub name: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct PciAddress {
+    #[serde(rename = "@type")]
+    pub kind: &'static str,
+    #[serde(rename = "@domain")]
+    pub domain: &'static str,
+    #[serde(rename = "@bus")]
+    pub bus: &'static str,
+    #[serde(rename = "@slot")]
+    pub slot: &'static str,
+    #[serde(rename = "@function")]
+    pub function: &'static str,
 }
 
 #[derive(Debug, Serialize)]
@@ -282,6 +386,9 @@ pub struct DomainParams {
     pub kvm: bool,
     pub vcpus: u32,
     pub memory_mib: u64,
+    /// The virtio-mem region the VM may grow by (0: it cannot grow); a multiple of
+    /// [`crate::memory::BLOCK_MIB`].
+    pub hotplug_mib: u64,
     pub machine: String,
     /// The pod's CPU model (`vmlet.io/cpu-model`), if it chose one.
     pub cpu_model: Option<CpuModel>,
@@ -312,6 +419,8 @@ pub enum VsockDevice {
 
 /// PCI slot of the vhost-user vsock device (slot 1 is libvirt's first root port).
 const VHOST_USER_VSOCK_ADDR: &str = "0x10";
+/// PCI slot (on pcie.0) of the virtio-mem device.
+const MEMORY_DEVICE_SLOT: &str = "0x11";
 
 impl Domain {
     pub fn new(p: &DomainParams) -> Self {
@@ -358,6 +467,11 @@ impl Domain {
                     id: p.pod_id.clone(),
                 },
             },
+            max_memory: (p.hotplug_mib > 0).then(|| MaxMemory {
+                slots: 1,
+                unit: "MiB",
+                value: p.memory_mib + p.hotplug_mib,
+            }),
             memory: Memory {
                 unit: "MiB",
                 value: p.memory_mib,
@@ -382,7 +496,7 @@ impl Domain {
                 cmdline: p.cmdline.clone(),
             },
             features: Features { acpi: Empty {} },
-            cpu: Cpu::for_model(p.cpu_model.as_ref(), p.kvm),
+            cpu: Cpu::with_numa(Cpu::for_model(p.cpu_model.as_ref(), p.kvm), p),
             on_poweroff: "destroy",
             on_reboot: "destroy",
             on_crash: "destroy",
@@ -416,6 +530,34 @@ impl Domain {
                     model: "none",
                 }],
                 memballoon: ModelAttr { model: "none" },
+                memory: (p.hotplug_mib > 0).then(|| MemoryDevice {
+                    model: "virtio-mem",
+                    target: MemoryTarget {
+                        size: Memory {
+                            unit: "MiB",
+                            value: p.hotplug_mib,
+                        },
+                        node: 0,
+                        block: Memory {
+                            unit: "MiB",
+                            value: crate::memory::BLOCK_MIB,
+                        },
+                        requested: Memory {
+                            unit: "MiB",
+                            value: 0,
+                        },
+                    },
+                    alias: NameAttr {
+                        name: crate::memory::DEVICE_ID.into(),
+                    },
+                    address: PciAddress {
+                        kind: "pci",
+                        domain: "0x0000",
+                        bus: "0x00",
+                        slot: MEMORY_DEVICE_SLOT,
+                        function: "0x0",
+                    },
+                }),
             },
             qemu_commandline: commandline,
         }
@@ -441,6 +583,7 @@ mod tests {
             kvm: false,
             vcpus: 2,
             memory_mib: 512,
+            hotplug_mib: 0,
             machine: "q35".into(),
             cpu_model: None,
             kernel: "/img/vmlinuz".into(),
@@ -534,6 +677,27 @@ mod tests {
         let xml = Domain::new(&p).to_xml().unwrap();
         assert!(
             xml.contains("<cpu match=\"exact\" check=\"partial\"><model fallback=\"allow\">Nehalem</model><vendor>Intel</vendor><feature policy=\"disable\" name=\"sse4.2\"/><feature policy=\"require\" name=\"vmx\"/></cpu>"),
+            "{xml}"
+        );
+    }
+
+    #[test]
+    fn a_vm_that_can_grow_has_a_virtio_mem_device_and_a_numa_cell() {
+        let mut p = params(VsockDevice::Vhost);
+        p.hotplug_mib = 1536;
+        let xml = Domain::new(&p).to_xml().unwrap();
+        for expected in [
+            "<maxMemory slots=\"1\" unit=\"MiB\">2048</maxMemory>",
+            "<memory unit=\"MiB\">512</memory>",
+            "<cpu><numa><cell id=\"0\" cpus=\"0-1\" memory=\"512\" unit=\"MiB\"/></numa></cpu>",
+            "<memory model=\"virtio-mem\"><target><size unit=\"MiB\">1536</size><node>0</node><block unit=\"MiB\">2</block><requested unit=\"MiB\">0</requested></target><alias name=\"ua-vmlet-mem\"/><address type=\"pci\" domain=\"0x0000\" bus=\"0x00\" slot=\"0x11\" function=\"0x0\"/></memory>",
+        ] {
+            assert!(xml.contains(expected), "missing {expected} in\n{xml}");
+        }
+        p.kvm = true;
+        let xml = Domain::new(&p).to_xml().unwrap();
+        assert!(
+            xml.contains("<cpu mode=\"host-passthrough\"><numa>"),
             "{xml}"
         );
     }

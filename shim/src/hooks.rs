@@ -21,6 +21,9 @@ use tokio::io::AsyncReadExt;
 
 use crate::Error;
 
+/// The hooks vmlet runs (on the host), for `-info`; `createContainer` and `startContainer`
+/// would have to run in the guest and are refused.
+pub const SUPPORTED: &[&str] = &["prestart", "createRuntime", "poststart", "poststop"];
 /// How long a hook may run when the spec gives no timeout.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
 /// How much of a failed hook's output its error carries.

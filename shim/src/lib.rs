@@ -12,12 +12,14 @@
 //! - [`hooks`]: OCI hooks run on the host; [`netns_holder`]: the pod's host process whose
 //!   PID they are given;
 //! - [`block_devices`]: the spec's raw block devices, hot-plugged through vmlet's own QMP
-//!   monitor ([`qmp`]);
+//!   monitor ([`qmp`]); [`memory`]: growing the VM (virtio-mem) to hold its containers'
+//!   memory limits;
 //! - [`share`]: the pod's shared directory, laid out so the guest cannot steer host path
 //!   operations, over [`fd_mount`] (mounts, unmounts and removal by file descriptor);
 //!   [`log_dir`]: the size-limited tmpfs for what the guest can make the host log;
 //! - [`seccomp`]: the spec's seccomp profile compiled to the BPF program the agent installs;
-//! - [`ctl`]: what `vmletctl` (ps, console, gc) does.
+//! - [`ctl`]: what `vmletctl` (ps, console, gc) does;
+//! - [`features`]: what `-info` tells containerd the runtime supports.
 
 pub mod block_devices;
 pub mod capabilities;
@@ -26,10 +28,12 @@ pub mod ctl;
 pub mod domain;
 mod error;
 pub mod fd_mount;
+pub mod features;
 pub mod guest_text;
 pub mod hooks;
 pub mod log_dir;
 pub mod log_uri;
+pub mod memory;
 pub mod metrics;
 pub mod netns_holder;
 pub mod pod_cgroup;
@@ -52,5 +56,13 @@ pub use error::Error;
 
 /// Runs the shim (all actions containerd asks of it).
 pub async fn run() {
+    // containerd asks `-info` with no TTRPC_ADDRESS, which the shim crate's runner needs.
+    if std::env::args_os().skip(1).any(|a| a == "-info") {
+        if let Err(e) = features::print_info() {
+            eprintln!("{}: -info: {e}", shim::RUNTIME_ID);
+            std::process::exit(1);
+        }
+        return;
+    }
     containerd_shim::asynchronous::run::<shim::VmletShim>(shim::RUNTIME_ID, None).await;
 }

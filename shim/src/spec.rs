@@ -183,6 +183,21 @@ pub struct HostBind {
     pub readonly: bool,
 }
 
+/// Whether a mount's options leave it read-only (`ro` or `rro`; the last of them and `rw`
+/// wins, as the agent reads them). The host side of a share bind is read-only with all its
+/// submounts either way: the guest sees one file system there.
+fn is_readonly(options: &[String]) -> bool {
+    options
+        .iter()
+        .rev()
+        .find_map(|o| match o.as_str() {
+            "ro" | "rro" => Some(true),
+            "rw" => Some(false),
+            _ => None,
+        })
+        .unwrap_or(false)
+}
+
 fn is_bind(fstype: &str, options: &[String]) -> bool {
     fstype == "bind" || options.iter().any(|o| o == "bind" || o == "rbind")
 }
@@ -335,7 +350,7 @@ pub fn create_request(
             binds.push(HostBind {
                 source,
                 share_path: share_path.clone(),
-                readonly: options.iter().any(|o| o == "ro"),
+                readonly: is_readonly(&options),
             });
             mounts.push(Mount {
                 destination,
@@ -456,6 +471,15 @@ mod tests {
             (m.destination.as_str(), m.type_.as_str(), m.source.as_str()),
             ("/data", "bind", "c1/mounts/0")
         );
+    }
+
+    #[test]
+    fn recursive_read_only_binds_are_read_only_on_the_host_too() {
+        let opts = |list: &[&str]| list.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert!(is_readonly(&opts(&["rbind", "rprivate", "rro"])));
+        assert!(is_readonly(&opts(&["rw", "ro"])));
+        assert!(!is_readonly(&opts(&["ro", "rw"])));
+        assert!(!is_readonly(&opts(&["rbind"])));
     }
 
     #[test]

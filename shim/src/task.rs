@@ -340,6 +340,13 @@ impl TaskService {
             pid: 0,
         };
         let (mut agent_request, binds) = crate::spec::create_request(&req.id, &spec, wanted)?;
+        let memory_limit = crate::memory::limit_mib(
+            spec.linux()
+                .as_ref()
+                .and_then(|l| l.resources().as_ref())
+                .and_then(|r| r.memory().as_ref())
+                .and_then(|m| m.limit()),
+        );
         let block_devices = crate::block_devices::from_spec(&spec)?;
         let sandbox_pid = match &role {
             crate::spec::PodRole::Container { sandbox_id } => self
@@ -389,10 +396,24 @@ impl TaskService {
                 );
                 let options = VmOptions::resolve(&config.guest, &pod_annotations);
                 let netns = crate::spec::network_namespace(&spec)?;
+                // A VM sized by annotation keeps its size; any other can grow to the
+                // node's maximum.
+                let fixed = sources[1] == vmlet_config::ShapeSource::Annotation;
+                let memory = crate::memory::PodMemory::new(
+                    shape.memory_mib,
+                    if fixed {
+                        0
+                    } else {
+                        crate::memory::region_mib(shape.memory_mib, config.guest.max_memory_mib)
+                    },
+                    config.guest.overhead_memory_mib,
+                    fixed,
+                );
                 PodTarget::Boot(Box::new(BootRequest {
                     pod_id: req.id.clone(),
                     container_id: req.id.clone(),
                     shape,
+                    memory,
                     options,
                     rootfs,
                     binds,
@@ -460,6 +481,7 @@ impl TaskService {
             };
             let owns_vm = pod_id == req.id;
             let started = async {
+                vm.fit_memory(&req.id, memory_limit).await?;
                 agent_request.block_devices =
                     vm.attach_block_devices(&req.id, &block_devices).await?;
                 let response = vm
@@ -806,14 +828,9 @@ impl TaskService {
             .map(|a| a.value.as_slice())
             .unwrap_or(b"{}");
         let resources = crate::spec::update_resources(json, &req.id)?;
-        let vm_bytes = (task.vm.shape.memory_mib as i64) << 20;
-        if resources.memory_limit > vm_bytes {
-            return Err(Error::FailedPrecondition(format!(
-                "task {}: memory limit {} MiB exceeds its VM's {} MiB, and vmlet does not grow a running VM (set vmlet.io/memory on the pod)",
-                req.id,
-                resources.memory_limit >> 20,
-                task.vm.shape.memory_mib
-            )));
+        // An update that leaves memory alone keeps the container's limit as it was.
+        if let Some(limit) = crate::memory::limit_mib(Some(resources.memory_limit)) {
+            task.vm.fit_memory(&task.id, Some(limit)).await?;
         }
         let request = UpdateResourcesRequest {
             container_id: task.id.clone(),

@@ -17,6 +17,7 @@ use vmlet_protocol::AGENT_PORT;
 
 use crate::block_devices::{BlockDevice, Hotplug};
 use crate::domain::{Domain, DomainParams, VsockDevice};
+use crate::memory::{Fit, PodMemory};
 use crate::share;
 pub use crate::share::RootfsSource;
 use crate::state::PodState;
@@ -75,7 +76,7 @@ pub struct Vm {
     pub boot_id: String,
     /// QEMU's PID on the host: what containerd is told for every process of the pod.
     pub host_pid: u32,
-    /// vCPUs and memory the VM was booted with (it does not grow).
+    /// vCPUs and memory the VM was booted with (memory can grow: [`Vm::fit_memory`]).
     pub shape: VmShape,
     /// The pod's host process, when the sandbox's spec had OCI hooks.
     pub holder_pid: Option<u32>,
@@ -85,8 +86,12 @@ pub struct Vm {
     tap_server: Option<tokio::task::JoinHandle<()>>,
     /// Carries connections to the pod namespace's loopback into the guest.
     port_forward: Option<crate::port_forward::PortForward>,
-    /// Block device hot-plug through vmlet's QMP monitor.
+    /// vmlet's QMP monitor, with the block devices hot-plugged through it.
     hotplug: Arc<Mutex<Hotplug>>,
+    /// The containers' memory limits and what the VM holds ([`crate::memory`]).
+    memory: Mutex<PodMemory>,
+    /// Held while the VM grows: one container's growth at a time.
+    growing: tokio::sync::Mutex<()>,
     /// Becomes true when QEMU is gone (its end of vmlet's QMP monitor closed).
     ended: tokio::sync::watch::Receiver<bool>,
     /// Set when the shim itself stops the VM (its end is then expected).
@@ -98,6 +103,8 @@ pub struct BootRequest {
     pub pod_id: String,
     pub container_id: String,
     pub shape: VmShape,
+    /// How the VM may grow to hold its containers' memory limits.
+    pub memory: PodMemory,
     /// Machine type, CPU model, kernel parameters, disk driver.
     pub options: VmOptions,
     pub rootfs: RootfsSource,
@@ -262,6 +269,8 @@ impl Vm {
                     tap_server,
                     port_forward: booted.port_forward,
                     hotplug: Arc::new(Mutex::new(booted.hotplug)),
+                    memory: Mutex::new(req.memory),
+                    growing: tokio::sync::Mutex::new(()),
                     ended: booted.ended,
                     stopping: std::sync::atomic::AtomicBool::new(false),
                 })
@@ -446,12 +455,13 @@ impl Vm {
             kvm,
             vcpus: shape.vcpus,
             memory_mib: shape.memory_mib,
+            hotplug_mib: req.memory.region_mib,
             machine: req.options.machine.clone(),
             cpu_model: req.options.cpu_model.clone(),
             kernel: config.guest.kernel.to_string_lossy().into_owned(),
             initrd: config.guest.initrd.to_string_lossy().into_owned(),
             cmdline: format!(
-                "console=ttyS0 panic=-1 quiet vmlet.share={SHARE_TAG} {}",
+                "console=ttyS0 panic=-1 quiet memhp_default_state=online vmlet.share={SHARE_TAG} {}",
                 req.options.kernel_params
             )
             .trim_end()
@@ -617,6 +627,42 @@ impl Vm {
         block(move || vmm.remove(&domain)).await?
     }
 
+    /// Grows the VM when it must so that it holds `container_id`'s memory limit (MiB; none:
+    /// unlimited) beside the pod's other containers' (see [`crate::memory`]), then records
+    /// the limit. A VM sized by `vmlet.io/memory` refuses what does not fit.
+    pub async fn fit_memory(
+        &self,
+        container_id: &str,
+        limit_mib: Option<u64>,
+    ) -> Result<(), Error> {
+        let _one_at_a_time = self.growing.lock().await;
+        let fit = self.memory.lock().unwrap().fit(container_id, limit_mib)?;
+        if let Fit::Grow { plugged_mib } = fit {
+            self.check_running()?;
+            let started = Instant::now();
+            let hotplug = self.hotplug.clone();
+            block(move || {
+                crate::memory::plug(
+                    hotplug.lock().unwrap().qmp(),
+                    plugged_mib,
+                    crate::memory::PLUG_TIMEOUT,
+                )
+            })
+            .await??;
+            log::info!(
+                "pod {}: the VM grew to {} MiB for {container_id} (limit {limit_mib:?} MiB) in {:?}",
+                self.pod_id,
+                self.shape.memory_mib + plugged_mib,
+                started.elapsed()
+            );
+        }
+        self.memory
+            .lock()
+            .unwrap()
+            .commit(container_id, limit_mib, fit);
+        Ok(())
+    }
+
     /// Unplugs what [`Vm::attach_block_devices`] attached for `container_id`.
     pub async fn detach_block_devices(&self, container_id: &str) -> Result<(), Error> {
         let (hotplug, id) = (self.hotplug.clone(), container_id.to_owned());
@@ -645,6 +691,7 @@ impl Vm {
 
     /// Removes a container's rootfs and binds from the share (the VM goes on).
     pub fn remove_container(&self, container_id: &str) -> Result<(), Error> {
+        self.memory.lock().unwrap().release(container_id);
         let dir = self.paths.dir.join(share::MOUNTS_DIR).join(container_id);
         let mut state = self.state.lock().unwrap();
         let (theirs, ours): (Vec<PathBuf>, Vec<PathBuf>) = std::mem::take(&mut state.mounts)

@@ -29,6 +29,40 @@ pub const FORWARD_PORT: u32 = 1026;
 /// connects only after seeing it: a vsock connection attempted while the guest's driver
 /// is still starting can leave vhost-device-vsock answering nothing for that VM again.
 pub const READY_LINE: &str = "agent ready on vsock port";
+/// The options of a spec's mount the agent applies (anything else is handed to the file
+/// system as data). `rro` binds read-only with every mount below (`mount_setattr(2)`,
+/// `AT_RECURSIVE`); propagation options are accepted, a guest mount has none to give the
+/// host. The shim's `-info` lists these to containerd.
+pub const MOUNT_OPTIONS: &[&str] = &[
+    "async",
+    "atime",
+    "bind",
+    "dev",
+    "diratime",
+    "dirsync",
+    "exec",
+    "noatime",
+    "nodev",
+    "nodiratime",
+    "noexec",
+    "norelatime",
+    "nostrictatime",
+    "nosuid",
+    "private",
+    "rbind",
+    "relatime",
+    "rprivate",
+    "ro",
+    "rro",
+    "rshared",
+    "rslave",
+    "rw",
+    "shared",
+    "slave",
+    "strictatime",
+    "suid",
+    "sync",
+];
 
 #[allow(
     clippy::all,

@@ -41,6 +41,34 @@ pub struct Compiled {
     pub flags: u32,
 }
 
+/// The actions [`compile`] honours (`SCMP_ACT_NOTIFY` it refuses), for `-info`.
+pub const SUPPORTED_ACTIONS: &[&str] = &[
+    "SCMP_ACT_KILL",
+    "SCMP_ACT_KILL_THREAD",
+    "SCMP_ACT_KILL_PROCESS",
+    "SCMP_ACT_TRAP",
+    "SCMP_ACT_ERRNO",
+    "SCMP_ACT_TRACE",
+    "SCMP_ACT_LOG",
+    "SCMP_ACT_ALLOW",
+];
+/// The argument comparisons [`compile`] honours, for `-info`.
+pub const SUPPORTED_OPERATORS: &[&str] = &[
+    "SCMP_CMP_NE",
+    "SCMP_CMP_LT",
+    "SCMP_CMP_LE",
+    "SCMP_CMP_EQ",
+    "SCMP_CMP_GE",
+    "SCMP_CMP_GT",
+    "SCMP_CMP_MASKED_EQ",
+];
+/// The filter flags [`compile`] passes on, for `-info`.
+pub const SUPPORTED_FLAGS: &[&str] = &[
+    "SECCOMP_FILTER_FLAG_TSYNC",
+    "SECCOMP_FILTER_FLAG_LOG",
+    "SECCOMP_FILTER_FLAG_SPEC_ALLOW",
+];
+
 fn invalid(what: String) -> Error {
     Error::InvalidArgument(format!("linux.seccomp: {what}"))
 }
