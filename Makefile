@@ -13,7 +13,7 @@ demo:
 test:
 	scripts/test-all
 
-## test-matrix: every end-to-end test and critest on containerd 2.2, 1.7 and 1.6 (not in CI).
+## test-matrix: every end-to-end test and critest on containerd 2.2, 1.7 and 1.6 (not in CI; VMLET_MATRIX_SERIES="1.7 1.6" narrows it).
 test-matrix:
 	scripts/install-deps
 	scripts/test-matrix

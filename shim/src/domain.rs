@@ -113,7 +113,7 @@ pub struct Features {
 #[derive(Debug, Serialize, Default)]
 pub struct Empty {}
 
-#[derive(Debug, Serialize, PartialEq, Eq)]
+#[derive(Debug, Serialize, PartialEq, Eq, Default)]
 pub struct Cpu {
     #[serde(rename = "@mode", skip_serializing_if = "Option::is_none")]
     pub mode: Option<String>,
@@ -173,15 +173,7 @@ impl Cpu {
         if p.hotplug_mib == 0 {
             return cpu;
         }
-        let mut cpu = cpu.unwrap_or(Cpu {
-            mode: None,
-            match_: None,
-            check: None,
-            model: None,
-            vendor: None,
-            features: Vec::new(),
-            numa: None,
-        });
+        let mut cpu = cpu.unwrap_or_default();
         cpu.numa = Some(Numa {
             cell: NumaCell {
                 id: 0,
@@ -196,12 +188,7 @@ impl Cpu {
     fn mode(mode: &str) -> Self {
         Cpu {
             mode: Some(mode.into()),
-            match_: None,
-            check: None,
-            model: None,
-            vendor: None,
-            features: Vec::new(),
-            numa: None,
+            ..Default::default()
         }
     }
 

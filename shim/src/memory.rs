@@ -11,7 +11,7 @@
 //!
 //! The VM does not shrink when a container goes: its limit is forgotten, so the next one
 //! fits in what is left. A VM sized by `vmlet.io/memory` keeps that size: a container
-//! whose limit does not fit there is refused, naming the numbers.
+//! whose limit, with the pod's others, exceeds it is refused, naming the numbers.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -97,10 +97,15 @@ impl PodMemory {
             return Ok(Fit::Fits);
         }
         if self.fixed {
+            // The pod chose the size (it may leave the guest less than the overhead): only
+            // limits that add up to more than the whole VM are refused.
+            let limits = needed - self.overhead_mib;
+            if limits <= self.total_mib() {
+                return Ok(Fit::Fits);
+            }
             return Err(Error::FailedPrecondition(format!(
-                "container {container_id}: its memory limit of {} MiB, the pod's other containers' limits and the guest's {} MiB need {needed} MiB; the pod's VM has {} MiB, set by vmlet.io/memory",
+                "container {container_id}: its memory limit of {} MiB and the pod's other containers' limits add up to {limits} MiB; the pod's VM has {} MiB, set by vmlet.io/memory",
                 limit_mib.unwrap_or(0),
-                self.overhead_mib,
                 self.total_mib()
             )));
         }
@@ -231,11 +236,14 @@ mod tests {
 
     #[test]
     fn a_vm_sized_by_annotation_refuses_what_does_not_fit_naming_the_numbers() {
-        let pod = PodMemory::new(512, 0, 128, true);
+        let mut pod = PodMemory::new(512, 0, 128, true);
         assert_eq!(pod.fit("app", Some(384)).unwrap(), Fit::Fits);
-        let err = pod.fit("app", Some(1024)).unwrap_err();
+        // Less than the overhead left to the guest is the pod's choice.
+        assert_eq!(pod.fit("app", Some(500)).unwrap(), Fit::Fits);
+        pod.commit("side", Some(200), Fit::Fits);
+        let err = pod.fit("app", Some(400)).unwrap_err();
         let message = err.to_string();
-        for part in ["app", "1024 MiB", "1152 MiB", "512 MiB", "vmlet.io/memory"] {
+        for part in ["app", "400 MiB", "600 MiB", "512 MiB", "vmlet.io/memory"] {
             assert!(message.contains(part), "{message}");
         }
     }

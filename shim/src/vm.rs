@@ -460,8 +460,11 @@ impl Vm {
             cpu_model: req.options.cpu_model.clone(),
             kernel: config.guest.kernel.to_string_lossy().into_owned(),
             initrd: config.guest.initrd.to_string_lossy().into_owned(),
+            // memhp_default_state: the guest onlines what virtio-mem plugs. swiotlb=noforce:
+            // a hot-plug region above 4 GiB would make the kernel reserve 64 MiB of bounce
+            // buffers, which the guest's devices (virtio without an IOMMU) never use.
             cmdline: format!(
-                "console=ttyS0 panic=-1 quiet memhp_default_state=online vmlet.share={SHARE_TAG} {}",
+                "console=ttyS0 panic=-1 quiet memhp_default_state=online swiotlb=noforce vmlet.share={SHARE_TAG} {}",
                 req.options.kernel_params
             )
             .trim_end()
