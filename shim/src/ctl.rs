@@ -37,18 +37,6 @@ impl PodView {
     }
 }
 
-/// Whether `pid` is the running shim of `pod_id` (checked by its command line, so that a
-/// recycled PID is never taken for it).
-pub fn live_shim(pid: u32, pod_id: &str) -> bool {
-    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-    let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
-    args.first()
-        .is_some_and(|a| a.ends_with(b"containerd-shim-vmlet-v2"))
-        && args
-            .windows(2)
-            .any(|w| w[0] == b"-id" && w[1] == pod_id.as_bytes())
-}
-
 /// Where `ip netns` and CNI (through containerd's CRI) keep named network namespaces.
 pub const NAMED_NETNS_DIR: &str = "/run/netns";
 
@@ -79,7 +67,7 @@ pub fn survey(
             pod.shim_pid = PodState::load(&entry.path())
                 .ok()
                 .and_then(|s| s.shim_pid)
-                .filter(|pid| live_shim(*pid, &id));
+                .filter(|pid| crate::reclaim::live_shim(*pid, &id));
         }
     }
     for domain in vmm.vmlet_domains()? {
@@ -200,7 +188,7 @@ impl Removal {
 
     fn run(&self, config: &NodeConfig, vmm: &dyn VmManager) -> Result<(), Error> {
         match self {
-            Removal::State(id) => crate::task::cleanup_after_shim(config, vmm, id),
+            Removal::State(id) => crate::reclaim::cleanup_after_shim(config, vmm, id),
             Removal::Domain(name) => vmm.remove(name),
             Removal::Tap(tap) => vmlet_netns::remove_marked_tap(tap).map_err(Error::Network),
             Removal::Helper(pid, pod_id) => {
@@ -246,7 +234,7 @@ pub fn gc(
 }
 
 fn domain_of(pod: &PodView) -> String {
-    crate::vm::domain_name(&pod.pod_id)
+    crate::pod_paths::domain_name(&pod.pod_id)
 }
 
 #[cfg(test)]
@@ -317,11 +305,5 @@ mod tests {
         ] {
             assert_eq!(helper_pod(&other, state), None);
         }
-    }
-
-    #[test]
-    fn a_pid_is_a_shim_only_by_its_command_line() {
-        assert!(!live_shim(std::process::id(), "x"));
-        assert!(!live_shim(0, "x"));
     }
 }

@@ -33,6 +33,9 @@ pub enum Error {
     /// The agent answered with an error (its ttrpc code is kept).
     #[error("agent: {message}")]
     Agent { code: Code, message: String },
+    /// The connection to the agent broke or timed out: what the guest did is unknown.
+    #[error("agent unreachable: {0}")]
+    AgentLost(String),
     #[error("{0}")]
     Timeout(String),
     /// An OCI hook failed (its message names the hook).
@@ -71,6 +74,7 @@ impl Error {
             Error::PermissionDenied(_) => Code::PERMISSION_DENIED,
             Error::ResourceExhausted(_) => Code::RESOURCE_EXHAUSTED,
             Error::Agent { code, .. } => *code,
+            Error::AgentLost(_) => Code::UNAVAILABLE,
             Error::Network(e) => match e {
                 vmlet_netns::Error::Enter { .. } | vmlet_netns::Error::NoInterface(_) => {
                     Code::FAILED_PRECONDITION
@@ -119,10 +123,7 @@ impl From<ttrpc::Error> for Error {
                 code: status.code(),
                 message: crate::guest_text::clean(&status.message, crate::guest_text::MAX_MESSAGE),
             },
-            other => Error::Agent {
-                code: Code::UNAVAILABLE,
-                message: other.to_string(),
-            },
+            other => Error::AgentLost(other.to_string()),
         }
     }
 }

@@ -1,8 +1,12 @@
 //! `containerd-shim-vmlet-v2`: a containerd shim v2 that runs each task in its own
 //! libvirt/QEMU VM and talks to `vmlet-agent` inside it over vsock.
 //!
-//! - [`task`]: containerd's task API, translated at the edge into calls on [`vm::Vm`];
+//! - [`task`]: containerd's task API, translated at the edge into calls on [`vm::Vm`]
+//!   (the process state machine and the exit rules in their own files);
 //! - [`vm`]: one pod's VM (state dir, virtio-fs share, vsock backend, domain, agent);
+//! - [`guest`]: the agent's calls behind a trait, with their deadlines and error mapping;
+//! - [`pod_paths`]: where a pod's host files are; [`reclaim`]: what is reclaimed after a
+//!   pod, its shim or a failed boot (used by the shim, `vmletctl gc` and failed boots);
 //! - [`domain`]: the libvirt domain XML from typed structs;
 //! - [`vmm`]: the VM manager seam (libvirt, and a fake for tests);
 //! - [`vsock`]: reaching guest ports (vhost-vsock or hybrid vsock);
@@ -29,6 +33,7 @@ pub mod domain;
 mod error;
 pub mod fd_mount;
 pub mod features;
+pub mod guest;
 pub mod guest_text;
 pub mod hooks;
 pub mod log_dir;
@@ -37,8 +42,10 @@ pub mod memory;
 pub mod metrics;
 pub mod netns_holder;
 pub mod pod_cgroup;
+pub mod pod_paths;
 pub mod port_forward;
 pub mod qmp;
+pub mod reclaim;
 pub mod seccomp;
 pub mod share;
 pub mod shim;

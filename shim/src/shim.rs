@@ -8,7 +8,8 @@ use containerd_shim::publisher::RemotePublisher;
 use containerd_shim::{api, Config, Error as ShimError, Flags, StartOpts};
 use vmlet_config::NodeConfig;
 
-use crate::task::{cleanup_after_shim, TaskApi, TaskService, VmmFactory};
+use crate::reclaim::cleanup_after_shim;
+use crate::task::{TaskApi, TaskService, VmmFactory};
 use crate::vmm::Libvirt;
 
 /// containerd's runtime name for vmlet.

@@ -1,23 +1,22 @@
 //! One pod's VM: state directory, shared directory, vsock backend, libvirt domain, agent.
-//! Everything created is recorded in [`PodState`] first and removed by [`teardown`].
+//! Everything created is recorded in [`PodState`] first and removed by
+//! [`crate::reclaim::teardown`].
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
 use vmlet_config::{Accel, CpuModel, NodeConfig, VmOptions, VmShape, VsockTransport};
-use vmlet_protocol::agent::{
-    ConfigureNetworkRequest, NetworkInterface, PingRequest, Route, ShutdownRequest,
-};
+use vmlet_protocol::agent::{ConfigureNetworkRequest, NetworkInterface, PingRequest, Route};
 use vmlet_protocol::agent_ttrpc::AgentClient;
 use vmlet_protocol::AGENT_PORT;
 
 use crate::block_devices::{BlockDevice, Hotplug};
 use crate::domain::{Domain, DomainParams, VsockDevice};
+use crate::guest::{AgentGuest, Guest};
 use crate::memory::{Fit, PodMemory};
+use crate::pod_paths::{domain_name, PodPaths};
 use crate::share;
 pub use crate::share::RootfsSource;
 use crate::state::PodState;
@@ -33,46 +32,13 @@ const POWER_OFF_WAIT: Duration = Duration::from_secs(2);
 /// How long QEMU may take to connect vmlet's QMP monitor once libvirt started it.
 const QMP_CONNECT_WAIT: Duration = Duration::from_secs(10);
 
-pub fn domain_name(pod_id: &str) -> String {
-    format!("vmlet-{pod_id}")
-}
-
-/// The paths of one pod's state directory.
-#[derive(Debug, Clone)]
-pub struct PodPaths {
-    pub dir: PathBuf,
-    pub share: PathBuf,
-    pub vhost_socket: PathBuf,
-    pub vsock_uds: PathBuf,
-    pub console: PathBuf,
-    pub vsock_log: PathBuf,
-    pub tap_socket: PathBuf,
-    pub qmp_socket: PathBuf,
-}
-
-impl PodPaths {
-    pub fn new(state_dir: &Path, pod_id: &str) -> Self {
-        let dir = state_dir.join(pod_id);
-        let log = crate::log_dir::path(&dir);
-        Self {
-            share: dir.join(share::SHARE_DIR),
-            vhost_socket: dir.join("vhost-vsock.sock"),
-            vsock_uds: dir.join("vsock.sock"),
-            console: log.join("console.log"),
-            vsock_log: log.join("vhost-device-vsock.log"),
-            tap_socket: dir.join("taps.sock"),
-            qmp_socket: dir.join("qmp.sock"),
-            dir,
-        }
-    }
-}
-
 /// A booted VM with its agent connected.
 pub struct Vm {
     pub pod_id: String,
     pub paths: PodPaths,
     pub endpoint: Endpoint,
-    pub agent: AgentClient,
+    /// The agent's calls ([`Vm::guest`]).
+    guest: Arc<dyn Guest>,
     pub boot_id: String,
     /// QEMU's PID on the host: what containerd is told for every process of the pod.
     pub host_pid: u32,
@@ -261,7 +227,7 @@ impl Vm {
                     pod_id: req.pod_id,
                     paths,
                     endpoint: booted.endpoint,
-                    agent: booted.agent,
+                    guest: Arc::new(AgentGuest::new(booted.agent)),
                     boot_id: booted.boot_id,
                     host_pid: booted.qemu_pid,
                     state: Mutex::new(state),
@@ -280,7 +246,9 @@ impl Vm {
                     server.abort();
                 }
                 let state = state.lock().unwrap().clone();
-                if let Ok(Err(cleanup)) = block(move || teardown(&*vmm, &state)).await {
+                if let Ok(Err(cleanup)) =
+                    block(move || crate::reclaim::teardown(&*vmm, &state)).await
+                {
                     log::error!(
                         "cleanup after failed boot of {}: {}",
                         req.pod_id,
@@ -601,6 +569,11 @@ impl Vm {
         let _ = ended.wait_for(|e| *e).await;
     }
 
+    /// The pod's agent.
+    pub fn guest(&self) -> &dyn Guest {
+        &*self.guest
+    }
+
     /// Refuses a call into the guest once the VM has ended (it would wait for an agent
     /// that is gone).
     pub fn check_running(&self) -> Result<(), Error> {
@@ -720,21 +693,14 @@ impl Vm {
         self.stopping
             .store(true, std::sync::atomic::Ordering::SeqCst);
         if !self.has_ended() {
-            let asked = tokio::time::timeout(
-                POWER_OFF_WAIT,
-                self.agent.shutdown(
-                    ttrpc::context::with_timeout(1_000_000_000),
-                    &ShutdownRequest::default(),
-                ),
-            )
-            .await;
+            let asked = tokio::time::timeout(POWER_OFF_WAIT, self.guest.shutdown()).await;
             if matches!(asked, Ok(Ok(_))) {
                 let _ = tokio::time::timeout(POWER_OFF_WAIT, self.ended()).await;
             }
         }
         let state = self.state.lock().unwrap().clone();
         let vmm = self.vmm.clone();
-        let result = block(move || teardown(&*vmm, &state)).await?;
+        let result = block(move || crate::reclaim::teardown(&*vmm, &state)).await?;
         log::info!(
             "pod {}: torn down in {} ms",
             self.pod_id,
@@ -861,54 +827,6 @@ pub async fn connect_agent(
     )))
 }
 
-/// Removes what `state` lists: domain, pod network wiring, host process, vsock backend,
-/// mounts, then the directory. Goes on past failures and reports the first.
-pub fn teardown(vmm: &dyn VmManager, state: &PodState) -> Result<(), Error> {
-    let mut first: Option<Error> = None;
-    let mut note = |r: Result<(), Error>| {
-        if let Err(e) = r {
-            log::warn!("teardown: {}", e.message());
-            first.get_or_insert(e);
-        }
-    };
-    if let Some(domain) = &state.domain {
-        note(vmm.remove(domain));
-    }
-    if let Some(netns) = &state.netns {
-        let pod_id = state.dir.file_name().unwrap_or_default().to_string_lossy();
-        match vmlet_netns::unwire(netns, &pod_id, &state.wirings) {
-            // The namespace is gone (CNI DEL ran first): so is everything in it.
-            Err(vmlet_netns::Error::Enter { .. }) => {}
-            other => note(other.map_err(Error::Network)),
-        }
-    }
-    if let Some(pid) = state.holder_pid {
-        crate::netns_holder::stop(pid);
-    }
-    if let Some(pid) = state.vsock_pid {
-        if is_vhost_device_vsock(pid) {
-            let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
-        }
-    }
-    note(share::unmount_recorded(&state.dir, &state.mounts));
-    if let Some(path) = &state.cgroup {
-        note(crate::pod_cgroup::PodCgroup { path: path.clone() }.remove());
-    }
-    // Whatever the state file did not list (it was lost): nothing may stop the removal.
-    if state.dir.exists() {
-        note(share::unmount_below(&state.dir));
-        note(share::remove_pod_dir(&state.dir));
-    }
-    first.map_or(Ok(()), Err)
-}
-
-/// Guards against killing a recycled PID.
-fn is_vhost_device_vsock(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/cmdline"))
-        .map(|c| c.contains("vhost-device-vsock"))
-        .unwrap_or(false)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -945,27 +863,5 @@ mod tests {
             Some(7)
         );
         assert_eq!(guest_cid("<vsock/>"), None);
-    }
-
-    #[test]
-    fn teardown_removes_domain_and_dir() {
-        let dir = std::env::temp_dir().join(format!("vmlet-teardown-{}", std::process::id()));
-        std::fs::create_dir_all(dir.join("share")).unwrap();
-        let vmm = crate::vmm::FakeVmm::default();
-        vmm.start("<name>vmlet-p</name>").unwrap();
-        let state = PodState {
-            dir: dir.clone(),
-            domain: Some("vmlet-p".into()),
-            vsock_pid: None,
-            mounts: vec![],
-            netns: None,
-            wirings: vec![],
-            holder_pid: None,
-            shim_pid: None,
-            cgroup: None,
-        };
-        teardown(&vmm, &state).unwrap();
-        assert!(vmm.running.lock().unwrap().is_empty());
-        assert!(!dir.exists());
     }
 }

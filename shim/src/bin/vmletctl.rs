@@ -55,7 +55,7 @@ fn run(args: &[&str]) -> Result<(), String> {
             Ok(())
         }
         ["console", pod] => {
-            let path = vmlet_shim::vm::PodPaths::new(&config.state_dir, pod).console;
+            let path = vmlet_shim::pod_paths::PodPaths::new(&config.state_dir, pod).console;
             let text =
                 std::fs::read(&path).map_err(|e| format!("pod {pod}: {}: {e}", path.display()))?;
             print!("{}", String::from_utf8_lossy(&text));

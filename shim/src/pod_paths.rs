@@ -1,0 +1,39 @@
+//! Where one pod's files live under the node's state directory, and its domain's name.
+
+use std::path::{Path, PathBuf};
+
+use crate::share;
+
+pub fn domain_name(pod_id: &str) -> String {
+    format!("vmlet-{pod_id}")
+}
+
+/// The paths of one pod's state directory.
+#[derive(Debug, Clone)]
+pub struct PodPaths {
+    pub dir: PathBuf,
+    pub share: PathBuf,
+    pub vhost_socket: PathBuf,
+    pub vsock_uds: PathBuf,
+    pub console: PathBuf,
+    pub vsock_log: PathBuf,
+    pub tap_socket: PathBuf,
+    pub qmp_socket: PathBuf,
+}
+
+impl PodPaths {
+    pub fn new(state_dir: &Path, pod_id: &str) -> Self {
+        let dir = state_dir.join(pod_id);
+        let log = crate::log_dir::path(&dir);
+        Self {
+            share: dir.join(share::SHARE_DIR),
+            vhost_socket: dir.join("vhost-vsock.sock"),
+            vsock_uds: dir.join("vsock.sock"),
+            console: log.join("console.log"),
+            vsock_log: log.join("vhost-device-vsock.log"),
+            tap_socket: dir.join("taps.sock"),
+            qmp_socket: dir.join("qmp.sock"),
+            dir,
+        }
+    }
+}

@@ -1,0 +1,110 @@
+//! What changes a running task without starting or ending a process: pause and resume,
+//! resource updates (the VM grows first when a memory limit needs it), stats.
+
+use containerd_shim::api;
+use containerd_shim_protos::events::task::{TaskPaused, TaskResumed};
+use containerd_shim_protos::topics;
+
+use super::process::Phase;
+use super::TaskService;
+use crate::Error;
+
+impl TaskService {
+    /// Freezes (`pause`) or thaws the task's processes, moving its init between Running and
+    /// Paused and publishing TaskPaused / TaskResumed.
+    pub(super) async fn set_paused(&self, id: &str, paused: bool) -> Result<(), Error> {
+        let task = self.task(id)?;
+        let (from, to) = if paused {
+            (Phase::Running, Phase::Paused)
+        } else {
+            (Phase::Paused, Phase::Running)
+        };
+        task.init.expect(from)?;
+        if paused {
+            task.vm.guest().pause(&task.id).await?;
+        } else {
+            task.vm.guest().resume(&task.id).await?;
+        }
+        task.init.settle(from, to);
+        let container_id = task.id.clone();
+        if paused {
+            let event = TaskPaused {
+                container_id,
+                ..Default::default()
+            };
+            self.publish(topics::TASK_PAUSED_EVENT_TOPIC, Box::new(event))
+                .await;
+        } else {
+            let event = TaskResumed {
+                container_id,
+                ..Default::default()
+            };
+            self.publish(topics::TASK_RESUMED_EVENT_TOPIC, Box::new(event))
+                .await;
+        }
+        Ok(())
+    }
+
+    pub(super) async fn update(&self, req: api::UpdateTaskRequest) -> Result<(), Error> {
+        let task = self.task(&req.id)?;
+        let json = req
+            .resources
+            .as_ref()
+            .map(|a| a.value.as_slice())
+            .unwrap_or(b"{}");
+        let resources = crate::spec::update_resources(json, &req.id)?;
+        // An update that leaves memory alone keeps the container's limit as it was.
+        if let Some(limit) = crate::memory::limit_mib(Some(resources.memory_limit)) {
+            task.vm.fit_memory(&task.id, Some(limit)).await?;
+        }
+        task.vm.guest().update_resources(&task.id, resources).await
+    }
+
+    pub(super) async fn metrics(&self, id: &str) -> Result<api::StatsResponse, Error> {
+        let task = self.task(id)?;
+        let stats = task.vm.guest().stats(&task.id).await?;
+        let metrics = crate::metrics::from_agent(&stats);
+        let value = protobuf::Message::write_to_bytes(&metrics)
+            .map_err(|e| Error::Internal(format!("encode metrics: {e}")))?;
+        Ok(api::StatsResponse {
+            stats: Some(protobuf::well_known_types::any::Any {
+                type_url: crate::metrics::TYPE_URL.into(),
+                value,
+                ..Default::default()
+            })
+            .into(),
+            ..Default::default()
+        })
+    }
+
+    /// The guest PIDs of the task's processes.
+    pub(super) async fn pids(&self, id: &str) -> Result<api::PidsResponse, Error> {
+        let task = self.task(id)?;
+        let pids = task.vm.guest().list_processes(&task.id).await?;
+        Ok(api::PidsResponse {
+            processes: pids
+                .into_iter()
+                .map(|pid| containerd_shim_protos::api::ProcessInfo {
+                    pid,
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        })
+    }
+
+    /// Resizes a process's terminal.
+    pub(super) async fn resize_pty(&self, req: api::ResizePtyRequest) -> Result<(), Error> {
+        let (task, process) = self.get(&req.id, &req.exec_id)?;
+        if !process.terminal {
+            return Err(Error::FailedPrecondition(format!(
+                "{} has no terminal to resize",
+                process.name()
+            )));
+        }
+        task.vm
+            .guest()
+            .resize_terminal(&process.id, req.width, req.height)
+            .await
+    }
+}

@@ -1,0 +1,163 @@
+//! containerd's task API (shim v2) for vmlet. Tasks of one pod share its VM: the sandbox
+//! task boots it, container tasks join it.
+//!
+//! - [`api`]: the ttrpc face, each RPC a lookup, one call and its error mapping;
+//! - [`create`]: a task's create, from the bundle to a booted or joined VM;
+//! - [`start`]: start, the watch for the exit, kill;
+//! - [`exec`]: exec processes; [`control`]: pause, resume, update, stats;
+//!   [`delete`]: delete, with what it must leave and remove;
+//! - [`process`]: one process's state machine; [`exit`]: the exit statuses and when.
+
+mod api;
+mod control;
+mod create;
+mod delete;
+mod exec;
+pub mod exit;
+pub mod process;
+mod start;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use containerd_shim::asynchronous::ExitSignal;
+use containerd_shim::publisher::RemotePublisher;
+use containerd_shim::Context;
+use containerd_shim_protos::events::task::TaskExit;
+use containerd_shim_protos::protobuf::MessageDyn;
+use containerd_shim_protos::topics;
+use vmlet_config::NodeConfig;
+
+pub use self::api::TaskApi;
+pub use self::exit::{AGENT_LOST_STATUS, KILL_GRACE, VM_ENDED_STATUS};
+use self::process::Process;
+use crate::vm::Vm;
+use crate::vmm::VmManager;
+use crate::Error;
+
+/// Builds the VM manager for a config (libvirt in production).
+pub type VmmFactory = Arc<dyn Fn(&NodeConfig) -> Arc<dyn VmManager> + Send + Sync>;
+
+/// One task: a container (or the pod's sandbox) with its init and execs.
+struct TaskEntry {
+    id: String,
+    bundle: String,
+    /// OCI hooks that run on the host, and the state they read (with the pod's host
+    /// process as PID); poststart and poststop run from here.
+    hooks: crate::hooks::HostHooks,
+    hook_state: crate::hooks::HookState,
+    vm: Arc<Vm>,
+    /// The pod (sandbox) this task belongs to; a sandbox's is its own id.
+    pod_id: String,
+    init: Arc<Process>,
+    execs: Mutex<HashMap<String, Arc<Process>>>,
+}
+
+impl TaskEntry {
+    /// Whether this task is its pod's sandbox (it owns the VM).
+    fn is_sandbox(&self) -> bool {
+        self.pod_id == self.id
+    }
+
+    /// The status of the VM's end for `process`, logged unless the shim stopped the VM
+    /// itself.
+    fn vm_ended_under(&self, process: &Process) -> u32 {
+        if !self.vm.is_stopping() {
+            log::error!(
+                "{}: the pod's VM stopped (QEMU exited) while it ran: exit status {VM_ENDED_STATUS}",
+                process.name()
+            );
+        }
+        VM_ENDED_STATUS
+    }
+
+    /// Whether the pod's VM has ended or does within [`exit::VM_END_GRACE`] (the agent's
+    /// connection can break a moment before QEMU's end is seen).
+    async fn vm_ends_within_grace(&self) -> bool {
+        tokio::time::timeout(exit::VM_END_GRACE, self.vm.ended())
+            .await
+            .is_ok()
+    }
+}
+
+pub struct TaskService {
+    namespace: String,
+    publisher: Arc<RemotePublisher>,
+    exit: Arc<ExitSignal>,
+    vmm_factory: VmmFactory,
+    tasks: Mutex<HashMap<String, Arc<TaskEntry>>>,
+    /// The pods' VMs, by sandbox id.
+    vms: Mutex<HashMap<String, Arc<Vm>>>,
+}
+
+impl TaskService {
+    pub fn new(
+        namespace: &str,
+        publisher: RemotePublisher,
+        exit: Arc<ExitSignal>,
+        vmm_factory: VmmFactory,
+    ) -> Self {
+        Self {
+            namespace: namespace.into(),
+            publisher: Arc::new(publisher),
+            exit,
+            vmm_factory,
+            tasks: Mutex::new(HashMap::new()),
+            vms: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn task(&self, id: &str) -> Result<Arc<TaskEntry>, Error> {
+        self.tasks
+            .lock()
+            .unwrap()
+            .get(id)
+            .cloned()
+            .ok_or_else(|| Error::NotFound(format!("task {id}")))
+    }
+
+    /// A task and one of its processes (the init for an empty exec id).
+    fn get(&self, id: &str, exec_id: &str) -> Result<(Arc<TaskEntry>, Arc<Process>), Error> {
+        let task = self.task(id)?;
+        let process = if exec_id.is_empty() {
+            task.init.clone()
+        } else {
+            task.execs
+                .lock()
+                .unwrap()
+                .get(exec_id)
+                .cloned()
+                .ok_or_else(|| Error::NotFound(format!("exec {exec_id} of task {id}")))?
+        };
+        Ok((task, process))
+    }
+
+    async fn publish(&self, topic: &str, event: Box<dyn MessageDyn>) {
+        if let Err(e) = self
+            .publisher
+            .publish(Context::default(), topic, &self.namespace, event)
+            .await
+        {
+            log::warn!("publish {topic}: {e}");
+        }
+    }
+
+    /// Records a process's exit (once) and publishes TaskExit.
+    async fn finish(&self, task: &TaskEntry, process: &Process, status: u32) {
+        let Some(exit) = process.record_exit(status) else {
+            return;
+        };
+        self.publish(
+            topics::TASK_EXIT_EVENT_TOPIC,
+            Box::new(TaskExit {
+                container_id: task.id.clone(),
+                id: process.event_id().into(),
+                pid: process.pid,
+                exit_status: exit.status,
+                exited_at: Some(exit.at).into(),
+                ..Default::default()
+            }),
+        )
+        .await;
+    }
+}
