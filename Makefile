@@ -11,12 +11,12 @@ demo:
 ## test: everything: lint, unit tests, the private stack, end-to-end tests, critest,
 ## benchmarks on containerd 2.2, then the smoke tests on containerd 1.7 and 1.6.
 test:
-	scripts/test-all
+	scripts/with-stack-lock scripts/test-all
 
 ## test-matrix: every end-to-end test and critest on containerd 2.2, 1.7 and 1.6 (not in CI; VMLET_MATRIX_SERIES="1.7 1.6" narrows it).
 test-matrix:
 	scripts/install-deps
-	scripts/test-matrix
+	scripts/with-stack-lock scripts/test-matrix
 
 unit:
 	scripts/install-deps

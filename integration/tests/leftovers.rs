@@ -1,34 +1,174 @@
-//! Run after the other end-to-end suites: nothing vmlet started may be left.
+//! What the end-to-end suites leave behind. `scripts/e2e` runs `before_the_suite` first,
+//! which records what is already there (a developer's pods, another runtime's namespaces),
+//! and `nothing_is_left_behind` last, which names everything that appeared since, each with
+//! what made it.
 
-use vmlet_integration::Stack;
+use std::collections::BTreeSet;
+use std::process::Command;
+
+use vmlet_integration::{bounded, Stack};
+
+#[test]
+#[ignore = "needs the vmlet stack: make test"]
+fn before_the_suite() {
+    let s = Stack::from_env().expect("the vmlet stack");
+    let found = survey(&s);
+    let text: String = found.iter().map(|l| format!("{l}\n")).collect();
+    std::fs::write(before_file(&s), text).expect("writing what was there before the suite");
+}
 
 #[test]
 #[ignore = "needs the vmlet stack: make test"]
 fn nothing_is_left_behind() {
     let s = Stack::from_env().expect("the vmlet stack");
-    assert_eq!(
-        s.vmlet_domains().unwrap(),
-        Vec::<String>::new(),
-        "libvirt domains left"
-    );
-    assert_eq!(s.stack_processes(), Vec::new(), "processes left");
-    assert_eq!(s.state_mounts(), Vec::<String>::new(), "mounts left");
-    let state = std::fs::read_dir(format!("{}/state", s.dir))
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect::<Vec<_>>();
-    assert_eq!(state, Vec::<String>::new(), "pod state dirs left");
-    let netns = std::process::Command::new("ip")
-        .args(["netns", "list"])
-        .output()
-        .unwrap();
-    // The stack's own node namespace stays until `scripts/stack down`.
-    let node = std::env::var("VMLET_NODE_NETNS").unwrap_or_default();
-    let left: Vec<String> = String::from_utf8_lossy(&netns.stdout)
+    let before: BTreeSet<String> = std::fs::read_to_string(before_file(&s))
+        .expect(
+            "what was there before the suite (scripts/e2e runs leftovers:before_the_suite first)",
+        )
         .lines()
-        .filter_map(|l| l.split_whitespace().next())
-        .filter(|n| (n.starts_with("vmlet-") && *n != node) || n.starts_with("cni-"))
         .map(str::to_owned)
         .collect();
-    assert_eq!(left, Vec::<String>::new(), "network namespaces left");
+    let left: Vec<String> = survey(&s).difference(&before).cloned().collect();
+    assert!(
+        left.is_empty(),
+        "the suite left {} thing(s) behind:\n  {}",
+        left.len(),
+        left.join("\n  ")
+    );
+}
+
+fn before_file(s: &Stack) -> String {
+    format!("{}/e2e-before", s.dir)
+}
+
+/// Everything a run can leave on the node, one line each, naming what made it.
+fn survey(s: &Stack) -> BTreeSet<String> {
+    let mut found = BTreeSet::new();
+    for d in s.vmlet_domains().expect("libvirt domains") {
+        found.insert(format!("libvirt domain {d}: a pod's VM (vmlet's shim)"));
+    }
+    for (pid, cmdline) in s.stack_processes() {
+        let short: String = cmdline.chars().take(160).collect();
+        found.insert(format!("process {pid}: {short}"));
+    }
+    for m in s.state_mounts() {
+        found.insert(format!("mount {m}: a pod's rootfs or share (vmlet's shim)"));
+    }
+    for entry in std::fs::read_dir(format!("{}/state", s.dir)).expect("the pod state dir") {
+        let name = entry.expect("a pod state entry").file_name();
+        found.insert(format!(
+            "pod state dir {}: a pod's host files (vmlet's shim)",
+            name.to_string_lossy()
+        ));
+    }
+    // The stack's containerd keeps its pods' network namespaces under its state dir.
+    let containerd_dir = format!("{}/containerd/", s.dir);
+    for (path, fs) in mounts() {
+        if fs == "nsfs" && path.starts_with(&containerd_dir) {
+            found.insert(format!(
+                "network namespace {path}: a CRI pod's (containerd's CRI plugin)"
+            ));
+        }
+    }
+    let node = std::env::var("VMLET_NODE_NETNS").unwrap_or_default();
+    for name in named_netns() {
+        if name.starts_with("vmlet-") && name != node {
+            found.insert(format!(
+                "network namespace /run/netns/{name}: an end-to-end test's (integration/src/testnet.rs or a test's own)"
+            ));
+        } else if name.starts_with("cni-") {
+            found.insert(format!(
+                "network namespace /run/netns/{name}: a CRI pod's (a containerd that keeps them in /run/netns)"
+            ));
+        }
+    }
+    for pod in cri_pods(s) {
+        found.insert(format!(
+            "CRI pod {pod}: a CRI test's or critest's (crictl rmp)"
+        ));
+    }
+    for container in ctr_containers(s) {
+        found.insert(format!(
+            "container {container}: made through ctr or nerdctl (ctr tasks rm -f; ctr containers rm)"
+        ));
+    }
+    found
+}
+
+/// `(mount point, file system type)` of every mount this process sees.
+fn mounts() -> Vec<(String, String)> {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .expect("/proc/self/mountinfo")
+        .lines()
+        .filter_map(|l| {
+            let point = l.split_whitespace().nth(4)?;
+            let (_, after) = l.split_once(" - ")?;
+            let fs = after.split_whitespace().next()?;
+            Some((point.to_owned(), fs.to_owned()))
+        })
+        .collect()
+}
+
+fn named_netns() -> Vec<String> {
+    let out = bounded::output(Command::new("ip").args(["netns", "list"])).expect("ip netns list");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
+        .collect()
+}
+
+/// `namespace/name (id)` of each pod the CRI plugin has.
+fn cri_pods(s: &Stack) -> Vec<String> {
+    let out = bounded::output(Command::new("crictl").args([
+        "--runtime-endpoint",
+        &format!("unix://{}", s.containerd),
+        "pods",
+        "-o",
+        "json",
+    ]))
+    .expect("crictl pods");
+    assert!(
+        out.status.success(),
+        "crictl pods: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("crictl pods -o json");
+    v["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|p| {
+            let m = &p["metadata"];
+            format!(
+                "{}/{} ({})",
+                m["namespace"].as_str().unwrap_or("?"),
+                m["name"].as_str().unwrap_or("?"),
+                p["id"].as_str().unwrap_or("?")
+            )
+        })
+        .collect()
+}
+
+/// `namespace/id` of each container containerd has, in every namespace.
+fn ctr_containers(s: &Stack) -> Vec<String> {
+    let ctr = |args: &[&str]| {
+        let out = bounded::output(Command::new("ctr").args(["-a", &s.containerd]).args(args))
+            .expect("ctr");
+        assert!(
+            out.status.success(),
+            "ctr {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    let mut found = Vec::new();
+    for ns in ctr(&["namespaces", "ls", "-q"]) {
+        for id in ctr(&["-n", &ns, "containers", "ls", "-q"]) {
+            found.push(format!("{ns}/{id}"));
+        }
+    }
+    found
 }
