@@ -4,11 +4,14 @@
 //! - [`task`]: containerd's task API, translated at the edge into calls on [`vm::Vm`]
 //!   (the process state machine and the exit rules in their own files);
 //! - [`vm`]: one pod's VM (state dir, virtio-fs share, vsock backend, domain, agent);
+//! - [`pod_vm`]: the pod's VM as the task service uses it ([`pod_vm::PodVm`]) and how a
+//!   sandbox gets one ([`pod_vm::VmBooter`]): the seams its lifecycle tests fake;
+//! - [`events`]: the task service's events, through a channel to containerd's publisher;
 //! - [`guest`]: the agent's calls behind a trait, with their deadlines and error mapping;
 //! - [`pod_paths`]: where a pod's host files are; [`reclaim`]: what is reclaimed after a
 //!   pod, its shim or a failed boot (used by the shim, `vmletctl gc` and failed boots);
 //! - [`domain`]: the libvirt domain XML from typed structs;
-//! - [`vmm`]: the VM manager seam (libvirt, and a fake for tests);
+//! - [`vmm`]: the VM manager seam (libvirt; a fake in unit tests);
 //! - [`vsock`]: reaching guest ports (vhost-vsock or hybrid vsock);
 //! - [`stdio`]: containerd FIFOs <-> raw vsock stream connections;
 //! - [`state`]: what a pod created, persisted for `shim delete`;
@@ -31,6 +34,7 @@ pub mod console;
 pub mod ctl;
 pub mod domain;
 mod error;
+pub mod events;
 pub mod fd_mount;
 pub mod features;
 pub mod guest;
@@ -43,6 +47,7 @@ pub mod metrics;
 pub mod netns_holder;
 pub mod pod_cgroup;
 pub mod pod_paths;
+pub mod pod_vm;
 pub mod port_forward;
 pub mod qmp;
 pub mod reclaim;

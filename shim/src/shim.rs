@@ -8,8 +8,10 @@ use containerd_shim::publisher::RemotePublisher;
 use containerd_shim::{api, Config, Error as ShimError, Flags, StartOpts};
 use vmlet_config::NodeConfig;
 
+use crate::events::EventSink;
+use crate::pod_vm::LibvirtBooter;
 use crate::reclaim::cleanup_after_shim;
-use crate::task::{TaskApi, TaskService, VmmFactory};
+use crate::task::{TaskApi, TaskService};
 use crate::vmm::Libvirt;
 
 /// containerd's runtime name for vmlet.
@@ -19,10 +21,6 @@ pub struct VmletShim {
     id: String,
     namespace: String,
     exit: Arc<ExitSignal>,
-}
-
-fn libvirt_factory() -> VmmFactory {
-    Arc::new(|config: &NodeConfig| Arc::new(Libvirt::new(&config.libvirt_uri)) as _)
 }
 
 #[async_trait]
@@ -93,9 +91,10 @@ impl Shim for VmletShim {
     async fn create_task_service(&self, publisher: RemotePublisher) -> Self::T {
         TaskApi(Arc::new(TaskService::new(
             &self.namespace,
-            publisher,
+            EventSink::forward_to(publisher, &self.namespace),
+            Arc::new(NodeConfig::load),
             self.exit.clone(),
-            libvirt_factory(),
+            Arc::new(LibvirtBooter),
         )))
     }
 }

@@ -14,12 +14,16 @@ use vmlet_protocol::AGENT_PORT;
 
 use crate::block_devices::{BlockDevice, Hotplug};
 use crate::domain::{Domain, DomainParams, VsockDevice};
+use async_trait::async_trait;
+
 use crate::guest::{AgentGuest, Guest};
 use crate::memory::{Fit, PodMemory};
 use crate::pod_paths::{domain_name, PodPaths};
+use crate::pod_vm::PodVm;
 use crate::share;
 pub use crate::share::RootfsSource;
 use crate::state::PodState;
+use crate::stdio::{Copies, ProcessName, StdioPaths};
 use crate::taps::TapDescription;
 use crate::vmm::VmManager;
 use crate::vsock::{self, Endpoint};
@@ -534,10 +538,35 @@ impl Vm {
             port_forward,
         })
     }
+}
+
+#[async_trait]
+impl PodVm for Vm {
+    fn pod_id(&self) -> &str {
+        &self.pod_id
+    }
+
+    fn host_pid(&self) -> u32 {
+        self.host_pid
+    }
+
+    fn holder_pid(&self) -> Option<u32> {
+        self.holder_pid
+    }
+
+    async fn attach_stdio(
+        &self,
+        process: ProcessName<'_>,
+        namespace: &str,
+        paths: &StdioPaths,
+        terminal: bool,
+    ) -> Result<Copies, Error> {
+        crate::stdio::attach(&self.endpoint, process, namespace, paths, terminal).await
+    }
 
     /// Hot-plugs `container_id`'s block devices and returns what the agent needs to find
     /// them (nothing stays attached on failure).
-    pub async fn attach_block_devices(
+    async fn attach_block_devices(
         &self,
         container_id: &str,
         devices: &[BlockDevice],
@@ -558,42 +587,30 @@ impl Vm {
     }
 
     /// Whether QEMU is gone.
-    pub fn has_ended(&self) -> bool {
+    fn has_ended(&self) -> bool {
         *self.ended.borrow()
     }
 
     /// Resolves when QEMU is gone; logs it when the shim did not stop the VM itself.
-    pub async fn ended(&self) {
+    async fn ended(&self) {
         let mut ended = self.ended.clone();
         // An error means the watcher is gone, which it only is after QEMU ended.
         let _ = ended.wait_for(|e| *e).await;
     }
 
     /// The pod's agent.
-    pub fn guest(&self) -> &dyn Guest {
+    fn guest(&self) -> &dyn Guest {
         &*self.guest
     }
 
-    /// Refuses a call into the guest once the VM has ended (it would wait for an agent
-    /// that is gone).
-    pub fn check_running(&self) -> Result<(), Error> {
-        if self.has_ended() {
-            return Err(Error::FailedPrecondition(format!(
-                "the VM of pod {} has stopped",
-                self.pod_id
-            )));
-        }
-        Ok(())
-    }
-
     /// Whether the shim is stopping the VM itself.
-    pub fn is_stopping(&self) -> bool {
+    fn is_stopping(&self) -> bool {
         self.stopping.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Ends the VM at once (libvirt destroys it: QEMU is killed), for a guest that did not
     /// obey a SIGKILL of the pod; every process of the pod then ends with status 137.
-    pub async fn kill(&self) -> Result<(), Error> {
+    async fn kill(&self) -> Result<(), Error> {
         self.stopping
             .store(true, std::sync::atomic::Ordering::SeqCst);
         let Some(domain) = self.state.lock().unwrap().domain.clone() else {
@@ -606,11 +623,7 @@ impl Vm {
     /// Grows the VM when it must so that it holds `container_id`'s memory limit (MiB; none:
     /// unlimited) beside the pod's other containers' (see [`crate::memory`]), then records
     /// the limit. A VM sized by `vmlet.io/memory` refuses what does not fit.
-    pub async fn fit_memory(
-        &self,
-        container_id: &str,
-        limit_mib: Option<u64>,
-    ) -> Result<(), Error> {
+    async fn fit_memory(&self, container_id: &str, limit_mib: Option<u64>) -> Result<(), Error> {
         let _one_at_a_time = self.growing.lock().await;
         let fit = self.memory.lock().unwrap().fit(container_id, limit_mib)?;
         if let Fit::Grow { plugged_mib } = fit {
@@ -640,14 +653,14 @@ impl Vm {
     }
 
     /// Unplugs what [`Vm::attach_block_devices`] attached for `container_id`.
-    pub async fn detach_block_devices(&self, container_id: &str) -> Result<(), Error> {
+    async fn detach_block_devices(&self, container_id: &str) -> Result<(), Error> {
         let (hotplug, id) = (self.hotplug.clone(), container_id.to_owned());
         block(move || hotplug.lock().unwrap().detach(&id)).await?
     }
 
     /// Puts another container of the pod (rootfs and binds) into the running VM's share.
     /// On failure what was mounted is removed again.
-    pub fn add_container(
+    fn add_container(
         &self,
         container_id: &str,
         rootfs: &RootfsSource,
@@ -666,7 +679,7 @@ impl Vm {
     }
 
     /// Removes a container's rootfs and binds from the share (the VM goes on).
-    pub fn remove_container(&self, container_id: &str) -> Result<(), Error> {
+    fn remove_container(&self, container_id: &str) -> Result<(), Error> {
         self.memory.lock().unwrap().release(container_id);
         let dir = self.paths.dir.join(share::MOUNTS_DIR).join(container_id);
         let mut state = self.state.lock().unwrap();
@@ -682,7 +695,7 @@ impl Vm {
     /// Stops the VM and removes everything the pod created. The guest is asked to power
     /// itself off first: that is faster than libvirt's destroy (SIGTERM, then waiting for
     /// QEMU), which remains the fallback.
-    pub async fn teardown(&self) -> Result<(), Error> {
+    async fn teardown(&self) -> Result<(), Error> {
         let started = Instant::now();
         if let Some(server) = &self.tap_server {
             server.abort();

@@ -1,6 +1,7 @@
 //! The VM manager seam: libvirt in production, a fake in unit tests. Calls block; callers
 //! run them on a blocking thread.
 
+#[cfg(test)]
 use std::sync::Mutex;
 
 use virt::connect::Connect;
@@ -164,11 +165,13 @@ impl VmManager for Libvirt {
 }
 
 /// An in-memory VM manager for unit tests: records what was started and removed.
+#[cfg(test)]
 #[derive(Default)]
 pub struct FakeVmm {
     pub running: Mutex<Vec<String>>,
 }
 
+#[cfg(test)]
 impl VmManager for FakeVmm {
     fn kvm_usable(&self, _: &str, _: &str) -> bool {
         false

@@ -7,7 +7,6 @@ use async_trait::async_trait;
 use containerd_shim::{api, TtrpcContext, TtrpcResult};
 use containerd_shim_protos::shim_async::Task;
 
-use super::process::Phase;
 use super::TaskService;
 use crate::Error;
 
@@ -46,23 +45,7 @@ impl Task for TaskApi {
         _: &TtrpcContext,
         req: api::StateRequest,
     ) -> TtrpcResult<api::StateResponse> {
-        let (task, process) = self.0.get(&req.id, &req.exec_id)?;
-        let exit = process.exited();
-        let task_paused = task.init.phase() == Phase::Paused;
-        Ok(api::StateResponse {
-            id: process.event_id().into(),
-            bundle: task.bundle.clone(),
-            pid: process.pid,
-            status: process.status(task_paused).into(),
-            stdin: process.stdio.stdin.clone(),
-            stdout: process.stdio.stdout.clone(),
-            stderr: process.stdio.stderr.clone(),
-            terminal: process.terminal,
-            exit_status: exit.as_ref().map_or(0, |e| e.status),
-            exited_at: exit.map(|e| e.at).into(),
-            exec_id: process.id.exec_id.clone(),
-            ..Default::default()
-        })
+        Ok(self.0.state(&req.id, &req.exec_id)?)
     }
 
     async fn wait(
@@ -186,6 +169,8 @@ impl Task for TaskApi {
 
     async fn shutdown(&self, _: &TtrpcContext, _: api::ShutdownRequest) -> TtrpcResult<api::Empty> {
         if self.0.tasks.lock().unwrap().is_empty() {
+            // What was published so far reaches containerd before the shim exits.
+            self.0.events.flush().await;
             self.0.exit.signal();
         }
         Ok(api::Empty::default())

@@ -1,5 +1,5 @@
-//! What changes a running task without starting or ending a process: pause and resume,
-//! resource updates (the VM grows first when a memory limit needs it), stats.
+//! What reads or changes a running task without starting or ending a process: state, pause
+//! and resume, resource updates (the VM grows first when a memory limit needs it), stats.
 
 use containerd_shim::api;
 use containerd_shim_protos::events::task::{TaskPaused, TaskResumed};
@@ -10,6 +10,27 @@ use super::TaskService;
 use crate::Error;
 
 impl TaskService {
+    /// A process's state as containerd sees it (an exec of a paused task is PAUSED).
+    pub(super) fn state(&self, id: &str, exec_id: &str) -> Result<api::StateResponse, Error> {
+        let (task, process) = self.get(id, exec_id)?;
+        let exit = process.exited();
+        let task_paused = task.init.phase() == Phase::Paused;
+        Ok(api::StateResponse {
+            id: process.event_id().into(),
+            bundle: task.bundle.clone(),
+            pid: process.pid,
+            status: process.status(task_paused).into(),
+            stdin: process.stdio.stdin.clone(),
+            stdout: process.stdio.stdout.clone(),
+            stderr: process.stdio.stderr.clone(),
+            terminal: process.terminal,
+            exit_status: exit.as_ref().map_or(0, |e| e.status),
+            exited_at: exit.map(|e| e.at).into(),
+            exec_id: process.id.exec_id.clone(),
+            ..Default::default()
+        })
+    }
+
     /// Freezes (`pause`) or thaws the task's processes, moving its init between Running and
     /// Paused and publishing TaskPaused / TaskResumed.
     pub(super) async fn set_paused(&self, id: &str, paused: bool) -> Result<(), Error> {
@@ -32,15 +53,13 @@ impl TaskService {
                 container_id,
                 ..Default::default()
             };
-            self.publish(topics::TASK_PAUSED_EVENT_TOPIC, Box::new(event))
-                .await;
+            self.publish(topics::TASK_PAUSED_EVENT_TOPIC, Box::new(event));
         } else {
             let event = TaskResumed {
                 container_id,
                 ..Default::default()
             };
-            self.publish(topics::TASK_RESUMED_EVENT_TOPIC, Box::new(event))
-                .await;
+            self.publish(topics::TASK_RESUMED_EVENT_TOPIC, Box::new(event));
         }
         Ok(())
     }

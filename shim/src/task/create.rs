@@ -19,9 +19,10 @@ use super::{TaskEntry, TaskService};
 use crate::guest::ProcessId;
 use crate::hooks::{HookState, HostHooks};
 use crate::memory::PodMemory;
+use crate::pod_vm::PodVm;
 use crate::spec::{HostBind, PodRole};
-use crate::stdio::{self, ProcessName, StdioPaths};
-use crate::vm::{BootRequest, RootfsSource, Vm};
+use crate::stdio::{ProcessName, StdioPaths};
+use crate::vm::{BootRequest, RootfsSource};
 use crate::Error;
 
 /// Where a created task's container goes: a new VM (sandbox or plain task) or a running
@@ -29,7 +30,7 @@ use crate::Error;
 enum PodTarget {
     Boot(Box<BootRequest>),
     Join {
-        vm: Arc<Vm>,
+        vm: Arc<dyn PodVm>,
         sandbox_id: String,
         rootfs: RootfsSource,
         binds: Vec<HostBind>,
@@ -131,7 +132,7 @@ impl TaskService {
         if self.tasks.lock().unwrap().contains_key(&req.id) {
             return Err(Error::AlreadyExists(format!("task {}", req.id)));
         }
-        let config = NodeConfig::load()?;
+        let config = (self.config)()?;
         let bundle = PathBuf::from(&req.bundle);
         let spec = Spec::load(bundle.join("config.json"))
             .map_err(|e| Error::InvalidArgument(format!("read {}/config.json: {e}", req.bundle)))?;
@@ -201,7 +202,7 @@ impl TaskService {
                         ))
                     })?;
                 if !hooks.is_empty() {
-                    hook_state.pid = vm.holder_pid.ok_or_else(|| {
+                    hook_state.pid = vm.holder_pid().ok_or_else(|| {
                         Error::Unimplemented(format!(
                             "OCI hooks on a container of pod {sandbox_id}, whose sandbox has none (no host process to give them)"
                         ))
@@ -219,9 +220,8 @@ impl TaskService {
         let created = async {
             let (vm, pod_id) = match target {
                 PodTarget::Boot(boot) => {
-                    let vmm = (self.vmm_factory)(&config);
-                    let vm = Arc::new(Vm::boot(&config, vmm, *boot).await?);
-                    hook_state.pid = vm.holder_pid.unwrap_or(0);
+                    let vm = self.booter.boot(&config, *boot).await?;
+                    hook_state.pid = vm.holder_pid().unwrap_or(0);
                     (vm, req.id.clone())
                 }
                 PodTarget::Join {
@@ -246,9 +246,9 @@ impl TaskService {
                     container_id: &req.id,
                     exec_id: "",
                 };
-                let copies =
-                    stdio::attach(&vm.endpoint, name, &self.namespace, &paths, req.terminal)
-                        .await?;
+                let copies = vm
+                    .attach_stdio(name, &self.namespace, &paths, req.terminal)
+                    .await?;
                 Ok::<_, Error>((pid, copies))
             }
             .await;
@@ -288,7 +288,7 @@ impl TaskService {
         }
         // containerd is told the VM's host PID (QEMU's), never the guest's: a PID the
         // guest chose means nothing on the host (and could name a host process).
-        let pid = vm.host_pid;
+        let pid = vm.host_pid();
         log::info!(
             "{}: guest PID {guest_pid}; reported as QEMU's, {pid}",
             req.id
@@ -323,8 +323,7 @@ impl TaskService {
                 pid,
                 ..Default::default()
             }),
-        )
-        .await;
+        );
         Ok(api::CreateTaskResponse {
             pid,
             ..Default::default()

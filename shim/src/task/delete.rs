@@ -37,8 +37,7 @@ impl TaskService {
                 exited_at: Some(exit.at.clone()).into(),
                 ..Default::default()
             }),
-        )
-        .await;
+        );
         Ok(api::DeleteResponse {
             pid: process.pid,
             exit_status: exit.status,

@@ -11,7 +11,7 @@ use vmlet_protocol::agent::{CreateExecRequest, Stdio};
 use super::process::{Phase, Process};
 use super::{exit, TaskEntry, TaskService};
 use crate::guest::ProcessId;
-use crate::stdio::{self, ProcessName, StdioPaths};
+use crate::stdio::{ProcessName, StdioPaths};
 use crate::Error;
 
 impl TaskService {
@@ -62,15 +62,24 @@ impl TaskService {
             container_id: &req.id,
             exec_id: &req.exec_id,
         };
-        let copies =
-            match stdio::attach(&task.vm.endpoint, name, &self.namespace, &paths, terminal).await {
-                Ok(c) => c,
-                Err(e) => {
-                    forget_exec(&task, &id).await;
-                    return Err(e);
-                }
-            };
-        let entry = Arc::new(Process::new(id, task.vm.host_pid, paths, terminal, copies));
+        let copies = match task
+            .vm
+            .attach_stdio(name, &self.namespace, &paths, terminal)
+            .await
+        {
+            Ok(c) => c,
+            Err(e) => {
+                forget_exec(&task, &id).await;
+                return Err(e);
+            }
+        };
+        let entry = Arc::new(Process::new(
+            id,
+            task.vm.host_pid(),
+            paths,
+            terminal,
+            copies,
+        ));
         task.execs
             .lock()
             .unwrap()
@@ -82,8 +91,7 @@ impl TaskService {
                 exec_id: req.exec_id.clone(),
                 ..Default::default()
             }),
-        )
-        .await;
+        );
         Ok(())
     }
 

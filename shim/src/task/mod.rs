@@ -21,22 +21,16 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use containerd_shim::asynchronous::ExitSignal;
-use containerd_shim::publisher::RemotePublisher;
-use containerd_shim::Context;
 use containerd_shim_protos::events::task::TaskExit;
 use containerd_shim_protos::protobuf::MessageDyn;
 use containerd_shim_protos::topics;
-use vmlet_config::NodeConfig;
 
 pub use self::api::TaskApi;
 pub use self::exit::{AGENT_LOST_STATUS, KILL_GRACE, VM_ENDED_STATUS};
 use self::process::Process;
-use crate::vm::Vm;
-use crate::vmm::VmManager;
+use crate::events::EventSink;
+use crate::pod_vm::{PodVm, VmBooter};
 use crate::Error;
-
-/// Builds the VM manager for a config (libvirt in production).
-pub type VmmFactory = Arc<dyn Fn(&NodeConfig) -> Arc<dyn VmManager> + Send + Sync>;
 
 /// One task: a container (or the pod's sandbox) with its init and execs.
 struct TaskEntry {
@@ -46,7 +40,7 @@ struct TaskEntry {
     /// process as PID); poststart and poststop run from here.
     hooks: crate::hooks::HostHooks,
     hook_state: crate::hooks::HookState,
-    vm: Arc<Vm>,
+    vm: Arc<dyn PodVm>,
     /// The pod (sandbox) this task belongs to; a sandbox's is its own id.
     pod_id: String,
     init: Arc<Process>,
@@ -80,28 +74,36 @@ impl TaskEntry {
     }
 }
 
+/// Reads the node config (`NodeConfig::load` in production).
+pub type ConfigSource =
+    Arc<dyn Fn() -> Result<vmlet_config::NodeConfig, vmlet_config::Error> + Send + Sync>;
+
 pub struct TaskService {
     namespace: String,
-    publisher: Arc<RemotePublisher>,
+    events: EventSink,
+    /// The node config, read for each create (a pod's later containers see its changes).
+    config: ConfigSource,
     exit: Arc<ExitSignal>,
-    vmm_factory: VmmFactory,
+    booter: Arc<dyn VmBooter>,
     tasks: Mutex<HashMap<String, Arc<TaskEntry>>>,
     /// The pods' VMs, by sandbox id.
-    vms: Mutex<HashMap<String, Arc<Vm>>>,
+    vms: Mutex<HashMap<String, Arc<dyn PodVm>>>,
 }
 
 impl TaskService {
     pub fn new(
         namespace: &str,
-        publisher: RemotePublisher,
+        events: EventSink,
+        config: ConfigSource,
         exit: Arc<ExitSignal>,
-        vmm_factory: VmmFactory,
+        booter: Arc<dyn VmBooter>,
     ) -> Self {
         Self {
             namespace: namespace.into(),
-            publisher: Arc::new(publisher),
+            events,
+            config,
             exit,
-            vmm_factory,
+            booter,
             tasks: Mutex::new(HashMap::new()),
             vms: Mutex::new(HashMap::new()),
         }
@@ -132,14 +134,8 @@ impl TaskService {
         Ok((task, process))
     }
 
-    async fn publish(&self, topic: &str, event: Box<dyn MessageDyn>) {
-        if let Err(e) = self
-            .publisher
-            .publish(Context::default(), topic, &self.namespace, event)
-            .await
-        {
-            log::warn!("publish {topic}: {e}");
-        }
+    fn publish(&self, topic: &str, event: Box<dyn MessageDyn>) {
+        self.events.publish(topic, event);
     }
 
     /// Records a process's exit (once) and publishes TaskExit.
@@ -157,7 +153,11 @@ impl TaskService {
                 exited_at: Some(exit.at).into(),
                 ..Default::default()
             }),
-        )
-        .await;
+        );
     }
 }
+
+#[cfg(test)]
+mod fakes;
+#[cfg(test)]
+mod lifecycle_tests;

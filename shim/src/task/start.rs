@@ -33,8 +33,7 @@ impl TaskService {
                     pid: process.pid,
                     ..Default::default()
                 }),
-            )
-            .await;
+            );
         } else {
             self.publish(
                 topics::TASK_EXEC_STARTED_EVENT_TOPIC,
@@ -44,8 +43,7 @@ impl TaskService {
                     pid: process.pid,
                     ..Default::default()
                 }),
-            )
-            .await;
+            );
         }
         let pid = process.pid;
         let service = self.clone();
@@ -99,8 +97,7 @@ impl TaskService {
                     container_id: task.id.clone(),
                     ..Default::default()
                 }),
-            )
-            .await;
+            );
         }
         if let Some(copies) = process.copies.lock().await.as_mut() {
             copies.close_stdin();

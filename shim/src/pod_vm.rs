@@ -1,0 +1,107 @@
+//! The pod's VM as the task service uses it, behind two small traits: [`PodVm`] (a booted
+//! VM: its guest, its host PIDs, its end, the containers' share, memory and block devices,
+//! stdio) and [`VmBooter`] (how a sandbox's create gets one). [`crate::vm::Vm`] booted by
+//! [`LibvirtBooter`] is the real one; the task service's unit tests put fakes behind both,
+//! so that every lifecycle rule is tested without a VM.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use vmlet_config::NodeConfig;
+
+use crate::block_devices::BlockDevice;
+use crate::guest::Guest;
+use crate::share::RootfsSource;
+use crate::spec::HostBind;
+use crate::stdio::{Copies, ProcessName, StdioPaths};
+use crate::vm::{BootRequest, Vm};
+use crate::vmm::VmManager;
+use crate::Error;
+
+/// A booted pod VM with its agent connected.
+#[async_trait]
+pub trait PodVm: Send + Sync {
+    fn pod_id(&self) -> &str;
+    /// The pod's agent.
+    fn guest(&self) -> &dyn Guest;
+    /// QEMU's PID on the host: what containerd is told for every process of the pod.
+    fn host_pid(&self) -> u32;
+    /// The pod's host process, when the sandbox's spec had OCI hooks.
+    fn holder_pid(&self) -> Option<u32>;
+    /// Whether QEMU is gone.
+    fn has_ended(&self) -> bool;
+    /// Resolves when QEMU is gone.
+    async fn ended(&self);
+    /// Whether the shim is stopping the VM itself (its end is then expected).
+    fn is_stopping(&self) -> bool;
+    /// Ends the VM at once; every process of the pod then ends with status 137.
+    async fn kill(&self) -> Result<(), Error>;
+    /// Stops the VM and removes everything the pod created.
+    async fn teardown(&self) -> Result<(), Error>;
+    /// Grows the VM when it must to hold `container_id`'s memory limit (MiB; none:
+    /// unlimited) beside the other containers', then records the limit.
+    async fn fit_memory(&self, container_id: &str, limit_mib: Option<u64>) -> Result<(), Error>;
+    /// Hot-plugs a container's block devices; what the agent needs to find them.
+    async fn attach_block_devices(
+        &self,
+        container_id: &str,
+        devices: &[BlockDevice],
+    ) -> Result<Vec<vmlet_protocol::agent::BlockDevice>, Error>;
+    /// Unplugs what [`PodVm::attach_block_devices`] attached for `container_id`.
+    async fn detach_block_devices(&self, container_id: &str) -> Result<(), Error>;
+    /// Puts another container of the pod (rootfs and binds) into the running VM's share.
+    fn add_container(
+        &self,
+        container_id: &str,
+        rootfs: &RootfsSource,
+        binds: &[HostBind],
+    ) -> Result<(), Error>;
+    /// Removes a container's rootfs and binds from the share and forgets its memory limit.
+    fn remove_container(&self, container_id: &str) -> Result<(), Error>;
+    /// Connects a process's stdio (containerd's FIFOs or log URI) to its guest streams.
+    async fn attach_stdio(
+        &self,
+        process: ProcessName<'_>,
+        namespace: &str,
+        paths: &StdioPaths,
+        terminal: bool,
+    ) -> Result<Copies, Error>;
+
+    /// Refuses a call into the guest once the VM has ended (it would wait for an agent that
+    /// is gone).
+    fn check_running(&self) -> Result<(), Error> {
+        if self.has_ended() {
+            return Err(Error::FailedPrecondition(format!(
+                "the VM of pod {} has stopped",
+                self.pod_id()
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Boots a sandbox's VM.
+#[async_trait]
+pub trait VmBooter: Send + Sync {
+    /// Boots the pod's VM; on failure nothing it created is left.
+    async fn boot(
+        &self,
+        config: &NodeConfig,
+        request: BootRequest,
+    ) -> Result<Arc<dyn PodVm>, Error>;
+}
+
+/// Boots [`Vm`]s through libvirt at the config's URI.
+pub struct LibvirtBooter;
+
+#[async_trait]
+impl VmBooter for LibvirtBooter {
+    async fn boot(
+        &self,
+        config: &NodeConfig,
+        request: BootRequest,
+    ) -> Result<Arc<dyn PodVm>, Error> {
+        let vmm: Arc<dyn VmManager> = Arc::new(crate::vmm::Libvirt::new(&config.libvirt_uri));
+        Ok(Arc::new(Vm::boot(config, vmm, request).await?))
+    }
+}

@@ -1,0 +1,337 @@
+//! Fakes behind the task service's seams, for its lifecycle tests: a guest whose processes
+//! end when the test says, a pod VM whose end the test controls, a booter that hands it out.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use tokio::sync::{watch, Notify};
+use vmlet_config::NodeConfig;
+use vmlet_protocol::agent::{CreateContainerRequest, CreateExecRequest, Resources, StatsResponse};
+
+use crate::block_devices::BlockDevice;
+use crate::guest::{Guest, GuestExit, ProcessId};
+use crate::pod_vm::{PodVm, VmBooter};
+use crate::share::RootfsSource;
+use crate::spec::HostBind;
+use crate::stdio::{Copies, ProcessName, StdioPaths};
+use crate::vm::BootRequest;
+use crate::Error;
+
+/// The PID the fake agent gives every process.
+pub const GUEST_PID: u32 = 42;
+/// The fake VM's QEMU PID.
+pub const HOST_PID: u32 = 4242;
+
+/// How a fake process ends: its exit, or the agent's connection breaking under its wait.
+type ExitSender = watch::Sender<Option<Result<GuestExit, String>>>;
+
+/// A guest that records each call; a process ends when [`FakeGuest::exit`] says so.
+#[derive(Default)]
+pub struct FakeGuest {
+    pub calls: Mutex<Vec<String>>,
+    exits: Mutex<HashMap<ProcessId, ExitSender>>,
+    /// While set, start_process waits for [`FakeGuest::release_start`].
+    pub hold_start: AtomicBool,
+    start_released: Notify,
+    /// The next start_process fails with this (FAILED_PRECONDITION: the agent refused).
+    pub refuse_start: Mutex<Option<String>>,
+    /// The next create_container fails with this.
+    pub refuse_create: Mutex<Option<String>>,
+    /// Whether a SIGKILL ends the process (a compromised or stuck guest ignores it).
+    pub obeys_sigkill: AtomicBool,
+}
+
+impl FakeGuest {
+    fn record(&self, call: String) {
+        self.calls.lock().unwrap().push(call);
+    }
+
+    fn exit_sender(&self, process: &ProcessId) -> watch::Sender<Option<Result<GuestExit, String>>> {
+        self.exits
+            .lock()
+            .unwrap()
+            .entry(process.clone())
+            .or_insert_with(|| watch::channel(None).0)
+            .clone()
+    }
+
+    /// Ends `process` in the guest with `status`.
+    pub fn exit(&self, process: &ProcessId, status: u32, oom_killed: bool) {
+        let exit = GuestExit { status, oom_killed };
+        self.exit_sender(process).send_replace(Some(Ok(exit)));
+    }
+
+    /// Breaks the agent's connection under a waiting `process`.
+    pub fn lose(&self, process: &ProcessId) {
+        self.exit_sender(process)
+            .send_replace(Some(Err("connection reset".into())));
+    }
+
+    pub fn release_start(&self) {
+        self.start_released.notify_one();
+    }
+
+    pub fn called(&self, prefix: &str) -> usize {
+        self.calls
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|c| c.starts_with(prefix))
+            .count()
+    }
+}
+
+#[async_trait]
+impl Guest for FakeGuest {
+    async fn create_container(&self, request: &CreateContainerRequest) -> Result<u32, Error> {
+        self.record(format!("create_container {}", request.container_id));
+        match self.refuse_create.lock().unwrap().take() {
+            Some(why) => Err(Error::FailedPrecondition(why)),
+            None => Ok(GUEST_PID),
+        }
+    }
+
+    async fn start_process(&self, process: &ProcessId) -> Result<u32, Error> {
+        self.record(format!("start_process {process:?}"));
+        if self.hold_start.load(Ordering::SeqCst) {
+            self.start_released.notified().await;
+        }
+        match self.refuse_start.lock().unwrap().take() {
+            Some(why) => Err(Error::FailedPrecondition(why)),
+            None => Ok(GUEST_PID),
+        }
+    }
+
+    async fn wait_process(&self, process: &ProcessId) -> Result<GuestExit, Error> {
+        let mut exit = self.exit_sender(process).subscribe();
+        let ended = exit
+            .wait_for(Option::is_some)
+            .await
+            .map_err(|_| Error::AgentLost("fake guest dropped".into()))?
+            .clone();
+        ended.expect("waited for Some").map_err(Error::AgentLost)
+    }
+
+    async fn signal_process(
+        &self,
+        process: &ProcessId,
+        signal: u32,
+        _all: bool,
+    ) -> Result<(), Error> {
+        self.record(format!("signal_process {process:?} {signal}"));
+        if signal == libc::SIGKILL as u32 && self.obeys_sigkill.load(Ordering::SeqCst) {
+            self.exit(process, 128 + signal, false);
+        }
+        Ok(())
+    }
+
+    async fn create_exec(&self, request: &CreateExecRequest) -> Result<(), Error> {
+        self.record(format!(
+            "create_exec {} {}",
+            request.container_id, request.exec_id
+        ));
+        Ok(())
+    }
+
+    async fn remove_exec(&self, process: &ProcessId) -> Result<(), Error> {
+        self.record(format!("remove_exec {process:?}"));
+        Ok(())
+    }
+
+    async fn remove_container(&self, container_id: &str) -> Result<(), Error> {
+        self.record(format!("remove_container {container_id}"));
+        Ok(())
+    }
+
+    async fn pause(&self, container_id: &str) -> Result<(), Error> {
+        self.record(format!("pause {container_id}"));
+        Ok(())
+    }
+
+    async fn resume(&self, container_id: &str) -> Result<(), Error> {
+        self.record(format!("resume {container_id}"));
+        Ok(())
+    }
+
+    async fn update_resources(
+        &self,
+        container_id: &str,
+        _resources: Resources,
+    ) -> Result<(), Error> {
+        self.record(format!("update_resources {container_id}"));
+        Ok(())
+    }
+
+    async fn stats(&self, _container_id: &str) -> Result<StatsResponse, Error> {
+        Ok(StatsResponse::default())
+    }
+
+    async fn list_processes(&self, _container_id: &str) -> Result<Vec<u32>, Error> {
+        Ok(vec![GUEST_PID])
+    }
+
+    async fn resize_terminal(
+        &self,
+        _process: &ProcessId,
+        _width: u32,
+        _height: u32,
+    ) -> Result<(), Error> {
+        Ok(())
+    }
+
+    async fn shutdown(&self) -> Result<(), Error> {
+        self.record("shutdown".into());
+        Ok(())
+    }
+}
+
+/// A pod VM that runs until the test (or the shim's kill/teardown) ends it.
+pub struct FakeVm {
+    pub guest: Arc<FakeGuest>,
+    pub calls: Mutex<Vec<String>>,
+    ended: watch::Sender<bool>,
+    stopping: AtomicBool,
+}
+
+impl Default for FakeVm {
+    fn default() -> Self {
+        Self {
+            guest: Arc::new(FakeGuest {
+                obeys_sigkill: AtomicBool::new(true),
+                ..FakeGuest::default()
+            }),
+            calls: Mutex::new(Vec::new()),
+            ended: watch::channel(false).0,
+            stopping: AtomicBool::new(false),
+        }
+    }
+}
+
+impl FakeVm {
+    /// QEMU exits (crash, OOM on the host, a guest that powered off).
+    pub fn end(&self) {
+        self.ended.send_replace(true);
+    }
+
+    fn record(&self, call: String) {
+        self.calls.lock().unwrap().push(call);
+    }
+
+    pub fn called(&self, prefix: &str) -> usize {
+        self.calls
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|c| c.starts_with(prefix))
+            .count()
+    }
+}
+
+#[async_trait]
+impl PodVm for FakeVm {
+    fn pod_id(&self) -> &str {
+        "fake-pod"
+    }
+
+    fn guest(&self) -> &dyn Guest {
+        &*self.guest
+    }
+
+    fn host_pid(&self) -> u32 {
+        HOST_PID
+    }
+
+    fn holder_pid(&self) -> Option<u32> {
+        None
+    }
+
+    fn has_ended(&self) -> bool {
+        *self.ended.borrow()
+    }
+
+    async fn ended(&self) {
+        let mut ended = self.ended.subscribe();
+        let _ = ended.wait_for(|e| *e).await;
+    }
+
+    fn is_stopping(&self) -> bool {
+        self.stopping.load(Ordering::SeqCst)
+    }
+
+    async fn kill(&self) -> Result<(), Error> {
+        self.record("kill".into());
+        self.stopping.store(true, Ordering::SeqCst);
+        self.end();
+        Ok(())
+    }
+
+    async fn teardown(&self) -> Result<(), Error> {
+        self.record("teardown".into());
+        self.stopping.store(true, Ordering::SeqCst);
+        self.end();
+        Ok(())
+    }
+
+    async fn fit_memory(&self, container_id: &str, limit_mib: Option<u64>) -> Result<(), Error> {
+        self.record(format!("fit_memory {container_id} {limit_mib:?}"));
+        Ok(())
+    }
+
+    async fn attach_block_devices(
+        &self,
+        _container_id: &str,
+        _devices: &[BlockDevice],
+    ) -> Result<Vec<vmlet_protocol::agent::BlockDevice>, Error> {
+        Ok(Vec::new())
+    }
+
+    async fn detach_block_devices(&self, container_id: &str) -> Result<(), Error> {
+        self.record(format!("detach_block_devices {container_id}"));
+        Ok(())
+    }
+
+    fn add_container(
+        &self,
+        container_id: &str,
+        _rootfs: &RootfsSource,
+        _binds: &[HostBind],
+    ) -> Result<(), Error> {
+        self.record(format!("add_container {container_id}"));
+        Ok(())
+    }
+
+    fn remove_container(&self, container_id: &str) -> Result<(), Error> {
+        self.record(format!("remove_container {container_id}"));
+        Ok(())
+    }
+
+    async fn attach_stdio(
+        &self,
+        _process: ProcessName<'_>,
+        _namespace: &str,
+        _paths: &StdioPaths,
+        _terminal: bool,
+    ) -> Result<Copies, Error> {
+        Ok(Copies::default())
+    }
+}
+
+/// Hands out one [`FakeVm`] and remembers what it was asked to boot.
+pub struct FakeBooter {
+    pub vm: Arc<FakeVm>,
+    pub booted: Mutex<Vec<BootRequest>>,
+}
+
+#[async_trait]
+impl VmBooter for FakeBooter {
+    async fn boot(
+        &self,
+        _config: &NodeConfig,
+        request: BootRequest,
+    ) -> Result<Arc<dyn PodVm>, Error> {
+        self.booted.lock().unwrap().push(request);
+        Ok(self.vm.clone())
+    }
+}

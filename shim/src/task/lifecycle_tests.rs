@@ -1,0 +1,429 @@
+//! The task service's lifecycle rules, through its seams: a fake guest and VM
+//! ([`super::fakes`]), a channel for the events, a fixed node config. Time is paused
+//! (tokio's test clock), so the deadlines (kill grace, the VM's end) pass at once.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+use containerd_shim::api;
+use containerd_shim::asynchronous::ExitSignal;
+use containerd_shim_protos::events::task::TaskExit;
+use containerd_shim_protos::protobuf::well_known_types::any::Any;
+use containerd_shim_protos::topics;
+use vmlet_config::NodeConfig;
+
+use super::fakes::{FakeBooter, FakeVm, HOST_PID};
+use super::TaskService;
+use crate::events::{EventReceiver, EventSink};
+use crate::guest::ProcessId;
+use crate::spec::{CONTAINER_TYPE_ANNOTATION, SANDBOX_ID_ANNOTATION};
+use crate::Error;
+
+const SANDBOX: &str = "pod1";
+
+struct Harness {
+    service: Arc<TaskService>,
+    events: EventReceiver,
+    vm: Arc<FakeVm>,
+    booter: Arc<FakeBooter>,
+    dir: Scratch,
+}
+
+/// A directory for the test's bundles, removed with it.
+struct Scratch(std::path::PathBuf);
+
+impl Scratch {
+    fn new() -> Self {
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, Ordering::SeqCst);
+        let dir = std::env::temp_dir().join(format!("vmlet-lifecycle-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        Self(dir)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn harness() -> Harness {
+    let vm = Arc::new(FakeVm::default());
+    let booter = Arc::new(FakeBooter {
+        vm: vm.clone(),
+        booted: Mutex::new(Vec::new()),
+    });
+    let (sink, events) = EventSink::channel();
+    let service = Arc::new(TaskService::new(
+        "testns",
+        sink,
+        Arc::new(|| Ok(NodeConfig::default())),
+        Arc::new(ExitSignal::default()),
+        booter.clone(),
+    ));
+    Harness {
+        service,
+        events,
+        vm,
+        booter,
+        dir: Scratch::new(),
+    }
+}
+
+impl Harness {
+    /// A bundle for `id`: the pod's sandbox, or (with `sandbox`) a container of it.
+    fn bundle(&self, id: &str, sandbox: Option<&str>) -> String {
+        let annotations = match sandbox {
+            None => serde_json::json!({}),
+            Some(s) => serde_json::json!({
+                CONTAINER_TYPE_ANNOTATION: "container",
+                SANDBOX_ID_ANNOTATION: s,
+            }),
+        };
+        let spec = serde_json::json!({
+            "ociVersion": "1.0.2",
+            "process": {"args": ["sleep", "1000"], "cwd": "/", "user": {"uid": 0, "gid": 0}},
+            "root": {"path": "rootfs"},
+            "linux": {"namespaces": [{"type": "pid"}, {"type": "mount"}, {"type": "network"},
+                                     {"type": "ipc"}, {"type": "uts"}]},
+            "annotations": annotations,
+        });
+        let dir = self.dir.0.join(id);
+        std::fs::create_dir_all(dir.join("rootfs")).unwrap();
+        std::fs::write(dir.join("config.json"), spec.to_string()).unwrap();
+        dir.to_string_lossy().into_owned()
+    }
+
+    async fn create(&self, id: &str, sandbox: Option<&str>) -> Result<u32, Error> {
+        let req = api::CreateTaskRequest {
+            id: id.into(),
+            bundle: self.bundle(id, sandbox),
+            ..Default::default()
+        };
+        Ok(self.service.create_task(req).await?.pid)
+    }
+
+    async fn start(&self, id: &str, exec_id: &str) -> Result<u32, Error> {
+        let req = api::StartRequest {
+            id: id.into(),
+            exec_id: exec_id.into(),
+            ..Default::default()
+        };
+        Ok(self.service.start_task(req).await?.pid)
+    }
+
+    async fn exec(&self, id: &str, exec_id: &str) -> Result<(), Error> {
+        let process =
+            serde_json::json!({"args": ["true"], "cwd": "/", "user": {"uid": 0, "gid": 0}});
+        let req = api::ExecProcessRequest {
+            id: id.into(),
+            exec_id: exec_id.into(),
+            spec: Some(Any {
+                type_url: "types.containerd.io/opencontainers/runtime-spec/1/Process".into(),
+                value: process.to_string().into_bytes(),
+                ..Default::default()
+            })
+            .into(),
+            ..Default::default()
+        };
+        self.service.create_exec(req).await
+    }
+
+    async fn kill(&self, id: &str, exec_id: &str, signal: i32) -> Result<(), Error> {
+        let req = api::KillRequest {
+            id: id.into(),
+            exec_id: exec_id.into(),
+            signal: signal as u32,
+            ..Default::default()
+        };
+        self.service.kill(req).await
+    }
+
+    async fn delete(&self, id: &str, exec_id: &str) -> Result<u32, Error> {
+        let req = api::DeleteRequest {
+            id: id.into(),
+            exec_id: exec_id.into(),
+            ..Default::default()
+        };
+        Ok(self.service.delete_task(req).await?.exit_status)
+    }
+
+    fn status(&self, id: &str, exec_id: &str) -> api::Status {
+        self.service
+            .state(id, exec_id)
+            .unwrap()
+            .status
+            .enum_value()
+            .unwrap()
+    }
+
+    async fn wait(&self, id: &str, exec_id: &str) -> u32 {
+        self.service.wait(id, exec_id).await.unwrap().status
+    }
+
+    /// The exit statuses published so far, by container and process id.
+    fn exits(&mut self) -> Vec<(String, String, u32)> {
+        self.events
+            .drain()
+            .into_iter()
+            .filter(|e| e.topic == topics::TASK_EXIT_EVENT_TOPIC)
+            .map(|e| {
+                let exit = e.message.downcast_box::<TaskExit>().unwrap();
+                (exit.container_id, exit.id, exit.exit_status)
+            })
+            .collect()
+    }
+}
+
+/// Lets spawned tasks (the exit watchers) run to their next wait.
+async fn settle() {
+    for _ in 0..20 {
+        tokio::task::yield_now().await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_sandbox_boots_runs_and_exits_with_its_status_in_order() {
+    let mut h = harness();
+    assert_eq!(h.create(SANDBOX, None).await.unwrap(), HOST_PID);
+    assert_eq!(h.booter.booted.lock().unwrap().len(), 1);
+    assert_eq!(h.status(SANDBOX, ""), api::Status::CREATED);
+    // containerd is told QEMU's PID, never the guest's.
+    assert_eq!(h.start(SANDBOX, "").await.unwrap(), HOST_PID);
+    assert_eq!(h.status(SANDBOX, ""), api::Status::RUNNING);
+    h.vm.guest.exit(&ProcessId::init(SANDBOX), 3, false);
+    assert_eq!(h.wait(SANDBOX, "").await, 3);
+    assert_eq!(h.status(SANDBOX, ""), api::Status::STOPPED);
+    assert_eq!(
+        h.events.topics(),
+        [
+            topics::TASK_CREATE_EVENT_TOPIC,
+            topics::TASK_START_EVENT_TOPIC,
+            topics::TASK_EXIT_EVENT_TOPIC
+        ]
+    );
+    assert_eq!(h.delete(SANDBOX, "").await.unwrap(), 3);
+    assert_eq!(h.vm.called("teardown"), 1);
+    assert_eq!(h.events.topics(), [topics::TASK_DELETE_EVENT_TOPIC]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_oom_kill_is_published_before_the_exit() {
+    let h = harness();
+    h.create(SANDBOX, None).await.unwrap();
+    h.start(SANDBOX, "").await.unwrap();
+    h.vm.guest.exit(&ProcessId::init(SANDBOX), 137, true);
+    assert_eq!(h.wait(SANDBOX, "").await, 137);
+    let mut events = h.events;
+    let topics = events.topics();
+    assert_eq!(
+        topics[topics.len() - 2..],
+        [topics::TASK_OOM_EVENT_TOPIC, topics::TASK_EXIT_EVENT_TOPIC]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_second_start_is_refused_while_the_first_is_under_way() {
+    let h = Arc::new(harness());
+    h.create(SANDBOX, None).await.unwrap();
+    h.vm.guest.hold_start.store(true, Ordering::SeqCst);
+    let first = {
+        let h = h.clone();
+        tokio::spawn(async move { h.start(SANDBOX, "").await })
+    };
+    settle().await;
+    assert_eq!(h.status(SANDBOX, ""), api::Status::CREATED);
+    // Refused at once, not queued behind the first.
+    let second = tokio::time::timeout(std::time::Duration::from_secs(1), h.start(SANDBOX, ""))
+        .await
+        .expect("the second start answers at once")
+        .unwrap_err();
+    assert!(matches!(second, Error::FailedPrecondition(_)), "{second:?}");
+    h.vm.guest.release_start();
+    assert_eq!(first.await.unwrap().unwrap(), HOST_PID);
+    assert_eq!(h.vm.guest.called("start_process"), 1);
+    // Started once: a third start is refused too.
+    assert!(h.start(SANDBOX, "").await.is_err());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_start_the_agent_refused_stops_the_process_with_the_guest_status() {
+    let mut h = harness();
+    h.create(SANDBOX, None).await.unwrap();
+    *h.vm.guest.refuse_start.lock().unwrap() = Some("exec: no such file".into());
+    h.vm.guest.exit(&ProcessId::init(SANDBOX), 127, false);
+    let e = h.start(SANDBOX, "").await.unwrap_err();
+    assert!(e.message().contains("no such file"), "{e:?}");
+    assert_eq!(h.status(SANDBOX, ""), api::Status::STOPPED);
+    assert_eq!(h.exits(), [(SANDBOX.into(), SANDBOX.into(), 127)]);
+    // A stopped task is deleted with that status.
+    assert_eq!(h.delete(SANDBOX, "").await.unwrap(), 127);
+}
+
+#[tokio::test(start_paused = true)]
+async fn pausing_a_task_pauses_its_execs_and_keeps_it_from_delete() {
+    let h = harness();
+    h.create(SANDBOX, None).await.unwrap();
+    h.start(SANDBOX, "").await.unwrap();
+    h.exec(SANDBOX, "e1").await.unwrap();
+    h.start(SANDBOX, "e1").await.unwrap();
+    h.service.set_paused(SANDBOX, true).await.unwrap();
+    assert_eq!(h.status(SANDBOX, ""), api::Status::PAUSED);
+    assert_eq!(h.status(SANDBOX, "e1"), api::Status::PAUSED);
+    // Pausing twice, exec in a paused task and deleting it are refused.
+    assert!(h.service.set_paused(SANDBOX, true).await.is_err());
+    assert!(h.exec(SANDBOX, "e2").await.is_err());
+    let e = h.delete(SANDBOX, "").await.unwrap_err();
+    assert!(matches!(e, Error::FailedPrecondition(_)), "{e:?}");
+    h.service.set_paused(SANDBOX, false).await.unwrap();
+    assert_eq!(h.status(SANDBOX, ""), api::Status::RUNNING);
+    assert_eq!(h.status(SANDBOX, "e1"), api::Status::RUNNING);
+    assert_eq!(h.vm.guest.called("pause"), 1);
+    assert_eq!(h.vm.guest.called("resume"), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_running_process_cannot_be_deleted() {
+    let h = harness();
+    h.create(SANDBOX, None).await.unwrap();
+    h.start(SANDBOX, "").await.unwrap();
+    h.exec(SANDBOX, "e1").await.unwrap();
+    h.start(SANDBOX, "e1").await.unwrap();
+    assert!(matches!(
+        h.delete(SANDBOX, "e1").await,
+        Err(Error::FailedPrecondition(_))
+    ));
+    assert!(matches!(
+        h.delete(SANDBOX, "").await,
+        Err(Error::FailedPrecondition(_))
+    ));
+    h.vm.guest.exit(&ProcessId::exec(SANDBOX, "e1"), 0, false);
+    assert_eq!(h.wait(SANDBOX, "e1").await, 0);
+    assert_eq!(h.delete(SANDBOX, "e1").await.unwrap(), 0);
+    assert_eq!(h.vm.guest.called("remove_exec"), 1);
+    assert_eq!(h.vm.called("teardown"), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_sandbox_goes_after_its_containers_and_takes_the_vm() {
+    let h = harness();
+    h.create(SANDBOX, None).await.unwrap();
+    h.start(SANDBOX, "").await.unwrap();
+    h.create("c1", Some(SANDBOX)).await.unwrap();
+    assert_eq!(h.booter.booted.lock().unwrap().len(), 1, "c1 joins the VM");
+    assert_eq!(h.vm.called("add_container c1"), 1);
+    h.start("c1", "").await.unwrap();
+    h.kill(SANDBOX, "", libc::SIGKILL).await.unwrap();
+    assert_eq!(h.wait(SANDBOX, "").await, 137);
+    let e = h.delete(SANDBOX, "").await.unwrap_err();
+    assert!(e.message().contains("c1"), "{e:?}");
+    h.vm.guest.exit(&ProcessId::init("c1"), 0, false);
+    assert_eq!(h.wait("c1", "").await, 0);
+    h.delete("c1", "").await.unwrap();
+    assert_eq!(h.vm.guest.called("remove_container c1"), 1);
+    assert_eq!(h.vm.called("remove_container c1"), 1);
+    assert_eq!(h.vm.called("teardown"), 0);
+    h.delete(SANDBOX, "").await.unwrap();
+    assert_eq!(h.vm.called("teardown"), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_vms_end_ends_every_process_with_137_started_or_not() {
+    let mut h = harness();
+    h.create(SANDBOX, None).await.unwrap();
+    h.start(SANDBOX, "").await.unwrap();
+    h.exec(SANDBOX, "started").await.unwrap();
+    h.start(SANDBOX, "started").await.unwrap();
+    h.exec(SANDBOX, "never").await.unwrap();
+    h.vm.end();
+    assert_eq!(h.wait(SANDBOX, "").await, 137);
+    assert_eq!(h.wait(SANDBOX, "started").await, 137);
+    assert_eq!(h.wait(SANDBOX, "never").await, 137);
+    let mut exits = h.exits();
+    exits.sort();
+    assert_eq!(
+        exits,
+        [
+            (SANDBOX.into(), "never".into(), 137),
+            (SANDBOX.into(), SANDBOX.into(), 137),
+            (SANDBOX.into(), "started".into(), 137),
+        ]
+    );
+    // Calls into a VM that has ended are refused, not left waiting.
+    assert!(matches!(
+        h.exec(SANDBOX, "late").await,
+        Err(Error::FailedPrecondition(_))
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lost_agent_ends_the_process_with_255_while_the_vm_runs() {
+    let mut h = harness();
+    h.create(SANDBOX, None).await.unwrap();
+    h.start(SANDBOX, "").await.unwrap();
+    h.vm.guest.lose(&ProcessId::init(SANDBOX));
+    assert_eq!(h.wait(SANDBOX, "").await, 255);
+    assert_eq!(h.exits(), [(SANDBOX.into(), SANDBOX.into(), 255)]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lost_agent_followed_by_the_vms_end_is_the_vms_end() {
+    let h = Arc::new(harness());
+    h.create(SANDBOX, None).await.unwrap();
+    h.start(SANDBOX, "").await.unwrap();
+    h.vm.guest.lose(&ProcessId::init(SANDBOX));
+    settle().await;
+    h.vm.end();
+    assert_eq!(h.wait(SANDBOX, "").await, 137);
+}
+
+#[tokio::test(start_paused = true)]
+async fn sigkill_of_the_sandbox_ends_the_vm_when_the_guest_ignores_it() {
+    let h = harness();
+    h.create(SANDBOX, None).await.unwrap();
+    h.start(SANDBOX, "").await.unwrap();
+    h.vm.guest.obeys_sigkill.store(false, Ordering::SeqCst);
+    h.kill(SANDBOX, "", libc::SIGKILL).await.unwrap();
+    assert_eq!(h.wait(SANDBOX, "").await, 137);
+    assert_eq!(h.vm.called("kill"), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn sigkill_the_guest_obeys_does_not_end_the_vm() {
+    let h = harness();
+    h.create(SANDBOX, None).await.unwrap();
+    h.start(SANDBOX, "").await.unwrap();
+    h.kill(SANDBOX, "", libc::SIGKILL).await.unwrap();
+    assert_eq!(h.wait(SANDBOX, "").await, 137);
+    tokio::time::sleep(super::KILL_GRACE * 2).await;
+    assert_eq!(h.vm.called("kill"), 0);
+    // A finished process cannot be signalled again.
+    assert!(matches!(
+        h.kill(SANDBOX, "", libc::SIGTERM).await,
+        Err(Error::NotFound(_))
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_container_the_guest_cannot_create_leaves_nothing() {
+    let mut h = harness();
+    h.create(SANDBOX, None).await.unwrap();
+    *h.vm.guest.refuse_create.lock().unwrap() = Some("bad rootfs".into());
+    let e = h.create("c1", Some(SANDBOX)).await.unwrap_err();
+    assert!(e.message().contains("bad rootfs"), "{e:?}");
+    assert_eq!(h.vm.called("remove_container c1"), 1);
+    assert_eq!(h.vm.called("teardown"), 0, "the pod's VM stays");
+    assert!(h.service.state("c1", "").is_err());
+    assert_eq!(h.events.topics(), [topics::TASK_CREATE_EVENT_TOPIC]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_sandbox_the_guest_cannot_create_tears_its_vm_down() {
+    let mut h = harness();
+    *h.vm.guest.refuse_create.lock().unwrap() = Some("bad rootfs".into());
+    assert!(h.create(SANDBOX, None).await.is_err());
+    assert_eq!(h.vm.called("teardown"), 1);
+    assert!(h.events.topics().is_empty());
+    assert!(h.service.state(SANDBOX, "").is_err());
+}
