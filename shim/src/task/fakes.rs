@@ -24,13 +24,25 @@ pub const GUEST_PID: u32 = 42;
 /// The fake VM's QEMU PID.
 pub const HOST_PID: u32 = 4242;
 
+/// The calls a fake received, in order.
+#[derive(Default)]
+pub struct Calls(Mutex<Vec<String>>);
+
+impl Calls {
+    /// How many calls start with `prefix`.
+    fn count(&self, prefix: &str) -> usize {
+        let calls = self.0.lock().unwrap();
+        calls.iter().filter(|c| c.starts_with(prefix)).count()
+    }
+}
+
 /// How a fake process ends: its exit, or the agent's connection breaking under its wait.
 type ExitSender = watch::Sender<Option<Result<GuestExit, String>>>;
 
 /// A guest that records each call; a process ends when [`FakeGuest::exit`] says so.
 #[derive(Default)]
 pub struct FakeGuest {
-    pub calls: Mutex<Vec<String>>,
+    pub calls: Calls,
     exits: Mutex<HashMap<ProcessId, ExitSender>>,
     /// While set, start_process waits for [`FakeGuest::release_start`].
     pub hold_start: AtomicBool,
@@ -45,7 +57,7 @@ pub struct FakeGuest {
 
 impl FakeGuest {
     fn record(&self, call: String) {
-        self.calls.lock().unwrap().push(call);
+        self.calls.0.lock().unwrap().push(call);
     }
 
     fn exit_sender(&self, process: &ProcessId) -> watch::Sender<Option<Result<GuestExit, String>>> {
@@ -74,12 +86,7 @@ impl FakeGuest {
     }
 
     pub fn called(&self, prefix: &str) -> usize {
-        self.calls
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|c| c.starts_with(prefix))
-            .count()
+        self.calls.count(prefix)
     }
 }
 
@@ -190,7 +197,7 @@ impl Guest for FakeGuest {
 /// A pod VM that runs until the test (or the shim's kill/teardown) ends it.
 pub struct FakeVm {
     pub guest: Arc<FakeGuest>,
-    pub calls: Mutex<Vec<String>>,
+    pub calls: Calls,
     ended: watch::Sender<bool>,
     stopping: AtomicBool,
 }
@@ -202,7 +209,7 @@ impl Default for FakeVm {
                 obeys_sigkill: AtomicBool::new(true),
                 ..FakeGuest::default()
             }),
-            calls: Mutex::new(Vec::new()),
+            calls: Calls::default(),
             ended: watch::channel(false).0,
             stopping: AtomicBool::new(false),
         }
@@ -216,16 +223,11 @@ impl FakeVm {
     }
 
     fn record(&self, call: String) {
-        self.calls.lock().unwrap().push(call);
+        self.calls.0.lock().unwrap().push(call);
     }
 
     pub fn called(&self, prefix: &str) -> usize {
-        self.calls
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|c| c.starts_with(prefix))
-            .count()
+        self.calls.count(prefix)
     }
 }
 
