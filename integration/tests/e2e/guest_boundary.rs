@@ -5,18 +5,11 @@
 //! directory, a mount) must come through unchanged. And a guest that ignores SIGKILL still
 //! has its pod killed. Run by `make test`.
 
+use crate::support::{stack, text};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use vmlet_integration::{unique_id, ConfigSwap, Stack};
-
-fn stack() -> Stack {
-    Stack::from_env().expect("the vmlet stack")
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
 
 /// The stack's node config with the guest kernel parameters `params` (how the node's
 /// admin, and only the admin, switches on the agent's test faults).

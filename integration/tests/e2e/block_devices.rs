@@ -5,20 +5,13 @@
 //! running pod gets its disk hot-plugged, and gives it back when it is removed. Run by
 //! `make test`.
 
+use crate::support::{stack, text};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use vmlet_integration::cri::Cri;
 use vmlet_integration::{unique_id, Stack};
-
-fn stack() -> Stack {
-    Stack::from_env().expect("the vmlet stack")
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
 
 /// A loop device over a 4 MiB file under the stack directory, detached when dropped.
 struct LoopDevice {

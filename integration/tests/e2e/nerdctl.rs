@@ -3,17 +3,10 @@
 //! detached, `nerdctl logs`, and nerdctl's default bridge network, which its OCI hooks
 //! (run by the shim on the host) put into the pod's VM. Run by `make test`.
 
+use crate::support::{stack, text};
 use std::time::{Duration, Instant};
 
 use vmlet_integration::{unique_id, Stack, RUNTIME};
-
-fn stack() -> Stack {
-    Stack::from_env().expect("the vmlet stack")
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
 
 /// `nerdctl run --runtime vmlet EXTRA... IMAGE COMMAND...`.
 fn run(s: &Stack, extra: &[&str], command: &[&str]) -> std::process::Output {

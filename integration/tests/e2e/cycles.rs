@@ -1,10 +1,11 @@
 //! End to end: many create/start/delete cycles of a pod leak nothing. Each pod has a network
-//! (a namespace of the test's, wired to a tap every time). After one warm-up cycle (libvirt
-//! and containerd open some things once), the counts of shims, QEMUs and other helpers, the
-//! open fds of the long-lived daemons, the mounts, the links (of the host, the node and the
-//! pod namespace), the pod namespace's qdiscs and the libvirt domains are taken,
-//! `VMLET_CYCLES` (default 100) cycles run, and the counts must be the same again. The
-//! figures are printed. Run by `make test`.
+//! (a namespace of the test's, wired to a tap every time). After one warm-up cycle per lane
+//! (libvirt and containerd open some things once), the counts of shims, QEMUs and other
+//! helpers, the open fds of the long-lived daemons, the mounts, the links (of the host, the
+//! node and the pod namespaces), the pod namespaces' qdiscs and the libvirt domains are
+//! taken, `VMLET_CYCLES` (default 100) cycles run in `VMLET_CYCLE_LANES` (default 2) lanes
+//! side by side, as a node starts and removes pods, each lane with its own pod namespace,
+//! and the counts must be the same again. The figures are printed. Run by `make test`.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -12,8 +13,16 @@ use std::time::{Duration, Instant};
 use vmlet_integration::testnet::{tc, TestNet};
 use vmlet_integration::{bounded, unique_id, Stack, RUNTIME};
 
-fn stack() -> Stack {
-    Stack::from_env().expect("the vmlet stack")
+use crate::support::stack;
+
+/// A count from the environment, or `default`; a value that is not a count fails the test.
+fn env_count(name: &str, default: usize) -> usize {
+    match std::env::var(name) {
+        Ok(v) => v
+            .parse()
+            .unwrap_or_else(|e| panic!("{name}={v:?} is not a count: {e}")),
+        Err(_) => default,
+    }
 }
 
 fn count_fds(pid_file: &str) -> usize {
@@ -35,8 +44,8 @@ fn count_links(netns: Option<&str>) -> usize {
     String::from_utf8_lossy(&out.stdout).lines().count()
 }
 
-/// What must not grow, by name (`net`: the pods' network namespace).
-fn figures(s: &Stack, net: &TestNet) -> BTreeMap<&'static str, usize> {
+/// What must not grow, by name (`nets`: the pods' network namespaces).
+fn figures(s: &Stack, nets: &[TestNet]) -> BTreeMap<&'static str, usize> {
     let processes = s.stack_processes();
     let kind = |k: &str| processes.iter().filter(|(_, c)| c.contains(k)).count();
     let node = std::env::var("VMLET_NODE_NETNS").unwrap_or_default();
@@ -55,10 +64,15 @@ fn figures(s: &Stack, net: &TestNet) -> BTreeMap<&'static str, usize> {
         ),
         ("host links", count_links(None)),
         ("node links", count_links(Some(&node))),
-        ("pod netns links", count_links(Some(&net.pod))),
+        (
+            "pod netns links",
+            nets.iter().map(|n| count_links(Some(&n.pod))).sum(),
+        ),
         (
             "pod netns qdiscs",
-            tc(&net.pod, &["qdisc", "show"]).lines().count(),
+            nets.iter()
+                .map(|n| tc(&n.pod, &["qdisc", "show"]).lines().count())
+                .sum(),
         ),
         (
             "containerd fds",
@@ -84,12 +98,12 @@ fn cycle(s: &Stack, net: &TestNet, id: &str) {
 /// Waits for the processes of finished pods to be gone (shims exit just after delete).
 fn settle(
     s: &Stack,
-    net: &TestNet,
+    nets: &[TestNet],
     want: &BTreeMap<&'static str, usize>,
 ) -> BTreeMap<&'static str, usize> {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let now = figures(s, net);
+        let now = figures(s, nets);
         if &now == want || Instant::now() > deadline {
             return now;
         }
@@ -101,21 +115,31 @@ fn settle(
 #[ignore = "needs the vmlet stack: make test"]
 fn many_cycles_leave_every_count_as_it_was() {
     let s = stack();
-    let cycles: usize = std::env::var("VMLET_CYCLES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(100);
-    let net = TestNet::new("cycles", 1500);
-    cycle(&s, &net, &unique_id("warmup"));
-    let before = settle(&s, &net, &figures(&s, &net));
-    let started = Instant::now();
-    for i in 0..cycles {
-        cycle(&s, &net, &unique_id(&format!("cycle{i}")));
+    let cycles = env_count("VMLET_CYCLES", 100);
+    let lanes = env_count("VMLET_CYCLE_LANES", 2).max(1);
+    let nets: Vec<TestNet> = (0..lanes)
+        .map(|lane| TestNet::new(&format!("cycles{lane}"), 1500))
+        .collect();
+    for (lane, net) in nets.iter().enumerate() {
+        cycle(&s, net, &unique_id(&format!("warmup{lane}")));
     }
+    let before = settle(&s, &nets, &figures(&s, &nets));
+    let started = Instant::now();
+    // A panic in a lane fails the test when the scope ends.
+    std::thread::scope(|scope| {
+        for (lane, net) in nets.iter().enumerate() {
+            let s = &s;
+            scope.spawn(move || {
+                for i in (lane..cycles).step_by(lanes) {
+                    cycle(s, net, &unique_id(&format!("cycle{i}")));
+                }
+            });
+        }
+    });
     let took = started.elapsed();
-    let after = settle(&s, &net, &before);
+    let after = settle(&s, &nets, &before);
     println!(
-        "{cycles} create/start/delete cycles in {:.1} s ({:.2} s each)",
+        "{cycles} create/start/delete cycles in {lanes} lanes in {:.1} s ({:.2} s each)",
         took.as_secs_f64(),
         took.as_secs_f64() / cycles as f64
     );
@@ -131,8 +155,8 @@ fn many_cycles_leave_every_count_as_it_was() {
 fn concurrent_pods_all_run_and_all_go() {
     // Eight pods at once, each a small VM (1 vCPU, 128 MiB) running until told to stop.
     let s = stack();
-    let net = TestNet::new("concurrent", 1500);
-    let before = settle(&s, &net, &figures(&s, &net));
+    let nets = [TestNet::new("concurrent", 1500)];
+    let before = settle(&s, &nets, &figures(&s, &nets));
     let ids: Vec<String> = (0..8).map(|i| unique_id(&format!("conc{i}"))).collect();
     let started: Vec<_> = ids
         .iter()
@@ -168,7 +192,7 @@ fn concurrent_pods_all_run_and_all_go() {
         s.wait_status(id, "RUNNING", Duration::from_secs(120))
             .unwrap();
     }
-    let running = figures(&s, &net);
+    let running = figures(&s, &nets);
     println!(
         "8 pods running: {} QEMUs, {} shims",
         running["qemu"], running["shims"]
@@ -188,6 +212,6 @@ fn concurrent_pods_all_run_and_all_go() {
             .unwrap()
             .unwrap_or_else(|e| panic!("{id}: {e}"));
     }
-    let after = settle(&s, &net, &before);
+    let after = settle(&s, &nets, &before);
     assert_eq!(before, after, "counts after the 8 pods went");
 }

@@ -1,5 +1,5 @@
 //! The netns crate against real network namespaces, veth pairs and tc (root, no VM).
-//! Run by `make test`; alone: `cargo test -p vmlet-integration --test netns -- --ignored`.
+//! Run by `make test`; alone: `scripts/e2e netns`.
 //!
 //! Traffic stays between two namespaces the test creates ("pod" and "peer", joined by a
 //! veth pair on 10.213.0.0/24); nothing is sent from or to the host's own interfaces.

@@ -1,8 +1,8 @@
 //! `ctr task exec` end to end: further processes in a running container's namespaces,
 //! with and without a terminal, their stdio, exit codes, signals and events. Run by
-//! `make test`; alone with `eval "$(scripts/stack up)"; cargo test -p vmlet-integration
-//! --test exec -- --ignored`.
+//! `make test`; alone with `eval "$(scripts/stack up)"; scripts/e2e exec`.
 
+use crate::support::text;
 use std::io::Write;
 use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
@@ -56,10 +56,6 @@ impl Drop for Running {
             eprintln!("cleanup of {}: {e}", self.id);
         }
     }
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
 }
 
 #[test]

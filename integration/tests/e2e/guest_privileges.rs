@@ -4,15 +4,8 @@
 //! `ctr` and through CRI (where `no_new_privileges` is off, so the filter goes in before the
 //! capabilities drop). Run by `make test`.
 
-use vmlet_integration::{unique_id, Stack};
-
-fn stack() -> Stack {
-    Stack::from_env().expect("the vmlet stack")
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
+use crate::support::{stack, text};
+use vmlet_integration::unique_id;
 
 /// The default capability set containerd gives a container (CAP_CHOWN, DAC_OVERRIDE,
 /// FOWNER, FSETID, KILL, SETGID, SETUID, SETPCAP, NET_BIND_SERVICE, NET_RAW, SYS_CHROOT,

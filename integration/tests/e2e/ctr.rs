@@ -1,20 +1,17 @@
 //! End to end through `ctr` against the private stack (real containerd 1.6, libvirtd, QEMU
-//! under TCG, virtiofsd, vhost-device-vsock). Run by `make test`; run alone with
-//! `eval "$(scripts/stack up)"; cargo test -p vmlet-integration --test ctr -- --ignored`.
+//! under TCG, virtiofsd, vhost-device-vsock). Run by `make test`; alone with
+//! `eval "$(scripts/stack up)"; scripts/e2e ctr`.
 
+use crate::support::stack;
 use std::io::{BufRead, BufReader, Write};
 use std::process::Stdio;
 use std::time::Duration;
 
 use vmlet_integration::bounded::{output_within, COMMAND_TIMEOUT};
 use vmlet_integration::terminal::run_on_terminal;
-use vmlet_integration::{unique_id, Stack, RUNTIME};
+use vmlet_integration::{unique_id, RUNTIME};
 
 const BOOT: Duration = Duration::from_secs(90);
-
-fn stack() -> Stack {
-    Stack::from_env().expect("the vmlet stack")
-}
 
 #[test]
 #[ignore = "needs the vmlet stack: make test"]

@@ -1,16 +1,13 @@
 //! A container's guest cgroup through `ctr`: metrics, pause/resume, memory limits and the
-//! OOM event (update is tested through CRI: ctr 1.6 has no `task update`). Run by `make test`; alone with `eval "$(scripts/stack up)"; cargo test
-//! -p vmlet-integration --test resources -- --ignored`.
+//! OOM event (update is tested through CRI: ctr 1.6 has no `task update`). Run by `make test`; alone with
+//! `eval "$(scripts/stack up)"; scripts/e2e resources`.
 
+use crate::support::text;
 use std::time::Duration;
 
 use vmlet_integration::{unique_id, Stack, RUNTIME};
 
 const BOOT: Duration = Duration::from_secs(90);
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
 
 /// `ctr run -d EXTRA... IMAGE ID ARGS...`, waited for until RUNNING.
 fn run_detached(s: &Stack, id: &str, extra: &[&str], args: &[&str]) {

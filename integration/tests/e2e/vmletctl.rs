@@ -6,18 +6,11 @@
 //! vmlet's) and an unmarked `vmtap`: `gc --dry-run` removes nothing, `gc` removes exactly
 //! the orphans. Run by `make test`.
 
+use crate::support::{stack, text};
 use std::process::Command;
 
 use vmlet_integration::testnet::{ip, TestNet};
 use vmlet_integration::{bounded, unique_id, Stack};
-
-fn stack() -> Stack {
-    Stack::from_env().expect("the vmlet stack")
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
 
 fn vmletctl(s: &Stack, args: &[&str]) -> String {
     let out = bounded::output(

@@ -3,15 +3,8 @@
 //! `vmlet.io/kernel-params`, `vmlet.io/cpu-model` and `VirtletLibvirtCPUSetting` (see
 //! `scripts/stack`), so that `vmlet.io/machine` stays off the list. Run by `make test`.
 
+use crate::support::{stack, text};
 use vmlet_integration::{unique_id, Stack};
-
-fn stack() -> Stack {
-    Stack::from_env().expect("the vmlet stack")
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
 
 /// Runs a container with `extra` ctr flags and returns the guest's `nproc` and MemTotal (KiB).
 fn guest_shape(s: &Stack, extra: &[&str]) -> (String, u64) {

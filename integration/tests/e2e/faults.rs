@@ -7,6 +7,7 @@
 //! leaves nothing. The agent connection lost while the VM runs (its vsock backend killed):
 //! the task is STOPPED with 255 within 5 s and deletes cleanly. Run by `make test`.
 
+use crate::support::{stack, text};
 use std::time::{Duration, Instant};
 
 use vmlet_integration::testnet::TestNet;
@@ -15,14 +16,6 @@ use vmlet_integration::{bounded, unique_id, ConfigSwap, Stack};
 /// What issue 6 promises: the pod's end is seen within this long.
 const REPORTED_WITHIN: Duration = Duration::from_secs(5);
 const BOOT: Duration = Duration::from_secs(60);
-
-fn stack() -> Stack {
-    Stack::from_env().expect("the vmlet stack")
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
 
 /// SIGKILLs the pod's one process whose command line contains `kind` (QEMU or the shim,
 /// processes of this test's stack).

@@ -3,6 +3,7 @@
 //! `pod_log_mib` and no more; the state directory's file system does not grow; the pod runs
 //! on and is removed without a trace. Run by `make test`.
 
+use crate::support::text;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -15,10 +16,6 @@ const FILL_DEADLINE: Duration = Duration::from_secs(120);
 /// What the state directory's file system may lose meanwhile to writers other than the
 /// guest (containerd's and libvirt's own files).
 const SLACK_BYTES: u64 = 2 << 20;
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
 
 /// (total bytes, free bytes) of the file system holding `path`.
 fn space(path: &Path) -> (u64, u64) {
