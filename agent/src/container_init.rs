@@ -301,7 +301,7 @@ fn make_device_node(rootfs: &Path, node: &DeviceNode) -> Result<(), String> {
     .map_err(|e| format!("{what}: mknod: {e}"))?;
     // mknod applies the umask: set the mode the spec asked for.
     nix::sys::stat::fchmodat(
-        None,
+        nix::fcntl::AT_FDCWD,
         &target,
         Mode::from_bits_truncate(node.file_mode),
         nix::sys::stat::FchmodatFlags::FollowSymlink,
@@ -379,7 +379,7 @@ fn copy_guest_devices(from: &Path, to: &Path) -> Result<(), String> {
             .map_err(|e| format!("mknod {}: {e}", target.display()))?;
         // mknod applies the umask.
         nix::sys::stat::fchmodat(
-            None,
+            nix::fcntl::AT_FDCWD,
             &target,
             mode,
             nix::sys::stat::FchmodatFlags::FollowSymlink,

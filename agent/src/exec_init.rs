@@ -9,7 +9,7 @@
 //! its execve failed; EOF once it executed.
 
 use std::fs::File;
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::AsFd;
 
 use nix::sched::{setns, CloneFlags};
 use nix::unistd::{chdir, chroot, fchdir};
@@ -54,7 +54,7 @@ fn join(spec: &ExecSpec) -> Result<(), String> {
         setns(file.as_fd(), CloneFlags::empty())
             .map_err(|e| format!("join {name} namespace: {e}"))?;
     }
-    fchdir(root.as_raw_fd()).map_err(|e| format!("enter the container's root: {e}"))?;
+    fchdir(&root).map_err(|e| format!("enter the container's root: {e}"))?;
     chroot(".").map_err(|e| format!("chroot: {e}"))?;
     chdir("/").map_err(|e| format!("chdir /: {e}"))?;
     Ok(())

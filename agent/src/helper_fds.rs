@@ -24,6 +24,8 @@ impl Handshake {
     /// Takes over fds 3-5 (set up by [`crate::launch`]) and marks them close-on-exec.
     pub fn take() -> Self {
         for fd in [SPEC_FD, START_FD, STATUS_FD] {
+            // SAFETY: launch.rs hands these descriptors over open; only their flag changes.
+            let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
             let _ = fcntl(fd, FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC));
         }
         // SAFETY: launch.rs hands this descriptor over open and owned by nobody else.

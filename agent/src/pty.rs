@@ -17,11 +17,8 @@ use crate::Error;
 pub fn open() -> Result<(OwnedFd, OwnedFd), Error> {
     let pty = nix::pty::openpty(None, None).map_err(|e| Error::io("openpty", e.into()))?;
     for fd in [&pty.master, &pty.slave] {
-        fcntl(
-            fd.as_raw_fd(),
-            FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
-        )
-        .map_err(|e| Error::io("set close-on-exec on a pty", e.into()))?;
+        fcntl(fd, FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC))
+            .map_err(|e| Error::io("set close-on-exec on a pty", e.into()))?;
     }
     Ok((pty.master, pty.slave))
 }
@@ -78,10 +75,10 @@ pub struct Master {
 
 impl Master {
     pub fn new(fd: OwnedFd) -> Result<Self, Error> {
-        let flags = fcntl(fd.as_raw_fd(), FcntlArg::F_GETFL)
-            .map_err(|e| Error::io("get pty flags", e.into()))?;
+        let flags =
+            fcntl(&fd, FcntlArg::F_GETFL).map_err(|e| Error::io("get pty flags", e.into()))?;
         let flags = OFlag::from_bits_truncate(flags) | OFlag::O_NONBLOCK;
-        fcntl(fd.as_raw_fd(), FcntlArg::F_SETFL(flags))
+        fcntl(&fd, FcntlArg::F_SETFL(flags))
             .map_err(|e| Error::io("make pty non-blocking", e.into()))?;
         // SAFETY: an OwnedFd keeps its descriptor open and unchanged for as long as it lives.
         let fd = unsafe { AsyncFd::register(fd) }

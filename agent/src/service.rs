@@ -1,7 +1,7 @@
 //! The ttrpc `Agent` service: requests become calls on [`Containers`].
 
 use std::fs::File;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 
@@ -90,7 +90,7 @@ const PIPE_SIZE: i32 = 1024 * 1024;
 fn pipe_pair() -> Result<(OwnedFd, OwnedFd), Error> {
     let (r, w) = pipe2(OFlag::O_CLOEXEC).map_err(|e| Error::io("pipe", e.into()))?;
     // Best effort: a smaller pipe only costs speed.
-    let _ = nix::fcntl::fcntl(w.as_raw_fd(), nix::fcntl::FcntlArg::F_SETPIPE_SZ(PIPE_SIZE));
+    let _ = nix::fcntl::fcntl(&w, nix::fcntl::FcntlArg::F_SETPIPE_SZ(PIPE_SIZE));
     Ok((r, w))
 }
 

@@ -16,7 +16,7 @@
 //! vmlet takes `mode`, `match`, `check`, `model`, `vendor` and `features`; anything else
 //! (topology, NUMA, cache) is refused by name, as is a value libvirt would not take.
 
-use serde_yaml::{Mapping, Value};
+use serde_yaml_ng::{Mapping, Value};
 
 /// The parsed setting; each value is one libvirt accepts for it.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -69,7 +69,7 @@ impl CpuSetting {
 
 /// Parses the annotation's value; the error says what is wrong, naming the field.
 pub fn parse(value: &str) -> Result<CpuSetting, String> {
-    let yaml: Value = serde_yaml::from_str(value).map_err(|e| format!("not YAML: {e}"))?;
+    let yaml: Value = serde_yaml_ng::from_str(value).map_err(|e| format!("not YAML: {e}"))?;
     let Value::Mapping(top) = yaml else {
         return Err("expected a mapping of libvirt <cpu> fields (mode, match, model, ...)".into());
     };

@@ -12,6 +12,7 @@
 
 mod error;
 mod interface;
+mod links;
 pub mod marks;
 mod tap;
 mod wiring;

@@ -10,7 +10,7 @@ use futures_util::TryStreamExt;
 use rtnetlink::packet_route::link::LinkAttribute;
 use rtnetlink::Handle;
 
-use crate::wiring::{all_links, remove_ingress_qdisc, remove_link};
+use crate::links::{all_links, remove_ingress_qdisc, remove_link};
 use crate::worker::in_netns;
 use crate::Error;
 

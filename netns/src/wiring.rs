@@ -5,21 +5,19 @@ use std::path::Path;
 
 use futures_util::TryStreamExt;
 use rtnetlink::packet_route::address::AddressAttribute;
-use rtnetlink::packet_route::link::{LinkAttribute, LinkFlags, LinkMessage};
+use rtnetlink::packet_route::link::{LinkAttribute, LinkFlags};
 use rtnetlink::packet_route::route::{
     RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteProtocol,
 };
-use rtnetlink::packet_route::tc::TcHandle;
 use rtnetlink::{Handle, LinkUnspec};
 
 use crate::interface::{is_link_local, is_pod_interface, Interface, IpNet, Route};
+use crate::links::{all_links, remove_ingress_qdisc, remove_link, INGRESS_PARENT};
 use crate::marks::mark;
 use crate::tap::{open_tap, tap_name};
 use crate::worker::in_netns;
 use crate::Error;
 
-/// tc filter parent of the ingress qdisc (`ffff:`).
-const INGRESS_PARENT: u32 = 0xffff_0000;
 /// `ETH_P_ALL` in network byte order, as tc wants the filter protocol: every protocol.
 const ETH_P_ALL_BE: u16 = 0x0003u16.to_be();
 
@@ -83,17 +81,6 @@ pub fn unwire(netns: &Path, pod_id: &str, wirings: &[Wiring]) -> Result<(), Erro
         }
         Ok(())
     })
-}
-
-/// Every link of the namespace `handle` talks to.
-pub(crate) async fn all_links(handle: &Handle) -> Result<Vec<LinkMessage>, Error> {
-    handle
-        .link()
-        .get()
-        .execute()
-        .try_collect()
-        .await
-        .map_err(|e| Error::netlink("list links", e))
 }
 
 async fn list_interfaces(handle: &Handle) -> Result<Vec<Interface>, Error> {
@@ -286,17 +273,6 @@ async fn wire_one(
     }
 }
 
-/// Whether a netlink error means "it is not there" (already removed).
-fn is_gone(e: &rtnetlink::Error) -> bool {
-    match e {
-        rtnetlink::Error::NetlinkError(message) => message
-            .code
-            .map(|c| matches!(-c.get(), libc::ENOENT | libc::ENODEV | libc::EINVAL))
-            .unwrap_or(false),
-        _ => false,
-    }
-}
-
 async fn unwire_all(handle: &Handle, wirings: &[Wiring]) -> Result<(), Error> {
     let mut first = None;
     for wiring in wirings {
@@ -308,27 +284,4 @@ async fn unwire_all(handle: &Handle, wirings: &[Wiring]) -> Result<(), Error> {
         }
     }
     first.map_or(Ok(()), Err)
-}
-
-/// Removes the ingress qdisc (and with it vmlet's redirect filter) of link `index`.
-pub(crate) async fn remove_ingress_qdisc(
-    handle: &Handle,
-    index: u32,
-    name: &str,
-) -> Result<(), Error> {
-    let mut request = handle.qdisc().del(index as i32);
-    request.message_mut().header.parent = TcHandle::INGRESS;
-    request.message_mut().header.handle = TcHandle::from(INGRESS_PARENT);
-    match request.execute().await {
-        Err(e) if !is_gone(&e) => Err(Error::netlink(format!("remove ingress qdisc of {name}"), e)),
-        _ => Ok(()),
-    }
-}
-
-/// Removes link `index` (a tap: its own qdisc and filter go with it).
-pub(crate) async fn remove_link(handle: &Handle, index: u32, name: &str) -> Result<(), Error> {
-    match handle.link().del(index).execute().await {
-        Err(e) if !is_gone(&e) => Err(Error::netlink(format!("remove {name}"), e)),
-        _ => Ok(()),
-    }
 }

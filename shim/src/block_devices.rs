@@ -2,33 +2,20 @@
 //! `volumeDevices` produce), hot-plugged into the pod's VM with the pod's disk driver.
 //!
 //! The shim opens the host device itself (QEMU runs as an unprivileged user that may not)
-//! and hands the fd to QEMU over vmlet's QMP monitor ([`crate::qmp`]): `add-fd`, a
-//! `host_device` block node on `/dev/fdset/N`, then the device: `virtio-blk-pci` (`vdX`)
-//! or `nvme` (`nvmeXn1`) on one of the domain's hot-plug root ports, or `scsi-hd` (`sdX`)
-//! behind one `virtio-scsi-pci` controller, itself plugged when the first SCSI disk comes.
-//! Each device gets a serial by which the agent finds it in the guest. The same path serves
-//! the pod's first container and containers created later in the running pod.
+//! and [`crate::hotplug`] hands the fd to QEMU: `virtio-blk-pci` (`vdX`) or `nvme`
+//! (`nvmeXn1`) on one of the domain's hot-plug root ports (made here, [`qemu_args`]), or
+//! `scsi-hd` (`sdX`) behind one `virtio-scsi-pci` controller. Each device gets a serial by
+//! which the agent finds it in the guest. The same path serves the pod's first container
+//! and containers created later in the running pod.
 
-use std::collections::HashMap;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::path::Path;
-use std::time::Duration;
 
 use oci_spec::runtime::{LinuxDeviceCgroup, LinuxDeviceType, Spec};
-use serde_json::{json, Value};
-use vmlet_config::DiskDriver;
 
-use crate::qmp::Qmp;
 use crate::Error;
 
-/// Hot-plug root ports each VM gets (each PCI disk takes one; SCSI disks share one).
-pub const HOTPLUG_PORTS: usize = 4;
-/// PCI slot of the first hot-plug port on pcie.0 (vsock is at 0x10, NICs at 0x12-0x19).
-const FIRST_PORT_SLOT: usize = 0x1a;
-/// The SCSI controller's id (its bus is `<id>.0`).
-const SCSI_CONTROLLER: &str = "vmlet-scsi";
-/// How long the guest may take to release an unplugged device.
-const UNPLUG_TIMEOUT: Duration = Duration::from_secs(10);
+use crate::pci_layout::{FIRST_HOTPLUG_PORT, HOTPLUG_PORTS};
 
 /// One block device the container asks for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -202,9 +189,9 @@ pub fn qemu_args(qmp_socket: &str) -> Vec<String> {
     for i in 0..HOTPLUG_PORTS {
         args.push("-device".into());
         args.push(format!(
-            "pcie-root-port,id={},bus=pcie.0,addr={:#x},chassis={},port={:#x}",
+            "pcie-root-port,id={},bus=pcie.0,addr={},chassis={},port={:#x}",
             port_id(i),
-            FIRST_PORT_SLOT + i,
+            crate::pci_layout::hex(FIRST_HOTPLUG_PORT + i),
             200 + i,
             0x20 + i
         ));
@@ -212,251 +199,18 @@ pub fn qemu_args(qmp_socket: &str) -> Vec<String> {
     args
 }
 
-fn port_id(i: usize) -> String {
+/// The id of hot-plug root port `i`.
+pub(crate) fn port_id(i: usize) -> String {
     format!("vmlet-hp{i}")
 }
 
-/// What one attached device holds.
-#[derive(Debug)]
-struct Attached {
-    device_id: String,
-    node: String,
-    port: Option<usize>,
-}
-
-/// The hot-plug state of one VM: its QMP monitor, which ports are taken, what each
-/// container has attached.
-pub struct Hotplug {
-    qmp: Qmp,
-    driver: DiskDriver,
-    ports: [bool; HOTPLUG_PORTS],
-    scsi_port: Option<usize>,
-    next: u32,
-    attached: HashMap<String, Vec<Attached>>,
-}
-
-impl Hotplug {
-    pub fn new(qmp: Qmp, driver: DiskDriver) -> Self {
-        Hotplug {
-            qmp,
-            driver,
-            ports: [false; HOTPLUG_PORTS],
-            scsi_port: None,
-            next: 0,
-            attached: HashMap::new(),
-        }
-    }
-
-    /// The monitor, for what else goes through it (growing the VM's memory).
-    pub fn qmp(&mut self) -> &mut Qmp {
-        &mut self.qmp
-    }
-
-    /// Attaches `devices` (with their opened `fds`) for `container_id` and returns what the
-    /// agent needs to find them. On failure what this call attached is detached again.
-    pub fn attach(
-        &mut self,
-        container_id: &str,
-        devices: &[BlockDevice],
-        fds: Vec<OwnedFd>,
-    ) -> Result<Vec<vmlet_protocol::agent::BlockDevice>, Error> {
-        let mut found = Vec::new();
-        for (device, fd) in devices.iter().zip(fds) {
-            match self.attach_one(container_id, device, fd) {
-                Ok(d) => found.push(d),
-                Err(e) => {
-                    if let Err(cleanup) = self.detach(container_id) {
-                        log::error!(
-                            "detach after failed attach for {container_id}: {}",
-                            cleanup.message()
-                        );
-                    }
-                    return Err(e);
-                }
-            }
-        }
-        Ok(found)
-    }
-
-    fn attach_one(
-        &mut self,
-        container_id: &str,
-        device: &BlockDevice,
-        fd: OwnedFd,
-    ) -> Result<vmlet_protocol::agent::BlockDevice, Error> {
-        let n = self.next;
-        self.next += 1;
-        let (serial, node, device_id) = (
-            format!("vmlet{n}"),
-            format!("vmlet-blk{n}"),
-            format!("vmlet-disk{n}"),
-        );
-        let what = format!("{} for {}", self.driver.as_str(), device.path);
-        let added = self.qmp.execute(
-            "add-fd",
-            json!({"opaque": format!("{container_id} {}", device.path)}),
-            &[fd.as_raw_fd()],
-        )?;
-        drop(fd);
-        let fdset = added["fdset-id"]
-            .as_u64()
-            .ok_or_else(|| Error::Internal(format!("add-fd answered {added} (no fdset-id)")))?;
-        let node_added = self.qmp.execute(
-            "blockdev-add",
-            json!({
-                "driver": "host_device",
-                "node-name": node,
-                "filename": format!("/dev/fdset/{fdset}"),
-                "read-only": device.readonly,
-            }),
-            &[],
-        );
-        // The block node holds its own duplicate: the set's copy is not needed any more.
-        let removed = self
-            .qmp
-            .execute("remove-fd", json!({"fdset-id": fdset}), &[]);
-        node_added.map_err(|e| Error::Internal(format!("{what}: {}", e.message())))?;
-        if let Err(e) = removed {
-            log::warn!("{container_id}: {what}: {}", e.message());
-        }
-
-        let mut props = match self.driver {
-            DiskDriver::Virtio => json!({"driver": "virtio-blk-pci"}),
-            DiskDriver::Nvme => json!({"driver": "nvme"}),
-            DiskDriver::Scsi => json!({"driver": "scsi-hd", "bus": format!("{SCSI_CONTROLLER}.0")}),
-        };
-        props["id"] = json!(device_id);
-        props["drive"] = json!(node);
-        props["serial"] = json!(serial);
-        let port = match self.plug_disk(&what, props) {
-            Ok(port) => port,
-            Err(e) => {
-                let _ = self
-                    .qmp
-                    .execute("blockdev-del", json!({"node-name": node}), &[]);
-                return Err(e);
-            }
-        };
-        log::info!(
-            "{container_id}: attached {what} as {device_id} (serial {serial}{})",
-            if device.readonly { ", read-only" } else { "" }
-        );
-        self.attached
-            .entry(container_id.to_owned())
-            .or_default()
-            .push(Attached {
-                device_id,
-                node,
-                port,
-            });
-        Ok(vmlet_protocol::agent::BlockDevice {
-            serial,
-            driver: self.driver.as_str().into(),
-            path: device.path.clone(),
-            file_mode: device.file_mode,
-            uid: device.uid,
-            gid: device.gid,
-            ..Default::default()
-        })
-    }
-
-    /// Plugs a disk device with `props` (its block node added): a PCI disk on a port of
-    /// its own, returned; a SCSI disk on the controller, plugged with the first one. On
-    /// failure the ports are as they were.
-    fn plug_disk(&mut self, what: &str, mut props: Value) -> Result<Option<usize>, Error> {
-        let port = match self.driver {
-            DiskDriver::Scsi => {
-                self.ensure_scsi_controller(what)?;
-                None
-            }
-            DiskDriver::Virtio | DiskDriver::Nvme => {
-                let p = self.take_port(what)?;
-                props["bus"] = json!(port_id(p));
-                Some(p)
-            }
-        };
-        if let Err(e) = self.qmp.execute("device_add", props, &[]) {
-            if let Some(p) = port {
-                self.ports[p] = false;
-            }
-            return Err(Error::Internal(format!("{what}: {}", e.message())));
-        }
-        Ok(port)
-    }
-
-    /// The pod's one SCSI controller, plugged into a port when the first SCSI disk comes.
-    fn ensure_scsi_controller(&mut self, what: &str) -> Result<(), Error> {
-        if self.scsi_port.is_some() {
-            return Ok(());
-        }
-        let p = self.take_port(what)?;
-        let controller =
-            json!({"driver": "virtio-scsi-pci", "id": SCSI_CONTROLLER, "bus": port_id(p)});
-        if let Err(e) = self.qmp.execute("device_add", controller, &[]) {
-            self.ports[p] = false;
-            return Err(Error::Internal(format!("{what}: {}", e.message())));
-        }
-        self.scsi_port = Some(p);
-        Ok(())
-    }
-
-    /// Takes a free hot-plug port.
-    fn take_port(&mut self, what: &str) -> Result<usize, Error> {
-        let p = self.ports.iter().position(|taken| !taken).ok_or_else(|| {
-            Error::ResourceExhausted(format!(
-                "{what}: all {HOTPLUG_PORTS} hot-plug ports of the pod's VM are taken"
-            ))
-        })?;
-        self.ports[p] = true;
-        Ok(p)
-    }
-
-    /// Unplugs what `container_id` attached (the guest must release each device) and frees
-    /// its ports. Goes on past failures and returns the first.
-    pub fn detach(&mut self, container_id: &str) -> Result<(), Error> {
-        let mut first = None;
-        for a in self.attached.remove(container_id).unwrap_or_default() {
-            let unplugged = self
-                .qmp
-                .execute("device_del", json!({"id": a.device_id}), &[])
-                .and_then(|_| {
-                    let id = a.device_id.clone();
-                    self.qmp.wait_event(
-                        "DEVICE_DELETED",
-                        move |data| data["device"].as_str() == Some(id.as_str()),
-                        UNPLUG_TIMEOUT,
-                    )
-                })
-                .and_then(|()| {
-                    self.qmp
-                        .execute("blockdev-del", json!({"node-name": a.node}), &[])
-                });
-            match unplugged {
-                Ok(_) => {
-                    if let Some(p) = a.port {
-                        self.ports[p] = false;
-                    }
-                    log::info!("{container_id}: detached {}", a.device_id);
-                }
-                Err(e) => {
-                    first.get_or_insert(Error::Internal(format!(
-                        "unplug {} of {container_id}: {}",
-                        a.device_id,
-                        e.message()
-                    )));
-                }
-            }
-        }
-        first.map_or(Ok(()), Err)
-    }
-}
-
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
-    use crate::qmp::tests::fake_qemu;
+    use serde_json::json;
 
-    fn device(path: &str, readonly: bool) -> BlockDevice {
+    /// A device of the spec (7:3, mode 0660, group 6) at `path`.
+    pub(crate) fn device(path: &str, readonly: bool) -> BlockDevice {
         BlockDevice {
             path: path.into(),
             major: 7,
@@ -466,144 +220,6 @@ mod tests {
             gid: 6,
             readonly,
         }
-    }
-
-    fn null_fds(n: usize) -> Vec<OwnedFd> {
-        (0..n)
-            .map(|_| OwnedFd::from(std::fs::File::open("/dev/null").unwrap()))
-            .collect()
-    }
-
-    /// A QEMU that accepts everything (add-fd gives set 1, device_del is followed by its
-    /// event) except device_add of `refused`.
-    fn qemu(refused: &'static str) -> (Qmp, std::thread::JoinHandle<Vec<(Value, usize)>>) {
-        let (stream, server) = fake_qemu(move |c| match c["execute"].as_str().unwrap() {
-            "add-fd" => vec![json!({"return": {"fdset-id": 1, "fd": 30}})],
-            "device_add" if c["arguments"]["driver"] == refused => {
-                vec![json!({"error": {"class": "GenericError", "desc": "no"}})]
-            }
-            "device_del" => vec![
-                json!({"return": {}}),
-                json!({"event": "DEVICE_DELETED", "data": {"device": c["arguments"]["id"]}}),
-            ],
-            _ => vec![json!({"return": {}})],
-        });
-        (Qmp::handshake(stream).unwrap(), server)
-    }
-
-    fn commands(seen: &[(Value, usize)]) -> Vec<String> {
-        seen.iter()
-            .skip(1)
-            .map(|(c, _)| {
-                let a = &c["arguments"];
-                let detail = a["driver"]
-                    .as_str()
-                    .or(a["bus"].as_str())
-                    .or(a["id"].as_str())
-                    .or(a["node-name"].as_str())
-                    .unwrap_or("");
-                format!("{} {detail}", c["execute"].as_str().unwrap())
-            })
-            .collect()
-    }
-
-    #[test]
-    fn scsi_disks_share_one_controller_on_one_port() {
-        let (qmp, server) = qemu("");
-        let mut hp = Hotplug::new(qmp, DiskDriver::Scsi);
-        let found = hp
-            .attach(
-                "c1",
-                &[device("/dev/xvda", false), device("/dev/xvdb", true)],
-                null_fds(2),
-            )
-            .unwrap();
-        assert_eq!(found[0].serial, "vmlet0");
-        assert_eq!(found[1].serial, "vmlet1");
-        assert_eq!(found[1].driver, "scsi");
-        assert_eq!(found[1].path, "/dev/xvdb");
-        assert_eq!(hp.ports, [true, false, false, false]);
-        hp.detach("c1").unwrap();
-        drop(hp);
-        let seen = server.join().unwrap();
-        assert_eq!(
-            commands(&seen),
-            [
-                "add-fd ",
-                "blockdev-add host_device",
-                "remove-fd ",
-                "device_add virtio-scsi-pci",
-                "device_add scsi-hd",
-                "add-fd ",
-                "blockdev-add host_device",
-                "remove-fd ",
-                "device_add scsi-hd",
-                "device_del vmlet-disk0",
-                "blockdev-del vmlet-blk0",
-                "device_del vmlet-disk1",
-                "blockdev-del vmlet-blk1",
-            ]
-        );
-        assert_eq!(seen[1].1, 1, "the device's fd goes with add-fd");
-        assert_eq!(seen[7].0["arguments"]["read-only"], true);
-        assert_eq!(seen[5].0["arguments"]["bus"], "vmlet-scsi.0");
-    }
-
-    #[test]
-    fn pci_disks_take_a_port_each_and_free_it_when_detached() {
-        for (driver, qemu_driver) in [
-            (DiskDriver::Virtio, "virtio-blk-pci"),
-            (DiskDriver::Nvme, "nvme"),
-        ] {
-            let (qmp, server) = qemu("");
-            let mut hp = Hotplug::new(qmp, driver);
-            hp.attach("c1", &[device("/dev/a", false)], null_fds(1))
-                .unwrap();
-            hp.attach("c2", &[device("/dev/b", false)], null_fds(1))
-                .unwrap();
-            assert_eq!(hp.ports, [true, true, false, false]);
-            hp.detach("c1").unwrap();
-            assert_eq!(hp.ports, [false, true, false, false]);
-            drop(hp);
-            let seen = server.join().unwrap();
-            let add = &seen[4].0["arguments"];
-            assert_eq!(add["driver"], qemu_driver);
-            assert_eq!(add["bus"], "vmlet-hp0");
-            assert_eq!(add["serial"], "vmlet0");
-            assert_eq!(seen[8].0["arguments"]["bus"], "vmlet-hp1");
-        }
-    }
-
-    #[test]
-    fn a_refused_device_is_undone_and_its_port_freed() {
-        let (qmp, server) = qemu("nvme");
-        let mut hp = Hotplug::new(qmp, DiskDriver::Nvme);
-        let err = hp
-            .attach("c1", &[device("/dev/a", false)], null_fds(1))
-            .unwrap_err();
-        assert_eq!(
-            err.message(),
-            "nvme for /dev/a: QEMU refused device_add: no"
-        );
-        assert_eq!(hp.ports, [false; HOTPLUG_PORTS]);
-        drop(hp);
-        let seen = server.join().unwrap();
-        assert_eq!(commands(&seen).last().unwrap(), "blockdev-del vmlet-blk0");
-    }
-
-    #[test]
-    fn running_out_of_ports_is_resource_exhausted() {
-        let (qmp, _server) = qemu("");
-        let mut hp = Hotplug::new(qmp, DiskDriver::Virtio);
-        let four: Vec<_> = (0..4)
-            .map(|i| device(&format!("/dev/d{i}"), false))
-            .collect();
-        hp.attach("c1", &four, null_fds(4)).unwrap();
-        let err = hp
-            .attach("c2", &[device("/dev/e", false)], null_fds(1))
-            .unwrap_err();
-        assert_eq!(err.code(), ttrpc::Code::RESOURCE_EXHAUSTED);
-        assert!(err.message().contains("/dev/e"), "{}", err.message());
     }
 
     #[test]

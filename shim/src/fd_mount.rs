@@ -14,7 +14,7 @@
 
 use std::ffi::{CString, OsStr};
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path};
 
@@ -170,11 +170,7 @@ pub fn mkdirs_beneath(dir: BorrowedFd, rel: &Path, mode: u32) -> io::Result<Owne
     plain_relative(rel)?;
     let mut current = openat2(dir, Path::new("."), libc::O_PATH, 0, STRICT)?;
     for name in rel.iter() {
-        match nix::sys::stat::mkdirat(
-            Some(current.as_raw_fd()),
-            name,
-            Mode::from_bits_truncate(mode),
-        ) {
+        match nix::sys::stat::mkdirat(&current, name, Mode::from_bits_truncate(mode)) {
             Ok(()) | Err(nix::errno::Errno::EEXIST) => {}
             Err(e) => return Err(e.into()),
         }
@@ -317,11 +313,7 @@ pub fn remove_tree(path: &Path) -> io::Result<()> {
 }
 
 fn remove_entry(dir: BorrowedFd, name: &OsStr, shown: &Path) -> io::Result<()> {
-    let stat = nix::sys::stat::fstatat(
-        Some(dir.as_raw_fd()),
-        name,
-        nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
-    )?;
+    let stat = nix::sys::stat::fstatat(dir, name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)?;
     if stat.st_mode & libc::S_IFMT != libc::S_IFDIR {
         // A file, symlink, socket or FIFO: unlinked (a file mount point is EBUSY).
         return unlink(dir, name, UnlinkatFlags::NoRemoveDir, shown);
@@ -356,7 +348,7 @@ fn remove_entry(dir: BorrowedFd, name: &OsStr, shown: &Path) -> io::Result<()> {
 }
 
 fn unlink(dir: BorrowedFd, name: &OsStr, how: UnlinkatFlags, shown: &Path) -> io::Result<()> {
-    nix::unistd::unlinkat(Some(dir.as_raw_fd()), name, how).map_err(|e| {
+    nix::unistd::unlinkat(dir, name, how).map_err(|e| {
         io::Error::new(
             io::Error::from(e).kind(),
             format!("remove {}: {e}", shown.display()),
@@ -367,7 +359,7 @@ fn unlink(dir: BorrowedFd, name: &OsStr, how: UnlinkatFlags, shown: &Path) -> io
 /// The names in the directory `dir` (opened for reading), `.` and `..` left out.
 fn list(dir: &OwnedFd) -> io::Result<Vec<std::ffi::OsString>> {
     let copy = dir.try_clone()?;
-    let mut d = nix::dir::Dir::from_fd(copy.into_raw_fd())?;
+    let mut d = nix::dir::Dir::from_fd(copy)?;
     let mut names = Vec::new();
     for entry in d.iter() {
         let entry = entry?;

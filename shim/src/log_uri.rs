@@ -25,33 +25,40 @@ pub enum OutputTarget {
     Binary { path: PathBuf, args: Vec<String> },
 }
 
-fn percent_decode(s: &str) -> Result<String, Error> {
+/// Which part of a log URI is decoded: containerd parses the URI with Go's `net/url`, whose
+/// path keeps a `+` and whose query (form encoding) reads it as a space.
+#[derive(Clone, Copy)]
+enum Part {
+    Path,
+    Query,
+}
+
+/// A part of a log URI with its `%XX` escapes decoded; a `%` not followed by two hex digits
+/// (which Go's `net/url` refuses too) and bytes that are not UTF-8 are refused by name.
+fn decode(s: &str, part: Part) -> Result<String, Error> {
     let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'%' => {
-                let hex = s
-                    .get(i + 1..i + 3)
-                    .and_then(|h| u8::from_str_radix(h, 16).ok())
-                    .ok_or_else(|| {
-                        Error::InvalidArgument(format!("bad escape in log URI part {s:?}"))
-                    })?;
-                out.push(hex);
-                i += 3;
-            }
-            b'+' => {
-                out.push(b' ');
-                i += 1;
-            }
-            b => {
-                out.push(b);
-                i += 1;
-            }
-        }
+    let bad_escape = bytes.iter().enumerate().any(|(i, &b)| {
+        b == b'%'
+            && !bytes
+                .get(i + 1..i + 3)
+                .is_some_and(|h| h.iter().all(u8::is_ascii_hexdigit))
+    });
+    if bad_escape {
+        return Err(Error::InvalidArgument(format!(
+            "bad escape in log URI part {s:?}"
+        )));
     }
-    String::from_utf8(out)
+    let spaced;
+    let s = match part {
+        Part::Path => s,
+        Part::Query => {
+            spaced = s.replace('+', " ");
+            &spaced
+        }
+    };
+    percent_encoding::percent_decode_str(s)
+        .decode_utf8()
+        .map(|d| d.into_owned())
         .map_err(|_| Error::InvalidArgument(format!("log URI part {s:?} is not UTF-8")))
 }
 
@@ -67,7 +74,7 @@ impl OutputTarget {
                 "log URI {value:?} needs an absolute path"
             )));
         }
-        let path = PathBuf::from(percent_decode(path)?);
+        let path = PathBuf::from(decode(path, Part::Path)?);
         match scheme {
             "file" if query.is_empty() => Ok(OutputTarget::File(path)),
             "file" => Err(Error::InvalidArgument(format!(
@@ -77,8 +84,8 @@ impl OutputTarget {
                 let mut args = Vec::new();
                 for pair in query.split('&').filter(|p| !p.is_empty()) {
                     let (key, val) = pair.split_once('=').unwrap_or((pair, ""));
-                    args.push(percent_decode(key)?);
-                    args.push(percent_decode(val)?);
+                    args.push(decode(key, Part::Query)?);
+                    args.push(decode(val, Part::Query)?);
                 }
                 Ok(OutputTarget::Binary { path, args })
             }
@@ -175,16 +182,36 @@ mod tests {
     }
 
     #[test]
+    fn a_plus_is_a_space_in_the_query_only_as_in_containerd() {
+        assert_eq!(
+            OutputTarget::parse("binary:///opt/c++/log%2Bger?name=a+b%2Bc").unwrap(),
+            OutputTarget::Binary {
+                path: "/opt/c++/log+ger".into(),
+                args: vec!["name".into(), "a b+c".into()],
+            }
+        );
+        assert_eq!(
+            OutputTarget::parse("file:///var/log/a+b.log").unwrap(),
+            OutputTarget::File("/var/log/a+b.log".into())
+        );
+    }
+
+    #[test]
     fn bad_uris_are_refused_by_name() {
         for bad in [
             "ftp:///x",
             "file://relative",
             "file:///x?y=1",
             "binary:///x?a=%zz",
+            "binary:///x?a=%4",
+            "file:///x%",
+            "file:///x%ff",
         ] {
             let err = OutputTarget::parse(bad).unwrap_err().to_string();
             assert!(
-                err.contains(bad.split('?').next().unwrap()) || err.contains("escape"),
+                err.contains(bad.split('?').next().unwrap())
+                    || err.contains("escape")
+                    || err.contains("UTF-8"),
                 "{bad}: {err}"
             );
         }

@@ -152,18 +152,24 @@ pub fn limit_mib(bytes: Option<i64>) -> Option<u64> {
 /// Asks QEMU to plug the virtio-mem region up to `plugged_mib` and waits until the guest
 /// has, polling the device's `size` (QEMU's, never above what was requested) until
 /// `timeout`.
-pub fn plug(qmp: &mut Qmp, plugged_mib: u64, timeout: Duration) -> Result<(), Error> {
+pub async fn plug(qmp: &Qmp, plugged_mib: u64, timeout: Duration) -> Result<(), Error> {
     let path = format!("/machine/peripheral/{DEVICE_ID}");
     let wanted = plugged_mib << 20;
     qmp.execute(
         "qom-set",
         json!({"path": path, "property": "requested-size", "value": wanted}),
-        &[],
-    )?;
+        Vec::new(),
+    )
+    .await?;
     let deadline = Instant::now() + timeout;
     loop {
         let size = qmp
-            .execute("qom-get", json!({"path": path, "property": "size"}), &[])?
+            .execute(
+                "qom-get",
+                json!({"path": path, "property": "size"}),
+                Vec::new(),
+            )
+            .await?
             .as_u64()
             .ok_or_else(|| Error::Internal("QEMU's virtio-mem size is not a number".into()))?;
         if size >= wanted {
@@ -175,7 +181,7 @@ pub fn plug(qmp: &mut Qmp, plugged_mib: u64, timeout: Duration) -> Result<(), Er
                 size >> 20
             )));
         }
-        std::thread::sleep(Duration::from_millis(50));
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
@@ -248,8 +254,8 @@ mod tests {
         }
     }
 
-    #[test]
-    fn plugging_asks_qemu_then_waits_for_the_guest() {
+    #[tokio::test]
+    async fn plugging_asks_qemu_then_waits_for_the_guest() {
         use std::sync::atomic::{AtomicU64, Ordering};
         let polls = std::sync::Arc::new(AtomicU64::new(0));
         let seen_polls = polls.clone();
@@ -266,10 +272,10 @@ mod tests {
                 _ => vec![json!({"return": {}})],
             }
         });
-        let mut qmp = Qmp::handshake(stream).unwrap();
-        plug(&mut qmp, 896, Duration::from_secs(5)).unwrap();
+        let qmp = Qmp::handshake(stream).await.unwrap();
+        plug(&qmp, 896, Duration::from_secs(5)).await.unwrap();
         drop(qmp);
-        let seen = server.join().unwrap();
+        let seen = crate::qmp::tests::finished(server).await;
         assert_eq!(seen[1].0["execute"], "qom-set");
         assert_eq!(
             seen[1].0["arguments"],
@@ -278,15 +284,17 @@ mod tests {
         assert_eq!(polls.load(Ordering::SeqCst), 3);
     }
 
-    #[test]
-    fn a_guest_that_does_not_plug_is_an_error_within_the_deadline() {
+    #[tokio::test]
+    async fn a_guest_that_does_not_plug_is_an_error_within_the_deadline() {
         let (stream, _server) = crate::qmp::tests::fake_qemu(|c| match c["execute"].as_str() {
             Some("qom-get") => vec![json!({"return": 64u64 << 20})],
             _ => vec![json!({"return": {}})],
         });
-        let mut qmp = Qmp::handshake(stream).unwrap();
+        let qmp = Qmp::handshake(stream).await.unwrap();
         let started = Instant::now();
-        let err = plug(&mut qmp, 512, Duration::from_millis(200)).unwrap_err();
+        let err = plug(&qmp, 512, Duration::from_millis(200))
+            .await
+            .unwrap_err();
         assert!(started.elapsed() < Duration::from_secs(2));
         assert!(
             err.message().contains("plugged 64 of 512 MiB"),

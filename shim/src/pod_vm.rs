@@ -1,21 +1,21 @@
 //! The pod's VM as the task service uses it, behind two small traits: [`PodVm`] (a booted
 //! VM: its guest, its host PIDs, its end, the containers' share, memory and block devices,
-//! stdio) and [`VmBooter`] (how a sandbox's create gets one). [`crate::vm::Vm`] booted by
-//! [`LibvirtBooter`] is the real one; the task service's unit tests put fakes behind both,
+//! stdio) and [`VmBooter`] (how a sandbox's create gets one, from a [`BootRequest`]).
+//! [`crate::vm::Vm`] booted by [`crate::vm::LibvirtBooter`] is the real one; the task service's unit tests put fakes behind both,
 //! so that every lifecycle rule is tested without a VM.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use vmlet_config::NodeConfig;
+use vmlet_config::{NodeConfig, VmOptions, VmShape};
 
 use crate::block_devices::BlockDevice;
 use crate::guest::Guest;
+use crate::memory::PodMemory;
 use crate::share::RootfsSource;
 use crate::spec::HostBind;
 use crate::stdio::{Copies, ProcessName, StdioPaths};
-use crate::vm::{BootRequest, Vm};
-use crate::vmm::VmManager;
 use crate::Error;
 
 /// A booted pod VM with its agent connected.
@@ -91,17 +91,32 @@ pub trait VmBooter: Send + Sync {
     ) -> Result<Arc<dyn PodVm>, Error>;
 }
 
-/// Boots [`Vm`]s through libvirt at the config's URI.
-pub struct LibvirtBooter;
+/// What to boot: the pod, its first container's rootfs, its shape and network.
+pub struct BootRequest {
+    pub pod_id: String,
+    pub container_id: String,
+    pub shape: VmShape,
+    /// How the VM may grow to hold its containers' memory limits.
+    pub memory: PodMemory,
+    /// Machine type, CPU model, kernel parameters, disk driver.
+    pub options: VmOptions,
+    pub rootfs: RootfsSource,
+    /// Host paths the container bind-mounts, bound into the share before the VM starts.
+    pub binds: Vec<crate::spec::HostBind>,
+    /// The pod network namespace to carry into the VM (none: no NIC, unless the pod's
+    /// host process gets a new namespace that hooks fill).
+    pub netns: Option<PathBuf>,
+    /// Given when the spec has OCI hooks that run on the host.
+    pub host_process: Option<HostProcess>,
+    /// The host cgroup (the sandbox spec's `cgroupsPath`) every host process of the VM
+    /// goes into; none: they stay where libvirt and the shim put them.
+    pub cgroup: Option<crate::pod_cgroup::PodCgroup>,
+}
 
-#[async_trait]
-impl VmBooter for LibvirtBooter {
-    async fn boot(
-        &self,
-        config: &NodeConfig,
-        request: BootRequest,
-    ) -> Result<Arc<dyn PodVm>, Error> {
-        let vmm: Arc<dyn VmManager> = Arc::new(crate::vmm::Libvirt::new(&config.libvirt_uri));
-        Ok(Arc::new(Vm::boot(config, vmm, request).await?))
-    }
+/// The pod's host process (see [`crate::netns_holder`]): started before the VM in the pod
+/// network namespace (a new one when the spec's has no path), then `create_hooks` run with
+/// its PID in `state`.
+pub struct HostProcess {
+    pub create_hooks: Vec<oci_spec::runtime::Hook>,
+    pub state: crate::hooks::HookState,
 }

@@ -9,9 +9,9 @@ use containerd_shim::{api, Config, Error as ShimError, Flags, StartOpts};
 use vmlet_config::NodeConfig;
 
 use crate::events::EventSink;
-use crate::pod_vm::LibvirtBooter;
 use crate::reclaim::cleanup_after_shim;
 use crate::task::{TaskApi, TaskService};
+use crate::vm::LibvirtBooter;
 use crate::vmm::Libvirt;
 
 /// containerd's runtime name for vmlet.

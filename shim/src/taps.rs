@@ -16,10 +16,8 @@ use crate::Error;
 
 /// Environment variable naming the tap socket in the domain's `<qemu:env>`.
 pub const TAP_SOCKET_ENV: &str = "VMLET_TAP_SOCKET";
-/// Most taps one VM gets.
-pub const MAX_TAPS: usize = 8;
-/// PCI slot of the first NIC on pcie.0 (vsock uses 0x10).
-const FIRST_NIC_SLOT: usize = 0x12;
+/// Most taps one VM gets (a NIC slot each).
+pub const MAX_TAPS: usize = crate::pci_layout::MAX_NICS;
 
 /// What the wrapper needs to know of each tap (the fd travels beside it).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -36,10 +34,10 @@ pub fn qemu_args(taps: &[TapDescription], fds: &[RawFd]) -> Vec<String> {
         args.push(format!("tap,id=vmletnet{i},fd={fd},vhost=off"));
         args.push("-device".into());
         args.push(format!(
-            "virtio-net-pci,netdev=vmletnet{i},mac={},host_mtu={},bus=pcie.0,addr={:#x}",
+            "virtio-net-pci,netdev=vmletnet{i},mac={},host_mtu={},bus=pcie.0,addr={}",
             tap.mac,
             tap.mtu,
-            FIRST_NIC_SLOT + i
+            crate::pci_layout::hex(crate::pci_layout::FIRST_NIC + i)
         ));
     }
     args

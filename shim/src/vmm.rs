@@ -33,18 +33,6 @@ pub struct VmletDomain {
     pub active: bool,
 }
 
-/// The pod id in a domain XML's `<vmlet:pod id=...>` metadata, if it has vmlet's mark.
-pub fn pod_id_in(xml: &str) -> Option<String> {
-    let mark = xml.find(crate::domain::VMLET_METADATA_NS)?;
-    let element_start = xml[..mark].rfind('<')?;
-    let element = &xml[element_start..];
-    let element = &element[..element.find('>')?];
-    let id = element.split(" id=").nth(1)?;
-    let quote = id.chars().next()?;
-    let id = &id[1..];
-    Some(id[..id.find(quote)?].to_owned())
-}
-
 /// libvirt through the `virt` crate; one connection per call, opened from the URI.
 pub struct Libvirt {
     uri: String,
@@ -141,7 +129,7 @@ impl VmManager for Libvirt {
                 let (Ok(name), Ok(xml)) = (d.get_name(), d.get_xml_desc(0)) else {
                     continue; // gone meanwhile
                 };
-                if let Some(pod_id) = pod_id_in(&xml) {
+                if let Some(pod_id) = crate::libvirt_xml::pod_id_in(&xml) {
                     found.push(VmletDomain {
                         name,
                         pod_id,
@@ -215,20 +203,5 @@ impl VmManager for FakeVmm {
                 })
             })
             .collect())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_pod_id_comes_from_vmlets_metadata_only() {
-        let ours = r#"<domain><name>vmlet-p1</name><metadata><vmlet:pod xmlns:vmlet="https://vmlet.io/xmlns/domain/1" id="p1"/></metadata></domain>"#;
-        assert_eq!(pod_id_in(ours), Some("p1".into()));
-        let single =
-            r#"<metadata><x:pod id='p2' xmlns:x='https://vmlet.io/xmlns/domain/1'/></metadata>"#;
-        assert_eq!(pod_id_in(single), Some("p2".into()));
-        assert_eq!(pod_id_in("<domain><name>vmlet-p3</name></domain>"), None);
     }
 }

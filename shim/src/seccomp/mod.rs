@@ -189,16 +189,20 @@ pub fn compile(profile: &LinuxSeccomp) -> Result<Compiled, Error> {
     }
     let program =
         bpf::program(&rules, default, RET_ERRNO | libc::ENOSYS as u32).map_err(invalid)?;
-    let flags = profile
-        .flags()
-        .iter()
-        .flatten()
-        .map(|f| match f {
+    let mut flags = 0;
+    for flag in profile.flags().iter().flatten() {
+        flags |= match flag {
             LinuxSeccompFilterFlag::SeccompFilterFlagTsync => FLAG_TSYNC,
             LinuxSeccompFilterFlag::SeccompFilterFlagLog => FLAG_LOG,
             LinuxSeccompFilterFlag::SeccompFilterFlagSpecAllow => FLAG_SPEC_ALLOW,
-        })
-        .fold(0, |a, f| a | f);
+            // The kernel takes it only with a user-notification listener.
+            LinuxSeccompFilterFlag::SeccompFilterFlagWaitKillableRecv => {
+                return Err(invalid(
+                    "flag SECCOMP_FILTER_FLAG_WAIT_KILLABLE_RECV needs a seccomp notification listener, which vmlet does not support".into(),
+                ))
+            }
+        };
+    }
     Ok(Compiled {
         program: bpf::to_bytes(&program),
         flags,
@@ -237,6 +241,24 @@ mod tests {
         assert_eq!(syscall_number("mkdirat"), Some(258));
         assert_eq!(syscall_number("clone3"), Some(435));
         assert_eq!(syscall_number("no_such_call"), None);
+    }
+
+    #[test]
+    fn a_flag_for_notification_listeners_is_refused_by_name() {
+        let p = profile(
+            r#"{"defaultAction": "SCMP_ACT_ALLOW",
+                "flags": ["SECCOMP_FILTER_FLAG_WAIT_KILLABLE_RECV"]}"#,
+        );
+        let Err(err) = compile(&p) else {
+            panic!("refused");
+        };
+        assert_eq!(err.code(), ttrpc::Code::INVALID_ARGUMENT);
+        assert!(
+            err.message()
+                .contains("SECCOMP_FILTER_FLAG_WAIT_KILLABLE_RECV"),
+            "{}",
+            err.message()
+        );
     }
 
     #[test]

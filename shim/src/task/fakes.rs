@@ -12,11 +12,10 @@ use vmlet_protocol::agent::{CreateContainerRequest, CreateExecRequest, Resources
 
 use crate::block_devices::BlockDevice;
 use crate::guest::{Guest, GuestExit, ProcessId};
-use crate::pod_vm::{PodVm, VmBooter};
+use crate::pod_vm::{BootRequest, PodVm, VmBooter};
 use crate::share::RootfsSource;
 use crate::spec::HostBind;
 use crate::stdio::{Copies, ProcessName, StdioPaths};
-use crate::vm::BootRequest;
 use crate::Error;
 
 /// The PID the fake agent gives every process.

@@ -14,6 +14,7 @@ mod create;
 mod delete;
 mod exec;
 pub mod exit;
+mod plan;
 pub mod process;
 mod start;
 

@@ -1,0 +1,296 @@
+//! The domain XML's elements as typed structs, one per element libvirt reads; serde +
+//! quick-xml render them ([`super::Domain::to_xml`]). What goes into them is
+//! [`super::Domain::new`]'s.
+
+use serde::Serialize;
+
+#[derive(Debug, Serialize)]
+#[serde(rename = "domain")]
+pub struct Domain {
+    #[serde(rename = "@type")]
+    pub kind: String,
+    #[serde(rename = "@xmlns:qemu")]
+    pub qemu_ns: &'static str,
+    pub name: String,
+    pub metadata: Metadata,
+    /// Set when the VM can grow ([`MemoryDevice`]): the boot memory plus the device's region.
+    #[serde(rename = "maxMemory", skip_serializing_if = "Option::is_none")]
+    pub max_memory: Option<MaxMemory>,
+    pub memory: Memory,
+    pub vcpu: u32,
+    #[serde(rename = "memoryBacking")]
+    pub memory_backing: MemoryBacking,
+    pub os: Os,
+    pub features: Features,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<Cpu>,
+    pub on_poweroff: &'static str,
+    pub on_reboot: &'static str,
+    pub on_crash: &'static str,
+    pub devices: Devices,
+    #[serde(rename = "qemu:commandline")]
+    pub qemu_commandline: QemuCommandline,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Metadata {
+    #[serde(rename = "vmlet:pod")]
+    pub pod: VmletPod,
+}
+
+#[derive(Debug, Serialize)]
+pub struct VmletPod {
+    #[serde(rename = "@xmlns:vmlet")]
+    pub ns: &'static str,
+    #[serde(rename = "@id")]
+    pub id: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Memory {
+    #[serde(rename = "@unit")]
+    pub unit: &'static str,
+    #[serde(rename = "$text")]
+    pub value: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct MaxMemory {
+    #[serde(rename = "@slots")]
+    pub slots: u32,
+    #[serde(rename = "@unit")]
+    pub unit: &'static str,
+    #[serde(rename = "$text")]
+    pub value: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct MemoryBacking {
+    pub source: TypeAttr,
+    pub access: ModeAttr,
+}
+
+#[derive(Debug, Serialize)]
+pub struct TypeAttr {
+    #[serde(rename = "@type")]
+    pub kind: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ModeAttr {
+    #[serde(rename = "@mode")]
+    pub mode: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Os {
+    #[serde(rename = "type")]
+    pub kind: OsType,
+    pub kernel: String,
+    pub initrd: String,
+    pub cmdline: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct OsType {
+    #[serde(rename = "@arch")]
+    pub arch: &'static str,
+    #[serde(rename = "@machine")]
+    pub machine: String,
+    #[serde(rename = "$text")]
+    pub value: &'static str,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Features {
+    pub acpi: Empty,
+}
+
+#[derive(Debug, Serialize, Default)]
+pub struct Empty {}
+
+#[derive(Debug, Serialize, PartialEq, Eq, Default)]
+pub struct Cpu {
+    #[serde(rename = "@mode", skip_serializing_if = "Option::is_none")]
+    pub mode: Option<String>,
+    #[serde(rename = "@match", skip_serializing_if = "Option::is_none")]
+    pub match_: Option<String>,
+    #[serde(rename = "@check", skip_serializing_if = "Option::is_none")]
+    pub check: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model: Option<CpuModelXml>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vendor: Option<String>,
+    #[serde(rename = "feature")]
+    pub features: Vec<CpuFeatureXml>,
+    /// One NUMA cell holding every vCPU and the boot memory: libvirt wants it for a
+    /// virtio-mem device (whose memory goes to that node).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub numa: Option<Numa>,
+}
+
+#[derive(Debug, Serialize, PartialEq, Eq)]
+pub struct Numa {
+    pub cell: NumaCell,
+}
+
+#[derive(Debug, Serialize, PartialEq, Eq)]
+pub struct NumaCell {
+    #[serde(rename = "@id")]
+    pub id: u32,
+    #[serde(rename = "@cpus")]
+    pub cpus: String,
+    #[serde(rename = "@memory")]
+    pub memory: u64,
+    #[serde(rename = "@unit")]
+    pub unit: &'static str,
+}
+
+#[derive(Debug, Serialize, PartialEq, Eq)]
+pub struct CpuModelXml {
+    #[serde(rename = "@fallback", skip_serializing_if = "Option::is_none")]
+    pub fallback: Option<String>,
+    #[serde(rename = "$text")]
+    pub name: String,
+}
+
+#[derive(Debug, Serialize, PartialEq, Eq)]
+pub struct CpuFeatureXml {
+    #[serde(rename = "@policy")]
+    pub policy: String,
+    #[serde(rename = "@name")]
+    pub name: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Devices {
+    pub emulator: String,
+    pub filesystem: Vec<Filesystem>,
+    pub serial: Serial,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vsock: Option<Vsock>,
+    pub controller: Vec<Controller>,
+    pub memballoon: ModelAttr,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory: Option<MemoryDevice>,
+}
+
+/// A virtio-mem device: a region the shim plugs into the running guest block by block
+/// (`requested`, through vmlet's QMP monitor) when the pod's containers need more memory
+/// than the VM booted with (`crate::memory`).
+#[derive(Debug, Serialize)]
+pub struct MemoryDevice {
+    #[serde(rename = "@model")]
+    pub model: &'static str,
+    pub target: MemoryTarget,
+    pub alias: NameAttr,
+    pub address: PciAddress,
+}
+
+#[derive(Debug, Serialize)]
+pub struct MemoryTarget {
+    pub size: Memory,
+    pub node: u32,
+    pub block: Memory,
+    pub requested: Memory,
+}
+
+#[derive(Debug, Serialize)]
+pub struct NameAttr {
+    #[serde(rename = "@name")]
+    pub name: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct PciAddress {
+    #[serde(rename = "@type")]
+    pub kind: &'static str,
+    #[serde(rename = "@domain")]
+    pub domain: &'static str,
+    #[serde(rename = "@bus")]
+    pub bus: &'static str,
+    #[serde(rename = "@slot")]
+    pub slot: String,
+    #[serde(rename = "@function")]
+    pub function: &'static str,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Filesystem {
+    #[serde(rename = "@type")]
+    pub kind: &'static str,
+    #[serde(rename = "@accessmode")]
+    pub accessmode: &'static str,
+    pub driver: TypeAttr,
+    pub binary: PathAttr,
+    pub source: DirAttr,
+    pub target: DirAttr,
+}
+
+#[derive(Debug, Serialize)]
+pub struct PathAttr {
+    #[serde(rename = "@path")]
+    pub path: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct DirAttr {
+    #[serde(rename = "@dir")]
+    pub dir: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Serial {
+    #[serde(rename = "@type")]
+    pub kind: &'static str,
+    pub source: PathAttr,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Vsock {
+    #[serde(rename = "@model")]
+    pub model: &'static str,
+    pub cid: Cid,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Cid {
+    #[serde(rename = "@auto")]
+    pub auto: &'static str,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Controller {
+    #[serde(rename = "@type")]
+    pub kind: &'static str,
+    #[serde(rename = "@model")]
+    pub model: &'static str,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ModelAttr {
+    #[serde(rename = "@model")]
+    pub model: &'static str,
+}
+
+#[derive(Debug, Serialize, Default)]
+pub struct QemuCommandline {
+    #[serde(rename = "qemu:arg")]
+    pub args: Vec<QemuArg>,
+    #[serde(rename = "qemu:env")]
+    pub env: Vec<QemuEnv>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct QemuArg {
+    #[serde(rename = "@value")]
+    pub value: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct QemuEnv {
+    #[serde(rename = "@name")]
+    pub name: String,
+    #[serde(rename = "@value")]
+    pub value: String,
+}

@@ -1,0 +1,386 @@
+//! A task's create as a plan: the create request, its bundle's spec and the node config in,
+//! everything the create will do out, checked before anything is made ([`CreatePlan::new`]
+//! reads no state and starts nothing). Where the container goes is a new VM (a sandbox or
+//! a plain task: [`Target::Boot`] with its [`BootRequest`]) or a running pod's VM
+//! ([`Target::Join`], which the service resolves).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use containerd_shim::api;
+use oci_spec::runtime::Spec;
+use vmlet_config::{NodeConfig, PodAnnotations, ShapeSource, VmOptions, VmShape};
+use vmlet_protocol::agent::{CreateContainerRequest, Stdio};
+
+use crate::block_devices::BlockDevice;
+use crate::hooks::{HookState, HostHooks};
+use crate::memory::PodMemory;
+use crate::pod_vm::{BootRequest, HostProcess};
+use crate::share::RootfsSource;
+use crate::spec::{HostBind, PodRole};
+use crate::stdio::StdioPaths;
+use crate::Error;
+
+/// Where the container goes.
+pub(super) enum Target {
+    /// A new VM: a sandbox, or a task that is not part of a pod.
+    Boot(Box<BootRequest>),
+    /// The running VM of pod `sandbox_id`.
+    Join {
+        sandbox_id: String,
+        rootfs: RootfsSource,
+        binds: Vec<HostBind>,
+    },
+}
+
+/// Everything a task's create does, decided before anything is made.
+pub(super) struct CreatePlan {
+    pub paths: StdioPaths,
+    pub hooks: HostHooks,
+    /// The state the hooks get (the pod's host process PID is filled in later).
+    pub hook_state: HookState,
+    /// The container as the agent creates it (its block devices are filled in when they
+    /// are attached).
+    pub agent_request: CreateContainerRequest,
+    /// The container's memory limit (MiB), which the VM must hold.
+    pub memory_limit: Option<u64>,
+    pub block_devices: Vec<BlockDevice>,
+    pub target: Target,
+}
+
+impl CreatePlan {
+    /// Plans the create of `req` from its bundle's `spec` under `config`. `sandbox_pid`
+    /// gives the PID containerd was told for a running sandbox of this shim (a container
+    /// joins its namespaces). Bad input (annotations, stdio, hooks, devices, the spec) is
+    /// an error that names it.
+    pub fn new(
+        req: &api::CreateTaskRequest,
+        spec: &Spec,
+        config: &NodeConfig,
+        sandbox_pid: impl Fn(&str) -> Option<u32>,
+    ) -> Result<Self, Error> {
+        let annotations = spec.annotations().clone().unwrap_or_default();
+        let pod_annotations = PodAnnotations::from_map(&annotations, &config.annotations.allowed)?;
+        let role = crate::spec::pod_role(&annotations)?;
+        let paths = StdioPaths {
+            stdin: req.stdin.clone(),
+            stdout: req.stdout.clone(),
+            stderr: req.stderr.clone(),
+        };
+        paths.check()?;
+        let wanted = Stdio {
+            stdin: !paths.stdin.is_empty(),
+            stdout: !paths.stdout.is_empty(),
+            stderr: !paths.stderr.is_empty(),
+            ..Default::default()
+        };
+        let hooks = HostHooks::from_spec(spec)?;
+        let hook_state = HookState {
+            id: req.id.clone(),
+            bundle: req.bundle.clone(),
+            annotations: annotations.clone(),
+            pid: 0,
+        };
+        let (mut agent_request, binds) = crate::spec::create_request(&req.id, spec, wanted)?;
+        let memory_limit = memory_limit(spec);
+        let block_devices = crate::block_devices::from_spec(spec)?;
+        let sandbox_pid = match &role {
+            PodRole::Container { sandbox_id } => sandbox_pid(sandbox_id),
+            PodRole::Sandbox => None,
+        };
+        agent_request.join_namespaces = crate::spec::shared_namespaces(spec, &role, sandbox_pid)?;
+        if let PodRole::Container { sandbox_id } = &role {
+            agent_request.join_namespaces_of = sandbox_id.clone();
+        }
+        let rootfs = rootfs_source(req, spec, Path::new(&req.bundle));
+        let target = match role {
+            PodRole::Sandbox => Target::Boot(Box::new(boot_request(
+                &req.id,
+                spec,
+                &annotations,
+                &pod_annotations,
+                config,
+                rootfs,
+                binds,
+                (!hooks.is_empty()).then(|| HostProcess {
+                    create_hooks: hooks.create.clone(),
+                    state: hook_state.clone(),
+                }),
+            )?)),
+            PodRole::Container { sandbox_id } => Target::Join {
+                sandbox_id,
+                rootfs,
+                binds,
+            },
+        };
+        Ok(CreatePlan {
+            paths,
+            hooks,
+            hook_state,
+            agent_request,
+            memory_limit,
+            block_devices,
+            target,
+        })
+    }
+}
+
+/// The container's root: the bundle's rootfs directory, or the mounts containerd passed.
+fn rootfs_source(req: &api::CreateTaskRequest, spec: &Spec, bundle: &Path) -> RootfsSource {
+    if !req.rootfs.is_empty() {
+        return RootfsSource::Mounts(req.rootfs.to_vec());
+    }
+    let root = spec
+        .root()
+        .as_ref()
+        .map(|r| r.path().clone())
+        .unwrap_or_else(|| PathBuf::from("rootfs"));
+    RootfsSource::Dir(if root.is_absolute() {
+        root
+    } else {
+        bundle.join(root)
+    })
+}
+
+/// A sandbox's VM: its shape from the annotations, the pod's limits and the node's
+/// defaults, how its memory may grow, its options, network and cgroup.
+#[allow(clippy::too_many_arguments)]
+fn boot_request(
+    id: &str,
+    spec: &Spec,
+    annotations: &HashMap<String, String>,
+    pod_annotations: &PodAnnotations,
+    config: &NodeConfig,
+    rootfs: RootfsSource,
+    binds: Vec<HostBind>,
+    host_process: Option<HostProcess>,
+) -> Result<BootRequest, Error> {
+    let limits = crate::spec::pod_limits(spec, annotations)?;
+    let (shape, sources) = VmShape::resolve(
+        &config.guest,
+        pod_annotations,
+        &limits,
+        config.annotations.beyond_limits,
+    )?;
+    log::info!(
+        "pod {id}: {} vCPU ({:?}), {} MiB ({:?}); limits {limits:?}",
+        shape.vcpus,
+        sources[0],
+        shape.memory_mib,
+        sources[1],
+    );
+    // A VM sized by annotation keeps its size; any other can grow to the node's maximum.
+    let fixed = sources[1] == ShapeSource::Annotation;
+    let region = if fixed {
+        0
+    } else {
+        crate::memory::region_mib(shape.memory_mib, config.guest.max_memory_mib)
+    };
+    let memory = PodMemory::new(
+        shape.memory_mib,
+        region,
+        config.guest.overhead_memory_mib,
+        fixed,
+    );
+    Ok(BootRequest {
+        pod_id: id.into(),
+        container_id: id.into(),
+        shape,
+        memory,
+        options: VmOptions::resolve(&config.guest, pod_annotations),
+        rootfs,
+        binds,
+        netns: crate::spec::network_namespace(spec)?,
+        host_process,
+        cgroup: spec
+            .linux()
+            .as_ref()
+            .and_then(|l| l.cgroups_path().as_ref())
+            .map(|p| crate::pod_cgroup::PodCgroup::from_spec_path(&p.to_string_lossy()))
+            .transpose()?,
+    })
+}
+
+/// The memory limit of a container's spec, in MiB.
+fn memory_limit(spec: &Spec) -> Option<u64> {
+    crate::memory::limit_mib(
+        spec.linux()
+            .as_ref()
+            .and_then(|l| l.resources().as_ref())
+            .and_then(|r| r.memory().as_ref())
+            .and_then(|m| m.limit()),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::{CONTAINER_TYPE_ANNOTATION, SANDBOX_ID_ANNOTATION};
+    use serde_json::json;
+
+    const NETNS: &str = "/run/netns/cni-1";
+
+    /// A bundle's spec with `annotations` and a memory limit (bytes), in the pod namespace.
+    fn spec(annotations: serde_json::Value, memory_limit: Option<i64>) -> Spec {
+        let mut linux = json!({
+            "namespaces": [
+                {"type": "network", "path": NETNS},
+                {"type": "mount"}, {"type": "pid"}, {"type": "ipc"}, {"type": "uts"}
+            ],
+            "cgroupsPath": "kubepods-pod1.slice:cri-containerd:p1"
+        });
+        if let Some(limit) = memory_limit {
+            linux["resources"] = json!({"memory": {"limit": limit}});
+        }
+        serde_json::from_value(json!({
+            "ociVersion": "1.0.2",
+            "process": {"args": ["sh"], "cwd": "/", "user": {"uid": 0, "gid": 0}},
+            "root": {"path": "rootfs"},
+            "annotations": annotations,
+            "linux": linux
+        }))
+        .unwrap()
+    }
+
+    fn request(id: &str) -> api::CreateTaskRequest {
+        api::CreateTaskRequest {
+            id: id.into(),
+            bundle: format!("/run/bundles/{id}"),
+            stdout: "/run/fifo/out".into(),
+            ..Default::default()
+        }
+    }
+
+    fn no_sandbox(_: &str) -> Option<u32> {
+        None
+    }
+
+    #[test]
+    fn a_sandbox_boots_a_vm_sized_by_its_annotations() {
+        let config = NodeConfig::default();
+        let spec = spec(
+            json!({"vmlet.io/memory": "1.5Gi", "vmlet.io/vcpus": "2"}),
+            None,
+        );
+        let plan = CreatePlan::new(&request("p1"), &spec, &config, no_sandbox).unwrap();
+        let Target::Boot(boot) = plan.target else {
+            panic!("a sandbox boots a VM");
+        };
+        assert_eq!(
+            (boot.pod_id.as_str(), boot.container_id.as_str()),
+            ("p1", "p1")
+        );
+        assert_eq!((boot.shape.vcpus, boot.shape.memory_mib), (2, 1536));
+        // Sized by annotation: it keeps that size.
+        assert_eq!(boot.memory.region_mib, 0);
+        assert_eq!(boot.netns.as_deref(), Some(Path::new(NETNS)));
+        let RootfsSource::Dir(rootfs) = &boot.rootfs else {
+            panic!("no mounts were passed: the bundle's rootfs");
+        };
+        assert_eq!(rootfs, Path::new("/run/bundles/p1/rootfs"));
+        assert!(boot.cgroup.is_some());
+        assert!(boot.host_process.is_none(), "no hooks, no host process");
+        assert!(plan.agent_request.join_namespaces.is_empty());
+        assert!(plan.paths.stdin.is_empty());
+    }
+
+    #[test]
+    fn a_vm_sized_without_annotations_may_grow_to_the_node_maximum() {
+        let config = NodeConfig::default();
+        let spec = spec(json!({}), Some(64 << 20));
+        let plan = CreatePlan::new(&request("t1"), &spec, &config, no_sandbox).unwrap();
+        assert_eq!(plan.memory_limit, Some(64));
+        let Target::Boot(boot) = plan.target else {
+            panic!("a plain task boots a VM");
+        };
+        assert!(boot.memory.region_mib > 0);
+    }
+
+    #[test]
+    fn a_container_of_a_pod_joins_its_vm_and_namespaces() {
+        let config = NodeConfig::default();
+        let mut spec = spec(
+            json!({CONTAINER_TYPE_ANNOTATION: "container", SANDBOX_ID_ANNOTATION: "p1"}),
+            None,
+        );
+        // The sandbox's namespaces, as the CRI plugin gives them.
+        let linux = spec.linux().clone().unwrap();
+        let namespaces: Vec<_> = linux
+            .namespaces()
+            .clone()
+            .unwrap()
+            .into_iter()
+            .map(|mut n| {
+                let name = match n.typ() {
+                    oci_spec::runtime::LinuxNamespaceType::Ipc => "ipc",
+                    oci_spec::runtime::LinuxNamespaceType::Uts => "uts",
+                    _ => return n,
+                };
+                n.set_path(Some(PathBuf::from(format!("/proc/42/ns/{name}"))));
+                n
+            })
+            .collect();
+        let mut linux = linux;
+        linux.set_namespaces(Some(namespaces));
+        spec.set_linux(Some(linux));
+        let sandbox = |id: &str| (id == "p1").then_some(42);
+        let plan = CreatePlan::new(&request("c1"), &spec, &config, sandbox).unwrap();
+        let Target::Join { sandbox_id, .. } = plan.target else {
+            panic!("a container joins its pod's VM");
+        };
+        assert_eq!(sandbox_id, "p1");
+        assert_eq!(plan.agent_request.join_namespaces_of, "p1");
+        let mut joined = plan.agent_request.join_namespaces.clone();
+        joined.sort();
+        assert_eq!(joined, ["ipc", "uts"]);
+        assert_eq!(plan.hook_state.id, "c1");
+    }
+
+    #[test]
+    fn bad_input_is_refused_by_name_before_anything_is_made() {
+        let config = NodeConfig::default();
+        let refused = |spec: &Spec, req: &api::CreateTaskRequest| {
+            CreatePlan::new(req, spec, &config, no_sandbox)
+                .err()
+                .expect("refused")
+        };
+        let err = refused(
+            &spec(json!({"vmlet.io/kernel-params": "x"}), None),
+            &request("p"),
+        );
+        assert_eq!(err.code(), ttrpc::Code::PERMISSION_DENIED);
+        assert!(
+            err.message().contains("vmlet.io/kernel-params"),
+            "{}",
+            err.message()
+        );
+        let err = refused(
+            &spec(json!({"vmlet.io/memory": "lots"}), None),
+            &request("p"),
+        );
+        assert!(
+            err.message().contains("vmlet.io/memory"),
+            "{}",
+            err.message()
+        );
+        let err = refused(
+            &spec(json!({CONTAINER_TYPE_ANNOTATION: "container"}), None),
+            &request("c"),
+        );
+        assert!(
+            err.message().contains(SANDBOX_ID_ANNOTATION),
+            "{}",
+            err.message()
+        );
+        let mut bad_stdout = request("p");
+        bad_stdout.stdout = "ftp:///x".into();
+        let err = refused(&spec(json!({}), None), &bad_stdout);
+        assert!(err.message().contains("ftp"), "{}", err.message());
+        let mut host_net = spec(json!({}), None);
+        let mut linux = host_net.linux().clone().unwrap();
+        linux.set_namespaces(Some(Vec::new()));
+        host_net.set_linux(Some(linux));
+        let err = refused(&host_net, &request("p"));
+        assert_eq!(err.code(), ttrpc::Code::UNIMPLEMENTED);
+    }
+}

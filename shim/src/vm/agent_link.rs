@@ -1,0 +1,205 @@
+//! The agent: its endpoint (the vhost-user socket, or the CID libvirt gave the guest),
+//! the first connection (waiting for the guest's console to show the agent listening, and
+//! giving up at once when QEMU ends first), and the pod network configured in the guest.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use vmlet_config::NodeConfig;
+use vmlet_protocol::agent::{ConfigureNetworkRequest, NetworkInterface, PingRequest, Route};
+use vmlet_protocol::agent_ttrpc::AgentClient;
+use vmlet_protocol::AGENT_PORT;
+
+use super::block;
+use super::launch::Launched;
+use crate::domain::VsockDevice;
+use crate::pod_paths::PodPaths;
+use crate::vmm::VmManager;
+use crate::vsock::Endpoint;
+use crate::Error;
+
+/// Connects to the booting VM's agent within the node's `agent_timeout_secs`; returns the
+/// endpoint, the client and the guest's boot id. A failure carries the console's tail.
+pub(super) async fn connect(
+    config: &NodeConfig,
+    vmm: &Arc<dyn VmManager>,
+    pod_id: &str,
+    paths: &PodPaths,
+    vsock: &VsockDevice,
+    launched: &Launched,
+) -> Result<(Endpoint, AgentClient, String), Error> {
+    let endpoint = match vsock {
+        VsockDevice::VhostUser { .. } => Endpoint::Hybrid {
+            uds: paths.vsock_uds.clone(),
+        },
+        VsockDevice::Vhost => {
+            let (vmm, name) = (vmm.clone(), launched.name.clone());
+            let xml = block(move || vmm.live_xml(&name)).await??;
+            Endpoint::Vhost {
+                cid: crate::libvirt_xml::guest_cid(&xml)
+                    .ok_or_else(|| Error::Libvirt(format!("{} has no vsock CID", launched.name)))?,
+            }
+        }
+    };
+    let deadline = Duration::from_secs(config.agent_timeout_secs);
+    let mut end = launched.ended.clone();
+    let connected = tokio::select! {
+        r = connect_agent(&endpoint, deadline, Some(&paths.console)) => r,
+        // The guest died while booting (kernel panic, no init): no need to wait on.
+        _ = end.wait_for(|ended| *ended) => Err(Error::FailedPrecondition(
+            "the VM stopped (QEMU exited) before its agent answered".into(),
+        )),
+    };
+    let (agent, boot_id) = connected.map_err(|e| {
+        let message = format!(
+            "{}; console tail:\n{}",
+            e.message(),
+            crate::console::tail(&paths.console)
+        );
+        match e {
+            Error::Timeout(_) => Error::Timeout(message),
+            _ => Error::FailedPrecondition(message),
+        }
+    })?;
+    log::info!(
+        "pod {pod_id}: agent answered {} ms after start",
+        launched.started.elapsed().as_millis()
+    );
+    Ok((endpoint, agent, boot_id))
+}
+
+/// Gives the guest the pod's interfaces (addresses, routes), if it has any.
+pub(super) async fn configure_network(
+    agent: &AgentClient,
+    interfaces: &[vmlet_netns::Interface],
+) -> Result<(), Error> {
+    if interfaces.is_empty() {
+        return Ok(());
+    }
+    agent
+        .configure_network(agent_ctx(), &network_request(interfaces))
+        .await
+        .map_err(Error::from)?;
+    Ok(())
+}
+
+fn agent_ctx() -> ttrpc::context::Context {
+    ttrpc::context::with_timeout(30_000_000_000)
+}
+
+/// The agent's view of the wired interfaces.
+fn network_request(interfaces: &[vmlet_netns::Interface]) -> ConfigureNetworkRequest {
+    ConfigureNetworkRequest {
+        interfaces: interfaces
+            .iter()
+            .map(|i| NetworkInterface {
+                mac: i.mac_string(),
+                mtu: i.mtu,
+                addresses: i.addresses.iter().map(|a| a.to_string()).collect(),
+                routes: i
+                    .routes
+                    .iter()
+                    .map(|r| Route {
+                        destination: r.destination.map(|d| d.to_string()).unwrap_or_default(),
+                        gateway: r.gateway.map(|g| g.to_string()).unwrap_or_default(),
+                        ..Default::default()
+                    })
+                    .collect(),
+                ..Default::default()
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+/// How long one connection attempt to the agent may take.
+const CONNECT_ATTEMPT: Duration = Duration::from_secs(2);
+
+/// Connects to the agent and pings it. With `console`, waits first until the guest console
+/// shows the agent listening (see [`vmlet_protocol::READY_LINE`]).
+pub async fn connect_agent(
+    endpoint: &Endpoint,
+    timeout: Duration,
+    console: Option<&Path>,
+) -> Result<(AgentClient, String), Error> {
+    let deadline = Instant::now() + timeout;
+    let mut last = String::from("no attempt");
+    if let Some(console) = console {
+        let mut watch = crate::console::ReadyWatch::new(console, vmlet_protocol::READY_LINE);
+        while !watch.shows_ready() {
+            if Instant::now() >= deadline {
+                return Err(Error::Timeout(format!(
+                    "the agent did not report ready on the console within {} s",
+                    timeout.as_secs()
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    while Instant::now() < deadline {
+        // One attempt may hang: vhost-device-vsock can leave a CONNECT made while the guest
+        // is still booting without any reply. Bound each attempt, then retry.
+        let attempt = tokio::time::timeout(CONNECT_ATTEMPT, endpoint.connect(AGENT_PORT)).await;
+        let connected = match attempt {
+            Ok(result) => result,
+            Err(_) => {
+                last = format!("connect: no answer within {CONNECT_ATTEMPT:?}");
+                continue;
+            }
+        };
+        match connected {
+            Ok(stream) => {
+                let client = AgentClient::new(ttrpc::r#async::Client::new(
+                    ttrpc::r#async::transport::Socket::new(stream),
+                ));
+                match client
+                    .ping(
+                        ttrpc::context::with_timeout(2_000_000_000),
+                        &PingRequest::default(),
+                    )
+                    .await
+                {
+                    Ok(pong) => return Ok((client, pong.boot_id)),
+                    Err(e) => last = format!("ping: {e}"),
+                }
+            }
+            Err(e) => last = e.message(),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Err(Error::Timeout(format!(
+        "the agent did not answer within {} s (last error: {last})",
+        timeout.as_secs()
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// vhost-device-vsock that accepts CONNECT and never answers (as seen while a guest
+    /// boots): the agent connection must give up in time instead of hanging.
+    #[tokio::test]
+    async fn agent_connect_gives_up_on_an_unanswered_handshake() {
+        let dir = std::env::temp_dir().join(format!("vmlet-hang-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let uds = dir.join("vsock.sock");
+        let listener = tokio::net::UnixListener::bind(&uds).unwrap();
+        let server = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((conn, _)) = listener.accept().await {
+                held.push(conn);
+            }
+        });
+        let endpoint = Endpoint::Hybrid { uds: uds.clone() };
+        let started = Instant::now();
+        let result = connect_agent(&endpoint, Duration::from_secs(3), None).await;
+        let took = started.elapsed();
+        server.abort();
+        std::fs::remove_dir_all(&dir).unwrap();
+        let err = result.err().expect("no agent answered");
+        assert!(took < Duration::from_secs(6), "gave up after {took:?}");
+        assert!(err.message().contains("no answer"), "{}", err.message());
+    }
+}

@@ -1,0 +1,78 @@
+//! The pod's host side, before the VM: the state directory's mode, the pod's cgroup, the
+//! log tmpfs, the share with the first container's rootfs and binds, and the pod's host
+//! process with the OCI hooks that need it.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use vmlet_config::NodeConfig;
+
+use super::{block, BootRequest, Recorder};
+use crate::pod_paths::PodPaths;
+use crate::share;
+use crate::Error;
+
+/// Makes the host side of the pod's share and logs, each mount recorded first.
+pub(super) fn prepare(
+    config: &NodeConfig,
+    req: &BootRequest,
+    paths: &PodPaths,
+    rec: &Recorder<'_>,
+) -> Result<(), Error> {
+    rec.save(|_| {})?;
+    std::fs::set_permissions(
+        &paths.dir,
+        std::fs::Permissions::from_mode(share::POD_DIR_MODE),
+    )
+    .map_err(|e| Error::io("chmod pod dir", e))?;
+    if let Some(cgroup) = &req.cgroup {
+        rec.save(|s| s.cgroup = Some(cgroup.path.clone()))?;
+        cgroup.create()?;
+    }
+    let record = |target: &Path| rec.mount(target);
+    crate::log_dir::mount(&paths.dir, config.pod_log_mib, &record)?;
+    share::prepare(&paths.dir, &record)?;
+    share::mount_container(
+        &paths.dir,
+        &req.container_id,
+        &req.rootfs,
+        &req.binds,
+        &record,
+    )
+}
+
+/// The network namespace whose interfaces the VM gets.
+pub(super) struct PodNetns {
+    pub path: PathBuf,
+    /// A new namespace the hooks were to fill: it may have no interface.
+    pub may_be_empty: bool,
+}
+
+/// Starts the pod's host process when the spec has host hooks (in the pod's namespace, or
+/// a new one) and runs its create hooks; returns the namespace to wire into the VM.
+pub(super) async fn start_host_process(
+    req: &BootRequest,
+    rec: &Recorder<'_>,
+) -> Result<Option<PodNetns>, Error> {
+    let given = req.netns.clone().map(|path| PodNetns {
+        path,
+        may_be_empty: false,
+    });
+    let Some(host) = &req.host_process else {
+        return Ok(given);
+    };
+    let join = req.netns.clone();
+    let pid = block(move || crate::netns_holder::spawn(join.as_deref())).await??;
+    rec.save(|s| s.holder_pid = Some(pid))?;
+    rec.place(pid, "the pod's host process")?;
+    let state = crate::hooks::HookState {
+        pid,
+        ..host.state.clone()
+    };
+    crate::hooks::run(&host.create_hooks, &state, "creating").await?;
+    // The spec asked for a new namespace: whatever the hooks put there.
+    Ok(Some(given.unwrap_or_else(|| PodNetns {
+        path: crate::netns_holder::netns_path(pid),
+        may_be_empty: true,
+    })))
+}

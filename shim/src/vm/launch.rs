@@ -1,0 +1,159 @@
+//! The VM itself: the libvirt domain (built by [`crate::domain`]) started, and vmlet's QMP
+//! monitor taken when QEMU connects it. QEMU's end of that monitor is how the shim learns,
+//! at once, that the VM ended. QEMU and virtiofsd then join the pod's cgroup.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use vmlet_config::NodeConfig;
+
+use super::{block, chown_to_user, BootRequest, Recorder};
+use crate::domain::{Domain, DomainParams, VsockDevice};
+use crate::hotplug::Hotplug;
+use crate::pod_paths::{domain_name, PodPaths};
+use crate::vmm::VmManager;
+use crate::Error;
+
+/// virtio-fs tag of the shared directory.
+const SHARE_TAG: &str = "vmlet";
+/// How long QEMU may take to connect vmlet's QMP monitor once libvirt started it.
+const QMP_CONNECT_WAIT: Duration = Duration::from_secs(10);
+
+/// What the earlier steps give the domain.
+pub(super) struct Devices<'a> {
+    pub kvm: bool,
+    pub vsock: &'a VsockDevice,
+    /// Where vmlet-vmwrapper fetches the taps (none: no NIC).
+    pub tap_socket: Option<String>,
+}
+
+/// A started domain.
+pub(super) struct Launched {
+    pub name: String,
+    pub hotplug: Hotplug,
+    /// Becomes true when QEMU is gone.
+    pub ended: tokio::sync::watch::Receiver<bool>,
+    pub qemu_pid: u32,
+    /// When libvirt was asked to start it.
+    pub started: Instant,
+}
+
+/// Defines and starts the pod's domain (recorded first) and takes vmlet's QMP monitor.
+pub(super) async fn start(
+    config: &NodeConfig,
+    vmm: &Arc<dyn VmManager>,
+    req: &BootRequest,
+    paths: &PodPaths,
+    rec: &Recorder<'_>,
+    devices: Devices<'_>,
+) -> Result<Launched, Error> {
+    let (pod_id, shape) = (req.pod_id.as_str(), req.shape);
+    // vmlet's QMP monitor connects here when QEMU starts.
+    let qmp_listener = tokio::net::UnixListener::bind(&paths.qmp_socket)
+        .map_err(|e| Error::io(format!("bind {}", paths.qmp_socket.display()), e))?;
+    let qemu_uid = chown_to_user(&paths.qmp_socket, &config.qemu_user)?;
+    let name = domain_name(pod_id);
+    let params = DomainParams {
+        name: name.clone(),
+        pod_id: pod_id.into(),
+        kvm: devices.kvm,
+        vcpus: shape.vcpus,
+        memory_mib: shape.memory_mib,
+        hotplug_mib: req.memory.region_mib,
+        machine: req.options.machine.clone(),
+        cpu_model: req.options.cpu_model.clone(),
+        kernel: config.guest.kernel.to_string_lossy().into_owned(),
+        initrd: config.guest.initrd.to_string_lossy().into_owned(),
+        // memhp_default_state: the guest onlines what virtio-mem plugs. swiotlb=noforce:
+        // a hot-plug region above 4 GiB would make the kernel reserve 64 MiB of bounce
+        // buffers, which the guest's devices (virtio without an IOMMU) never use.
+        cmdline: format!(
+            "console=ttyS0 panic=-1 quiet memhp_default_state=online swiotlb=noforce vmlet.share={SHARE_TAG} {}",
+            req.options.kernel_params
+        )
+        .trim_end()
+        .to_owned(),
+        emulator: config.helpers.vmwrapper.to_string_lossy().into_owned(),
+        qemu: config.helpers.qemu.to_string_lossy().into_owned(),
+        virtiofsd: config.helpers.virtiofsd.to_string_lossy().into_owned(),
+        share_dir: paths.share.to_string_lossy().into_owned(),
+        share_tag: SHARE_TAG.into(),
+        console_log: paths.console.to_string_lossy().into_owned(),
+        vsock: devices.vsock.clone(),
+        tap_socket: devices.tap_socket,
+        qmp_socket: paths.qmp_socket.to_string_lossy().into_owned(),
+    };
+    let xml = Domain::new(&params).to_xml()?;
+    log::info!(
+        "pod {pod_id}: starting {name} ({} vCPU, {} MiB, {})",
+        shape.vcpus,
+        shape.memory_mib,
+        if devices.kvm { "kvm" } else { "tcg" }
+    );
+    rec.save(|s| s.domain = Some(name.clone()))?;
+    let started = Instant::now();
+    {
+        let vmm = vmm.clone();
+        block(move || vmm.start(&xml)).await??;
+    }
+    log::info!(
+        "pod {pod_id}: domain started in {} ms",
+        started.elapsed().as_millis()
+    );
+    let (hotplug, ended, qemu_pid) =
+        accept_qmp(qmp_listener, req.options.disk_driver, qemu_uid).await?;
+    // libvirt is done placing QEMU (in its own cgroup) once the domain started: the pod's
+    // cgroup takes it, and virtiofsd, from here on.
+    if req.cgroup.is_some() {
+        rec.place(qemu_pid, "QEMU")?;
+        for pid in crate::pod_cgroup::virtiofsd_pids(&paths.share) {
+            rec.place(pid, "virtiofsd")?;
+        }
+    }
+    Ok(Launched {
+        name,
+        hotplug,
+        ended,
+        qemu_pid,
+        started,
+    })
+}
+
+/// Takes the connection of vmlet's QMP monitor, which QEMU makes as it starts. Its end is
+/// QEMU's: the kernel closes QEMU's side however it ends (killed, crashed, the guest
+/// powered off or panicked), and the monitor reports it at once ([`crate::qmp::Qmp::ended`]),
+/// without polling libvirt.
+///
+/// Only a process of the QEMU user (`qemu_uid`) is taken for QEMU; its PID is returned.
+async fn accept_qmp(
+    listener: tokio::net::UnixListener,
+    driver: vmlet_config::DiskDriver,
+    qemu_uid: u32,
+) -> Result<(Hotplug, tokio::sync::watch::Receiver<bool>, u32), Error> {
+    let accept = async {
+        loop {
+            let (stream, _) = listener
+                .accept()
+                .await
+                .map_err(|e| Error::io("accept the QMP monitor", e))?;
+            match stream.peer_cred() {
+                Ok(cred) if cred.uid() == qemu_uid => {
+                    // Linux always reports the peer's PID; without it QEMU could not be
+                    // placed in the pod's cgroup (0 would name the shim itself).
+                    let pid = cred
+                        .pid()
+                        .filter(|p| *p > 0)
+                        .ok_or_else(|| Error::Internal("the QMP peer's PID is unknown".into()))?;
+                    return Ok::<_, Error>((stream, pid as u32));
+                }
+                other => log::warn!("QMP socket: refused a connection not by QEMU ({other:?})"),
+            }
+        }
+    };
+    let (stream, qemu_pid) = tokio::time::timeout(QMP_CONNECT_WAIT, accept)
+        .await
+        .map_err(|_| Error::Timeout("QEMU did not connect vmlet's QMP monitor".into()))??;
+    let qmp = crate::qmp::Qmp::handshake(stream).await?;
+    let ended = qmp.ended();
+    Ok((Hotplug::new(qmp, driver), ended, qemu_pid))
+}

@@ -1,0 +1,93 @@
+//! The pod network in the VM: every interface of the pod namespace is wired to a tap
+//! ([`vmlet_netns::wire`]), and a tap server hands the taps' fds to vmlet-vmwrapper (QEMU's
+//! side) once. The agent gets the addresses and routes later ([`super::agent_link`]).
+
+use vmlet_config::NodeConfig;
+
+use super::host_side::PodNetns;
+use super::{block, chown_to_user, Recorder};
+use crate::pod_paths::PodPaths;
+use crate::taps::TapDescription;
+use crate::Error;
+
+/// The tap server of a pod; stopping it (or dropping it) closes the shim's copies of the
+/// taps' fds.
+pub struct TapServer(tokio::task::JoinHandle<()>);
+
+impl TapServer {
+    pub fn stop(&self) {
+        self.0.abort();
+    }
+}
+
+impl Drop for TapServer {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// The pod network as the VM gets it.
+#[derive(Default)]
+pub(super) struct PodNet {
+    /// What the agent configures in the guest.
+    pub interfaces: Vec<vmlet_netns::Interface>,
+    /// Where vmlet-vmwrapper fetches the taps (none: no NIC).
+    pub tap_socket: Option<String>,
+    pub tap_server: Option<TapServer>,
+}
+
+/// Wires the interfaces of `netns` to taps (recorded in the pod's state) and serves them.
+pub(super) async fn wire(
+    config: &NodeConfig,
+    pod_id: &str,
+    paths: &PodPaths,
+    rec: &Recorder<'_>,
+    netns: &PodNetns,
+) -> Result<PodNet, Error> {
+    rec.save(|s| s.netns = Some(netns.path.clone()))?;
+    let (path, owner) = (netns.path.clone(), pod_id.to_owned());
+    let wired = match block(move || vmlet_netns::wire(&path, &owner)).await? {
+        Ok(wired) => wired,
+        Err(vmlet_netns::Error::NoInterface(_)) if netns.may_be_empty => {
+            vmlet_netns::Wired::default()
+        }
+        Err(e) => return Err(Error::Network(e)),
+    };
+    rec.save(|s| s.wirings = wired.wirings.clone())?;
+    let taps: Vec<TapDescription> = wired
+        .wirings
+        .iter()
+        .map(|w| TapDescription {
+            mac: w.interface.mac_string(),
+            mtu: w.interface.mtu,
+        })
+        .collect();
+    if taps.len() > crate::taps::MAX_TAPS {
+        return Err(Error::Unimplemented(format!(
+            "more than {} pod interfaces",
+            crate::taps::MAX_TAPS
+        )));
+    }
+    let interfaces: Vec<_> = wired.wirings.into_iter().map(|w| w.interface).collect();
+    log::info!(
+        "pod {pod_id}: wired {} interface(s) from {}",
+        interfaces.len(),
+        netns.path.display()
+    );
+    if taps.is_empty() {
+        return Ok(PodNet {
+            interfaces,
+            ..PodNet::default()
+        });
+    }
+    let listener = tokio::net::UnixListener::bind(&paths.tap_socket)
+        .map_err(|e| Error::io(format!("bind {}", paths.tap_socket.display()), e))?;
+    let qemu_uid = chown_to_user(&paths.tap_socket, &config.qemu_user)?;
+    Ok(PodNet {
+        interfaces,
+        tap_socket: Some(paths.tap_socket.to_string_lossy().into_owned()),
+        tap_server: Some(TapServer(crate::taps::serve(
+            listener, taps, wired.taps, qemu_uid,
+        ))),
+    })
+}

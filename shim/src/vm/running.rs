@@ -1,0 +1,188 @@
+//! The booted VM as the task service sees it ([`PodVm`]): stdio, block devices, memory,
+//! containers in the share, the VM's end, and its teardown.
+
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+
+use super::{block, Vm};
+use crate::block_devices::BlockDevice;
+use crate::guest::Guest;
+use crate::memory::Fit;
+use crate::pod_vm::PodVm;
+use crate::share::{self, RootfsSource};
+use crate::stdio::{Copies, ProcessName, StdioPaths};
+use crate::Error;
+
+/// How long teardown waits for the guest to power itself off.
+const POWER_OFF_WAIT: Duration = Duration::from_secs(2);
+
+#[async_trait]
+impl PodVm for Vm {
+    fn pod_id(&self) -> &str {
+        &self.pod_id
+    }
+
+    fn host_pid(&self) -> u32 {
+        self.host_pid
+    }
+
+    fn holder_pid(&self) -> Option<u32> {
+        self.holder_pid
+    }
+
+    async fn attach_stdio(
+        &self,
+        process: ProcessName<'_>,
+        namespace: &str,
+        paths: &StdioPaths,
+        terminal: bool,
+    ) -> Result<Copies, Error> {
+        crate::stdio::attach(&self.endpoint, process, namespace, paths, terminal).await
+    }
+
+    /// Hot-plugs `container_id`'s block devices and returns what the agent needs to find
+    /// them (nothing stays attached on failure).
+    async fn attach_block_devices(
+        &self,
+        container_id: &str,
+        devices: &[BlockDevice],
+    ) -> Result<Vec<vmlet_protocol::agent::BlockDevice>, Error> {
+        if devices.is_empty() {
+            return Ok(Vec::new());
+        }
+        let fds = devices
+            .iter()
+            .map(crate::block_devices::open_host)
+            .collect::<Result<Vec<_>, _>>()?;
+        self.hotplug.attach(container_id, devices, fds).await
+    }
+
+    /// Whether QEMU is gone.
+    fn has_ended(&self) -> bool {
+        *self.ended.borrow()
+    }
+
+    /// Resolves when QEMU is gone; logs it when the shim did not stop the VM itself.
+    async fn ended(&self) {
+        let mut ended = self.ended.clone();
+        // An error means the monitor's reader is gone, which it only is after QEMU ended.
+        let _ = ended.wait_for(|e| *e).await;
+    }
+
+    /// The pod's agent.
+    fn guest(&self) -> &dyn Guest {
+        &*self.guest
+    }
+
+    /// Whether the shim is stopping the VM itself.
+    fn is_stopping(&self) -> bool {
+        self.stopping.load(Ordering::SeqCst)
+    }
+
+    /// Ends the VM at once (libvirt destroys it: QEMU is killed), for a guest that did not
+    /// obey a SIGKILL of the pod; every process of the pod then ends with status 137.
+    async fn kill(&self) -> Result<(), Error> {
+        self.stopping.store(true, Ordering::SeqCst);
+        let Some(domain) = self.state.lock().unwrap().domain.clone() else {
+            return Ok(());
+        };
+        let vmm = self.vmm.clone();
+        block(move || vmm.remove(&domain)).await?
+    }
+
+    /// Grows the VM when it must so that it holds `container_id`'s memory limit (MiB; none:
+    /// unlimited) beside the pod's other containers' (see [`crate::memory`]), then records
+    /// the limit. A VM sized by `vmlet.io/memory` refuses what does not fit.
+    async fn fit_memory(&self, container_id: &str, limit_mib: Option<u64>) -> Result<(), Error> {
+        let _one_at_a_time = self.growing.lock().await;
+        let fit = self.memory.lock().unwrap().fit(container_id, limit_mib)?;
+        if let Fit::Grow { plugged_mib } = fit {
+            self.check_running()?;
+            let started = Instant::now();
+            crate::memory::plug(self.hotplug.qmp(), plugged_mib, crate::memory::PLUG_TIMEOUT)
+                .await?;
+            log::info!(
+                "pod {}: the VM grew to {} MiB for {container_id} (limit {limit_mib:?} MiB) in {:?}",
+                self.pod_id,
+                self.shape.memory_mib + plugged_mib,
+                started.elapsed()
+            );
+        }
+        self.memory
+            .lock()
+            .unwrap()
+            .commit(container_id, limit_mib, fit);
+        Ok(())
+    }
+
+    /// Unplugs what [`Vm::attach_block_devices`] attached for `container_id`.
+    async fn detach_block_devices(&self, container_id: &str) -> Result<(), Error> {
+        self.hotplug.detach(container_id).await
+    }
+
+    /// Puts another container of the pod (rootfs and binds) into the running VM's share.
+    /// On failure what was mounted is removed again.
+    fn add_container(
+        &self,
+        container_id: &str,
+        rootfs: &RootfsSource,
+        binds: &[crate::spec::HostBind],
+    ) -> Result<(), Error> {
+        let added =
+            share::mount_container(&self.paths.dir, container_id, rootfs, binds, &|target| {
+                let mut state = self.state.lock().unwrap();
+                state.mounts.push(target.to_owned());
+                state.save()
+            });
+        if added.is_err() {
+            let _ = self.remove_container(container_id);
+        }
+        added
+    }
+
+    /// Removes a container's rootfs and binds from the share (the VM goes on).
+    fn remove_container(&self, container_id: &str) -> Result<(), Error> {
+        self.memory.lock().unwrap().release(container_id);
+        let dir = self.paths.dir.join(share::MOUNTS_DIR).join(container_id);
+        let mut state = self.state.lock().unwrap();
+        let (theirs, ours): (Vec<PathBuf>, Vec<PathBuf>) = std::mem::take(&mut state.mounts)
+            .into_iter()
+            .partition(|m| m.starts_with(&dir));
+        state.mounts = ours;
+        let unmounted = share::unmount_recorded(&self.paths.dir, &theirs);
+        state.save()?;
+        unmounted.and(share::remove_container_dir(&self.paths.dir, container_id))
+    }
+
+    /// Stops the VM and removes everything the pod created. The guest is asked to power
+    /// itself off first: that is faster than libvirt's destroy (SIGTERM, then waiting for
+    /// QEMU), which remains the fallback.
+    async fn teardown(&self) -> Result<(), Error> {
+        let started = Instant::now();
+        if let Some(server) = &self.tap_server {
+            server.stop();
+        }
+        if let Some(forward) = &self.port_forward {
+            forward.stop();
+        }
+        self.stopping.store(true, Ordering::SeqCst);
+        if !self.has_ended() {
+            let asked = tokio::time::timeout(POWER_OFF_WAIT, self.guest.shutdown()).await;
+            if matches!(asked, Ok(Ok(_))) {
+                let _ = tokio::time::timeout(POWER_OFF_WAIT, self.ended()).await;
+            }
+        }
+        let state = self.state.lock().unwrap().clone();
+        let vmm = self.vmm.clone();
+        let result = block(move || crate::reclaim::teardown(&*vmm, &state)).await?;
+        log::info!(
+            "pod {}: torn down in {} ms",
+            self.pod_id,
+            started.elapsed().as_millis()
+        );
+        result
+    }
+}

@@ -1,0 +1,44 @@
+//! The VM's vsock device: the kernel's vhost-vsock when the node has `/dev/vhost-vsock`,
+//! else a vhost-device-vsock process per pod (vhost-user), recorded and put in the pod's
+//! cgroup.
+
+use std::path::Path;
+
+use vmlet_config::{NodeConfig, VsockTransport};
+
+use super::{block, chown_to_user, Recorder};
+use crate::domain::VsockDevice;
+use crate::pod_paths::PodPaths;
+use crate::vsock;
+use crate::Error;
+
+/// Picks the transport (`vsock` in the node config, `auto` by what the node has) and
+/// starts its backend.
+pub(super) async fn start(
+    config: &NodeConfig,
+    paths: &PodPaths,
+    rec: &Recorder<'_>,
+) -> Result<VsockDevice, Error> {
+    let transport = match config.vsock {
+        VsockTransport::Auto if Path::new("/dev/vhost-vsock").exists() => VsockTransport::Vhost,
+        VsockTransport::Auto => VsockTransport::VhostUser,
+        other => other,
+    };
+    if transport != VsockTransport::VhostUser {
+        return Ok(VsockDevice::Vhost);
+    }
+    let (binary, socket, uds, log) = (
+        config.helpers.vhost_device_vsock.clone(),
+        paths.vhost_socket.clone(),
+        paths.vsock_uds.clone(),
+        paths.vsock_log.clone(),
+    );
+    let pid =
+        block(move || vsock::start_vhost_device_vsock(&binary, &socket, &uds, &log)).await??;
+    rec.save(|s| s.vsock_pid = Some(pid))?;
+    rec.place(pid, "vhost-device-vsock")?;
+    chown_to_user(&paths.vhost_socket, &config.qemu_user)?;
+    Ok(VsockDevice::VhostUser {
+        socket: paths.vhost_socket.to_string_lossy().into_owned(),
+    })
+}
