@@ -1,0 +1,291 @@
+//! The pod's side of a spec: whether the task brings up its pod's VM or joins one, the
+//! network namespace carried into the VM, the namespaces a pod's container shares with its
+//! sandbox, and the limits that size the VM.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use oci_spec::runtime::{LinuxNamespaceType, Spec};
+
+use crate::Error;
+
+/// The pod network namespace to carry into the VM: the path of the spec's network
+/// namespace. A network namespace without a path means a new, empty one (the VM gets no
+/// NIC, as runc gives such a container only loopback); no network namespace at all means
+/// the host's network, which a VM cannot share.
+pub fn network_namespace(spec: &Spec) -> Result<Option<PathBuf>, Error> {
+    let namespaces = spec
+        .linux()
+        .as_ref()
+        .and_then(|l| l.namespaces().clone())
+        .unwrap_or_default();
+    match namespaces
+        .iter()
+        .find(|n| n.typ() == LinuxNamespaceType::Network)
+    {
+        Some(ns) => Ok(ns.path().clone()),
+        None => Err(Error::Unimplemented(
+            "the host network namespace (--net-host)".into(),
+        )),
+    }
+}
+
+/// CRI's sandbox annotations with the pod's summed limits (containerd 1.7 and later, when
+/// kubelet sends the pod's resources).
+const SANDBOX_CPU_QUOTA: &str = "io.kubernetes.cri.sandbox-cpu-quota";
+const SANDBOX_CPU_PERIOD: &str = "io.kubernetes.cri.sandbox-cpu-period";
+const SANDBOX_MEMORY: &str = "io.kubernetes.cri.sandbox-memory";
+
+/// The pod's limits for sizing its VM: CRI's sandbox annotations where containerd gives
+/// them, else the spec's own `linux.resources` (`ctr run --cpus/--memory-limit`). A bad
+/// annotation value is an error naming it.
+pub fn pod_limits(
+    spec: &Spec,
+    annotations: &HashMap<String, String>,
+) -> Result<vmlet_config::PodLimits, Error> {
+    fn number<T: std::str::FromStr>(
+        annotations: &HashMap<String, String>,
+        key: &str,
+    ) -> Result<Option<T>, Error> {
+        annotations
+            .get(key)
+            .map(|v| {
+                v.trim().parse::<T>().map_err(|_| {
+                    Error::InvalidArgument(format!("annotation {key}: {v:?} is not a number"))
+                })
+            })
+            .transpose()
+    }
+    let quota = number::<i64>(annotations, SANDBOX_CPU_QUOTA)?;
+    let period = number::<u64>(annotations, SANDBOX_CPU_PERIOD)?;
+    let memory = number::<i64>(annotations, SANDBOX_MEMORY)?;
+    if quota.is_some() || memory.is_some() {
+        return Ok(vmlet_config::PodLimits::from_cgroup_values(
+            quota.unwrap_or(0),
+            period.unwrap_or(0),
+            memory.unwrap_or(0),
+        ));
+    }
+    let resources = spec.linux().as_ref().and_then(|l| l.resources().as_ref());
+    let cpu = resources.and_then(|r| r.cpu().as_ref());
+    Ok(vmlet_config::PodLimits::from_cgroup_values(
+        cpu.and_then(|c| c.quota()).unwrap_or(0),
+        cpu.and_then(|c| c.period()).unwrap_or(0),
+        resources
+            .and_then(|r| r.memory().as_ref())
+            .and_then(|m| m.limit())
+            .unwrap_or(0),
+    ))
+}
+
+/// The namespaces a task shares with its pod sandbox: CRI gives a container of a pod the
+/// sandbox's IPC and UTS namespaces (and its PID namespace with shareProcessNamespace) as
+/// `/proc/<sandbox pid>/ns/<name>`. In the VM that means joining the sandbox container's.
+/// A path anywhere else (another container's, as CRI's TARGET mode gives, or a sandbox's
+/// own) is refused, not silently replaced by a new namespace. `sandbox_pid` is the PID the
+/// shim reported for the sandbox task (none: unknown, checked later).
+pub fn shared_namespaces(
+    spec: &Spec,
+    role: &PodRole,
+    sandbox_pid: Option<u32>,
+) -> Result<Vec<String>, Error> {
+    let namespaces = spec
+        .linux()
+        .as_ref()
+        .and_then(|l| l.namespaces().clone())
+        .unwrap_or_default();
+    let mut shared = Vec::new();
+    for ns in namespaces.iter().filter(|n| n.path().is_some()) {
+        let name = match ns.typ() {
+            LinuxNamespaceType::Network | LinuxNamespaceType::Mount => continue,
+            LinuxNamespaceType::Ipc => "ipc",
+            LinuxNamespaceType::Uts => "uts",
+            LinuxNamespaceType::Pid => "pid",
+            other => {
+                return Err(Error::Unimplemented(format!(
+                    "joining an existing {other:?} namespace"
+                )))
+            }
+        };
+        let path = ns.path().as_ref().map(|p| p.display().to_string());
+        let path = path.unwrap_or_default();
+        let sandboxs = sandbox_pid.map(|pid| format!("/proc/{pid}/ns/{name}"));
+        let foreign = match role {
+            PodRole::Sandbox => true,
+            PodRole::Container { .. } => sandboxs.is_some_and(|s| s != path),
+        };
+        if foreign {
+            return Err(Error::Unimplemented(format!(
+                "joining the {name} namespace at {path} (only a pod's containers share the sandbox's)"
+            )));
+        }
+        shared.push(name.to_owned());
+    }
+    Ok(shared)
+}
+
+/// CRI's annotation naming a task's role: `sandbox` or `container`.
+pub const CONTAINER_TYPE_ANNOTATION: &str = "io.kubernetes.cri.container-type";
+/// CRI's annotation naming the pod (sandbox) a task belongs to.
+pub const SANDBOX_ID_ANNOTATION: &str = "io.kubernetes.cri.sandbox-id";
+
+/// Whether a task brings up its pod's VM or joins an existing one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PodRole {
+    /// A pod sandbox, or a plain task (`ctr run`): it owns a VM.
+    Sandbox,
+    /// A container of the pod `sandbox_id`: it runs in that pod's VM.
+    Container { sandbox_id: String },
+}
+
+/// Reads the task's role from CRI's annotations.
+pub fn pod_role(annotations: &HashMap<String, String>) -> Result<PodRole, Error> {
+    match annotations
+        .get(CONTAINER_TYPE_ANNOTATION)
+        .map(String::as_str)
+    {
+        None | Some("sandbox") => Ok(PodRole::Sandbox),
+        Some("container") => match annotations.get(SANDBOX_ID_ANNOTATION) {
+            Some(id) if !id.is_empty() => Ok(PodRole::Container {
+                sandbox_id: id.clone(),
+            }),
+            _ => Err(Error::InvalidArgument(format!(
+                "a container task needs the {SANDBOX_ID_ANNOTATION} annotation"
+            ))),
+        },
+        Some(other) => Err(Error::InvalidArgument(format!(
+            "annotation {CONTAINER_TYPE_ANNOTATION}: unknown value {other:?}"
+        ))),
+    }
+}
+
+/// The shim grouping key: every task of one pod goes to one shim (and one VM).
+pub fn grouping(annotations: &HashMap<String, String>, task_id: &str) -> String {
+    annotations
+        .get(SANDBOX_ID_ANNOTATION)
+        .filter(|id| !id.is_empty())
+        .cloned()
+        .unwrap_or_else(|| task_id.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::fixtures::{spec, BASE};
+    use super::*;
+
+    #[test]
+    fn network_namespace_path_empty_or_host() {
+        let with = |namespaces: &str| {
+            spec(&BASE.replace(
+                r#""hostname": "box","#,
+                &format!(r#""hostname": "box", "linux": {{"namespaces": {namespaces}}},"#),
+            ))
+        };
+        let pod = with(r#"[{"type": "pid"}, {"type": "network", "path": "/var/run/netns/cni-1"}]"#);
+        assert_eq!(
+            network_namespace(&pod).unwrap(),
+            Some(PathBuf::from("/var/run/netns/cni-1"))
+        );
+        assert_eq!(
+            network_namespace(&with(r#"[{"type": "network"}]"#)).unwrap(),
+            None
+        );
+        let err = network_namespace(&with(r#"[{"type": "pid"}]"#)).unwrap_err();
+        assert!(err.to_string().contains("host network"), "{err}");
+    }
+
+    #[test]
+    fn pod_containers_share_the_sandboxs_namespaces_only() {
+        let with = |namespaces: &str| {
+            spec(&BASE.replace(
+                r#""hostname": "box","#,
+                &format!(r#""hostname": "box", "linux": {{"namespaces": {namespaces}}},"#),
+            ))
+        };
+        let container = PodRole::Container {
+            sandbox_id: "pod".into(),
+        };
+        let cri = with(
+            r#"[{"type": "pid"}, {"type": "ipc", "path": "/proc/7/ns/ipc"}, {"type": "uts", "path": "/proc/7/ns/uts"}, {"type": "network", "path": "/var/run/netns/x"}, {"type": "mount"}]"#,
+        );
+        assert_eq!(
+            shared_namespaces(&cri, &container, Some(7)).unwrap(),
+            ["ipc", "uts"]
+        );
+        let own = with(r#"[{"type": "pid"}, {"type": "ipc"}, {"type": "uts"}]"#);
+        assert!(shared_namespaces(&own, &container, Some(7))
+            .unwrap()
+            .is_empty());
+        let shared_pid = with(r#"[{"type": "pid", "path": "/proc/7/ns/pid"}]"#);
+        assert_eq!(
+            shared_namespaces(&shared_pid, &container, Some(7)).unwrap(),
+            ["pid"]
+        );
+        // CRI's TARGET mode: another container's PID namespace.
+        let err = shared_namespaces(&shared_pid, &container, Some(9)).unwrap_err();
+        assert!(
+            err.to_string().contains("pid namespace at /proc/7/ns/pid"),
+            "{err}"
+        );
+        let err = shared_namespaces(&cri, &PodRole::Sandbox, None).unwrap_err();
+        assert!(err.to_string().contains("/proc/7/ns/ipc"), "{err}");
+    }
+
+    #[test]
+    fn pod_limits_from_cri_annotations_or_the_spec() {
+        let limited = spec(&BASE.replace(
+            r#""hostname": "box","#,
+            r#""hostname": "box", "linux": {"resources": {"cpu": {"quota": 150000, "period": 100000}, "memory": {"limit": 314572800}}},"#,
+        ));
+        let none = HashMap::new();
+        let limits = pod_limits(&limited, &none).unwrap();
+        assert_eq!((limits.vcpus, limits.memory_mib), (Some(2), Some(300)));
+        let cri: HashMap<String, String> = [
+            (SANDBOX_CPU_QUOTA, "400000"),
+            (SANDBOX_CPU_PERIOD, "100000"),
+            (SANDBOX_MEMORY, "1073741824"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let limits = pod_limits(&limited, &cri).unwrap();
+        assert_eq!((limits.vcpus, limits.memory_mib), (Some(4), Some(1024)));
+        let bad: HashMap<String, String> =
+            [(SANDBOX_MEMORY.to_string(), "lots".to_string())].into();
+        let err = pod_limits(&limited, &bad).unwrap_err();
+        assert!(err.message().contains(SANDBOX_MEMORY), "{}", err.message());
+        let plain = spec(BASE);
+        assert_eq!(pod_limits(&plain, &none).unwrap(), Default::default());
+    }
+
+    #[test]
+    fn roles_and_grouping_follow_cri_annotations() {
+        let map = |pairs: &[(&str, &str)]| -> HashMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        assert_eq!(pod_role(&map(&[])).unwrap(), PodRole::Sandbox);
+        let sandbox = map(&[
+            (CONTAINER_TYPE_ANNOTATION, "sandbox"),
+            (SANDBOX_ID_ANNOTATION, "p1"),
+        ]);
+        assert_eq!(pod_role(&sandbox).unwrap(), PodRole::Sandbox);
+        assert_eq!(grouping(&sandbox, "p1"), "p1");
+        let container = map(&[
+            (CONTAINER_TYPE_ANNOTATION, "container"),
+            (SANDBOX_ID_ANNOTATION, "p1"),
+        ]);
+        assert_eq!(
+            pod_role(&container).unwrap(),
+            PodRole::Container {
+                sandbox_id: "p1".into()
+            }
+        );
+        assert_eq!(grouping(&container, "c1"), "p1");
+        assert_eq!(grouping(&map(&[]), "t1"), "t1");
+        assert!(pod_role(&map(&[(CONTAINER_TYPE_ANNOTATION, "container")])).is_err());
+        assert!(pod_role(&map(&[(CONTAINER_TYPE_ANNOTATION, "weird")])).is_err());
+    }
+}
