@@ -26,9 +26,11 @@ unit:
 fuzz:
 	scripts/fuzz
 
+## lint: rustfmt, clippy with warnings as errors, cargo-deny (licenses, sources, duplicate versions).
 lint:
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets --locked -- -D warnings
+	scripts/deny
 
 ## e2e / smoke / critest / bench-start / bench-exec / bench-net: against a stack that is already up (eval "$$(scripts/stack up)").
 e2e:
