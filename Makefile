@@ -2,7 +2,7 @@
 # and `make test`; .ci/run calls `make test`.
 SHELL := /bin/bash
 
-.PHONY: demo test test-matrix unit fuzz e2e smoke critest bench-start bench-exec bench-net lint stack-up stack-down
+.PHONY: demo test test-matrix unit mutants fuzz e2e smoke critest bench-start bench-exec bench-net lint stack-up stack-down
 
 ## demo: boot a container in a VM with ctr against the embedded defaults, then tear down.
 demo:
@@ -21,6 +21,10 @@ test-matrix:
 unit:
 	scripts/install-deps
 	cargo test --workspace --locked
+
+## mutants: mutation testing of the task service's lifecycle rules against the shim's unit tests (cargo-mutants; ~20 min, not in CI).
+mutants:
+	scripts/mutants
 
 ## fuzz: each cargo-fuzz target for VMLET_FUZZ_SECONDS (default 30).
 fuzz:

@@ -203,6 +203,14 @@ impl Stack {
             .collect())
     }
 
+    /// Whether the VM of pod `pod_id` (running or only defined) is still in libvirt.
+    pub fn has_pod_domain(&self, pod_id: &str) -> bool {
+        let name = format!("vmlet-{pod_id}");
+        self.vmlet_domains()
+            .expect("libvirt's domains")
+            .contains(&name)
+    }
+
     /// Processes of the kinds vmlet starts (QEMU, virtiofsd, vhost-device-vsock, shims)
     /// that belong to this stack: `(pid, command line)`.
     pub fn stack_processes(&self) -> Vec<(u32, String)> {

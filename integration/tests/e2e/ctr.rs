@@ -101,7 +101,7 @@ fn a_start_that_cannot_exec_stops_the_task_and_leaves_nothing() {
     assert!(!out.status.success());
     assert!(said.contains("Permission denied"), "{said}");
     assert_eq!(s.task_status(&id).unwrap(), None, "task left: {said}");
-    assert!(!s.vmlet_domains().unwrap().contains(&format!("vmlet-{id}")));
+    assert!(!s.has_pod_domain(&id));
     assert_eq!(s.pod_processes(&id), Vec::new(), "processes left");
 
     let pod = unique_id("noexec-pod");

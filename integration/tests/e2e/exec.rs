@@ -1,10 +1,12 @@
 //! `ctr task exec` end to end: further processes in a running container's namespaces,
-//! with and without a terminal, their stdio, exit codes, signals and events. Run by
-//! `make test`; alone with `eval "$(scripts/stack up)"; scripts/e2e exec`.
+//! with and without a terminal, their stdio, exit codes, signals and events. The tests that
+//! only run processes in a container share one. Run by `make test`; alone with
+//! `eval "$(scripts/stack up)"; scripts/e2e exec`.
 
 use crate::support::text;
 use std::io::Write;
 use std::process::{Output, Stdio};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use vmlet_integration::bounded::{output_within, COMMAND_TIMEOUT};
@@ -52,16 +54,40 @@ impl Running {
 
 impl Drop for Running {
     fn drop(&mut self) {
-        if let Err(e) = self.stack.kill_and_remove(&self.id) {
-            eprintln!("cleanup of {}: {e}", self.id);
-        }
+        remove(&self.stack, &self.id);
+    }
+}
+
+fn remove(stack: &Stack, id: &str) {
+    if let Err(e) = stack.kill_and_remove(id) {
+        eprintln!("cleanup of {id}: {e}");
+    }
+}
+
+/// The container that the tests which only run processes in it share (those that list or
+/// change its processes start their own): started by the first of them, removed when the
+/// suite's process exits (a static is never dropped).
+static SHARED: OnceLock<Running> = OnceLock::new();
+
+fn shared() -> &'static Running {
+    SHARED.get_or_init(|| {
+        let running = Running::start("exec-shared");
+        // SAFETY: registers a plain function with no arguments, run once at exit.
+        unsafe { libc::atexit(remove_shared) };
+        running
+    })
+}
+
+extern "C" fn remove_shared() {
+    if let Some(c) = SHARED.get() {
+        remove(&c.stack, &c.id);
     }
 }
 
 #[test]
 #[ignore = "needs the vmlet stack: make test"]
 fn exec_returns_stdout_stderr_and_exit_code() {
-    let c = Running::start("exec-out");
+    let c = shared();
     let out = c.exec("e1", &[], &["sh", "-c", "echo out; echo err >&2; exit 3"]);
     assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
     assert_eq!(text(&out.stdout).trim(), "out");
@@ -74,7 +100,7 @@ fn exec_returns_stdout_stderr_and_exit_code() {
 #[test]
 #[ignore = "needs the vmlet stack: make test"]
 fn exec_joins_the_containers_namespaces_and_root() {
-    let c = Running::start("exec-ns");
+    let c = shared();
     let script = "[ \"$(readlink /proc/self/ns/pid)\" = \"$(readlink /proc/1/ns/pid)\" ] && \
                   [ \"$(readlink /proc/self/ns/mnt)\" = \"$(readlink /proc/1/ns/mnt)\" ] && \
                   cat /proc/1/cmdline | tr '\\0' ' ' && ls /bin/busybox";
@@ -94,7 +120,7 @@ fn exec_joins_the_containers_namespaces_and_root() {
 #[test]
 #[ignore = "needs the vmlet stack: make test"]
 fn exec_stdin_reaches_the_process() {
-    let c = Running::start("exec-in");
+    let c = shared();
     let mut child = c
         .stack
         .ctr()
@@ -133,7 +159,7 @@ fn exec_with_a_terminal_gets_its_size() {
 #[test]
 #[ignore = "needs the vmlet stack: make test"]
 fn exec_of_a_missing_program_fails_clearly() {
-    let c = Running::start("exec-missing");
+    let c = shared();
     let out = c.exec("missing", &[], &["/no/such/program"]);
     assert!(!out.status.success());
     let stderr = text(&out.stderr);

@@ -59,10 +59,7 @@ fn stopped_then_deleted(s: &Stack, id: &str, since: Instant, what: &str, status:
 
 fn assert_nothing_left(s: &Stack, pod: &str) {
     assert_eq!(s.pod_processes(pod), Vec::new(), "processes of {pod} left");
-    assert!(
-        !s.vmlet_domains().unwrap().contains(&format!("vmlet-{pod}")),
-        "domain of {pod} left"
-    );
+    assert!(!s.has_pod_domain(pod), "domain of {pod} left");
     assert!(
         !std::path::Path::new(&format!("{}/state/{pod}", s.dir)).exists(),
         "state dir of {pod} left"

@@ -54,9 +54,9 @@ fn a_bad_node_config_is_named_and_leaves_nothing() {
             !std::path::Path::new(&format!("{}/state/{id}", s.dir)).exists(),
             "state left behind"
         );
+        assert!(!s.has_pod_domain(&id), "domain left");
         let _ = s.ctr_output(&["container", "rm", &id]);
     }
-    assert_eq!(s.vmlet_domains().unwrap(), Vec::<String>::new());
     // The restored config works again.
     let out = s.run(&unique_id("goodcfg"), &[], &["true"]).unwrap();
     assert!(

@@ -22,6 +22,13 @@ use crate::Error;
 pub const GUEST_PID: u32 = 42;
 /// The fake VM's QEMU PID.
 pub const HOST_PID: u32 = 4242;
+/// The memory.current the fake agent reports for every container.
+pub const GUEST_STATS_MEMORY: u64 = 7 << 20;
+
+/// A request in protobuf's text format, as the fakes record it.
+fn text(request: &dyn protobuf::MessageDyn) -> String {
+    protobuf::text_format::print_to_string(request)
+}
 
 /// The calls a fake received, in order.
 #[derive(Default)]
@@ -30,8 +37,17 @@ pub struct Calls(Mutex<Vec<String>>);
 impl Calls {
     /// How many calls start with `prefix`.
     fn count(&self, prefix: &str) -> usize {
+        self.starting(prefix).len()
+    }
+
+    /// The calls that start with `prefix`, in order.
+    fn starting(&self, prefix: &str) -> Vec<String> {
         let calls = self.0.lock().unwrap();
-        calls.iter().filter(|c| c.starts_with(prefix)).count()
+        calls
+            .iter()
+            .filter(|c| c.starts_with(prefix))
+            .cloned()
+            .collect()
     }
 }
 
@@ -87,6 +103,11 @@ impl FakeGuest {
     pub fn called(&self, prefix: &str) -> usize {
         self.calls.count(prefix)
     }
+
+    /// The calls that start with `prefix`, each with its request in text format.
+    pub fn requests(&self, prefix: &str) -> Vec<String> {
+        self.calls.starting(prefix)
+    }
 }
 
 #[async_trait]
@@ -134,10 +155,7 @@ impl Guest for FakeGuest {
     }
 
     async fn create_exec(&self, request: &CreateExecRequest) -> Result<(), Error> {
-        self.record(format!(
-            "create_exec {} {}",
-            request.container_id, request.exec_id
-        ));
+        self.record(format!("create_exec {}", text(request)));
         Ok(())
     }
 
@@ -164,26 +182,36 @@ impl Guest for FakeGuest {
     async fn update_resources(
         &self,
         container_id: &str,
-        _resources: Resources,
+        resources: Resources,
     ) -> Result<(), Error> {
-        self.record(format!("update_resources {container_id}"));
+        self.record(format!(
+            "update_resources {container_id} {}",
+            text(&resources)
+        ));
         Ok(())
     }
 
     async fn stats(&self, _container_id: &str) -> Result<StatsResponse, Error> {
-        Ok(StatsResponse::default())
+        Ok(StatsResponse {
+            memory_current: GUEST_STATS_MEMORY,
+            ..Default::default()
+        })
     }
 
     async fn list_processes(&self, _container_id: &str) -> Result<Vec<u32>, Error> {
-        Ok(vec![GUEST_PID])
+        Ok(vec![GUEST_PID, GUEST_PID + 1])
     }
 
     async fn resize_terminal(
         &self,
-        _process: &ProcessId,
-        _width: u32,
-        _height: u32,
+        process: &ProcessId,
+        width: u32,
+        height: u32,
     ) -> Result<(), Error> {
+        self.record(format!(
+            "resize_terminal {}/{} {width}x{height}",
+            process.container_id, process.exec_id
+        ));
         Ok(())
     }
 

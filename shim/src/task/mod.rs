@@ -161,4 +161,8 @@ impl TaskService {
 #[cfg(test)]
 mod fakes;
 #[cfg(test)]
+mod harness;
+#[cfg(test)]
 mod lifecycle_tests;
+#[cfg(test)]
+mod reply_tests;
