@@ -173,14 +173,16 @@ mod tests {
     use super::super::fixtures::{spec, BASE};
     use super::*;
 
+    /// The base spec with `namespaces` (a JSON list) as its Linux namespaces.
+    fn with(namespaces: &str) -> Spec {
+        spec(&BASE.replace(
+            r#""hostname": "box","#,
+            &format!(r#""hostname": "box", "linux": {{"namespaces": {namespaces}}},"#),
+        ))
+    }
+
     #[test]
     fn network_namespace_path_empty_or_host() {
-        let with = |namespaces: &str| {
-            spec(&BASE.replace(
-                r#""hostname": "box","#,
-                &format!(r#""hostname": "box", "linux": {{"namespaces": {namespaces}}},"#),
-            ))
-        };
         let pod = with(r#"[{"type": "pid"}, {"type": "network", "path": "/var/run/netns/cni-1"}]"#);
         assert_eq!(
             network_namespace(&pod).unwrap(),
@@ -196,12 +198,6 @@ mod tests {
 
     #[test]
     fn pod_containers_share_the_sandboxs_namespaces_only() {
-        let with = |namespaces: &str| {
-            spec(&BASE.replace(
-                r#""hostname": "box","#,
-                &format!(r#""hostname": "box", "linux": {{"namespaces": {namespaces}}},"#),
-            ))
-        };
         let container = PodRole::Container {
             sandbox_id: "pod".into(),
         };

@@ -62,8 +62,9 @@ pub struct FakeGuest {
     /// While set, start_process waits for [`FakeGuest::release_start`].
     pub hold_start: AtomicBool,
     start_released: Notify,
-    /// The next start_process fails with this (FAILED_PRECONDITION: the agent refused).
-    pub refuse_start: Mutex<Option<String>>,
+    /// The next start_process fails with this (FAILED_PRECONDITION: the agent refused;
+    /// AGENT_LOST: it did not answer).
+    pub fail_start: Mutex<Option<Error>>,
     /// The next create_container fails with this.
     pub refuse_create: Mutex<Option<String>>,
     /// Whether a SIGKILL ends the process (a compromised or stuck guest ignores it).
@@ -125,8 +126,8 @@ impl Guest for FakeGuest {
         if self.hold_start.load(Ordering::SeqCst) {
             self.start_released.notified().await;
         }
-        match self.refuse_start.lock().unwrap().take() {
-            Some(why) => Err(Error::FailedPrecondition(why)),
+        match self.fail_start.lock().unwrap().take() {
+            Some(e) => Err(e),
             None => Ok(GUEST_PID),
         }
     }

@@ -207,14 +207,15 @@ impl Harness {
             .collect()
     }
 
-    /// The events published so far: each topic with its message in protobuf's text format.
+    /// The events published so far: each topic with its message in protobuf's text format,
+    /// each field preceded by a space (` id: "e1"` is the field `id`, not `container_id`).
     pub(super) fn published(&mut self) -> Vec<(String, String)> {
         self.events
             .drain()
             .into_iter()
             .map(|e| {
                 let text = protobuf::text_format::print_to_string(&*e.message);
-                (e.topic, text)
+                (e.topic, format!(" {text}"))
             })
             .collect()
     }

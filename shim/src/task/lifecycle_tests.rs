@@ -8,6 +8,7 @@ use std::sync::Arc;
 use containerd_shim::api;
 use containerd_shim_protos::topics;
 
+use super::exit::VM_END_GRACE;
 use super::fakes::HOST_PID;
 use super::harness::{harness, settle, SANDBOX};
 use crate::guest::ProcessId;
@@ -40,17 +41,22 @@ async fn a_sandbox_boots_runs_and_exits_with_its_status_in_order() {
 
 #[tokio::test(start_paused = true)]
 async fn an_oom_kill_is_published_before_the_exit() {
-    let h = harness();
+    let mut h = harness();
     h.create(SANDBOX, None).await.unwrap();
     h.start(SANDBOX, "").await.unwrap();
     h.vm.guest.exit(&ProcessId::init(SANDBOX), 137, true);
     assert_eq!(h.wait(SANDBOX, "").await, 137);
-    let mut events = h.events;
-    let topics = events.topics();
+    let published = h.published();
+    let last: Vec<&str> = published[published.len() - 2..]
+        .iter()
+        .map(|(topic, _)| topic.as_str())
+        .collect();
     assert_eq!(
-        topics[topics.len() - 2..],
+        last,
         [topics::TASK_OOM_EVENT_TOPIC, topics::TASK_EXIT_EVENT_TOPIC]
     );
+    let oom = &published[published.len() - 2].1;
+    assert!(oom.contains(" container_id: \"pod1\""), "{oom}");
 }
 
 #[tokio::test(start_paused = true)]
@@ -81,9 +87,13 @@ async fn a_second_start_is_refused_while_the_first_is_under_way() {
 async fn a_start_the_agent_refused_stops_the_process_with_the_guest_status() {
     let mut h = harness();
     h.create(SANDBOX, None).await.unwrap();
-    *h.vm.guest.refuse_start.lock().unwrap() = Some("exec: no such file".into());
+    *h.vm.guest.fail_start.lock().unwrap() =
+        Some(Error::FailedPrecondition("exec: no such file".into()));
     h.vm.guest.exit(&ProcessId::init(SANDBOX), 127, false);
+    let asked = tokio::time::Instant::now();
     let e = h.start(SANDBOX, "").await.unwrap_err();
+    // A refusal is no broken connection: the VM's end is not waited for.
+    assert!(asked.elapsed() < VM_END_GRACE, "{:?}", asked.elapsed());
     assert!(e.message().contains("no such file"), "{e:?}");
     assert_eq!(h.status(SANDBOX, ""), api::Status::STOPPED);
     assert_eq!(h.exits(), [(SANDBOX.into(), SANDBOX.into(), 127)]);

@@ -166,3 +166,5 @@ mod harness;
 mod lifecycle_tests;
 #[cfg(test)]
 mod reply_tests;
+#[cfg(test)]
+mod start_kill_tests;

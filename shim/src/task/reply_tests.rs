@@ -53,6 +53,11 @@ async fn state_names_the_process_its_paths_and_its_exit() {
     assert_eq!((exec.id.as_str(), exec.exec_id.as_str()), ("e1", "e1"));
     assert_eq!(exec.stdin, "/run/fifo/e1-in");
     assert!(!exec.terminal);
+    let mut errors = Harness::exec_request(SANDBOX, "errors");
+    errors.stderr = "/run/fifo/errors-err".into();
+    h.service.create_exec(errors).await.unwrap();
+    let errors = h.service.state(SANDBOX, "errors").unwrap();
+    assert_eq!(errors.stderr, "/run/fifo/errors-err");
 
     h.vm.guest.exit(&ProcessId::exec(SANDBOX, "e1"), 7, false);
     assert_eq!(h.wait(SANDBOX, "e1").await, 7);
@@ -97,6 +102,15 @@ async fn the_agent_gets_the_exec_as_containerd_asked_for_it() {
     h.service.create_exec(plain).await.unwrap();
     let plain = h.vm.guest.requests("create_exec").pop().unwrap();
     assert!(plain.contains("stderr: true"), "{plain}");
+    // A terminal the process spec asks for counts as one containerd asked for.
+    let mut in_spec = Harness::exec_request(SANDBOX, "in-spec");
+    let process = serde_json::json!({"args": ["sh"], "cwd": "/", "terminal": true,
+                                     "user": {"uid": 0, "gid": 0}});
+    in_spec.spec.as_mut().unwrap().value = process.to_string().into_bytes();
+    h.service.create_exec(in_spec).await.unwrap();
+    let in_spec = h.vm.guest.requests("create_exec").pop().unwrap();
+    assert!(in_spec.contains("terminal: true"), "{in_spec}");
+    assert!(h.service.state(SANDBOX, "in-spec").unwrap().terminal);
 }
 
 #[tokio::test(start_paused = true)]
@@ -136,40 +150,40 @@ async fn events_name_the_container_the_process_and_its_exit() {
             assert!(text.contains(field), "{field} in {text}");
         }
     };
-    let pid = format!("pid: {HOST_PID}");
-    let pod = "container_id: \"pod1\"";
+    let pid = format!(" pid: {HOST_PID}");
+    let pod = " container_id: \"pod1\"";
     has(
         &event(topics::TASK_CREATE_EVENT_TOPIC, 0),
         &[
             pod,
             &pid,
-            "bundle:",
-            "stdin: \"/run/fifo/in\"",
-            "terminal: true",
+            " bundle:",
+            "io {stdin: \"/run/fifo/in\"",
+            " terminal: true",
         ],
     );
     has(&event(topics::TASK_START_EVENT_TOPIC, 0), &[pod, &pid]);
     has(
         &event(topics::TASK_EXEC_ADDED_EVENT_TOPIC, 0),
-        &[pod, "exec_id: \"e1\""],
+        &[pod, " exec_id: \"e1\""],
     );
     has(
         &event(topics::TASK_EXEC_STARTED_EVENT_TOPIC, 0),
-        &[pod, "exec_id: \"e1\"", &pid],
+        &[pod, " exec_id: \"e1\"", &pid],
     );
     has(
         &event(topics::TASK_EXIT_EVENT_TOPIC, 0),
-        &[pod, "id: \"e1\"", &pid, "exit_status: 7", "exited_at"],
+        &[pod, " id: \"e1\"", &pid, " exit_status: 7", " exited_at"],
     );
     has(&event(topics::TASK_PAUSED_EVENT_TOPIC, 0), &[pod]);
     has(&event(topics::TASK_RESUMED_EVENT_TOPIC, 0), &[pod]);
     has(
         &event(topics::TASK_EXIT_EVENT_TOPIC, 1),
-        &[pod, "id: \"pod1\"", "exit_status: 3"],
+        &[pod, " id: \"pod1\"", " exit_status: 3"],
     );
     has(
         &event(topics::TASK_DELETE_EVENT_TOPIC, 0),
-        &[pod, "id: \"pod1\"", &pid, "exit_status: 3", "exited_at"],
+        &[pod, " id: \"pod1\"", &pid, " exit_status: 3", " exited_at"],
     );
 }
 
