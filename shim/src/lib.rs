@@ -48,6 +48,7 @@ pub mod memory;
 pub mod metrics;
 pub mod netns_holder;
 pub mod pci_layout;
+pub mod phases;
 pub mod pod_cgroup;
 pub mod pod_paths;
 pub mod pod_vm;

@@ -13,6 +13,7 @@ use vmlet_config::{NodeConfig, VmOptions, VmShape};
 use crate::block_devices::BlockDevice;
 use crate::guest::Guest;
 use crate::memory::PodMemory;
+use crate::phases::Phases;
 use crate::share::RootfsSource;
 use crate::spec::HostBind;
 use crate::stdio::{Copies, ProcessName, StdioPaths};
@@ -84,10 +85,12 @@ pub trait PodVm: Send + Sync {
 #[async_trait]
 pub trait VmBooter: Send + Sync {
     /// Boots the pod's VM; on failure nothing it created is left.
+    /// Marks each of its steps in `phases`.
     async fn boot(
         &self,
         config: &NodeConfig,
         request: BootRequest,
+        phases: &Phases,
     ) -> Result<Arc<dyn PodVm>, Error>;
 }
 

@@ -5,8 +5,12 @@
 //!   kernel and initramfs, with its own vhost-device-vsock, until the agent answers a ping,
 //!   then powered off through the agent.
 //!
-//! Prints both, and the ratio. Nothing is asserted.
+//! Prints both, and the ratio; then where the time goes: the median of each phase the shim
+//! logged for the vmlet runs (`phases of create|start ...` in containerd's log, see
+//! `vmlet_shim::phases`), what is left outside the shim (containerd, ctr, the teardown), and
+//! the floor's phases. Nothing is asserted.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -24,16 +28,99 @@ fn median(mut v: Vec<Duration>) -> Duration {
     v[v.len() / 2]
 }
 
-fn vmlet_once(stack: &Stack) -> anyhow::Result<Duration> {
+/// One cold `ctr run --rm`: its wall time and the task's id.
+fn vmlet_once(stack: &Stack) -> anyhow::Result<(Duration, String)> {
+    let id = unique_id("bench");
     let start = Instant::now();
-    let out = stack.run(&unique_id("bench"), &[], &["true"])?;
+    let out = stack.run(&id, &[], &["true"])?;
     if !out.status.success() {
         bail!("ctr run: {}", String::from_utf8_lossy(&out.stderr));
     }
-    Ok(start.elapsed())
+    Ok((start.elapsed(), id))
 }
 
-async fn floor_once(guest_dir: &str, qemu: &str, vsock_bin: &str) -> anyhow::Result<Duration> {
+/// Milliseconds of each phase, by name, one entry per run.
+type PhaseRuns = BTreeMap<String, Vec<u64>>;
+
+/// The phases the shim logged for the create and the start of task `id`, from `log`
+/// (containerd's, where the shim's log goes): `("create"|"start", phase, ms)`.
+fn shim_phases(log: &str, id: &str) -> Vec<(&'static str, String, u64)> {
+    let mut found = Vec::new();
+    for line in log.lines() {
+        let Some((what, phases)) = vmlet_shim::phases::parse(line) else {
+            continue;
+        };
+        let kind = if what == format!("create {id}") {
+            "create"
+        } else if what == format!("start task {id}") {
+            "start"
+        } else {
+            continue;
+        };
+        found.extend(phases.into_iter().map(|(p, ms)| (kind, p, ms)));
+    }
+    found
+}
+
+/// "name ms, name ms, ..." of each phase's median, in `order`.
+fn medians(runs: &PhaseRuns, order: &[String]) -> String {
+    order
+        .iter()
+        .filter_map(|p| {
+            let v = runs.get(p)?;
+            let mut v = v.clone();
+            v.sort();
+            Some(format!("{p} {}", v[v.len() / 2]))
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The phases of both kinds in the order the shim logged them (the last run's).
+fn print_vmlet_phases(stack: &Stack, runs: &[(Duration, String)]) -> anyhow::Result<()> {
+    let log_path = format!("{}/containerd/containerd.log", stack.dir);
+    let log = std::fs::read_to_string(&log_path).with_context(|| format!("read {log_path}"))?;
+    let mut by_kind: BTreeMap<&str, (PhaseRuns, Vec<String>)> = BTreeMap::new();
+    let mut outside = Vec::new();
+    for (wall, id) in runs {
+        let phases = shim_phases(&log, id);
+        if phases.is_empty() {
+            bail!("no phases of {id} in {log_path}");
+        }
+        let mut in_shim = 0;
+        for (kind, phase, ms) in phases {
+            let (runs, order) = by_kind.entry(kind).or_default();
+            if !order.contains(&phase) {
+                order.push(phase.clone());
+            }
+            if phase == "total" {
+                in_shim += ms;
+            }
+            runs.entry(phase).or_default().push(ms);
+        }
+        outside.push(Duration::from_millis(
+            (wall.as_millis() as u64).saturating_sub(in_shim),
+        ));
+    }
+    for (kind, (runs, order)) in &by_kind {
+        println!(
+            "bench-start: vmlet {kind} phases (median ms): {}",
+            medians(runs, order)
+        );
+    }
+    println!(
+        "bench-start: vmlet outside the create and start (containerd, ctr, delete and teardown) median {} ms",
+        median(outside).as_millis()
+    );
+    Ok(())
+}
+
+/// One floor run: its wall time and its phases (ms).
+async fn floor_once(
+    guest_dir: &str,
+    qemu: &str,
+    vsock_bin: &str,
+) -> anyhow::Result<(Duration, Vec<(String, u64)>)> {
     let dir = std::env::temp_dir().join(unique_id("vmlet-floor"));
     std::fs::create_dir_all(&dir)?;
     let result = floor_in(&dir, guest_dir, qemu, vsock_bin).await;
@@ -46,7 +133,7 @@ async fn floor_in(
     guest_dir: &str,
     qemu: &str,
     vsock_bin: &str,
-) -> anyhow::Result<Duration> {
+) -> anyhow::Result<(Duration, Vec<(String, u64)>)> {
     let vhost = dir.join("vhost.sock");
     let uds = dir.join("vsock.sock");
     let start = Instant::now();
@@ -64,6 +151,14 @@ async fn floor_in(
     while !vhost.exists() {
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
+    let mut phases = Vec::new();
+    let mut last = start;
+    let mut mark = |phase: &str| {
+        let now = Instant::now();
+        phases.push((phase.to_owned(), (now - last).as_millis() as u64));
+        last = now;
+    };
+    mark("vsock_backend");
     let mut vm = Command::new(qemu)
         .args([
             "-machine",
@@ -107,6 +202,7 @@ async fn floor_in(
             bail!("{}", e.message());
         }
     };
+    mark("guest_boot");
     let _ = client
         .shutdown(
             ttrpc::context::with_timeout(2_000_000_000),
@@ -114,10 +210,11 @@ async fn floor_in(
         )
         .await;
     let _ = tokio::task::spawn_blocking(move || vm.wait()).await;
+    mark("power_off");
     let elapsed = start.elapsed();
     let _ = vsock.kill();
     let _ = vsock.wait();
-    Ok(elapsed)
+    Ok((elapsed, phases))
 }
 
 #[tokio::main]
@@ -125,21 +222,30 @@ async fn main() -> anyhow::Result<()> {
     let stack = Stack::from_env()?;
     let qemu = "/usr/bin/qemu-system-x86_64";
     let vsock_bin = "/usr/local/bin/vhost-device-vsock";
-    let mut vmlet = Vec::new();
+    let mut vmlet_runs = Vec::new();
     let mut floor = Vec::new();
+    let mut floor_phases = PhaseRuns::new();
+    let mut floor_order = Vec::new();
     for i in 0..RUNS {
-        let f = floor_once(&stack.guest_dir, qemu, vsock_bin).await?;
+        let (f, phases) = floor_once(&stack.guest_dir, qemu, vsock_bin).await?;
         let s = stack.clone();
-        let v = tokio::task::spawn_blocking(move || vmlet_once(&s)).await??;
+        let (v, id) = tokio::task::spawn_blocking(move || vmlet_once(&s)).await??;
         println!(
             "run {}: vmlet {:.3} s, floor {:.3} s",
             i + 1,
             v.as_secs_f64(),
             f.as_secs_f64()
         );
-        vmlet.push(v);
+        vmlet_runs.push((v, id));
         floor.push(f);
+        for (phase, ms) in phases {
+            if !floor_order.contains(&phase) {
+                floor_order.push(phase.clone());
+            }
+            floor_phases.entry(phase).or_default().push(ms);
+        }
     }
+    let vmlet: Vec<Duration> = vmlet_runs.iter().map(|(v, _)| *v).collect();
     let (v, f) = (median(vmlet), median(floor));
     println!(
         "bench-start: vmlet ctr run --rm true median {:.3} s",
@@ -149,6 +255,11 @@ async fn main() -> anyhow::Result<()> {
     println!(
         "bench-start: ratio {:.2} (target <= 1.5)",
         v.as_secs_f64() / f.as_secs_f64()
+    );
+    print_vmlet_phases(&stack, &vmlet_runs)?;
+    println!(
+        "bench-start: floor phases (median ms): {}",
+        medians(&floor_phases, &floor_order)
     );
     idle_pod_memory(&stack)
 }

@@ -17,6 +17,7 @@ use super::plan::{CreatePlan, Target};
 use super::process::Process;
 use super::{TaskEntry, TaskService};
 use crate::guest::ProcessId;
+use crate::phases::Phases;
 use crate::pod_vm::{BootRequest, PodVm};
 use crate::share::RootfsSource;
 use crate::spec::HostBind;
@@ -42,9 +43,11 @@ impl TaskService {
         if self.tasks.lock().unwrap().contains_key(&req.id) {
             return Err(Error::AlreadyExists(format!("task {}", req.id)));
         }
+        let phases = Phases::start(format!("create {}", req.id));
         let config = (self.config)()?;
         let spec = Spec::load(Path::new(&req.bundle).join("config.json"))
             .map_err(|e| Error::InvalidArgument(format!("read {}/config.json: {e}", req.bundle)))?;
+        phases.mark("config");
         let plan = CreatePlan::new(&req, &spec, &config, |sandbox_id| {
             self.tasks
                 .lock()
@@ -52,6 +55,7 @@ impl TaskService {
                 .get(sandbox_id)
                 .map(|t| t.init.pid)
         })?;
+        phases.mark("plan");
         let CreatePlan {
             paths,
             hooks,
@@ -98,7 +102,7 @@ impl TaskService {
         let created = async {
             let (vm, pod_id) = match target {
                 PodTarget::Boot(boot) => {
-                    let vm = self.booter.boot(&config, *boot).await?;
+                    let vm = self.booter.boot(&config, *boot, &phases).await?;
                     hook_state.pid = vm.holder_pid().unwrap_or(0);
                     (vm, req.id.clone())
                 }
@@ -111,6 +115,7 @@ impl TaskService {
                     vm.check_running()?;
                     crate::hooks::run(&hooks.create, &hook_state, "creating").await?;
                     vm.add_container(&req.id, &rootfs, &binds)?;
+                    phases.mark("join");
                     (vm, sandbox_id)
                 }
             };
@@ -119,7 +124,9 @@ impl TaskService {
                 vm.fit_memory(&req.id, memory_limit).await?;
                 agent_request.block_devices =
                     vm.attach_block_devices(&req.id, &block_devices).await?;
+                phases.mark("devices");
                 let pid = vm.guest().create_container(&agent_request).await?;
+                phases.mark("container");
                 let name = ProcessName {
                     container_id: &req.id,
                     exec_id: "",
@@ -127,6 +134,7 @@ impl TaskService {
                 let copies = vm
                     .attach_stdio(name, &self.namespace, &paths, req.terminal)
                     .await?;
+                phases.mark("stdio");
                 Ok::<_, Error>((pid, copies))
             }
             .await;
@@ -171,6 +179,7 @@ impl TaskService {
             "{}: guest PID {guest_pid}; reported as QEMU's, {pid}",
             req.id
         );
+        phases.log();
         let init = Process::new(ProcessId::init(&req.id), pid, paths, req.terminal, copies);
         let entry = Arc::new(TaskEntry {
             id: req.id.clone(),

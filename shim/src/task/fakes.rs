@@ -12,6 +12,7 @@ use vmlet_protocol::agent::{CreateContainerRequest, CreateExecRequest, Resources
 
 use crate::block_devices::BlockDevice;
 use crate::guest::{Guest, GuestExit, ProcessId};
+use crate::phases::Phases;
 use crate::pod_vm::{BootRequest, PodVm, VmBooter};
 use crate::share::RootfsSource;
 use crate::spec::HostBind;
@@ -360,6 +361,7 @@ impl VmBooter for FakeBooter {
         &self,
         _config: &NodeConfig,
         request: BootRequest,
+        _phases: &Phases,
     ) -> Result<Arc<dyn PodVm>, Error> {
         self.booted.lock().unwrap().push(request);
         Ok(self.vm.clone())

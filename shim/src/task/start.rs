@@ -9,6 +9,7 @@ use containerd_shim_protos::topics;
 use super::exit::{self, FailedStart, Outcome, Waited, KILL_GRACE, OUTPUT_DRAIN};
 use super::process::{Exit, Phase, Process};
 use super::{TaskEntry, TaskService};
+use crate::phases::Phases;
 use crate::Error;
 
 impl TaskService {
@@ -17,15 +18,18 @@ impl TaskService {
         req: api::StartRequest,
     ) -> Result<api::StartResponse, Error> {
         let (task, process) = self.get(&req.id, &req.exec_id)?;
+        let phases = Phases::start(format!("start {}", process.name()));
         process.claim_start()?;
         let guest_pid = match task.vm.guest().start_process(&process.id).await {
             Ok(pid) => pid,
             Err(e) => return Err(self.start_failed(&task, &process, e).await),
         };
+        phases.mark("guest_start");
         process.started();
         log::info!("{}: started, guest PID {guest_pid}", process.name());
         if process.is_init() {
             crate::hooks::run_logged(&task.hooks.poststart, &task.hook_state, "running").await;
+            phases.mark("poststart_hooks");
             self.publish(
                 topics::TASK_START_EVENT_TOPIC,
                 Box::new(TaskStart {
@@ -45,6 +49,7 @@ impl TaskService {
                 }),
             );
         }
+        phases.log();
         let pid = process.pid;
         let service = self.clone();
         tokio::spawn(async move { service.watch_exit(task, process).await });

@@ -9,6 +9,7 @@ use vmlet_protocol::agent_ttrpc::AgentClient;
 use super::net::{PodNet, TapServer};
 use super::{accel, agent_link, host_side, launch, net, vsock_backend, BootRequest, Recorder};
 use crate::hotplug::Hotplug;
+use crate::phases::Phases;
 use crate::pod_paths::PodPaths;
 use crate::port_forward::PortForward;
 use crate::vmm::VmManager;
@@ -35,17 +36,23 @@ pub(super) async fn run(
     req: &BootRequest,
     paths: &PodPaths,
     rec: &Recorder<'_>,
+    phases: &Phases,
 ) -> Result<Booted, Error> {
     host_side::prepare(config, req, paths, rec)?;
+    phases.mark("host_side");
     // The pod's host process and its hooks come before the network: a hook (nerdctl's CNI)
     // may put the interfaces into the namespace it holds.
     let netns = host_side::start_host_process(req, rec).await?;
+    phases.mark("host_process");
     let net = match &netns {
         Some(netns) => net::wire(config, &req.pod_id, paths, rec, netns).await?,
         None => PodNet::default(),
     };
+    phases.mark("network");
     let vsock = vsock_backend::start(config, paths, rec).await?;
+    phases.mark("vsock_backend");
     let kvm = accel::use_kvm(config, &vmm, &req.options).await?;
+    phases.mark("accel");
     let launched = launch::start(
         config,
         &vmm,
@@ -59,13 +66,17 @@ pub(super) async fn run(
         },
     )
     .await?;
+    phases.mark("domain");
     let (endpoint, agent, boot_id) =
         agent_link::connect(config, &vmm, &req.pod_id, paths, &vsock, &launched).await?;
+    phases.mark("guest_boot");
     agent_link::configure_network(&agent, &net.interfaces).await?;
+    phases.mark("guest_network");
     let port_forward = match &netns {
         Some(netns) => PortForward::start(&netns.path, endpoint.clone(), &req.pod_id).await?,
         None => None,
     };
+    phases.mark("port_forward");
     Ok(Booted {
         endpoint,
         agent,

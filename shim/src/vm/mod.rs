@@ -26,6 +26,7 @@ use vmlet_config::{NodeConfig, VmShape};
 use crate::guest::{AgentGuest, Guest};
 use crate::hotplug::Hotplug;
 use crate::memory::PodMemory;
+use crate::phases::Phases;
 use crate::pod_paths::PodPaths;
 pub use crate::pod_vm::{BootRequest, HostProcess};
 use crate::pod_vm::{PodVm, VmBooter};
@@ -113,9 +114,10 @@ impl VmBooter for LibvirtBooter {
         &self,
         config: &NodeConfig,
         request: BootRequest,
+        phases: &Phases,
     ) -> Result<Arc<dyn PodVm>, Error> {
         let vmm: Arc<dyn VmManager> = Arc::new(crate::vmm::Libvirt::new(&config.libvirt_uri));
-        Ok(Arc::new(Vm::boot(config, vmm, request).await?))
+        Ok(Arc::new(Vm::boot(config, vmm, request, phases).await?))
     }
 }
 
@@ -126,6 +128,7 @@ impl Vm {
         config: &NodeConfig,
         vmm: Arc<dyn VmManager>,
         req: BootRequest,
+        phases: &Phases,
     ) -> Result<Vm, Error> {
         let paths = PodPaths::new(&config.state_dir, &req.pod_id);
         if paths.dir.exists() {
@@ -147,7 +150,7 @@ impl Vm {
             cgroup: req.cgroup.as_ref(),
         };
         // A failed step drops what it started (the tap server) with the error.
-        let booted = match boot::run(config, vmm.clone(), &req, &paths, &recorder).await {
+        let booted = match boot::run(config, vmm.clone(), &req, &paths, &recorder, phases).await {
             Ok(booted) => booted,
             Err(e) => {
                 let state = state.lock().unwrap().clone();
