@@ -279,10 +279,21 @@ impl Events {
 
 /// Resident memory of a process in KiB (`VmRSS`), 0 when it is gone.
 pub fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
+    kib_field(&format!("/proc/{pid}/status"), "VmRSS:")
+}
+
+/// Proportional set size of a process in KiB (`Pss` of `smaps_rollup`: each shared page
+/// counted once across the processes that map it), 0 when it is gone.
+pub fn pss_kib(pid: u32) -> u64 {
+    kib_field(&format!("/proc/{pid}/smaps_rollup"), "Pss:")
+}
+
+/// The number after `key` on its line of `path` (a `/proc` file in kB), 0 when absent.
+fn kib_field(path: &str, key: &str) -> u64 {
+    std::fs::read_to_string(path)
         .unwrap_or_default()
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix(key))
         .and_then(|v| v.split_whitespace().next().and_then(|n| n.parse().ok()))
         .unwrap_or(0)
 }
