@@ -10,7 +10,7 @@
 //! `vmlet_shim::phases`), what is left outside the shim (containerd, ctr, the teardown), and
 //! the floor's phases. Nothing is asserted.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -23,7 +23,7 @@ use vmlet_shim::vsock::Endpoint;
 
 const RUNS: usize = 5;
 
-fn median(mut v: Vec<Duration>) -> Duration {
+fn median<T: Ord + Copy>(mut v: Vec<T>) -> T {
     v.sort();
     v[v.len() / 2]
 }
@@ -39,78 +39,69 @@ fn vmlet_once(stack: &Stack) -> anyhow::Result<(Duration, String)> {
     Ok((start.elapsed(), id))
 }
 
-/// Milliseconds of each phase, by name, one entry per run.
-type PhaseRuns = BTreeMap<String, Vec<u64>>;
+/// Milliseconds of each phase over the runs, the phases in the order they were first seen.
+#[derive(Default)]
+struct PhaseTable {
+    order: Vec<String>,
+    runs: BTreeMap<String, Vec<u64>>,
+}
 
-/// The phases the shim logged for the create and the start of task `id`, from `log`
-/// (containerd's, where the shim's log goes): `("create"|"start", phase, ms)`.
-fn shim_phases(log: &str, id: &str) -> Vec<(&'static str, String, u64)> {
-    let mut found = Vec::new();
-    for line in log.lines() {
-        let Some((what, phases)) = vmlet_shim::phases::parse(line) else {
-            continue;
-        };
-        let kind = if what == format!("create {id}") {
-            "create"
-        } else if what == format!("start task {id}") {
-            "start"
-        } else {
-            continue;
-        };
-        found.extend(phases.into_iter().map(|(p, ms)| (kind, p, ms)));
+impl PhaseTable {
+    fn push(&mut self, phase: &str, ms: u64) {
+        if !self.runs.contains_key(phase) {
+            self.order.push(phase.to_owned());
+        }
+        self.runs.entry(phase.to_owned()).or_default().push(ms);
     }
-    found
+
+    /// "name ms, name ms, ..." of each phase's median.
+    fn medians(&self) -> String {
+        self.order
+            .iter()
+            .map(|p| format!("{p} {}", median(self.runs[p].clone())))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
 }
 
-/// "name ms, name ms, ..." of each phase's median, in `order`.
-fn medians(runs: &PhaseRuns, order: &[String]) -> String {
-    order
-        .iter()
-        .filter_map(|p| {
-            let v = runs.get(p)?;
-            let mut v = v.clone();
-            v.sort();
-            Some(format!("{p} {}", v[v.len() / 2]))
-        })
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-/// The phases of both kinds in the order the shim logged them (the last run's).
+/// Prints the median of each phase the shim logged for the runs' creates and starts (read
+/// from containerd's log, where the shim's log goes) and of what was spent outside them.
 fn print_vmlet_phases(stack: &Stack, runs: &[(Duration, String)]) -> anyhow::Result<()> {
     let log_path = format!("{}/containerd/containerd.log", stack.dir);
     let log = std::fs::read_to_string(&log_path).with_context(|| format!("read {log_path}"))?;
-    let mut by_kind: BTreeMap<&str, (PhaseRuns, Vec<String>)> = BTreeMap::new();
+    // Each phases line by what it times (`create ID`, `start task ID`).
+    let logged: HashMap<String, Vec<(String, u64)>> =
+        log.lines().filter_map(vmlet_shim::phases::parse).collect();
+    let mut tables: BTreeMap<&str, PhaseTable> = BTreeMap::new();
     let mut outside = Vec::new();
     for (wall, id) in runs {
-        let phases = shim_phases(&log, id);
-        if phases.is_empty() {
-            bail!("no phases of {id} in {log_path}");
-        }
         let mut in_shim = 0;
-        for (kind, phase, ms) in phases {
-            let (runs, order) = by_kind.entry(kind).or_default();
-            if !order.contains(&phase) {
-                order.push(phase.clone());
+        for kind in ["create", "start"] {
+            let what = match kind {
+                "create" => format!("create {id}"),
+                _ => format!("start task {id}"),
+            };
+            let phases = logged
+                .get(&what)
+                .with_context(|| format!("no phases of {what} in {log_path}"))?;
+            for (phase, ms) in phases {
+                tables.entry(kind).or_default().push(phase, *ms);
+                if phase == "total" {
+                    in_shim += ms;
+                }
             }
-            if phase == "total" {
-                in_shim += ms;
-            }
-            runs.entry(phase).or_default().push(ms);
         }
-        outside.push(Duration::from_millis(
-            (wall.as_millis() as u64).saturating_sub(in_shim),
-        ));
+        outside.push((wall.as_millis() as u64).saturating_sub(in_shim));
     }
-    for (kind, (runs, order)) in &by_kind {
+    for (kind, table) in &tables {
         println!(
             "bench-start: vmlet {kind} phases (median ms): {}",
-            medians(runs, order)
+            table.medians()
         );
     }
     println!(
         "bench-start: vmlet outside the create and start (containerd, ctr, delete and teardown) median {} ms",
-        median(outside).as_millis()
+        median(outside)
     );
     Ok(())
 }
@@ -224,8 +215,7 @@ async fn main() -> anyhow::Result<()> {
     let vsock_bin = "/usr/local/bin/vhost-device-vsock";
     let mut vmlet_runs = Vec::new();
     let mut floor = Vec::new();
-    let mut floor_phases = PhaseRuns::new();
-    let mut floor_order = Vec::new();
+    let mut floor_phases = PhaseTable::default();
     for i in 0..RUNS {
         let (f, phases) = floor_once(&stack.guest_dir, qemu, vsock_bin).await?;
         let s = stack.clone();
@@ -239,10 +229,7 @@ async fn main() -> anyhow::Result<()> {
         vmlet_runs.push((v, id));
         floor.push(f);
         for (phase, ms) in phases {
-            if !floor_order.contains(&phase) {
-                floor_order.push(phase.clone());
-            }
-            floor_phases.entry(phase).or_default().push(ms);
+            floor_phases.push(&phase, ms);
         }
     }
     let vmlet: Vec<Duration> = vmlet_runs.iter().map(|(v, _)| *v).collect();
@@ -259,7 +246,7 @@ async fn main() -> anyhow::Result<()> {
     print_vmlet_phases(&stack, &vmlet_runs)?;
     println!(
         "bench-start: floor phases (median ms): {}",
-        medians(&floor_phases, &floor_order)
+        floor_phases.medians()
     );
     idle_pod_memory(&stack)
 }
@@ -323,22 +310,24 @@ fn idle_pod_memory(stack: &Stack) -> anyhow::Result<()> {
     })();
     let _ = stack.kill_and_remove(&id);
     let parts = measured?;
-    // RSS counts a page every process that maps it; PSS shares it among them (issue 14's
-    // measure: their sum is what the pod costs the host).
-    for (measure, pick) in [
-        ("RSS", (|p| p.1) as fn(&(&str, u64, u64)) -> u64),
-        ("PSS", |p| p.2),
-    ] {
-        let total: u64 = parts.iter().map(pick).sum();
-        let detail: Vec<String> = parts
-            .iter()
-            .map(|p| format!("{} {} MiB", p.0, pick(p) / 1024))
-            .collect();
-        println!(
-            "bench-start: idle pod host memory ({measure}, 256 MiB guest): {} MiB ({})",
-            total / 1024,
-            detail.join(", ")
-        );
-    }
+    // RSS counts a page for every process that maps it; PSS shares it among them (issue
+    // 14's measure: their sum is what the pod costs the host).
+    print_memory("RSS", parts.iter().map(|(n, rss, _)| (*n, *rss)));
+    print_memory("PSS", parts.iter().map(|(n, _, pss)| (*n, *pss)));
     Ok(())
+}
+
+/// One line: the pod's total by `measure` and each process's part (KiB in, MiB out).
+fn print_memory<'a>(measure: &str, parts: impl Iterator<Item = (&'a str, u64)>) {
+    let parts: Vec<(&str, u64)> = parts.collect();
+    let total: u64 = parts.iter().map(|(_, kib)| kib).sum();
+    let detail: Vec<String> = parts
+        .iter()
+        .map(|(n, kib)| format!("{n} {} MiB", kib / 1024))
+        .collect();
+    println!(
+        "bench-start: idle pod host memory ({measure}, 256 MiB guest): {} MiB ({})",
+        total / 1024,
+        detail.join(", ")
+    );
 }

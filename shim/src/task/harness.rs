@@ -221,6 +221,16 @@ impl Harness {
     }
 }
 
+/// A harness whose pod's sandbox runs, with a running exec `e1`.
+pub(super) async fn running_pod_with_exec() -> Harness {
+    let h = harness();
+    h.create(SANDBOX, None).await.unwrap();
+    h.start(SANDBOX, "").await.unwrap();
+    h.exec(SANDBOX, "e1").await.unwrap();
+    h.start(SANDBOX, "e1").await.unwrap();
+    h
+}
+
 /// Lets spawned tasks (the exit watchers) run to their next wait.
 pub(super) async fn settle() {
     for _ in 0..20 {

@@ -10,7 +10,7 @@ use containerd_shim_protos::topics;
 
 use super::exit::VM_END_GRACE;
 use super::fakes::HOST_PID;
-use super::harness::{harness, settle, SANDBOX};
+use super::harness::{harness, running_pod_with_exec, settle, SANDBOX};
 use crate::guest::ProcessId;
 use crate::Error;
 
@@ -103,11 +103,7 @@ async fn a_start_the_agent_refused_stops_the_process_with_the_guest_status() {
 
 #[tokio::test(start_paused = true)]
 async fn pausing_a_task_pauses_its_execs_and_keeps_it_from_delete() {
-    let h = harness();
-    h.create(SANDBOX, None).await.unwrap();
-    h.start(SANDBOX, "").await.unwrap();
-    h.exec(SANDBOX, "e1").await.unwrap();
-    h.start(SANDBOX, "e1").await.unwrap();
+    let h = running_pod_with_exec().await;
     h.service.set_paused(SANDBOX, true).await.unwrap();
     assert_eq!(h.status(SANDBOX, ""), api::Status::PAUSED);
     assert_eq!(h.status(SANDBOX, "e1"), api::Status::PAUSED);
@@ -125,11 +121,7 @@ async fn pausing_a_task_pauses_its_execs_and_keeps_it_from_delete() {
 
 #[tokio::test(start_paused = true)]
 async fn a_running_process_cannot_be_deleted() {
-    let h = harness();
-    h.create(SANDBOX, None).await.unwrap();
-    h.start(SANDBOX, "").await.unwrap();
-    h.exec(SANDBOX, "e1").await.unwrap();
-    h.start(SANDBOX, "e1").await.unwrap();
+    let h = running_pod_with_exec().await;
     assert!(matches!(
         h.delete(SANDBOX, "e1").await,
         Err(Error::FailedPrecondition(_))

@@ -9,7 +9,7 @@ use tokio::time::Instant;
 
 use super::exit::{KILL_GRACE, VM_ENDED_STATUS, VM_END_GRACE};
 use super::fakes::HOST_PID;
-use super::harness::{harness, settle, SANDBOX};
+use super::harness::{harness, running_pod_with_exec, settle, SANDBOX};
 use crate::Error;
 
 #[tokio::test(start_paused = true)]
@@ -49,11 +49,7 @@ async fn a_start_the_agent_did_not_answer_can_be_tried_again() {
 
 #[tokio::test(start_paused = true)]
 async fn only_a_sigkill_of_the_sandbox_may_end_the_vm() {
-    let h = harness();
-    h.create(SANDBOX, None).await.unwrap();
-    h.start(SANDBOX, "").await.unwrap();
-    h.exec(SANDBOX, "e1").await.unwrap();
-    h.start(SANDBOX, "e1").await.unwrap();
+    let h = running_pod_with_exec().await;
     h.create("c1", Some(SANDBOX)).await.unwrap();
     h.start("c1", "").await.unwrap();
     // A guest that ignores every signal: only the sandbox's SIGKILL is enforced by the host.
