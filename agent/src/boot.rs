@@ -6,14 +6,15 @@ use nix::mount::{mount, MsFlags};
 
 use crate::Error;
 
-/// The list of modules to load at boot, in order, written by `vmlet-image` (paths relative
-/// to `/lib/modules/<release>`).
-pub const MODULE_LIST: &str = "/lib/modules/vmlet-modules.list";
+/// The list of modules to load at boot, in order, written by `vmlet-image` into
+/// `/lib/modules/<release>` (paths relative to it). A kernel of another release, or one with
+/// everything built in (the lean kernel), finds no list and loads nothing.
+pub const MODULE_LIST: &str = "vmlet-modules.list";
 
 /// The list of modules a disk driver needs, loaded when a device of that driver is first
 /// attached (`vmlet-modules.<driver>.list`; none for drivers the boot list covers).
-pub fn driver_module_list(driver: &str) -> PathBuf {
-    PathBuf::from(format!("/lib/modules/vmlet-modules.{driver}.list"))
+pub fn driver_module_list(driver: &str) -> String {
+    format!("vmlet-modules.{driver}.list")
 }
 /// Where the virtio-fs share is mounted in the guest.
 pub const SHARE_DIR: &str = "/run/vmlet/share";
@@ -34,7 +35,13 @@ pub struct Faults {
     /// `share-in-containers`: every container gets the guest's whole view of the share at
     /// [`EXPOSED_SHARE`] (guest root, or a compromised agent, writing where the host works).
     pub share_in_containers: bool,
+    /// `slow-boot`: the agent waits [`SLOW_BOOT`] before it serves (a guest slower to come up
+    /// than the node allows).
+    pub slow_boot: bool,
 }
+
+/// How long `slow-boot` holds the agent back.
+pub const SLOW_BOOT: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// Where `share-in-containers` puts the share in each container.
 pub const EXPOSED_SHARE: &str = "/.vmlet-share";
@@ -50,6 +57,7 @@ impl Faults {
             match name {
                 "ignore-signals" => faults.ignore_signals = true,
                 "share-in-containers" => faults.share_in_containers = true,
+                "slow-boot" => faults.slow_boot = true,
                 other => log::warn!("unknown fault {other:?} ignored"),
             }
         }
@@ -76,7 +84,7 @@ pub fn boot() -> Result<Boot, Error> {
     for (path, value) in NODE_SYSCTLS {
         std::fs::write(path, value).map_err(|e| Error::io(format!("write {path}"), e))?;
     }
-    load_modules(Path::new(MODULE_LIST))?;
+    load_modules(MODULE_LIST)?;
     let cmdline =
         std::fs::read_to_string("/proc/cmdline").map_err(|e| Error::io("read /proc/cmdline", e))?;
     let share = match cmdline
@@ -158,16 +166,17 @@ fn mount_basics() -> Result<(), Error> {
     Ok(())
 }
 
-/// Loads the modules `list` names, in order (a missing list loads nothing; loaded ones are
-/// skipped).
-pub fn load_modules(list: &Path) -> Result<(), Error> {
+/// Loads the modules the list `/lib/modules/<release>/<list>` names, in order (a missing
+/// list loads nothing; loaded ones are skipped).
+pub fn load_modules(list: &str) -> Result<(), Error> {
     let release = nix::sys::utsname::uname()
         .map_err(|e| Error::Boot(format!("uname: {e}")))?
         .release()
         .to_string_lossy()
         .into_owned();
     let base = Path::new("/lib/modules").join(&release);
-    let list = match std::fs::read_to_string(list) {
+    let list = base.join(list);
+    let list = match std::fs::read_to_string(&list) {
         Ok(list) => list,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
         Err(e) => return Err(Error::io(format!("read {}", list.display()), e)),
@@ -208,5 +217,7 @@ mod tests {
         assert!(on.ignore_signals && !on.share_in_containers);
         let on = Faults::from_cmdline("vmlet.fault=share-in-containers");
         assert!(on.share_in_containers && !on.ignore_signals);
+        let on = Faults::from_cmdline("vmlet.fault=slow-boot");
+        assert!(on.slow_boot && !on.ignore_signals && !on.share_in_containers);
     }
 }

@@ -36,6 +36,9 @@ pub struct AgentService {
 
 /// Serves the agent until a fatal error.
 pub async fn serve(boot: Boot) -> Result<(), Error> {
+    if boot.faults.slow_boot {
+        tokio::time::sleep(crate::boot::SLOW_BOOT).await;
+    }
     if let Err(e) = crate::network::loopback_up().await {
         log::warn!("loopback: {e}");
     }

@@ -39,7 +39,8 @@ pub enum VsockTransport {
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct GuestConfig {
-    /// Guest kernel (`vmlet-image build` writes `vmlinuz`).
+    /// Guest kernel (`vmlet-image build` writes the lean `vmlinux`, or `vmlinuz` with
+    /// `--kernel cloud`).
     pub kernel: PathBuf,
     /// Guest initramfs holding the agent and modules.
     pub initrd: PathBuf,
@@ -60,12 +61,16 @@ pub struct GuestConfig {
     /// Memory (MiB) added to a pod's memory limit when the VM is sized from limits: the
     /// guest kernel and agent live beside the containers.
     pub overhead_memory_mib: u64,
+    /// Size (MiB) of QEMU's translation cache when it emulates the CPU (TCG, no KVM): the
+    /// code it translated so far, which counts in every pod's host memory. QEMU's own
+    /// default (1 GiB, filled as the guest runs new code) is traded for a cap.
+    pub tcg_translation_cache_mib: u64,
 }
 
 impl Default for GuestConfig {
     fn default() -> Self {
         Self {
-            kernel: PathBuf::from("/usr/share/vmlet/vmlinuz"),
+            kernel: PathBuf::from("/usr/share/vmlet/vmlinux"),
             initrd: PathBuf::from("/usr/share/vmlet/initrd.img"),
             machine: "q35".into(),
             vcpus: 1,
@@ -75,6 +80,7 @@ impl Default for GuestConfig {
             kernel_params: String::new(),
             overhead_vcpus: 0,
             overhead_memory_mib: 128,
+            tcg_translation_cache_mib: 16,
         }
     }
 }
@@ -238,6 +244,12 @@ impl NodeConfig {
                 ),
             );
         }
+        if g.tcg_translation_cache_mib == 0 {
+            return invalid(
+                "guest.tcg_translation_cache_mib",
+                "must be at least 1".into(),
+            );
+        }
         if self.agent_timeout_secs == 0 {
             return invalid("agent_timeout_secs", "must be at least 1".into());
         }
@@ -321,6 +333,10 @@ mod tests {
         let err = parse("pod_log_mib = 0\n").unwrap_err().to_string();
         assert!(err.contains("pod_log_mib"), "{err}");
         assert_eq!(parse("pod_log_mib = 2\n").unwrap().pod_log_mib, 2);
+        let err = parse("[guest]\ntcg_translation_cache_mib = 0\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("guest.tcg_translation_cache_mib"), "{err}");
     }
 
     #[test]

@@ -8,6 +8,9 @@
 //! | 0x11        | the `virtio-mem` device the VM grows by                      |
 //! | 0x12 - 0x19 | one `virtio-net-pci` per tap ([`MAX_NICS`])                  |
 //! | 0x1a - 0x1d | `pcie-root-port`s for hot-plugged disks ([`HOTPLUG_PORTS`]) |
+//! | 0x1e        | the `virtio-balloon` that reports the guest's free pages     |
+//!
+//! (0x1f is the q35 chipset's.)
 
 /// The vhost-user vsock device.
 pub const VSOCK: usize = 0x10;
@@ -21,12 +24,14 @@ pub const MAX_NICS: usize = 8;
 pub const FIRST_HOTPLUG_PORT: usize = 0x1a;
 /// Hot-plug root ports each VM gets (each PCI disk takes one; SCSI disks share one).
 pub const HOTPLUG_PORTS: usize = 4;
-/// Slots on one PCI bus.
-const SLOTS: usize = 32;
+/// The balloon (free page reporting only).
+pub const BALLOON: usize = 0x1e;
+/// Slots on one PCI bus; the last is the chipset's (LPC, SATA, SMBus on q35).
+const SLOTS: usize = 31;
 
 const _: () = assert!(VSOCK < MEMORY_DEVICE && MEMORY_DEVICE < FIRST_NIC);
 const _: () = assert!(FIRST_NIC + MAX_NICS <= FIRST_HOTPLUG_PORT);
-const _: () = assert!(FIRST_HOTPLUG_PORT + HOTPLUG_PORTS <= SLOTS);
+const _: () = assert!(FIRST_HOTPLUG_PORT + HOTPLUG_PORTS <= BALLOON && BALLOON < SLOTS);
 
 /// A slot as libvirt and QEMU write it (`0x12`).
 pub fn hex(slot: usize) -> String {
@@ -39,7 +44,7 @@ mod tests {
 
     #[test]
     fn no_two_devices_share_a_slot() {
-        let mut taken = vec![VSOCK, MEMORY_DEVICE];
+        let mut taken = vec![VSOCK, MEMORY_DEVICE, BALLOON];
         taken.extend(FIRST_NIC..FIRST_NIC + MAX_NICS);
         taken.extend(FIRST_HOTPLUG_PORT..FIRST_HOTPLUG_PORT + HOTPLUG_PORTS);
         let mut unique = taken.clone();

@@ -8,7 +8,7 @@ use crate::{progress, Error};
 /// The meta package whose dependency names the current cloud kernel.
 const META_PACKAGE: &str = "linux-image-cloud-amd64";
 
-fn run(command: &mut Command) -> Result<String, Error> {
+pub(crate) fn run(command: &mut Command) -> Result<String, Error> {
     let shown = format!("{command:?}");
     let output = command.output().map_err(|e| Error::Command {
         command: shown.clone(),
@@ -17,10 +17,16 @@ fn run(command: &mut Command) -> Result<String, Error> {
     if !output.status.success() {
         return Err(Error::Command {
             command: shown,
-            detail: String::from_utf8_lossy(&output.stderr).trim().to_owned(),
+            detail: tail(&String::from_utf8_lossy(&output.stderr), 40),
         });
     }
     Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+/// The last `lines` lines of `text` (a failed kernel build's errors come last).
+fn tail(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.trim().lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
 }
 
 /// Downloads the current cloud kernel package into `cache` unless it is there already.
@@ -48,7 +54,7 @@ pub fn download(cache: &Path) -> Result<PathBuf, Error> {
         .ok_or_else(|| Error::Kernel(format!("apt-get download {package} left no .deb")))
 }
 
-fn find_deb(cache: &Path, package: &str) -> Result<Option<PathBuf>, Error> {
+pub(crate) fn find_deb(cache: &Path, package: &str) -> Result<Option<PathBuf>, Error> {
     let prefix = format!("{package}_");
     let entries = std::fs::read_dir(cache).map_err(|e| Error::io("list cache dir", e))?;
     Ok(entries.flatten().map(|e| e.path()).find(|p| {

@@ -1,10 +1,13 @@
 //! Builds the vmlet guest image.
 //!
 //! [`build`] writes into the output directory:
-//! - `vmlinuz`: the Debian cloud kernel;
+//! - the kernel: `vmlinux`, the lean kernel (the default, see [`lean`]: built from Debian's
+//!   kernel source with `kernel/vmlet.config`, started by QEMU at its PVH entry), or
+//!   `vmlinuz`, the Debian cloud kernel (`--kernel cloud`);
 //! - `initrd.img`: a gzip-compressed `newc` cpio holding the static `vmlet-agent` as
-//!   `/init`, the kernel modules the guest needs (resolved through `modules.dep`) and
-//!   `/lib/modules/vmlet-modules.list` (their load order);
+//!   `/init` and, for the cloud kernel, the modules the guest needs (resolved through
+//!   `modules.dep`) with their load order in `/lib/modules/<release>/vmlet-modules.list`
+//!   (a kernel of another release finds no list and loads nothing);
 //! - `manifest.json`: kernel and agent versions, sha256 of every file, and a hash of the
 //!   inputs, so that a second run with the same inputs does no work.
 #![forbid(unsafe_code)]
@@ -12,6 +15,7 @@
 mod agent;
 mod cpio;
 mod kernel;
+pub mod lean;
 mod manifest;
 mod modules;
 
@@ -49,14 +53,32 @@ impl Error {
     }
 }
 
+/// Which guest kernel an image holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Kernel {
+    /// The lean kernel built from [`lean::SOURCE_PACKAGE`] (`vmlinux`).
+    Lean,
+    /// The Debian cloud kernel (`vmlinuz`): a local `.deb`, or without one the newest
+    /// `linux-image-cloud-amd64` dependency fetched with `apt-get download` into `out/cache`.
+    Cloud { deb: Option<PathBuf> },
+}
+
+impl Kernel {
+    /// The kernel's file name in the image.
+    pub fn file_name(&self) -> &'static str {
+        match self {
+            Kernel::Lean => "vmlinux",
+            Kernel::Cloud { .. } => "vmlinuz",
+        }
+    }
+}
+
 /// What to build from.
 #[derive(Debug, Clone)]
 pub struct Options {
     /// Output directory.
     pub out: PathBuf,
-    /// A local kernel `.deb`; without it the newest `linux-image-cloud-amd64` dependency is
-    /// fetched with `apt-get download` into `out/cache`.
-    pub kernel_deb: Option<PathBuf>,
+    pub kernel: Kernel,
     /// A prebuilt static agent; without it the agent is built with cargo.
     pub agent: Option<PathBuf>,
 }
@@ -71,58 +93,60 @@ pub fn build(opts: &Options) -> Result<Manifest, Error> {
     std::fs::create_dir_all(&opts.out)
         .map_err(|e| Error::io(format!("create {}", opts.out.display()), e))?;
     let cache = opts.out.join("cache");
-    let deb = match &opts.kernel_deb {
-        Some(deb) => deb.clone(),
-        None => kernel::download(&cache)?,
-    };
     let agent = match &opts.agent {
         Some(path) => path.clone(),
         None => agent::build_static()?,
     };
     let agent_bytes =
         std::fs::read(&agent).map_err(|e| Error::io(format!("read {}", agent.display()), e))?;
+    let parts = match &opts.kernel {
+        Kernel::Lean => lean_parts(&cache)?,
+        Kernel::Cloud { deb } => cloud_parts(&cache, deb.as_deref())?,
+    };
+    let file = opts.kernel.file_name();
     let inputs = manifest::inputs_hash(&[
-        &manifest::sha256_file(&deb)?,
+        file,
+        &parts.kernel_sha256,
         &manifest::sha256_hex(&agent_bytes),
-        &GUEST_MODULES.join(","),
-        &format!("{DRIVER_MODULES:?}"),
+        &format!("{:?}", parts.lists),
         env!("CARGO_PKG_VERSION"),
     ]);
     if let Some(existing) = Manifest::load_if_current(&opts.out, &inputs)? {
         progress("image is up to date");
         return Ok(existing);
     }
-
-    let tree = kernel::extract(&deb, &cache)?;
-    let modules_dir = tree.root.join("lib/modules").join(&tree.release);
-    let read = |name: &str| {
-        std::fs::read_to_string(modules_dir.join(name))
-            .map_err(|e| Error::io(format!("read {name}"), e))
-    };
-    let (modules_dep, modules_builtin) = (read("modules.dep")?, read("modules.builtin")?);
-    let order = modules::resolve(&modules_dep, &modules_builtin, GUEST_MODULES)?;
-    let mut lists = vec![("vmlet-modules.list".to_owned(), order.clone())];
-    for (driver, wanted) in DRIVER_MODULES {
-        let list = modules::resolve(&modules_dep, &modules_builtin, wanted)?;
-        lists.push((format!("vmlet-modules.{driver}.list"), list));
+    let count = parts.lists.first().map_or(0, |(_, l)| l.len());
+    progress(&format!("packing {count} modules and the agent"));
+    let initrd = pack_initrd(
+        &agent_bytes,
+        &parts.modules_dir,
+        &parts.release,
+        &parts.lists,
+    )?;
+    // The other kernel's file would only mislead whoever looks into the directory.
+    for stale in ["vmlinux", "vmlinuz"].into_iter().filter(|n| *n != file) {
+        let _ = std::fs::remove_file(opts.out.join(stale));
     }
-    progress(&format!("packing {} modules and the agent", order.len()));
-    let initrd = pack_initrd(&agent_bytes, &modules_dir, &tree.release, &lists)?;
-
-    let vmlinuz = opts.out.join("vmlinuz");
-    std::fs::copy(&tree.vmlinuz, &vmlinuz)
-        .map_err(|e| Error::io(format!("copy {}", tree.vmlinuz.display()), e))?;
+    let kernel_path = opts.out.join(file);
+    let tmp = kernel_path.with_extension("tmp");
+    std::fs::copy(&parts.kernel, &tmp)
+        .map_err(|e| Error::io(format!("copy {}", parts.kernel.display()), e))?;
+    std::fs::rename(&tmp, &kernel_path)
+        .map_err(|e| Error::io(format!("rename {}", kernel_path.display()), e))?;
     let initrd_path = opts.out.join("initrd.img");
     write_atomic(&initrd_path, &initrd)?;
     let manifest = Manifest {
-        kernel_release: tree.release.clone(),
-        kernel_package: deb
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default(),
+        kernel_file: file.into(),
+        kernel_release: parts.release,
+        kernel_package: parts.package,
         agent_version: env!("CARGO_PKG_VERSION").into(),
-        modules: order,
-        vmlinuz_sha256: manifest::sha256_file(&vmlinuz)?,
+        modules: parts
+            .lists
+            .into_iter()
+            .next()
+            .map(|(_, l)| l)
+            .unwrap_or_default(),
+        kernel_sha256: parts.kernel_sha256,
         initrd_sha256: manifest::sha256_hex(&initrd),
         inputs_sha256: inputs,
     };
@@ -131,8 +155,62 @@ pub fn build(opts: &Options) -> Result<Manifest, Error> {
     Ok(manifest)
 }
 
+/// What goes into an image besides the agent.
+struct KernelParts {
+    kernel: PathBuf,
+    kernel_sha256: String,
+    release: String,
+    package: String,
+    modules_dir: PathBuf,
+    /// Module lists by file name (the boot list first); empty for a kernel without modules.
+    lists: Vec<(String, Vec<String>)>,
+}
+
+fn lean_parts(cache: &Path) -> Result<KernelParts, Error> {
+    let built = lean::build(cache)?;
+    Ok(KernelParts {
+        kernel_sha256: manifest::sha256_file(&built.vmlinux)?,
+        kernel: built.vmlinux,
+        release: built.release,
+        package: built.source,
+        modules_dir: PathBuf::new(),
+        lists: Vec::new(),
+    })
+}
+
+fn cloud_parts(cache: &Path, deb: Option<&Path>) -> Result<KernelParts, Error> {
+    let deb = match deb {
+        Some(deb) => deb.to_owned(),
+        None => kernel::download(cache)?,
+    };
+    let tree = kernel::extract(&deb, cache)?;
+    let modules_dir = tree.root.join("lib/modules").join(&tree.release);
+    let read = |name: &str| {
+        std::fs::read_to_string(modules_dir.join(name))
+            .map_err(|e| Error::io(format!("read {name}"), e))
+    };
+    let (modules_dep, modules_builtin) = (read("modules.dep")?, read("modules.builtin")?);
+    let order = modules::resolve(&modules_dep, &modules_builtin, GUEST_MODULES)?;
+    let mut lists = vec![("vmlet-modules.list".to_owned(), order)];
+    for (driver, wanted) in DRIVER_MODULES {
+        let list = modules::resolve(&modules_dep, &modules_builtin, wanted)?;
+        lists.push((format!("vmlet-modules.{driver}.list"), list));
+    }
+    Ok(KernelParts {
+        kernel_sha256: manifest::sha256_file(&tree.vmlinuz)?,
+        kernel: tree.vmlinuz,
+        release: tree.release,
+        package: deb
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+        modules_dir,
+        lists,
+    })
+}
+
 /// Packs the agent as `/init` and every module of `lists` (each once), with each list as
-/// `/lib/modules/<name>`.
+/// `/lib/modules/<release>/<name>`.
 fn pack_initrd(
     agent: &[u8],
     modules_dir: &Path,
@@ -157,6 +235,10 @@ fn pack_initrd(
     cpio.file("init", 0o755, agent).map_err(io)?;
     let base = format!("lib/modules/{release}");
     let mut dirs_done = std::collections::HashSet::new();
+    if !lists.is_empty() {
+        cpio.dir(&base, 0o755).map_err(io)?;
+        dirs_done.insert(base.clone());
+    }
     let mut packed = std::collections::HashSet::new();
     for module in lists.iter().flat_map(|(_, l)| l) {
         if !packed.insert(module) {
@@ -187,12 +269,8 @@ fn pack_initrd(
             .map_err(io)?;
     }
     for (name, list) in lists {
-        cpio.file(
-            &format!("lib/modules/{name}"),
-            0o644,
-            list.join("\n").as_bytes(),
-        )
-        .map_err(io)?;
+        cpio.file(&format!("{base}/{name}"), 0o644, list.join("\n").as_bytes())
+            .map_err(io)?;
     }
     let raw = cpio.finish().map_err(io)?;
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
@@ -204,4 +282,50 @@ fn write_atomic(path: &Path, data: &[u8]) -> Result<(), Error> {
     let tmp = path.with_extension("tmp");
     std::fs::write(&tmp, data).map_err(|e| Error::io(format!("write {}", tmp.display()), e))?;
     std::fs::rename(&tmp, path).map_err(|e| Error::io(format!("rename {}", path.display()), e))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Read;
+
+    use super::*;
+
+    fn unpacked(gz: &[u8]) -> String {
+        let mut raw = Vec::new();
+        flate2::read::GzDecoder::new(gz)
+            .read_to_end(&mut raw)
+            .unwrap();
+        String::from_utf8_lossy(&raw).into_owned()
+    }
+
+    #[test]
+    fn module_lists_sit_under_their_kernels_release() {
+        let dir = std::env::temp_dir().join(format!("vmlet-initrd-test-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("kernel/net")).unwrap();
+        std::fs::write(dir.join("kernel/net/vsock.ko"), b"module").unwrap();
+        let lists = vec![(
+            "vmlet-modules.list".to_owned(),
+            vec!["kernel/net/vsock.ko".to_owned()],
+        )];
+        let image = unpacked(&pack_initrd(b"agent", &dir, "6.1.0-cloud", &lists).unwrap());
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(image.contains("lib/modules/6.1.0-cloud/vmlet-modules.list"));
+        assert!(image.contains("lib/modules/6.1.0-cloud/kernel/net/vsock.ko"));
+        // Not where a kernel of another release (the lean one) would look.
+        assert!(!image.contains("lib/modules/vmlet-modules.list"));
+    }
+
+    #[test]
+    fn a_kernel_without_modules_gets_the_agent_alone() {
+        let image =
+            unpacked(&pack_initrd(b"AGENT", Path::new("/nonexistent"), "6.1", &[]).unwrap());
+        assert!(image.contains("init") && image.contains("AGENT"));
+        assert!(!image.contains("vmlet-modules") && !image.contains("lib/modules/6.1"));
+    }
+
+    #[test]
+    fn each_kernel_has_its_file_name() {
+        assert_eq!(Kernel::Lean.file_name(), "vmlinux");
+        assert_eq!(Kernel::Cloud { deb: None }.file_name(), "vmlinuz");
+    }
 }

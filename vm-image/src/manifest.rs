@@ -9,11 +9,13 @@ use crate::Error;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Manifest {
+    /// `vmlinux` (the lean kernel) or `vmlinuz` (the Debian cloud kernel).
+    pub kernel_file: String,
     pub kernel_release: String,
     pub kernel_package: String,
     pub agent_version: String,
     pub modules: Vec<String>,
-    pub vmlinuz_sha256: String,
+    pub kernel_sha256: String,
     pub initrd_sha256: String,
     /// Hash of everything the image was built from.
     pub inputs_sha256: String,
@@ -57,7 +59,7 @@ impl Manifest {
             return Ok(None);
         }
         for (file, hash) in [
-            ("vmlinuz", &manifest.vmlinuz_sha256),
+            (manifest.kernel_file.as_str(), &manifest.kernel_sha256),
             ("initrd.img", &manifest.initrd_sha256),
         ] {
             match sha256_file(&dir.join(file)) {

@@ -20,7 +20,7 @@ pub const GUEST_MODULES: &[&str] = &[
 ];
 
 /// Modules a disk driver needs, packed but loaded only when the first disk of that driver
-/// is attached (the list goes to `/lib/modules/vmlet-modules.<driver>.list`). virtio-blk is
+/// is attached (the list goes to `/lib/modules/<release>/vmlet-modules.<driver>.list`). virtio-blk is
 /// in the boot list; NVMe is built into the kernel; SCSI needs these.
 pub const DRIVER_MODULES: &[(&str, &[&str])] = &[("scsi", &["virtio_scsi", "sd_mod"])];
 

@@ -4,14 +4,18 @@
 //! - floor: median of 5 runs of QEMU started directly (no libvirt, no shim) on the same
 //!   kernel and initramfs, with its own vhost-device-vsock, until the agent answers a ping,
 //!   then powered off through the agent.
+//! - kernels: boot to the agent's answer (the floor's `guest_boot`) of the lean kernel and of
+//!   the Debian cloud kernel (`VMLET_CLOUD_GUEST_DIR`, which `scripts/stack` builds), both with
+//!   the cloud image's initramfs (the lean kernel finds no module list for its release in it
+//!   and loads nothing).
 //!
-//! Prints both, and the ratio; then where the time goes: the median of each phase the shim
+//! Prints each, and the ratios; then where the time goes: the median of each phase the shim
 //! logged for the vmlet runs (`phases of create|start ...` in containerd's log, see
 //! `vmlet_shim::phases`), what is left outside the shim (containerd, ctr, the teardown), and
 //! the floor's phases. Nothing is asserted.
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -106,22 +110,44 @@ fn print_vmlet_phases(stack: &Stack, runs: &[(Duration, String)]) -> anyhow::Res
     Ok(())
 }
 
+/// What a floor run boots.
+struct Guest {
+    kernel: PathBuf,
+    initrd: PathBuf,
+}
+
+impl Guest {
+    /// The kernel and initramfs of the image in `dir` (its manifest names the kernel's file).
+    fn of_image(dir: &str) -> anyhow::Result<Self> {
+        let manifest = std::fs::read_to_string(format!("{dir}/manifest.json"))
+            .with_context(|| format!("read {dir}/manifest.json"))?;
+        let manifest: serde_json::Value = serde_json::from_str(&manifest)?;
+        let file = manifest["kernel_file"]
+            .as_str()
+            .context("manifest.json names no kernel_file")?;
+        Ok(Guest {
+            kernel: Path::new(dir).join(file),
+            initrd: Path::new(dir).join("initrd.img"),
+        })
+    }
+}
+
 /// One floor run: its wall time and its phases (ms).
 async fn floor_once(
-    guest_dir: &str,
+    guest: &Guest,
     qemu: &str,
     vsock_bin: &str,
 ) -> anyhow::Result<(Duration, Vec<(String, u64)>)> {
     let dir = std::env::temp_dir().join(unique_id("vmlet-floor"));
     std::fs::create_dir_all(&dir)?;
-    let result = floor_in(&dir, guest_dir, qemu, vsock_bin).await;
+    let result = floor_in(&dir, guest, qemu, vsock_bin).await;
     let _ = std::fs::remove_dir_all(&dir);
     result
 }
 
 async fn floor_in(
     dir: &Path,
-    guest_dir: &str,
+    guest: &Guest,
     qemu: &str,
     vsock_bin: &str,
 ) -> anyhow::Result<(Duration, Vec<(String, u64)>)> {
@@ -175,9 +201,9 @@ async fn floor_in(
         .arg("-serial")
         .arg(format!("file:{}", dir.join("console.log").display()))
         .arg("-kernel")
-        .arg(format!("{guest_dir}/vmlinuz"))
+        .arg(&guest.kernel)
         .arg("-initrd")
-        .arg(format!("{guest_dir}/initrd.img"))
+        .arg(&guest.initrd)
         .args(["-append", "console=ttyS0 panic=-1 quiet"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -213,11 +239,12 @@ async fn main() -> anyhow::Result<()> {
     let stack = Stack::from_env()?;
     let qemu = "/usr/bin/qemu-system-x86_64";
     let vsock_bin = "/usr/local/bin/vhost-device-vsock";
+    let guest = Guest::of_image(&stack.guest_dir)?;
     let mut vmlet_runs = Vec::new();
     let mut floor = Vec::new();
     let mut floor_phases = PhaseTable::default();
     for i in 0..RUNS {
-        let (f, phases) = floor_once(&stack.guest_dir, qemu, vsock_bin).await?;
+        let (f, phases) = floor_once(&guest, qemu, vsock_bin).await?;
         let s = stack.clone();
         let (v, id) = tokio::task::spawn_blocking(move || vmlet_once(&s)).await??;
         println!(
@@ -240,7 +267,7 @@ async fn main() -> anyhow::Result<()> {
     );
     println!("bench-start: floor (direct QEMU, same kernel+initramfs, until agent ping, power off) median {:.3} s", f.as_secs_f64());
     println!(
-        "bench-start: ratio {:.2} (target <= 1.5)",
+        "bench-start: ratio {:.2} (target <= 1.10)",
         v.as_secs_f64() / f.as_secs_f64()
     );
     print_vmlet_phases(&stack, &vmlet_runs)?;
@@ -248,7 +275,45 @@ async fn main() -> anyhow::Result<()> {
         "bench-start: floor phases (median ms): {}",
         floor_phases.medians()
     );
+    compare_kernels(&guest, qemu, vsock_bin).await?;
     idle_pod_memory(&stack)
+}
+
+/// Boot to the agent's answer of vmlet's kernel and of the Debian cloud kernel, on the cloud
+/// image's initramfs, alternating run by run.
+async fn compare_kernels(guest: &Guest, qemu: &str, vsock_bin: &str) -> anyhow::Result<()> {
+    let cloud_dir = std::env::var("VMLET_CLOUD_GUEST_DIR").context(
+        "VMLET_CLOUD_GUEST_DIR (the cloud kernel's image, from scripts/stack) is not set",
+    )?;
+    let cloud = Guest::of_image(&cloud_dir)?;
+    if cloud.kernel == guest.kernel {
+        println!("bench-start: kernels: vmlet's kernel is the cloud kernel; nothing to compare");
+        return Ok(());
+    }
+    let ours = Guest {
+        kernel: guest.kernel.clone(),
+        initrd: cloud.initrd.clone(),
+    };
+    let boot_ms = |phases: Vec<(String, u64)>| {
+        phases
+            .into_iter()
+            .find(|(p, _)| p == "guest_boot")
+            .map(|(_, ms)| ms)
+            .context("the floor measured no guest_boot")
+    };
+    let (mut lean, mut debian) = (Vec::new(), Vec::new());
+    for _ in 0..RUNS {
+        lean.push(boot_ms(floor_once(&ours, qemu, vsock_bin).await?.1)?);
+        debian.push(boot_ms(floor_once(&cloud, qemu, vsock_bin).await?.1)?);
+    }
+    let (l, d) = (median(lean), median(debian));
+    println!(
+        "bench-start: kernels: boot to agent (same initramfs) median: {} {l} ms, Debian cloud kernel {} {d} ms, ratio {:.2} (target <= 0.5)",
+        guest.kernel.display(),
+        cloud.kernel.display(),
+        l as f64 / d as f64
+    );
+    Ok(())
 }
 
 /// Host memory of one idle pod (default 256 MiB guest): the RSS of its QEMU, virtiofsd,
@@ -314,6 +379,16 @@ fn idle_pod_memory(stack: &Stack) -> anyhow::Result<()> {
     // 14's measure: their sum is what the pod costs the host).
     print_memory("RSS", parts.iter().map(|(n, rss, _)| (*n, *rss)));
     print_memory("PSS", parts.iter().map(|(n, _, pss)| (*n, *pss)));
+    let pss_mib = parts.iter().map(|(_, _, pss)| pss).sum::<u64>() / 1024;
+    let shim_rss_mib = parts
+        .iter()
+        .filter(|(n, _, _)| n.starts_with("containerd-shim"))
+        .map(|(_, rss, _)| rss)
+        .sum::<u64>()
+        / 1024;
+    println!(
+        "bench-start: idle pod against issue 14's targets: PSS {pss_mib} MiB (target <= 80), shim RSS {shim_rss_mib} MiB (target <= 10)"
+    );
     Ok(())
 }
 

@@ -264,9 +264,15 @@ fn an_agent_slower_than_the_configured_timeout_fails_the_create_with_the_console
     let s = stack();
     let id = unique_id("slowagent");
     let stderr = {
-        let original = std::fs::read_to_string(std::env::var("VMLET_CONFIG").unwrap()).unwrap();
-        // TCG boots in about 2 s: one second is too short.
-        let _swap = ConfigSwap::with(&format!("agent_timeout_secs = 1\n{original}"));
+        // The guest boots in under a second: the agent's slow-boot fault holds it back 3 s.
+        let _swap = ConfigSwap::edited(|original| {
+            assert!(original.contains("[guest]\n"), "{original}");
+            let guest = "[guest]\nkernel_params = \"vmlet.fault=slow-boot\"\n";
+            format!(
+                "agent_timeout_secs = 1\n{}",
+                original.replacen("[guest]\n", guest, 1)
+            )
+        });
         failed_start(&s, &id, &[]).0
     };
     assert!(

@@ -403,21 +403,40 @@ async fn a_cri_pods_vm_runs_in_the_pods_cgroup() {
         }
     }
     println!("pod cgroup {cgroup}: {placed:?}");
-    // The pod's memory usage includes the VM's (v1 memory controller here, v2 elsewhere).
-    let usage = ["/sys/fs/cgroup/memory", "/sys/fs/cgroup"]
-        .iter()
-        .find_map(|root| {
-            let base = format!("{root}{cgroup}");
-            std::fs::read_to_string(format!("{base}/memory.usage_in_bytes"))
-                .or_else(|_| std::fs::read_to_string(format!("{base}/memory.current")))
-                .ok()
-        })
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .expect("the pod cgroup's memory usage");
-    println!("pod cgroup memory usage: {} MiB", usage >> 20);
+    // The pod's memory usage includes the VM's (v1 memory controller here, v2 elsewhere):
+    // what the guest fills after the pod started shows in the pod's cgroup.
+    let usage = || {
+        ["/sys/fs/cgroup/memory", "/sys/fs/cgroup"]
+            .iter()
+            .find_map(|root| {
+                let base = format!("{root}{cgroup}");
+                std::fs::read_to_string(format!("{base}/memory.usage_in_bytes"))
+                    .or_else(|_| std::fs::read_to_string(format!("{base}/memory.current")))
+                    .ok()
+            })
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .expect("the pod cgroup's memory usage")
+    };
+    let before = usage();
+    // 48 MiB into the container's /dev/shm, a tmpfs in the guest's memory.
+    let fill = "head -c 50331648 /dev/zero > /dev/shm/fill && echo filled && sleep 1000";
+    cri.create_and_start(&pod, &config, "fill", &s.image, &["sh", "-c", fill])
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut after = usage();
+    while after < before + (40 << 20) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(500));
+        after = usage();
+    }
+    println!(
+        "pod cgroup memory usage: {} MiB, then {} MiB with 48 MiB filled in the guest",
+        before >> 20,
+        after >> 20
+    );
     assert!(
-        usage > 64 << 20,
-        "the VM's memory is not counted: {usage} bytes"
+        after >= before + (40 << 20),
+        "the VM's memory is not counted: {before} bytes, then {after} with 48 MiB filled"
     );
 
     cri.remove_pod(&pod).await.unwrap();

@@ -83,6 +83,8 @@ pub struct DomainParams {
     pub name: String,
     pub pod_id: String,
     pub kvm: bool,
+    /// QEMU's translation cache (MiB) when `kvm` is off.
+    pub tcg_translation_cache_mib: u64,
     pub vcpus: u32,
     pub memory_mib: u64,
     /// The virtio-mem region the VM may grow by (0: it cannot grow); a multiple of
@@ -190,7 +192,15 @@ impl Domain {
                 initrd: p.initrd.clone(),
                 cmdline: p.cmdline.clone(),
             },
-            features: Features { acpi: Empty {} },
+            features: Features {
+                acpi: Empty {},
+                tcg: (!p.kvm).then_some(Tcg {
+                    tb_cache: Memory {
+                        unit: "MiB",
+                        value: p.tcg_translation_cache_mib,
+                    },
+                }),
+            },
             cpu: Cpu::with_numa(Cpu::for_model(p.cpu_model.as_ref(), p.kvm), p),
             on_poweroff: "destroy",
             on_reboot: "destroy",
@@ -224,7 +234,17 @@ impl Domain {
                     kind: "usb",
                     model: "none",
                 }],
-                memballoon: ModelAttr { model: "none" },
+                memballoon: Memballoon {
+                    model: "virtio",
+                    free_page_reporting: "on",
+                    address: PciAddress {
+                        kind: "pci",
+                        domain: "0x0000",
+                        bus: "0x00",
+                        slot: crate::pci_layout::hex(crate::pci_layout::BALLOON),
+                        function: "0x0",
+                    },
+                },
                 memory: (p.hotplug_mib > 0).then(|| MemoryDevice {
                     model: "virtio-mem",
                     target: MemoryTarget {
@@ -276,6 +296,7 @@ mod tests {
             name: "vmlet-t1".into(),
             pod_id: "t1".into(),
             kvm: false,
+            tcg_translation_cache_mib: 16,
             vcpus: 2,
             memory_mib: 512,
             hotplug_mib: 0,
@@ -323,6 +344,8 @@ mod tests {
             "<qemu:arg value=\"chardev=vmlet-qmp,mode=control\"/>",
             "<qemu:arg value=\"pcie-root-port,id=vmlet-hp3,bus=pcie.0,addr=0x1d,chassis=203,port=0x23\"/>",
             "<vmlet:pod xmlns:vmlet=\"https://vmlet.io/xmlns/domain/1\" id=\"t1\"/>",
+            "<features><acpi/><tcg><tb-cache unit=\"MiB\">16</tb-cache></tcg></features>",
+            "<memballoon model=\"virtio\" freePageReporting=\"on\"><address type=\"pci\" domain=\"0x0000\" bus=\"0x00\" slot=\"0x1e\" function=\"0x0\"/></memballoon>",
         ] {
             assert!(xml.contains(expected), "missing {expected} in\n{xml}");
         }
@@ -338,6 +361,10 @@ mod tests {
         assert!(xml.contains("<cpu mode=\"host-passthrough\"/>"), "{xml}");
         assert!(xml.contains("<vsock model=\"virtio\">"), "{xml}");
         assert!(!xml.contains("vhost-user-vsock-pci"), "{xml}");
+        assert!(
+            !xml.contains("<tcg>"),
+            "KVM has no translation cache: {xml}"
+        );
     }
 
     #[test]

@@ -104,6 +104,15 @@ pub struct OsType {
 #[derive(Debug, Serialize)]
 pub struct Features {
     pub acpi: Empty,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tcg: Option<Tcg>,
+}
+
+/// TCG's settings (a domain of type `qemu` only).
+#[derive(Debug, Serialize)]
+pub struct Tcg {
+    #[serde(rename = "tb-cache")]
+    pub tb_cache: Memory,
 }
 
 #[derive(Debug, Serialize, Default)]
@@ -170,9 +179,20 @@ pub struct Devices {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub vsock: Option<Vsock>,
     pub controller: Vec<Controller>,
-    pub memballoon: ModelAttr,
+    pub memballoon: Memballoon,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub memory: Option<MemoryDevice>,
+}
+
+/// A virtio balloon that only reports the guest's free pages, so that the host takes them
+/// back (it is never inflated).
+#[derive(Debug, Serialize)]
+pub struct Memballoon {
+    #[serde(rename = "@model")]
+    pub model: &'static str,
+    #[serde(rename = "@freePageReporting")]
+    pub free_page_reporting: &'static str,
+    pub address: PciAddress,
 }
 
 /// A virtio-mem device: a region the shim plugs into the running guest block by block
@@ -263,12 +283,6 @@ pub struct Cid {
 pub struct Controller {
     #[serde(rename = "@type")]
     pub kind: &'static str,
-    #[serde(rename = "@model")]
-    pub model: &'static str,
-}
-
-#[derive(Debug, Serialize)]
-pub struct ModelAttr {
     #[serde(rename = "@model")]
     pub model: &'static str,
 }

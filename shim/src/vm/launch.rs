@@ -57,6 +57,7 @@ pub(super) async fn start(
         name: name.clone(),
         pod_id: pod_id.into(),
         kvm: devices.kvm,
+        tcg_translation_cache_mib: config.guest.tcg_translation_cache_mib,
         vcpus: shape.vcpus,
         memory_mib: shape.memory_mib,
         hotplug_mib: req.memory.region_mib,

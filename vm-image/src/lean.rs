@@ -1,0 +1,198 @@
+//! The lean guest kernel: Debian's kernel source package built with `make allnoconfig` and
+//! the options of `kernel/vmlet.config` (each commented with why the guest needs it), into an
+//! uncompressed `vmlinux` that QEMU starts at its PVH entry point. No modules: everything the
+//! guest needs is built in.
+//!
+//! The result is cached under `cache/lean-<hash>` by the source package's file name (it
+//! carries its version), the fragment and this builder's version; the source tree is removed
+//! once the kernel is built.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::kernel::{find_deb, run};
+use crate::{manifest, progress, Error};
+
+/// Debian's kernel source package the lean kernel is built from.
+pub const SOURCE_PACKAGE: &str = "linux-source-6.1";
+
+/// The configuration fragment, kept in the repository.
+pub const FRAGMENT: &str = include_str!("../kernel/vmlet.config");
+
+/// A built lean kernel.
+pub struct LeanKernel {
+    /// The uncompressed ELF kernel with a PVH note.
+    pub vmlinux: PathBuf,
+    /// `make kernelrelease`.
+    pub release: String,
+    /// The source package's file name.
+    pub source: String,
+}
+
+/// The options the fragment sets (`CONFIG_X=y` lines), in order.
+pub fn fragment_options(fragment: &str) -> Vec<&str> {
+    fragment
+        .lines()
+        .map(str::trim)
+        .filter(|l| l.starts_with("CONFIG_"))
+        .collect()
+}
+
+/// The fragment's options that `.config` does not hold as written: kconfig dropped them
+/// because a dependency is off (or the option does not exist in this source).
+pub fn dropped_options<'a>(fragment: &'a str, config: &str) -> Vec<&'a str> {
+    let set: std::collections::HashSet<&str> = config.lines().map(str::trim).collect();
+    fragment_options(fragment)
+        .into_iter()
+        .filter(|o| !set.contains(o))
+        .collect()
+}
+
+/// Builds the lean kernel into `cache` unless a build of the same inputs is there.
+pub fn build(cache: &Path) -> Result<LeanKernel, Error> {
+    let deb = download_source(cache)?;
+    let source = deb
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let key = manifest::inputs_hash(&[&source, FRAGMENT, env!("CARGO_PKG_VERSION")]);
+    let dir = cache.join(format!("lean-{}", &key[..16]));
+    let vmlinux = dir.join("vmlinux");
+    let release_file = dir.join("release");
+    if let (true, Ok(release)) = (vmlinux.exists(), std::fs::read_to_string(&release_file)) {
+        return Ok(LeanKernel {
+            vmlinux,
+            release: release.trim().to_owned(),
+            source,
+        });
+    }
+    let tree = cache.join("lean-build");
+    let _ = std::fs::remove_dir_all(&tree);
+    std::fs::create_dir_all(&tree).map_err(|e| Error::io("create kernel build dir", e))?;
+    // make runs in the tree: the paths it is given (the fragment's) must not be relative.
+    let tree = tree
+        .canonicalize()
+        .map_err(|e| Error::io("resolve kernel build dir", e))?;
+    let result = build_in(&deb, &tree, &dir);
+    let _ = std::fs::remove_dir_all(&tree);
+    let release = result?;
+    std::fs::write(&release_file, &release).map_err(|e| Error::io("write release", e))?;
+    Ok(LeanKernel {
+        vmlinux,
+        release,
+        source,
+    })
+}
+
+fn download_source(cache: &Path) -> Result<PathBuf, Error> {
+    std::fs::create_dir_all(cache).map_err(|e| Error::io("create cache dir", e))?;
+    if let Some(deb) = find_deb(cache, SOURCE_PACKAGE)? {
+        return Ok(deb);
+    }
+    progress(&format!("downloading {SOURCE_PACKAGE}"));
+    run(Command::new("apt-get")
+        .args(["download", "-q", SOURCE_PACKAGE])
+        .current_dir(cache))?;
+    find_deb(cache, SOURCE_PACKAGE)?
+        .ok_or_else(|| Error::Kernel(format!("apt-get download {SOURCE_PACKAGE} left no .deb")))
+}
+
+/// Unpacks the source, configures and builds it in `tree`; writes `vmlinux` and `config`
+/// into `out`; returns the kernel release.
+fn build_in(deb: &Path, tree: &Path, out: &Path) -> Result<String, Error> {
+    progress(&format!("unpacking {}", deb.display()));
+    let tarball = format!("./usr/src/{SOURCE_PACKAGE}.tar.xz");
+    run(Command::new("sh")
+        .arg("-c")
+        .arg(
+            r#"dpkg-deb --fsys-tarfile "$1" | tar -xO "$2" | tar -xJ -C "$3" --strip-components=1"#,
+        )
+        .arg("sh")
+        .arg(deb)
+        .arg(&tarball)
+        .arg(tree))?;
+    let fragment = tree.join("vmlet.config");
+    std::fs::write(&fragment, FRAGMENT).map_err(|e| Error::io("write config fragment", e))?;
+    let make = |args: &[&str]| {
+        let mut command = Command::new("make");
+        command
+            .arg("-C")
+            .arg(tree)
+            .arg("ARCH=x86_64")
+            .args(args)
+            .env("KCONFIG_ALLCONFIG", &fragment);
+        command
+    };
+    run(&mut make(&["allnoconfig"]))?;
+    let config = std::fs::read_to_string(tree.join(".config"))
+        .map_err(|e| Error::io("read the kernel's .config", e))?;
+    let dropped = dropped_options(FRAGMENT, &config);
+    if !dropped.is_empty() {
+        return Err(Error::Kernel(format!(
+            "kernel/vmlet.config: {SOURCE_PACKAGE} did not take {} (a dependency is off or \
+             the option does not exist)",
+            dropped.join(", ")
+        )));
+    }
+    let jobs = std::thread::available_parallelism().map_or(1, |n| n.get());
+    progress(&format!(
+        "building the lean kernel from {SOURCE_PACKAGE} ({jobs} jobs, a few minutes)"
+    ));
+    run(&mut make(&[&format!("-j{jobs}"), "vmlinux"]))?;
+    let release = run(&mut make(&["-s", "kernelrelease"]))?.trim().to_owned();
+    std::fs::create_dir_all(out).map_err(|e| Error::io("create lean kernel dir", e))?;
+    let tmp = out.join("vmlinux.tmp");
+    run(Command::new("objcopy")
+        .arg("--strip-debug")
+        .arg(tree.join("vmlinux"))
+        .arg(&tmp))?;
+    std::fs::copy(tree.join(".config"), out.join("config"))
+        .map_err(|e| Error::io("keep the kernel's .config", e))?;
+    std::fs::rename(&tmp, out.join("vmlinux")).map_err(|e| Error::io("keep vmlinux", e))?;
+    Ok(release)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_option_of_the_fragment_is_a_set_option_with_a_reason() {
+        let options = fragment_options(FRAGMENT);
+        assert!(options.len() > 50);
+        let lines: Vec<&str> = FRAGMENT.lines().collect();
+        for (i, line) in lines.iter().enumerate() {
+            if !line.starts_with("CONFIG_") {
+                continue;
+            }
+            assert!(
+                line.ends_with("=y"),
+                "{line}: the fragment only switches on"
+            );
+            // Each option is under a comment: directly, or through the options above it.
+            let above = lines[..i]
+                .iter()
+                .rev()
+                .find(|l| !l.starts_with("CONFIG_"))
+                .unwrap();
+            assert!(above.starts_with('#'), "{line} has no comment saying why");
+        }
+        for needed in [
+            "CONFIG_PVH=y",
+            "CONFIG_VIRTIO_VSOCKETS=y",
+            "CONFIG_VIRTIO_FS=y",
+        ] {
+            assert!(options.contains(&needed), "{needed}");
+        }
+    }
+
+    #[test]
+    fn an_option_kconfig_dropped_is_named() {
+        let fragment = "# why\nCONFIG_A=y\nCONFIG_B=y\n";
+        assert!(dropped_options(fragment, "CONFIG_A=y\nCONFIG_B=y\n").is_empty());
+        assert_eq!(
+            dropped_options(fragment, "CONFIG_A=y\n# CONFIG_B is not set\n"),
+            vec!["CONFIG_B=y"]
+        );
+    }
+}
