@@ -2,7 +2,7 @@
 # and `make test`; .ci/run calls `make test`.
 SHELL := /bin/bash
 
-.PHONY: demo test test-matrix unit mutants fuzz e2e smoke critest bench-start bench-exec bench-net lint stack-up stack-down
+.PHONY: demo test test-matrix unit mutants fuzz e2e smoke critest bench bench-start bench-exec bench-net bench-density lint stack-up stack-down
 
 ## demo: boot a container in a VM with ctr against the embedded defaults, then tear down.
 demo:
@@ -36,7 +36,7 @@ lint:
 	cargo clippy --workspace --all-targets --locked -- -D warnings
 	scripts/deny
 
-## e2e / smoke / critest / bench-start / bench-exec / bench-net: against a stack that is already up (eval "$$(scripts/stack up)").
+## e2e / smoke / critest / bench / bench-*: against a stack that is already up (eval "$$(scripts/stack up)").
 e2e:
 	scripts/e2e
 
@@ -48,6 +48,10 @@ smoke:
 critest:
 	scripts/critest
 
+## bench: every benchmark, then one table of their figures beside their baselines and targets.
+bench:
+	scripts/bench
+
 bench-start:
 	cargo run --locked --release -p vmlet-integration --bin bench-start
 
@@ -56,6 +60,10 @@ bench-exec:
 
 bench-net:
 	cargo run --locked --release -p vmlet-integration --bin bench-net
+
+## bench-density: 20 idle pods created 4 at a time, an exec into each, memory per pod.
+bench-density:
+	cargo run --locked --release -p vmlet-integration --bin bench-density
 
 stack-up:
 	scripts/stack up

@@ -61,10 +61,11 @@ pub struct GuestConfig {
     /// Memory (MiB) added to a pod's memory limit when the VM is sized from limits: the
     /// guest kernel and agent live beside the containers.
     pub overhead_memory_mib: u64,
-    /// Size (MiB) of QEMU's translation cache when it emulates the CPU (TCG, no KVM): the
-    /// code it translated so far, which counts in every pod's host memory. QEMU's own
-    /// default (1 GiB, filled as the guest runs new code) is traded for a cap.
-    pub tcg_translation_cache_mib: u64,
+    /// A cap (MiB) on QEMU's translation cache when it emulates the CPU (TCG, no KVM): the
+    /// code it translated so far, which counts in every pod's host memory. Unset: QEMU's
+    /// own default (up to 1 GiB, filled as the guest runs new code; ~42 MiB in an idle
+    /// pod). A small cap saves memory and costs re-translation (`docs/performance.md`).
+    pub tcg_translation_cache_mib: Option<u64>,
 }
 
 impl Default for GuestConfig {
@@ -80,7 +81,7 @@ impl Default for GuestConfig {
             kernel_params: String::new(),
             overhead_vcpus: 0,
             overhead_memory_mib: 128,
-            tcg_translation_cache_mib: 16,
+            tcg_translation_cache_mib: None,
         }
     }
 }
@@ -244,7 +245,7 @@ impl NodeConfig {
                 ),
             );
         }
-        if g.tcg_translation_cache_mib == 0 {
+        if g.tcg_translation_cache_mib == Some(0) {
             return invalid(
                 "guest.tcg_translation_cache_mib",
                 "must be at least 1".into(),
@@ -337,6 +338,9 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("guest.tcg_translation_cache_mib"), "{err}");
+        let capped = parse("[guest]\ntcg_translation_cache_mib = 16\n").unwrap();
+        assert_eq!(capped.guest.tcg_translation_cache_mib, Some(16));
+        assert_eq!(parse("").unwrap().guest.tcg_translation_cache_mib, None);
     }
 
     #[test]

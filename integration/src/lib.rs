@@ -11,6 +11,7 @@ use anyhow::{bail, Context};
 
 pub mod bounded;
 pub mod cri;
+pub mod figures;
 pub mod terminal;
 pub mod testnet;
 

@@ -11,6 +11,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
+use vmlet_integration::figures::figure;
 use vmlet_integration::testnet::TestNet;
 use vmlet_integration::{unique_id, Stack, RUNTIME};
 
@@ -141,5 +142,17 @@ fn main() -> anyhow::Result<()> {
     let (vm_in, vm_out) = vmlet(&stack, &image)?;
     println!("bench-net: host -> pod: vmlet {vm_in:.2} Gbit/s, plain netns {base_in:.2} Gbit/s, ratio {:.2}", vm_in / base_in);
     println!("bench-net: pod -> host: vmlet {vm_out:.2} Gbit/s, plain netns {base_out:.2} Gbit/s, ratio {:.2}", vm_out / base_out);
+    for (way, vm, base) in [
+        ("host -> pod", vm_in, base_in),
+        ("pod -> host", vm_out, base_out),
+    ] {
+        figure(
+            &format!("network {way}"),
+            format!("{vm:.2} Gbit/s"),
+            format!("plain netns {base:.2} Gbit/s"),
+            Some(vm / base),
+            "-",
+        );
+    }
     Ok(())
 }

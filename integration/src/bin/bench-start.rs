@@ -20,6 +20,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
+use vmlet_integration::figures::figure;
 use vmlet_integration::{unique_id, Stack};
 use vmlet_protocol::agent::ShutdownRequest;
 use vmlet_shim::vm::connect_agent;
@@ -270,6 +271,13 @@ async fn main() -> anyhow::Result<()> {
         "bench-start: ratio {:.2} (target <= 1.10)",
         v.as_secs_f64() / f.as_secs_f64()
     );
+    figure(
+        "cold start (ctr run --rm ... true)",
+        format!("{:.2} s", v.as_secs_f64()),
+        format!("floor {:.2} s", f.as_secs_f64()),
+        Some(v.as_secs_f64() / f.as_secs_f64()),
+        "<= 1.10",
+    );
     print_vmlet_phases(&stack, &vmlet_runs)?;
     println!(
         "bench-start: floor phases (median ms): {}",
@@ -312,6 +320,13 @@ async fn compare_kernels(guest: &Guest, qemu: &str, vsock_bin: &str) -> anyhow::
         guest.kernel.display(),
         cloud.kernel.display(),
         l as f64 / d as f64
+    );
+    figure(
+        "lean kernel boot to agent",
+        format!("{l} ms"),
+        format!("cloud kernel {d} ms"),
+        Some(l as f64 / d as f64),
+        "<= 0.5",
     );
     Ok(())
 }
@@ -386,8 +401,19 @@ fn idle_pod_memory(stack: &Stack) -> anyhow::Result<()> {
         .map(|(_, rss, _)| rss)
         .sum::<u64>()
         / 1024;
-    println!(
-        "bench-start: idle pod against issue 14's targets: PSS {pss_mib} MiB (target <= 80), shim RSS {shim_rss_mib} MiB (target <= 10)"
+    figure(
+        "idle pod host memory (PSS)",
+        format!("{pss_mib} MiB"),
+        "-",
+        None,
+        "<= 80 MiB",
+    );
+    figure(
+        "idle pod's shim (RSS)",
+        format!("{shim_rss_mib} MiB"),
+        "-",
+        None,
+        "<= 10 MiB",
     );
     Ok(())
 }

@@ -83,8 +83,8 @@ pub struct DomainParams {
     pub name: String,
     pub pod_id: String,
     pub kvm: bool,
-    /// QEMU's translation cache (MiB) when `kvm` is off.
-    pub tcg_translation_cache_mib: u64,
+    /// A cap on QEMU's translation cache (MiB) when `kvm` is off (none: QEMU's default).
+    pub tcg_translation_cache_mib: Option<u64>,
     pub vcpus: u32,
     pub memory_mib: u64,
     /// The virtio-mem region the VM may grow by (0: it cannot grow); a multiple of
@@ -194,12 +194,15 @@ impl Domain {
             },
             features: Features {
                 acpi: Empty {},
-                tcg: (!p.kvm).then_some(Tcg {
-                    tb_cache: Memory {
-                        unit: "MiB",
-                        value: p.tcg_translation_cache_mib,
-                    },
-                }),
+                tcg: p
+                    .tcg_translation_cache_mib
+                    .filter(|_| !p.kvm)
+                    .map(|mib| Tcg {
+                        tb_cache: Memory {
+                            unit: "MiB",
+                            value: mib,
+                        },
+                    }),
             },
             cpu: Cpu::with_numa(Cpu::for_model(p.cpu_model.as_ref(), p.kvm), p),
             on_poweroff: "destroy",
@@ -296,7 +299,7 @@ mod tests {
             name: "vmlet-t1".into(),
             pod_id: "t1".into(),
             kvm: false,
-            tcg_translation_cache_mib: 16,
+            tcg_translation_cache_mib: Some(16),
             vcpus: 2,
             memory_mib: 512,
             hotplug_mib: 0,
@@ -365,6 +368,14 @@ mod tests {
             !xml.contains("<tcg>"),
             "KVM has no translation cache: {xml}"
         );
+    }
+
+    #[test]
+    fn tcg_keeps_qemus_translation_cache_unless_the_node_caps_it() {
+        let mut p = params(VsockDevice::Vhost);
+        p.tcg_translation_cache_mib = None;
+        let xml = Domain::new(&p).to_xml().unwrap();
+        assert!(!xml.contains("<tcg>"), "{xml}");
     }
 
     #[test]
