@@ -34,8 +34,10 @@ pub mod launch;
 mod logger;
 mod network;
 mod privileges;
+mod process_stdio;
 mod pty;
 mod reaper;
+mod request_specs;
 mod service;
 mod streams;
 

@@ -1,14 +1,11 @@
 //! The ttrpc `Agent` service: requests become calls on [`Containers`].
 
-use std::fs::File;
-use std::os::fd::OwnedFd;
-use std::path::{Component, Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use nix::fcntl::OFlag;
 use nix::sys::signal::{kill, Signal};
-use nix::unistd::{pipe2, Pid};
+use nix::unistd::Pid;
 use ttrpc::r#async::{Server, TtrpcContext};
 use vmlet_protocol::agent::{
     self as proto, ConfigureNetworkRequest, ContainerRequest, CreateContainerRequest,
@@ -21,10 +18,12 @@ use vmlet_protocol::{agent_ttrpc, AGENT_PORT};
 
 use crate::boot::Boot;
 use crate::cgroup::Cgroup;
-use crate::containers::{Container, Containers, HostEnds, Process};
-use crate::init_spec::{ExecSpec, InitSpec, MountSpec, ProcessSpec, RlimitSpec};
-use crate::launch::{launch, ChildStdio, Helper};
+use crate::containers::{Container, Containers, Process};
+use crate::init_spec::{ExecSpec, MountSpec, ProcessSpec};
+use crate::launch::{launch, Helper};
+use crate::process_stdio::{stdio_for, Terminal};
 use crate::reaper::Reaper;
+use crate::request_specs::{init_spec, process_spec};
 use crate::Error;
 
 pub struct AgentService {
@@ -70,192 +69,6 @@ pub async fn serve(boot: Boot) -> Result<(), Error> {
         }
     });
     crate::streams::serve(containers).await
-}
-
-/// A path below the share (rootfs, bind source): relative, no `..`.
-fn rootfs_path(share: &Path, rootfs: &str) -> Result<PathBuf, Error> {
-    let relative = Path::new(rootfs);
-    let clean = relative
-        .components()
-        .all(|c| matches!(c, Component::Normal(_)));
-    if rootfs.is_empty() || !clean {
-        return Err(Error::InvalidRequest(format!(
-            "{rootfs:?} must be a relative path inside the share"
-        )));
-    }
-    Ok(share.join(relative))
-}
-
-/// Capacity asked for stdio pipes (the default 64 KiB makes a writer wait on every
-/// round trip to the host).
-const PIPE_SIZE: i32 = 1024 * 1024;
-
-fn pipe_pair() -> Result<(OwnedFd, OwnedFd), Error> {
-    let (r, w) = pipe2(OFlag::O_CLOEXEC).map_err(|e| Error::io("pipe", e.into()))?;
-    // Best effort: a smaller pipe only costs speed.
-    let _ = nix::fcntl::fcntl(&w, nix::fcntl::FcntlArg::F_SETPIPE_SZ(PIPE_SIZE));
-    Ok((r, w))
-}
-
-fn dev_null() -> Result<OwnedFd, Error> {
-    File::options()
-        .read(true)
-        .write(true)
-        .open("/dev/null")
-        .map(OwnedFd::from)
-        .map_err(|e| Error::io("open /dev/null", e))
-}
-
-/// The child's stdio and the agent's ends: pipes for the streams the host asked for,
-/// `/dev/null` for the others; with a terminal, the pty slave for all three (and its master
-/// for stdin and output, and as the third value for window-size changes).
-/// Whether a process gets a terminal, and from which devpts.
-#[derive(Debug, Clone, Copy)]
-enum Terminal<'a> {
-    None,
-    /// The guest's devpts.
-    Guest,
-    /// The devpts whose `ptmx` this is (a container's).
-    Devpts(&'a Path),
-}
-
-fn stdio_for(
-    stdio: Option<&proto::Stdio>,
-    terminal: Terminal<'_>,
-) -> Result<(ChildStdio, HostEnds, Option<OwnedFd>), Error> {
-    let pty = match terminal {
-        Terminal::None => None,
-        Terminal::Guest => Some(crate::pty::open()?),
-        Terminal::Devpts(ptmx) => Some(crate::pty::open_in(ptmx)?),
-    };
-    if let Some((master, slave)) = pty {
-        let dup = |fd: &OwnedFd| fd.try_clone().map_err(|e| Error::io("dup pty", e));
-        let wants = |f: fn(&proto::Stdio) -> bool| stdio.is_some_and(f);
-        let host = HostEnds {
-            stdin: wants(|s| s.stdin).then(|| dup(&master)).transpose()?,
-            stdout: wants(|s| s.stdout).then(|| dup(&master)).transpose()?,
-            stderr: None,
-            terminal: true,
-        };
-        let child = ChildStdio {
-            stdin: dup(&slave)?,
-            stdout: dup(&slave)?,
-            stderr: slave,
-        };
-        return Ok((child, host, Some(master)));
-    }
-    let mut host = HostEnds::default();
-    let stdin = if stdio.is_some_and(|s| s.stdin) {
-        let (r, w) = pipe_pair()?;
-        host.stdin = Some(w);
-        r
-    } else {
-        dev_null()?
-    };
-    let output = |wanted: bool, slot: &mut Option<OwnedFd>| -> Result<OwnedFd, Error> {
-        if wanted {
-            let (r, w) = pipe_pair()?;
-            *slot = Some(r);
-            Ok(w)
-        } else {
-            dev_null()
-        }
-    };
-    let stdout = output(stdio.is_some_and(|s| s.stdout), &mut host.stdout)?;
-    let stderr = output(stdio.is_some_and(|s| s.stderr), &mut host.stderr)?;
-    Ok((
-        ChildStdio {
-            stdin,
-            stdout,
-            stderr,
-        },
-        host,
-        None,
-    ))
-}
-
-/// The process part of a request, checked.
-fn process_spec(process: Option<&proto::Process>) -> Result<ProcessSpec, Error> {
-    let process = process.ok_or_else(|| Error::InvalidRequest("no process".into()))?;
-    if process.args.is_empty() {
-        return Err(Error::InvalidRequest("process has no args".into()));
-    }
-    let user = process.user.as_ref();
-    Ok(ProcessSpec {
-        args: process.args.clone(),
-        env: process.env.clone(),
-        cwd: process.cwd.clone(),
-        uid: user.map_or(0, |u| u.uid),
-        gid: user.map_or(0, |u| u.gid),
-        additional_gids: user.map_or_else(Vec::new, |u| u.additional_gids.clone()),
-        rlimits: process
-            .rlimits
-            .iter()
-            .map(|r| RlimitSpec {
-                resource: r.resource,
-                soft: r.soft,
-                hard: r.hard,
-            })
-            .collect(),
-        terminal: process.terminal,
-        capabilities: process
-            .capabilities
-            .as_ref()
-            .map(|c| crate::init_spec::CapabilitySpec {
-                bounding: c.bounding.clone(),
-                effective: c.effective.clone(),
-                permitted: c.permitted.clone(),
-                inheritable: c.inheritable.clone(),
-                ambient: c.ambient.clone(),
-            }),
-        no_new_privileges: process.no_new_privileges,
-        seccomp: process
-            .seccomp
-            .as_ref()
-            .map(|s| crate::init_spec::SeccompSpec {
-                program: s.program.clone(),
-                flags: s.flags,
-            }),
-    })
-}
-
-fn init_spec(share: &Path, req: &CreateContainerRequest) -> Result<InitSpec, Error> {
-    let process = process_spec(req.process.as_ref())?;
-    Ok(InitSpec {
-        rootfs: rootfs_path(share, &req.rootfs)?
-            .to_string_lossy()
-            .into_owned(),
-        readonly_rootfs: req.readonly_rootfs,
-        hostname: req.hostname.clone(),
-        mounts: req
-            .mounts
-            .iter()
-            .map(|m| {
-                // A bind's source is a path inside the share, where the shim put it.
-                let source = if m.type_ == "bind" {
-                    rootfs_path(share, &m.source)?
-                        .to_string_lossy()
-                        .into_owned()
-                } else {
-                    m.source.clone()
-                };
-                Ok(MountSpec {
-                    destination: m.destination.clone(),
-                    fstype: m.type_.clone(),
-                    source,
-                    options: m.options.clone(),
-                })
-            })
-            .collect::<Result<_, Error>>()?,
-        process,
-        join_namespaces: Vec::new(),
-        join_pid: 0,
-        devices: Vec::new(),
-        masked_paths: req.masked_paths.clone(),
-        sysctls: req.sysctls.clone().into_iter().collect(),
-        all_guest_devices: req.all_guest_devices,
-        readonly_paths: req.readonly_paths.clone(),
-    })
 }
 
 impl AgentService {
@@ -713,22 +526,5 @@ impl agent_ttrpc::Agent for AgentService {
             crate::boot::power_off();
         });
         Ok(Empty::default())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn rootfs_must_stay_inside_the_share() {
-        let share = Path::new("/run/vmlet/share");
-        assert_eq!(
-            rootfs_path(share, "c1/rootfs").unwrap(),
-            PathBuf::from("/run/vmlet/share/c1/rootfs")
-        );
-        for bad in ["", "/etc", "../x", "c1/../../x", "./c1"] {
-            assert!(rootfs_path(share, bad).is_err(), "{bad}");
-        }
     }
 }

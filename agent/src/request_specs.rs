@@ -1,0 +1,124 @@
+//! What a create or exec request asks for, checked and turned into the specs the container
+//! and exec helpers run: paths stay inside the share, a process has args.
+
+use std::path::{Component, Path, PathBuf};
+
+use vmlet_protocol::agent::{self as proto, CreateContainerRequest};
+
+use crate::init_spec::{InitSpec, MountSpec, ProcessSpec, RlimitSpec};
+use crate::Error;
+
+/// A path below the share (rootfs, bind source): relative, no `..`.
+fn rootfs_path(share: &Path, rootfs: &str) -> Result<PathBuf, Error> {
+    let relative = Path::new(rootfs);
+    let clean = relative
+        .components()
+        .all(|c| matches!(c, Component::Normal(_)));
+    if rootfs.is_empty() || !clean {
+        return Err(Error::InvalidRequest(format!(
+            "{rootfs:?} must be a relative path inside the share"
+        )));
+    }
+    Ok(share.join(relative))
+}
+
+/// The process part of a request, checked.
+pub(crate) fn process_spec(process: Option<&proto::Process>) -> Result<ProcessSpec, Error> {
+    let process = process.ok_or_else(|| Error::InvalidRequest("no process".into()))?;
+    if process.args.is_empty() {
+        return Err(Error::InvalidRequest("process has no args".into()));
+    }
+    let user = process.user.as_ref();
+    Ok(ProcessSpec {
+        args: process.args.clone(),
+        env: process.env.clone(),
+        cwd: process.cwd.clone(),
+        uid: user.map_or(0, |u| u.uid),
+        gid: user.map_or(0, |u| u.gid),
+        additional_gids: user.map_or_else(Vec::new, |u| u.additional_gids.clone()),
+        rlimits: process
+            .rlimits
+            .iter()
+            .map(|r| RlimitSpec {
+                resource: r.resource,
+                soft: r.soft,
+                hard: r.hard,
+            })
+            .collect(),
+        terminal: process.terminal,
+        capabilities: process
+            .capabilities
+            .as_ref()
+            .map(|c| crate::init_spec::CapabilitySpec {
+                bounding: c.bounding.clone(),
+                effective: c.effective.clone(),
+                permitted: c.permitted.clone(),
+                inheritable: c.inheritable.clone(),
+                ambient: c.ambient.clone(),
+            }),
+        no_new_privileges: process.no_new_privileges,
+        seccomp: process
+            .seccomp
+            .as_ref()
+            .map(|s| crate::init_spec::SeccompSpec {
+                program: s.program.clone(),
+                flags: s.flags,
+            }),
+    })
+}
+
+pub(crate) fn init_spec(share: &Path, req: &CreateContainerRequest) -> Result<InitSpec, Error> {
+    let process = process_spec(req.process.as_ref())?;
+    Ok(InitSpec {
+        rootfs: rootfs_path(share, &req.rootfs)?
+            .to_string_lossy()
+            .into_owned(),
+        readonly_rootfs: req.readonly_rootfs,
+        hostname: req.hostname.clone(),
+        mounts: req
+            .mounts
+            .iter()
+            .map(|m| {
+                // A bind's source is a path inside the share, where the shim put it.
+                let source = if m.type_ == "bind" {
+                    rootfs_path(share, &m.source)?
+                        .to_string_lossy()
+                        .into_owned()
+                } else {
+                    m.source.clone()
+                };
+                Ok(MountSpec {
+                    destination: m.destination.clone(),
+                    fstype: m.type_.clone(),
+                    source,
+                    options: m.options.clone(),
+                })
+            })
+            .collect::<Result<_, Error>>()?,
+        process,
+        join_namespaces: Vec::new(),
+        join_pid: 0,
+        devices: Vec::new(),
+        masked_paths: req.masked_paths.clone(),
+        sysctls: req.sysctls.clone().into_iter().collect(),
+        all_guest_devices: req.all_guest_devices,
+        readonly_paths: req.readonly_paths.clone(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rootfs_must_stay_inside_the_share() {
+        let share = Path::new("/run/vmlet/share");
+        assert_eq!(
+            rootfs_path(share, "c1/rootfs").unwrap(),
+            PathBuf::from("/run/vmlet/share/c1/rootfs")
+        );
+        for bad in ["", "/etc", "../x", "c1/../../x", "./c1"] {
+            assert!(rootfs_path(share, bad).is_err(), "{bad}");
+        }
+    }
+}
