@@ -280,23 +280,23 @@ impl Events {
 
 /// Resident memory of a process in KiB (`VmRSS`), 0 when it is gone.
 pub fn rss_kib(pid: u32) -> u64 {
-    kib_field(&format!("/proc/{pid}/status"), "VmRSS:")
+    proc_kib(&format!("/proc/{pid}/status"), "VmRSS:").unwrap_or(0)
 }
 
 /// Proportional set size of a process in KiB (`Pss` of `smaps_rollup`: each shared page
 /// counted once across the processes that map it), 0 when it is gone.
 pub fn pss_kib(pid: u32) -> u64 {
-    kib_field(&format!("/proc/{pid}/smaps_rollup"), "Pss:")
+    proc_kib(&format!("/proc/{pid}/smaps_rollup"), "Pss:").unwrap_or(0)
 }
 
-/// The number after `key` on its line of `path` (a `/proc` file in kB), 0 when absent.
-fn kib_field(path: &str, key: &str) -> u64 {
+/// The number after `key` on its line of `path` (a `/proc` file in kB: `status`,
+/// `smaps_rollup`, `meminfo`); `None` when the file or the line is absent.
+pub fn proc_kib(path: &str, key: &str) -> Option<u64> {
     std::fs::read_to_string(path)
-        .unwrap_or_default()
+        .ok()?
         .lines()
         .find_map(|l| l.strip_prefix(key))
         .and_then(|v| v.split_whitespace().next().and_then(|n| n.parse().ok()))
-        .unwrap_or(0)
 }
 
 /// CPU time (user + system) a process used so far, in clock ticks, 0 when it is gone.

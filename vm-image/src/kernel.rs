@@ -31,7 +31,6 @@ fn tail(text: &str, lines: usize) -> String {
 
 /// Downloads the current cloud kernel package into `cache` unless it is there already.
 pub fn download(cache: &Path) -> Result<PathBuf, Error> {
-    std::fs::create_dir_all(cache).map_err(|e| Error::io("create cache dir", e))?;
     let depends = run(Command::new("apt-cache").args(["depends", META_PACKAGE]))?;
     let package = depends
         .lines()
@@ -43,18 +42,24 @@ pub fn download(cache: &Path) -> Result<PathBuf, Error> {
             ))
         })?
         .to_owned();
-    if let Some(deb) = find_deb(cache, &package)? {
+    download_package(cache, &package)
+}
+
+/// The `.deb` of `package` in `cache`, fetched with `apt-get download` unless it is there.
+pub(crate) fn download_package(cache: &Path, package: &str) -> Result<PathBuf, Error> {
+    std::fs::create_dir_all(cache).map_err(|e| Error::io("create cache dir", e))?;
+    if let Some(deb) = find_deb(cache, package)? {
         return Ok(deb);
     }
     progress(&format!("downloading {package}"));
     run(Command::new("apt-get")
-        .args(["download", "-q", &package])
+        .args(["download", "-q", package])
         .current_dir(cache))?;
-    find_deb(cache, &package)?
+    find_deb(cache, package)?
         .ok_or_else(|| Error::Kernel(format!("apt-get download {package} left no .deb")))
 }
 
-pub(crate) fn find_deb(cache: &Path, package: &str) -> Result<Option<PathBuf>, Error> {
+fn find_deb(cache: &Path, package: &str) -> Result<Option<PathBuf>, Error> {
     let prefix = format!("{package}_");
     let entries = std::fs::read_dir(cache).map_err(|e| Error::io("list cache dir", e))?;
     Ok(entries.flatten().map(|e| e.path()).find(|p| {

@@ -10,7 +10,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::kernel::{find_deb, run};
+use crate::kernel::{download_package, run};
 use crate::{manifest, progress, Error};
 
 /// Debian's kernel source package the lean kernel is built from.
@@ -50,7 +50,7 @@ pub fn dropped_options<'a>(fragment: &'a str, config: &str) -> Vec<&'a str> {
 
 /// Builds the lean kernel into `cache` unless a build of the same inputs is there.
 pub fn build(cache: &Path) -> Result<LeanKernel, Error> {
-    let deb = download_source(cache)?;
+    let deb = download_package(cache, SOURCE_PACKAGE)?;
     let source = deb
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -82,19 +82,6 @@ pub fn build(cache: &Path) -> Result<LeanKernel, Error> {
         release,
         source,
     })
-}
-
-fn download_source(cache: &Path) -> Result<PathBuf, Error> {
-    std::fs::create_dir_all(cache).map_err(|e| Error::io("create cache dir", e))?;
-    if let Some(deb) = find_deb(cache, SOURCE_PACKAGE)? {
-        return Ok(deb);
-    }
-    progress(&format!("downloading {SOURCE_PACKAGE}"));
-    run(Command::new("apt-get")
-        .args(["download", "-q", SOURCE_PACKAGE])
-        .current_dir(cache))?;
-    find_deb(cache, SOURCE_PACKAGE)?
-        .ok_or_else(|| Error::Kernel(format!("apt-get download {SOURCE_PACKAGE} left no .deb")))
 }
 
 /// Unpacks the source, configures and builds it in `tree`; writes `vmlinux` and `config`

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use vmlet_integration::figures::figure;
-use vmlet_integration::{pss_kib, unique_id, Stack};
+use vmlet_integration::{proc_kib, pss_kib, unique_id, Stack};
 
 const PODS: usize = 20;
 const AT_ONCE: usize = 4;
@@ -111,11 +111,7 @@ fn settle() {
 
 /// `MemAvailable` of the host, in MiB.
 fn available_mib() -> anyhow::Result<u64> {
-    let meminfo = std::fs::read_to_string("/proc/meminfo")?;
-    meminfo
-        .lines()
-        .find_map(|l| l.strip_prefix("MemAvailable:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+    proc_kib("/proc/meminfo", "MemAvailable:")
         .map(|kib| kib / 1024)
         .context("no MemAvailable in /proc/meminfo")
 }

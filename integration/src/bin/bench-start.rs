@@ -120,14 +120,10 @@ struct Guest {
 impl Guest {
     /// The kernel and initramfs of the image in `dir` (its manifest names the kernel's file).
     fn of_image(dir: &str) -> anyhow::Result<Self> {
-        let manifest = std::fs::read_to_string(format!("{dir}/manifest.json"))
-            .with_context(|| format!("read {dir}/manifest.json"))?;
-        let manifest: serde_json::Value = serde_json::from_str(&manifest)?;
-        let file = manifest["kernel_file"]
-            .as_str()
-            .context("manifest.json names no kernel_file")?;
+        let manifest = vmlet_vm_image::Manifest::load(Path::new(dir))
+            .with_context(|| format!("the image in {dir}"))?;
         Ok(Guest {
-            kernel: Path::new(dir).join(file),
+            kernel: Path::new(dir).join(manifest.kernel_file),
             initrd: Path::new(dir).join("initrd.img"),
         })
     }
