@@ -39,8 +39,8 @@ pub enum VsockTransport {
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct GuestConfig {
-    /// Guest kernel (`vmlet-image build` writes the lean `vmlinux`, or `vmlinuz` with
-    /// `--kernel cloud`).
+    /// Guest kernel (`vmlet-image build` writes the Debian cloud kernel's `vmlinuz`, or the
+    /// lean `vmlinux` with `--kernel lean`).
     pub kernel: PathBuf,
     /// Guest initramfs holding the agent and modules.
     pub initrd: PathBuf,
@@ -71,7 +71,7 @@ pub struct GuestConfig {
 impl Default for GuestConfig {
     fn default() -> Self {
         Self {
-            kernel: PathBuf::from("/usr/share/vmlet/vmlinux"),
+            kernel: PathBuf::from("/usr/share/vmlet/vmlinuz"),
             initrd: PathBuf::from("/usr/share/vmlet/initrd.img"),
             machine: "q35".into(),
             vcpus: 1,
