@@ -33,14 +33,20 @@ fn dev_null() -> Result<OwnedFd, Error> {
         .map_err(|e| Error::io("open /dev/null", e))
 }
 
-/// Whether a process gets a terminal, and from which devpts.
+/// Whether a process gets a terminal, from which devpts, and the size it starts with (the
+/// spec's `consoleSize`; none: 0x0 until the host's first resize).
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Terminal<'a> {
     None,
     /// The guest's devpts.
-    Guest,
+    Guest(Option<&'a proto::ConsoleSize>),
     /// The devpts whose `ptmx` this is (a container's).
-    Devpts(&'a Path),
+    Devpts(&'a Path, Option<&'a proto::ConsoleSize>),
+}
+
+/// The size a request's process asks its terminal to start with.
+pub(crate) fn console_size(process: Option<&proto::Process>) -> Option<&proto::ConsoleSize> {
+    process.and_then(|p| p.console_size.as_ref())
 }
 
 /// The child's stdio and the agent's ends: pipes for the streams the host asked for,
@@ -50,12 +56,15 @@ pub(crate) fn stdio_for(
     stdio: Option<&proto::Stdio>,
     terminal: Terminal<'_>,
 ) -> Result<(ChildStdio, HostEnds, Option<OwnedFd>), Error> {
-    let pty = match terminal {
-        Terminal::None => None,
-        Terminal::Guest => Some(crate::pty::open()?),
-        Terminal::Devpts(ptmx) => Some(crate::pty::open_in(ptmx)?),
+    let (pty, size) = match terminal {
+        Terminal::None => (None, None),
+        Terminal::Guest(size) => (Some(crate::pty::open()?), size),
+        Terminal::Devpts(ptmx, size) => (Some(crate::pty::open_in(ptmx)?), size),
     };
     if let Some((master, slave)) = pty {
+        if let Some(size) = size {
+            crate::pty::resize(&master, size.width, size.height)?;
+        }
         let dup = |fd: &OwnedFd| fd.try_clone().map_err(|e| Error::io("dup pty", e));
         let wants = |f: fn(&proto::Stdio) -> bool| stdio.is_some_and(f);
         let host = HostEnds {
@@ -99,4 +108,52 @@ pub(crate) fn stdio_for(
         host,
         None,
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::AsRawFd;
+
+    use super::*;
+
+    fn window_size(fd: &OwnedFd) -> (u16, u16) {
+        let mut size: libc::winsize = unsafe { std::mem::zeroed() };
+        // SAFETY: TIOCGWINSZ writes a winsize struct.
+        let r = unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCGWINSZ, &mut size) };
+        assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
+        (size.ws_row, size.ws_col)
+    }
+
+    #[test]
+    fn a_terminal_starts_with_the_requested_size() {
+        let size = proto::ConsoleSize {
+            height: 33,
+            width: 77,
+            ..Default::default()
+        };
+        let (child, host, master) = stdio_for(None, Terminal::Guest(Some(&size))).unwrap();
+        assert!(host.terminal);
+        assert_eq!(window_size(&child.stdin), (33, 77));
+        // Larger than a terminal holds: the largest it can.
+        let huge = proto::ConsoleSize {
+            height: 100_000,
+            width: 80,
+            ..Default::default()
+        };
+        crate::pty::resize(master.as_ref().unwrap(), huge.width, huge.height).unwrap();
+        assert_eq!(window_size(&child.stdin), (65535, 80));
+        let (child, _, _master) = stdio_for(None, Terminal::Guest(None)).unwrap();
+        assert_eq!(window_size(&child.stdin), (0, 0));
+    }
+
+    #[test]
+    fn without_a_terminal_streams_not_asked_for_are_dev_null() {
+        let stdio = proto::Stdio {
+            stdout: true,
+            ..Default::default()
+        };
+        let (_, host, master) = stdio_for(Some(&stdio), Terminal::None).unwrap();
+        assert!(master.is_none() && !host.terminal);
+        assert!(host.stdin.is_none() && host.stdout.is_some() && host.stderr.is_none());
+    }
 }

@@ -52,11 +52,13 @@ pub fn open_in(ptmx: &std::path::Path) -> Result<(OwnedFd, OwnedFd), Error> {
     Ok((master, slave))
 }
 
-/// Sets the window size a terminal's processes see (TIOCSWINSZ on the master).
-pub fn resize(master: &OwnedFd, width: u16, height: u16) -> Result<(), Error> {
+/// Sets the window size a terminal's processes see (TIOCSWINSZ on the master); a
+/// dimension above a terminal's 65535 becomes 65535.
+pub fn resize(master: &OwnedFd, width: u32, height: u32) -> Result<(), Error> {
+    let clamp = |v: u32| v.min(u32::from(u16::MAX)) as u16;
     let size = libc::winsize {
-        ws_row: height,
-        ws_col: width,
+        ws_row: clamp(height),
+        ws_col: clamp(width),
         ws_xpixel: 0,
         ws_ypixel: 0,
     };

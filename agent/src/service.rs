@@ -21,7 +21,7 @@ use crate::cgroup::Cgroup;
 use crate::containers::{Container, Containers, Process};
 use crate::init_spec::{ExecSpec, MountSpec, ProcessSpec};
 use crate::launch::{launch, Helper};
-use crate::process_stdio::{stdio_for, Terminal};
+use crate::process_stdio::{console_size, stdio_for, Terminal};
 use crate::reaper::Reaper;
 use crate::request_specs::{init_spec, process_spec};
 use crate::Error;
@@ -120,7 +120,7 @@ impl AgentService {
                 &spec,
                 // The rootfs is not set up yet: the guest's devpts.
                 if spec.process.terminal {
-                    Terminal::Guest
+                    Terminal::Guest(console_size(req.process.as_ref()))
                 } else {
                     Terminal::None
                 },
@@ -224,10 +224,11 @@ impl AgentService {
         // An exec's terminal comes from its container's devpts where it has one, so that
         // `tty` inside names it.
         let ptmx = PathBuf::from(format!("/proc/{}/root/dev/pts/ptmx", spec.init_pid));
+        let size = console_size(req.process.as_ref());
         let terminal = match (spec.process.terminal, ptmx.exists()) {
             (false, _) => Terminal::None,
-            (true, true) => Terminal::Devpts(&ptmx),
-            (true, false) => Terminal::Guest,
+            (true, true) => Terminal::Devpts(&ptmx, size),
+            (true, false) => Terminal::Guest(size),
         };
         let process = self
             .launch(
@@ -281,8 +282,7 @@ impl AgentService {
                 r.container_id, r.exec_id
             ))
         })?;
-        let clamp = |v: u32| v.min(u16::MAX as u32) as u16;
-        crate::pty::resize(master, clamp(req.width), clamp(req.height))?;
+        crate::pty::resize(master, req.width, req.height)?;
         Ok(Empty::default())
     }
 

@@ -9,6 +9,11 @@ use anyhow::Context;
 
 use crate::bounded::{describe, output_within, COMMAND_TIMEOUT};
 
+/// Shell that prints `stty size` once the terminal has one, waiting as long as 5 s: `ctr`
+/// sends its terminal's size only after the process started.
+pub const WAIT_FOR_A_SIZE: &str = "for i in $(seq 50); do s=$(stty size 2>/dev/null); \
+    [ -n \"$s\" ] && [ \"$s\" != '0 0' ] && break; sleep 0.1; done; echo \"$s\"";
+
 /// Runs `command` with a new terminal of `rows` x `cols` as its stdin, stdout and stderr.
 /// Returns its exit and everything written to the terminal.
 pub fn run_on_terminal(

@@ -169,6 +169,20 @@ async fn open_stream(
     Ok(stream)
 }
 
+/// The streams a process's output goes to: with a terminal, stdout only. Clients name a
+/// stderr FIFO they never make when they ask for a terminal (nerdctl `exec -t`), as runc's
+/// shim ignores it.
+fn output_paths(paths: &StdioPaths, terminal: bool) -> StdioPaths {
+    StdioPaths {
+        stderr: if terminal {
+            String::new()
+        } else {
+            paths.stderr.clone()
+        },
+        ..paths.clone()
+    }
+}
+
 /// Connects every stream that has a FIFO or log URI and starts copying. `namespace` is
 /// the containerd namespace a logging binary is told. A process with a terminal has no
 /// stderr (the terminal carries all its output).
@@ -180,7 +194,11 @@ pub async fn attach(
     terminal: bool,
 ) -> Result<Copies, Error> {
     let mut outputs = Vec::new();
-    let writers = open_outputs(paths, process.container_id, namespace)?;
+    let writers = open_outputs(
+        &output_paths(paths, terminal),
+        process.container_id,
+        namespace,
+    )?;
     for (writer, kind) in writers
         .into_iter()
         .zip([StreamKind::Stdout, StreamKind::Stderr])
@@ -188,9 +206,6 @@ pub async fn attach(
         let Some(mut writer) = writer else {
             continue;
         };
-        if terminal && kind == StreamKind::Stderr {
-            continue;
-        }
         let stream = open_stream(endpoint, process, kind).await?;
         outputs.push(tokio::spawn(async move {
             // Large reads: fewer, bigger writes into the FIFO or log.
@@ -230,6 +245,30 @@ pub async fn attach(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// nerdctl `exec -t` names a stderr FIFO it never makes: with a terminal, only stdout
+    /// is opened (a missing stderr FIFO used to fail the exec).
+    #[test]
+    fn a_terminal_opens_no_stderr() {
+        let dir = std::env::temp_dir().join(format!("vmlet-stdio-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let out = dir.join("stdout");
+        nix::unistd::mkfifo(&out, nix::sys::stat::Mode::S_IRWXU).unwrap();
+        let paths = StdioPaths {
+            stdin: String::new(),
+            stdout: out.to_string_lossy().into_owned(),
+            stderr: dir.join("never-made").to_string_lossy().into_owned(),
+        };
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let _guard = rt.enter();
+        let [stdout, stderr] = open_outputs(&output_paths(&paths, true), "c1", "ns").unwrap();
+        assert!(stdout.is_some() && stderr.is_none());
+        let err = open_outputs(&output_paths(&paths, false), "c1", "ns")
+            .err()
+            .unwrap();
+        assert!(err.to_string().contains("never-made"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     /// A copy the guest never ends (something there still holds the stream): after the
     /// drain's deadline, abort stops it, and what it held (the FIFO) is closed.

@@ -8,7 +8,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use vmlet_integration::bounded::{output_within, COMMAND_TIMEOUT};
-use vmlet_integration::terminal::run_on_terminal;
+use vmlet_integration::terminal::{run_on_terminal, WAIT_FOR_A_SIZE};
 use vmlet_integration::{unique_id, RUNTIME};
 
 const BOOT: Duration = Duration::from_secs(90);
@@ -495,7 +495,8 @@ fn run_with_a_terminal_gets_its_size() {
     let mut command = s.ctr();
     command
         .args(["run", "--rm", "-t", "--runtime", RUNTIME, &s.image, &id])
-        .args(["sh", "-c", "stty size; [ -t 1 ] && echo is-a-tty; exit 4"]);
+        .args(["sh", "-c"])
+        .arg(WAIT_FOR_A_SIZE.to_owned() + "; [ -t 1 ] && echo is-a-tty; exit 4");
     let (out, seen) = run_on_terminal(command, 20, 50).unwrap();
     assert_eq!(out.status.code(), Some(4), "{seen}");
     assert!(seen.contains("20 50"), "stty size inside: {seen:?}");

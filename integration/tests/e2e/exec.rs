@@ -10,7 +10,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use vmlet_integration::bounded::{output_within, COMMAND_TIMEOUT};
-use vmlet_integration::terminal::run_on_terminal;
+use vmlet_integration::terminal::{run_on_terminal, WAIT_FOR_A_SIZE};
 use vmlet_integration::{unique_id, Stack, RUNTIME};
 
 const BOOT: Duration = Duration::from_secs(90);
@@ -141,13 +141,15 @@ fn exec_stdin_reaches_the_process() {
 #[ignore = "needs the vmlet stack: make test"]
 fn exec_with_a_terminal_gets_its_size() {
     let c = Running::start("exec-tty");
-    // ctr takes its terminal's size from its own stdin; give it a terminal of 33x77.
+    // ctr takes its terminal's size from its own stdin; give it a terminal of 33x77. ctr
+    // sends the size only after the process started (its spec has no consoleSize), so the
+    // process waits for it, as long as 5 s.
     let mut command = c.stack.ctr();
     command
         .args(["task", "exec", "-t", "--exec-id", "tty", &c.id, "sh", "-c"])
-        .arg("stty size; [ -t 0 ] && echo is-a-tty; tty");
+        .arg(WAIT_FOR_A_SIZE.to_owned() + "; [ -t 0 ] && echo is-a-tty; tty");
     let (out, seen) = run_on_terminal(command, 33, 77).unwrap();
-    assert!(out.status.success(), "{seen}");
+    assert!(out.status.success(), "{}: {seen:?}", out.status);
     assert!(seen.contains("33 77"), "stty size inside: {seen:?}");
     assert!(seen.contains("is-a-tty"), "{seen:?}");
     assert!(

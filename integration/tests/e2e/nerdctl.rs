@@ -1,11 +1,12 @@
 //! End to end through real nerdctl (built by `scripts/install-deps` from the pinned module
 //! in `integration/nerdctl`): `nerdctl run --runtime io.containerd.vmlet.v2` attached and
-//! detached, `nerdctl logs`, and nerdctl's default bridge network, which its OCI hooks
-//! (run by the shim on the host) put into the pod's VM. Run by `make test`.
+//! detached, `nerdctl logs`, `nerdctl exec -t`, and nerdctl's default bridge network, which
+//! its OCI hooks (run by the shim on the host) put into the pod's VM. Run by `make test`.
 
 use crate::support::{stack, text};
 use std::time::{Duration, Instant};
 
+use vmlet_integration::terminal::run_on_terminal;
 use vmlet_integration::{unique_id, Stack, RUNTIME};
 
 /// `nerdctl run --runtime vmlet EXTRA... IMAGE COMMAND...`.
@@ -133,5 +134,29 @@ fn logs_keep_the_last_output_before_exit() {
     let lines: Vec<&str> = logs.lines().collect();
     assert!(lines.contains(&"1") && lines.contains(&"500"), "{logs}");
     let rm = s.nerdctl_output(&["rm", "-f", &name]).unwrap();
+    assert!(rm.status.success(), "{}", text(&rm.stderr));
+}
+
+#[test]
+#[ignore = "needs the vmlet stack: make test"]
+fn exec_with_a_terminal_starts_at_the_callers_size() {
+    let s = stack();
+    let name = unique_id("nerd-tty");
+    let out = run(
+        &s,
+        &["-d", "--net", "none", "--name", &name],
+        &["sleep", "1000"],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    // nerdctl names a stderr FIFO it does not make (the terminal carries all output), puts
+    // its terminal's size in the exec's consoleSize and resizes before the start: the
+    // first `stty size` sees the size.
+    let mut command = s.nerdctl();
+    command.args(["exec", "-t", &name, "stty", "size"]);
+    let seen = run_on_terminal(command, 33, 77);
+    let rm = s.nerdctl_output(&["rm", "-f", &name]).unwrap();
+    let (out, seen) = seen.unwrap();
+    assert!(out.status.success(), "{}: {seen:?}", out.status);
+    assert!(seen.contains("33 77"), "stty size inside: {seen:?}");
     assert!(rm.status.success(), "{}", text(&rm.stderr));
 }

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use oci_spec::runtime::{PosixRlimitType, Spec};
 use vmlet_protocol::agent::{
-    CreateContainerRequest, Mount, Process, Resources, Rlimit, Seccomp, Stdio, User,
+    ConsoleSize, CreateContainerRequest, Mount, Process, Resources, Rlimit, Seccomp, Stdio, User,
 };
 
 use crate::Error;
@@ -70,6 +70,33 @@ fn rlimit_resource(kind: PosixRlimitType) -> u32 {
     }
 }
 
+/// The terminal size a process starts with (the spec's `consoleSize`, which nerdctl sets
+/// for `exec -t`), checked to fit a terminal's 16-bit fields; ignored without a terminal,
+/// as runc does.
+fn console_size(
+    process: &oci_spec::runtime::Process,
+    what: &str,
+) -> Result<Option<ConsoleSize>, Error> {
+    let Some(size) = process
+        .console_size()
+        .filter(|_| process.terminal() == Some(true))
+    else {
+        return Ok(None);
+    };
+    let (height, width) = (size.height(), size.width());
+    let cell = |n: u64| u32::try_from(n).ok().filter(|n| *n <= u32::from(u16::MAX));
+    match (cell(height), cell(width)) {
+        (Some(height), Some(width)) => Ok(Some(ConsoleSize {
+            height,
+            width,
+            ..Default::default()
+        })),
+        _ => Err(Error::InvalidArgument(format!(
+            "{what}: consoleSize {height}x{width} is larger than a terminal can be (65535x65535)"
+        ))),
+    }
+}
+
 /// The agent's view of an OCI process (a container's, or an exec's). `what` names it in
 /// errors.
 pub fn agent_process(process: &oci_spec::runtime::Process, what: &str) -> Result<Process, Error> {
@@ -108,6 +135,7 @@ pub fn agent_process(process: &oci_spec::runtime::Process, what: &str) -> Result
             .transpose()?
             .into(),
         no_new_privileges: process.no_new_privileges().unwrap_or(false),
+        console_size: console_size(process, what)?.into(),
         ..Default::default()
     })
 }
@@ -418,5 +446,25 @@ mod tests {
         assert!(err.to_string().contains("exec e2"), "{err}");
         let err = exec_process(b"not json", "e3").unwrap_err();
         assert!(err.to_string().contains("exec e3"), "{err}");
+    }
+
+    #[test]
+    fn console_size_reaches_the_agent_with_a_terminal_only() {
+        let with = |terminal: bool, size: &str| {
+            exec_process(
+                format!(r#"{{"args":["sh"],"cwd":"/","user":{{"uid":0,"gid":0}},"terminal":{terminal},"consoleSize":{size}}}"#)
+                    .as_bytes(),
+                "e1",
+            )
+        };
+        let p = with(true, r#"{"height":33,"width":77}"#).unwrap();
+        let size = p.console_size.as_ref().unwrap();
+        assert_eq!((size.height, size.width), (33, 77));
+        assert!(with(false, r#"{"height":33,"width":77}"#)
+            .unwrap()
+            .console_size
+            .is_none());
+        let err = with(true, r#"{"height":70000,"width":77}"#).unwrap_err();
+        assert!(err.to_string().contains("consoleSize 70000x77"), "{err}");
     }
 }
