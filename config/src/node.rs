@@ -94,6 +94,8 @@ pub struct HelperPaths {
     pub qemu: PathBuf,
     /// `vmlet-vmwrapper`, the domain's `<emulator>`.
     pub vmwrapper: PathBuf,
+    /// `vmlet-libvirt`, which makes the shim's libvirt calls (one process per call).
+    pub libvirt: PathBuf,
     /// `virtiofsd`, started by libvirt for the shared directory.
     pub virtiofsd: PathBuf,
     /// `vhost-device-vsock`, started by the shim for the vhost-user vsock transport.
@@ -105,6 +107,7 @@ impl Default for HelperPaths {
         Self {
             qemu: PathBuf::from("/usr/bin/qemu-system-x86_64"),
             vmwrapper: PathBuf::from("/usr/local/bin/vmlet-vmwrapper"),
+            libvirt: PathBuf::from("/usr/local/bin/vmlet-libvirt"),
             virtiofsd: PathBuf::from("/usr/local/bin/virtiofsd"),
             vhost_device_vsock: PathBuf::from("/usr/local/bin/vhost-device-vsock"),
         }

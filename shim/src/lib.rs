@@ -66,6 +66,7 @@ pub mod taps;
 pub mod task;
 pub mod vm;
 pub mod vmm;
+pub mod vmm_helper;
 pub mod vsock;
 
 pub use error::Error;

@@ -12,7 +12,7 @@ use crate::events::EventSink;
 use crate::reclaim::cleanup_after_shim;
 use crate::task::{TaskApi, TaskService};
 use crate::vm::LibvirtBooter;
-use crate::vmm::Libvirt;
+use crate::vmm_helper::LibvirtHelper;
 
 /// containerd's runtime name for vmlet.
 pub const RUNTIME_ID: &str = "io.containerd.vmlet.v2";
@@ -61,7 +61,7 @@ impl Shim for VmletShim {
         let id = self.id.clone();
         let result = tokio::task::spawn_blocking(move || {
             let config = NodeConfig::load().map_err(|e| e.to_string())?;
-            let vmm = Libvirt::new(&config.libvirt_uri);
+            let vmm = LibvirtHelper::new(&config.helpers.libvirt, &config.libvirt_uri);
             cleanup_after_shim(&config, &vmm, &id).map_err(|e| e.message())
         })
         .await

@@ -1,5 +1,6 @@
-//! The VM manager seam: libvirt in production, a fake in unit tests. Calls block; callers
-//! run them on a blocking thread.
+//! The VM manager seam: libvirt (called directly by `vmlet-libvirt` and `vmletctl`; the
+//! shim goes through that helper, see `vmm_helper`), a fake in unit tests. Calls block;
+//! callers run them on a blocking thread.
 
 #[cfg(test)]
 use std::sync::Mutex;
@@ -26,7 +27,7 @@ pub trait VmManager: Send + Sync + 'static {
 }
 
 /// A domain vmlet made (its metadata names the pod).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct VmletDomain {
     pub name: String,
     pub pod_id: String,

@@ -105,7 +105,7 @@ async fn block<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Res
         .map_err(|e| Error::Internal(format!("blocking task: {e}")))
 }
 
-/// Boots [`Vm`]s through libvirt at the config's URI.
+/// Boots [`Vm`]s through libvirt at the config's URI (by way of `vmlet-libvirt`).
 pub struct LibvirtBooter;
 
 #[async_trait::async_trait]
@@ -116,7 +116,10 @@ impl VmBooter for LibvirtBooter {
         request: BootRequest,
         phases: &Phases,
     ) -> Result<Arc<dyn PodVm>, Error> {
-        let vmm: Arc<dyn VmManager> = Arc::new(crate::vmm::Libvirt::new(&config.libvirt_uri));
+        let vmm: Arc<dyn VmManager> = Arc::new(crate::vmm_helper::LibvirtHelper::new(
+            &config.helpers.libvirt,
+            &config.libvirt_uri,
+        ));
         Ok(Arc::new(Vm::boot(config, vmm, request, phases).await?))
     }
 }

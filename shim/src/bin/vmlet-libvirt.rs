@@ -1,0 +1,45 @@
+//! `vmlet-libvirt URI OPERATION [ARGS]`: one libvirt call for the shim (see
+//! `vmlet_shim::vmm_helper`), so that the shim, alive as long as its pod, never maps
+//! libvirt's libraries. The domain XML of `start` comes on stdin; the answer goes to stdout;
+//! an error goes to stderr with exit status 1 (2: called wrongly).
+
+use std::io::Read;
+
+use vmlet_shim::vmm::Libvirt;
+use vmlet_shim::vmm_helper::serve;
+use vmlet_shim::Error;
+
+/// The largest domain XML taken on stdin.
+const INPUT_LIMIT: u64 = 4 << 20;
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let Some(uri) = args.next() else {
+        eprintln!("usage: vmlet-libvirt URI OPERATION [ARGS]");
+        std::process::exit(2);
+    };
+    let operation: Vec<String> = args.collect();
+    let mut input = String::new();
+    if operation.first().map(String::as_str) == Some("start") {
+        if let Err(e) = std::io::stdin()
+            .take(INPUT_LIMIT)
+            .read_to_string(&mut input)
+        {
+            eprintln!("vmlet-libvirt: read the domain XML: {e}");
+            std::process::exit(2);
+        }
+    }
+    // libvirt would print each error to stderr itself as well; the shim wants one message.
+    virt::error::clear_error_callback();
+    match serve(&Libvirt::new(&uri), &operation, &input) {
+        Ok(answer) => print!("{answer}"),
+        Err(e) => {
+            // The shim makes a libvirt error of this text again.
+            match e {
+                Error::Libvirt(text) => eprintln!("{text}"),
+                other => eprintln!("{}", other.message()),
+            }
+            std::process::exit(1);
+        }
+    }
+}

@@ -1,0 +1,21 @@
+//! The shim (one per pod, alive as long as its pod) must not map libvirt's libraries: its
+//! libvirt calls go through `vmlet-libvirt`. A reference to `vmm::Libvirt` from the shim's
+//! code would bring them back without a word; this catches it.
+
+#[test]
+fn the_shim_binary_needs_no_libvirt() {
+    let shim = env!("CARGO_BIN_EXE_containerd-shim-vmlet-v2");
+    let out = std::process::Command::new("ldd")
+        .arg(shim)
+        .output()
+        .unwrap();
+    let libraries = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "ldd {shim}: {libraries}");
+    assert!(!libraries.contains("libvirt"), "{libraries}");
+    let helper = env!("CARGO_BIN_EXE_vmlet-libvirt");
+    let out = std::process::Command::new("ldd")
+        .arg(helper)
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).contains("libvirt.so"));
+}
