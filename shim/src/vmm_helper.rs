@@ -5,11 +5,13 @@
 //! has a deadline.
 //!
 //! The helper's interface: `vmlet-libvirt URI OPERATION [ARGS]`, the domain XML on stdin
-//! for `start`; the answer on stdout; exit 1 with the error on stderr.
+//! for `start`; on stdout `ok` and the answer, or `error` and the message, each after a
+//! newline.
 
 use std::io::{Read, Write};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use crate::vmm::{VmManager, VmletDomain};
@@ -38,7 +40,8 @@ impl LibvirtHelper {
         }
     }
 
-    /// Runs the helper for one operation and returns what it printed.
+    /// Runs the helper for one operation and returns its answer. The answer is what it
+    /// printed, not its exit status: the shim's reaper may collect the helper's exit first.
     fn call(&self, args: &[&str], input: &[u8]) -> Result<String, Error> {
         let what = format!("{} {}", self.binary.display(), args.join(" "));
         let mut child = Command::new(&self.binary)
@@ -52,29 +55,56 @@ impl LibvirtHelper {
         let mut stdin = child.stdin.take().expect("piped");
         let input = input.to_vec();
         // A thread each: the helper may fill one pipe while we write another.
-        let writer = std::thread::spawn(move || stdin.write_all(&input));
-        let answer = read_bounded(child.stdout.take().expect("piped"), ANSWER_LIMIT);
-        let complaint = read_bounded(child.stderr.take().expect("piped"), ERROR_LIMIT);
-        let status = wait_until(&mut child, Instant::now() + self.deadline)
-            .map_err(|e| Error::Libvirt(format!("{what}: {e}")))?;
-        let _ = writer.join();
-        let answer = answer.join().unwrap_or_default();
-        let complaint = complaint.join().unwrap_or_default();
-        if !status.success() {
-            let message = String::from_utf8_lossy(&complaint.bytes).trim().to_owned();
-            return Err(Error::Libvirt(if message.is_empty() {
-                format!("{what}: {status}")
-            } else {
-                message
-            }));
+        std::thread::spawn(move || stdin.write_all(&input));
+        let (tx, rx) = mpsc::channel();
+        read_bounded(
+            child.stdout.take().expect("piped"),
+            ANSWER_LIMIT,
+            0,
+            tx.clone(),
+        );
+        read_bounded(child.stderr.take().expect("piped"), ERROR_LIMIT, 1, tx);
+        let deadline = Instant::now() + self.deadline;
+        let mut streams: [Option<Bounded>; 2] = [None, None];
+        while streams.iter().any(Option::is_none) {
+            match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                Ok((i, read)) => streams[i] = Some(read),
+                Err(_) => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err(Error::Libvirt(format!(
+                        "{what}: no answer within {} s (killed)",
+                        self.deadline.as_secs_f32()
+                    )));
+                }
+            }
         }
-        if answer.truncated {
-            return Err(Error::Libvirt(format!(
-                "{what}: answered more than {ANSWER_LIMIT} bytes"
-            )));
-        }
-        String::from_utf8(answer.bytes)
-            .map_err(|_| Error::Libvirt(format!("{what}: answered bytes that are not UTF-8")))
+        // Both streams ended: the helper is exiting. Collect it unless the reaper did.
+        let _ = child.wait();
+        let [answer, complaint] = streams.map(Option::unwrap_or_default);
+        parse_answer(&what, answer, &complaint)
+    }
+}
+
+/// The helper's stdout: `ok` or `error` on the first line, then the answer or the error.
+fn parse_answer(what: &str, answer: Bounded, complaint: &Bounded) -> Result<String, Error> {
+    if answer.truncated {
+        return Err(Error::Libvirt(format!(
+            "{what}: answered more than {ANSWER_LIMIT} bytes"
+        )));
+    }
+    let text = String::from_utf8(answer.bytes)
+        .map_err(|_| Error::Libvirt(format!("{what}: answered bytes that are not UTF-8")))?;
+    match text.split_once('\n') {
+        Some(("ok", answer)) => Ok(answer.to_owned()),
+        Some(("error", message)) => Err(Error::Libvirt(message.trim().to_owned())),
+        _ => Err(Error::Libvirt(format!(
+            "{what}: ended without an answer{}",
+            match String::from_utf8_lossy(&complaint.bytes).trim() {
+                "" => String::new(),
+                said => format!(": {said}"),
+            }
+        ))),
     }
 }
 
@@ -86,11 +116,13 @@ struct Bounded {
 }
 
 /// Reads `pipe` to its end on a thread, keeping at most `limit` bytes (the rest is read and
-/// dropped, so that the writer never blocks on it).
+/// dropped, so that the writer never blocks on it), and sends it as stream `index`.
 fn read_bounded(
     mut pipe: impl Read + Send + 'static,
     limit: usize,
-) -> std::thread::JoinHandle<Bounded> {
+    index: usize,
+    done: mpsc::Sender<(usize, Bounded)>,
+) {
     std::thread::spawn(move || {
         let mut kept = Bounded::default();
         let mut buf = [0u8; 16 << 10];
@@ -102,27 +134,8 @@ fn read_bounded(
             kept.bytes.extend_from_slice(&buf[..n.min(room)]);
             kept.truncated |= n > room;
         }
-        kept
-    })
-}
-
-/// Waits for `child` until `deadline`; past it, kills the child and says so.
-fn wait_until(child: &mut Child, deadline: Instant) -> Result<std::process::ExitStatus, String> {
-    let mut pause = Duration::from_millis(1);
-    loop {
-        match child.try_wait() {
-            Ok(Some(status)) => return Ok(status),
-            Ok(None) => {}
-            Err(e) => return Err(format!("wait: {e}")),
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Err("no answer before the deadline (killed)".into());
-        }
-        std::thread::sleep(pause);
-        pause = (pause * 2).min(Duration::from_millis(20));
-    }
+        let _ = done.send((index, kept));
+    });
 }
 
 fn yes_no(answer: &str, what: &str) -> Result<bool, Error> {
@@ -230,35 +243,46 @@ mod tests {
     #[test]
     fn the_helper_gets_uri_operation_and_input_and_its_answer_comes_back() {
         let (helper, dir) =
-            script(r#"[ "$1 $2 $3" = "test:///uri is-active vmlet-p1" ] && echo yes"#);
+            script(r#"[ "$1 $2 $3" = "test:///uri is-active vmlet-p1" ] && printf 'ok\nyes'"#);
         assert!(helper.is_active("vmlet-p1").unwrap());
-        let (helper, dir2) = script(r#"[ "$2" = start ] && grep -q '<name>vmlet-p2</name>'"#);
+        let (helper, dir2) =
+            script(r#"[ "$2" = start ] && grep -q '<name>vmlet-p2</name>' && echo ok"#);
         helper
             .start("<domain><name>vmlet-p2</name></domain>")
             .unwrap();
-        for d in [dir, dir2] {
+        // Its exit status does not matter (the shim's reaper may have taken it).
+        let (helper, dir3) = script("printf 'ok\n<domain/>'; exit 3");
+        assert_eq!(helper.live_xml("vmlet-p").unwrap(), "<domain/>");
+        for d in [dir, dir2, dir3] {
             std::fs::remove_dir_all(d).unwrap();
         }
     }
 
     #[test]
-    fn a_failing_slow_or_chatty_helper_is_an_error_that_says_so() {
-        let (helper, dir) = script("echo 'define domain: XML error: no name' >&2; exit 1");
+    fn a_failing_slow_crashing_or_chatty_helper_is_an_error_that_says_so() {
+        let (helper, dir) = script("printf 'error\ndefine domain: XML error: no name\n'");
         let err = helper.start("<domain/>").unwrap_err();
         assert_eq!(err.message(), "libvirt: define domain: XML error: no name");
         let (mut helper, dir2) = script("sleep 30");
         helper.deadline = Duration::from_millis(200);
         let started = Instant::now();
         let err = helper.live_xml("vmlet-p").unwrap_err();
-        assert!(err.to_string().contains("deadline"), "{err}");
+        assert!(err.to_string().contains("no answer within"), "{err}");
         assert!(started.elapsed() < Duration::from_secs(5));
-        let (helper, dir3) = script("head -c 9000000 /dev/zero");
+        let (helper, dir3) = script("echo ok; head -c 9000000 /dev/zero");
         let err = helper.live_xml("vmlet-p").unwrap_err();
         assert!(err.to_string().contains("more than"), "{err}");
-        let (helper, dir4) = script("echo maybe");
+        let (helper, dir4) = script("printf 'ok\nmaybe'");
         let err = helper.is_active("vmlet-p").unwrap_err();
         assert!(err.to_string().contains("\"maybe\""), "{err}");
-        for d in [dir, dir2, dir3, dir4] {
+        let (helper, dir5) = script("echo 'cannot load libvirt.so.0' >&2; exit 127");
+        let err = helper.remove("vmlet-p").unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("ended without an answer: cannot load libvirt.so.0"),
+            "{err}"
+        );
+        for d in [dir, dir2, dir3, dir4, dir5] {
             std::fs::remove_dir_all(d).unwrap();
         }
     }

@@ -1,7 +1,8 @@
 //! `vmlet-libvirt URI OPERATION [ARGS]`: one libvirt call for the shim (see
 //! `vmlet_shim::vmm_helper`), so that the shim, alive as long as its pod, never maps
-//! libvirt's libraries. The domain XML of `start` comes on stdin; the answer goes to stdout;
-//! an error goes to stderr with exit status 1 (2: called wrongly).
+//! libvirt's libraries. The domain XML of `start` comes on stdin; stdout gets `ok` and the
+//! answer, or `error` and the message (exit status 1), each after a newline; called wrongly,
+//! a usage line on stderr and exit status 2.
 
 use std::io::Read;
 
@@ -32,12 +33,12 @@ fn main() {
     // libvirt would print each error to stderr itself as well; the shim wants one message.
     virt::error::clear_error_callback();
     match serve(&Libvirt::new(&uri), &operation, &input) {
-        Ok(answer) => print!("{answer}"),
+        Ok(answer) => print!("ok\n{answer}"),
         Err(e) => {
             // The shim makes a libvirt error of this text again.
             match e {
-                Error::Libvirt(text) => eprintln!("{text}"),
-                other => eprintln!("{}", other.message()),
+                Error::Libvirt(text) => print!("error\n{text}"),
+                other => print!("error\n{}", other.message()),
             }
             std::process::exit(1);
         }
