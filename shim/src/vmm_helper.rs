@@ -47,15 +47,20 @@ impl LibvirtHelper {
         let mut child = Command::new(&self.binary)
             .arg(&self.uri)
             .args(args)
-            .stdin(Stdio::piped())
+            .stdin(if input.is_empty() {
+                Stdio::null()
+            } else {
+                Stdio::piped()
+            })
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
             .map_err(|e| Error::io(format!("run {}", self.binary.display()), e))?;
-        let mut stdin = child.stdin.take().expect("piped");
-        let input = input.to_vec();
-        // A thread each: the helper may fill one pipe while we write another.
-        std::thread::spawn(move || stdin.write_all(&input));
+        if let Some(mut stdin) = child.stdin.take() {
+            let input = input.to_vec();
+            // A thread each: the helper may fill one pipe while we write another.
+            std::thread::spawn(move || stdin.write_all(&input));
+        }
         let (tx, rx) = mpsc::channel();
         read_bounded(
             child.stdout.take().expect("piped"),
@@ -180,14 +185,14 @@ impl VmManager for LibvirtHelper {
 
 /// The helper's side: runs one operation against `vmm` and returns what to print.
 pub fn serve(vmm: &dyn VmManager, args: &[String], input: &str) -> Result<String, Error> {
-    let yes_no = |b: bool| if b { "yes" } else { "no" }.to_owned();
+    let say = |b: bool| if b { "yes" } else { "no" }.to_owned();
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     match args.as_slice() {
-        ["kvm-usable", emulator, machine] => Ok(yes_no(vmm.kvm_usable(emulator, machine))),
+        ["kvm-usable", emulator, machine] => Ok(say(vmm.kvm_usable(emulator, machine))),
         ["start"] => vmm.start(input).map(|()| String::new()),
         ["remove", name] => vmm.remove(name).map(|()| String::new()),
         ["live-xml", name] => vmm.live_xml(name),
-        ["is-active", name] => vmm.is_active(name).map(yes_no),
+        ["is-active", name] => vmm.is_active(name).map(say),
         ["vmlet-domains"] => serde_json::to_string(&vmm.vmlet_domains()?)
             .map_err(|e| Error::Internal(format!("encode the domains: {e}"))),
         _ => Err(Error::InvalidArgument(format!(

@@ -30,6 +30,20 @@ fn bridge_leases() -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// `nerdctl run -d --net none --name NAME ... COMMAND`, which must start; returns NAME.
+fn run_detached(s: &Stack, prefix: &str, command: &[&str]) -> String {
+    let name = unique_id(prefix);
+    let out = run(s, &["-d", "--net", "none", "--name", &name], command);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    name
+}
+
+/// `nerdctl rm -f NAME`, which must succeed.
+fn remove(s: &Stack, name: &str) {
+    let rm = s.nerdctl_output(&["rm", "-f", name]).unwrap();
+    assert!(rm.status.success(), "{}", text(&rm.stderr));
+}
+
 fn wait_for_logs(s: &Stack, name: &str, wanted: &[&str]) -> String {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
@@ -112,8 +126,7 @@ fn detached_run_logs_and_remove() {
     assert!(logs.contains("first") && logs.contains("second"), "{logs}");
     let ps = s.nerdctl_output(&["ps"]).unwrap();
     assert!(text(&ps.stdout).contains(&name), "{}", text(&ps.stdout));
-    let rm = s.nerdctl_output(&["rm", "-f", &name]).unwrap();
-    assert!(rm.status.success(), "{}", text(&rm.stderr));
+    remove(&s, &name);
     let all = s.nerdctl_output(&["ps", "-a"]).unwrap();
     assert!(!text(&all.stdout).contains(&name), "{}", text(&all.stdout));
 }
@@ -122,41 +135,31 @@ fn detached_run_logs_and_remove() {
 #[ignore = "needs the vmlet stack: make test"]
 fn logs_keep_the_last_output_before_exit() {
     let s = stack();
-    let name = unique_id("nerd-last");
-    let out = run(
+    let name = run_detached(
         &s,
-        &["-d", "--net", "none", "--name", &name],
+        "nerd-last",
         &["sh", "-c", "seq 1 500; printf final-unterminated"],
     );
-    assert!(out.status.success(), "{}", text(&out.stderr));
     let logs = wait_for_logs(&s, &name, &["final-unterminated"]);
     assert!(logs.contains("final-unterminated"), "{logs}");
     let lines: Vec<&str> = logs.lines().collect();
     assert!(lines.contains(&"1") && lines.contains(&"500"), "{logs}");
-    let rm = s.nerdctl_output(&["rm", "-f", &name]).unwrap();
-    assert!(rm.status.success(), "{}", text(&rm.stderr));
+    remove(&s, &name);
 }
 
 #[test]
 #[ignore = "needs the vmlet stack: make test"]
 fn exec_with_a_terminal_starts_at_the_callers_size() {
     let s = stack();
-    let name = unique_id("nerd-tty");
-    let out = run(
-        &s,
-        &["-d", "--net", "none", "--name", &name],
-        &["sleep", "1000"],
-    );
-    assert!(out.status.success(), "{}", text(&out.stderr));
+    let name = run_detached(&s, "nerd-tty", &["sleep", "1000"]);
     // nerdctl names a stderr FIFO it does not make (the terminal carries all output), puts
     // its terminal's size in the exec's consoleSize and resizes before the start: the
     // first `stty size` sees the size.
     let mut command = s.nerdctl();
     command.args(["exec", "-t", &name, "stty", "size"]);
     let seen = run_on_terminal(command, 33, 77);
-    let rm = s.nerdctl_output(&["rm", "-f", &name]).unwrap();
+    remove(&s, &name);
     let (out, seen) = seen.unwrap();
     assert!(out.status.success(), "{}: {seen:?}", out.status);
     assert!(seen.contains("33 77"), "stty size inside: {seen:?}");
-    assert!(rm.status.success(), "{}", text(&rm.stderr));
 }
