@@ -142,12 +142,15 @@ fn mount_basics() -> Result<(), Error> {
         MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
         None,
     )?;
+    // favordynmods (Linux 6.0): moving a process into a cgroup, which the agent does for
+    // every container init and exec process, no longer waits for an RCU grace period
+    // (8-13 ms each under TCG, 0.4 ms with it), for slightly dearer forks and exits.
     mount_fs(
         "cgroup2",
         "/sys/fs/cgroup",
         "cgroup2",
         nosuid_nodev_noexec,
-        None,
+        Some("favordynmods"),
     )?;
     mount_fs(
         "tmpfs",

@@ -10,6 +10,7 @@ use tokio::sync::watch;
 use vmlet_protocol::StreamKind;
 
 use crate::cgroup::Cgroup;
+use crate::exec_server_handle::ExecServer;
 use crate::init_spec::SeccompSpec;
 use crate::reaper::{ExitStatus, Reaper};
 use crate::Error;
@@ -42,7 +43,7 @@ impl HostEnds {
 }
 
 pub struct Process {
-    /// The helper's PID until an exec process starts, then the process's own.
+    /// The process's PID (a container init that handed over: its clone's, from then on).
     pid: AtomicI32,
     exit: Mutex<watch::Receiver<Option<ExitStatus>>>,
     phase: Mutex<Phase>,
@@ -127,64 +128,16 @@ impl Process {
             state: "not created",
             action: "wait for readiness",
         })?;
-        let mut file = std::fs::File::from(fd.try_clone().map_err(|e| Error::io("dup", e))?);
-        let mut read_byte = || -> Result<Option<u8>, Error> {
-            let mut byte = [0u8; 1];
-            let n = file
-                .read(&mut byte)
-                .map_err(|e| Error::io("read init status", e))?;
-            Ok((n == 1).then_some(byte[0]))
-        };
-        let mut handed_over = None;
-        let mut first = read_byte()?;
-        if first == Some(b'P') {
-            let mut digits = String::new();
-            loop {
-                match read_byte()? {
-                    Some(b'\n') => break,
-                    Some(d) if d.is_ascii_digit() && digits.len() < 10 => digits.push(d as char),
-                    other => {
-                        *guard = None;
-                        return Err(Error::ContainerSetup {
-                            id: id.into(),
-                            message: format!("bad PID report from the init helper ({other:?})"),
-                        });
-                    }
-                }
-            }
-            let pid: i32 = digits.parse().map_err(|_| Error::ContainerSetup {
-                id: id.into(),
-                message: format!("bad PID {digits:?} from the init helper"),
-            })?;
-            self.hand_over(pid, reaper);
-            handed_over = Some(pid);
-            first = read_byte()?;
+        let ready = read_ready(fd, id, |pid| self.hand_over(pid, reaper));
+        if ready.is_err() {
+            *guard = None;
         }
-        match first {
-            Some(b'R') => Ok(handed_over),
-            Some(b'E') => {
-                let mut rest = String::new();
-                let _ = file.take(64 * 1024).read_to_string(&mut rest);
-                *guard = None;
-                Err(Error::ContainerSetup {
-                    id: id.into(),
-                    message: rest,
-                })
-            }
-            _ => {
-                *guard = None;
-                Err(Error::ContainerSetup {
-                    id: id.into(),
-                    message: "container init exited before it was ready".into(),
-                })
-            }
-        }
+        ready
     }
 
-    /// Tells the init (or exec helper) to execute the process; blocks until the exec
-    /// happened or failed. An exec helper reports the PID of the process it cloned: from
-    /// then on that PID and its exit are this process's.
-    pub fn start(&self, id: &str, reaper: &Reaper) -> Result<(), Error> {
+    /// Tells the init (or exec process) to execute the process; blocks until the exec
+    /// happened or failed.
+    pub fn start(&self, id: &str) -> Result<(), Error> {
         let mut phase = self.phase.lock().unwrap();
         if *phase != Phase::Created {
             return Err(Error::WrongState {
@@ -211,15 +164,6 @@ impl Process {
             .take(64 * 1024)
             .read_to_string(&mut message)
             .map_err(|e| Error::io("read exec status", e))?;
-        if let Some(rest) = message.strip_prefix('P') {
-            let (pid, rest) = rest.split_once('\n').unwrap_or((rest, ""));
-            let pid: i32 = pid.parse().map_err(|_| Error::ContainerSetup {
-                id: id.into(),
-                message: format!("exec helper sent a bad PID {pid:?}"),
-            })?;
-            self.hand_over(pid, reaper);
-            message = rest.to_owned();
-        }
         if let Some(error) = message.strip_prefix('E') {
             return Err(Error::ContainerSetup {
                 id: id.into(),
@@ -231,12 +175,63 @@ impl Process {
     }
 }
 
+/// Reads a helper's readiness from its status pipe: `R`, or `E<message>` (an error), or EOF
+/// (an error), after an optional `P<pid>\n` whose PID is given to `handed_over` (and
+/// returned) before the rest is read.
+pub fn read_ready(
+    status: &OwnedFd,
+    id: &str,
+    handed_over: impl FnOnce(i32),
+) -> Result<Option<i32>, Error> {
+    let mut file = std::fs::File::from(status.try_clone().map_err(|e| Error::io("dup", e))?);
+    let mut read_byte = || -> Result<Option<u8>, Error> {
+        let mut byte = [0u8; 1];
+        let n = file
+            .read(&mut byte)
+            .map_err(|e| Error::io("read init status", e))?;
+        Ok((n == 1).then_some(byte[0]))
+    };
+    let setup = |message: String| Error::ContainerSetup {
+        id: id.into(),
+        message,
+    };
+    let mut pid = None;
+    let mut first = read_byte()?;
+    if first == Some(b'P') {
+        let mut digits = String::new();
+        loop {
+            match read_byte()? {
+                Some(b'\n') => break,
+                Some(d) if d.is_ascii_digit() && digits.len() < 10 => digits.push(d as char),
+                other => return Err(setup(format!("bad PID report from the helper ({other:?})"))),
+            }
+        }
+        let reported: i32 = digits
+            .parse()
+            .map_err(|_| setup(format!("bad PID {digits:?} from the helper")))?;
+        handed_over(reported);
+        pid = Some(reported);
+        first = read_byte()?;
+    }
+    match first {
+        Some(b'R') => Ok(pid),
+        Some(b'E') => {
+            let mut rest = String::new();
+            let _ = file.take(64 * 1024).read_to_string(&mut rest);
+            Err(setup(rest))
+        }
+        _ => Err(setup("the helper exited before it was ready".into())),
+    }
+}
+
 pub struct Container {
     pub init: Arc<Process>,
     pub execs: Mutex<HashMap<String, Arc<Process>>>,
     pub cgroup: Cgroup,
     /// The container's seccomp filter, which its execs take too.
     pub seccomp: Option<SeccompSpec>,
+    /// Started at the first exec; dropping it (the container's removal) stops it.
+    pub exec_server: tokio::sync::Mutex<Option<Arc<ExecServer>>>,
 }
 
 impl Container {
@@ -246,6 +241,7 @@ impl Container {
             execs: Mutex::new(HashMap::new()),
             cgroup,
             seccomp,
+            exec_server: tokio::sync::Mutex::new(None),
         }
     }
 }

@@ -1,7 +1,8 @@
-//! The side of the launch handshake that a helper (`__container-init`, `__exec-init`) runs:
-//! fd 3 carries its spec as JSON, fd 4 the start byte (EOF: give up), fd 5 the status
-//! (`R` when ready, `E<message>` on failure; close-on-exec, so EOF after a good execve),
-//! preceded by `P<pid>\n` when the helper handed over to a clone of itself.
+//! The side of the launch handshake that a helper (`__container-init`, `__exec-server`, or
+//! an exec process cloned by the latter) runs: fd 3 carries its spec as JSON, fd 4 the
+//! start byte (EOF: give up), fd 5 the status (`R` when ready, `E<message>` on failure;
+//! close-on-exec, so EOF after a good execve), preceded by `P<pid>\n` when the helper
+//! handed over to a clone of itself. An exec server gets its request socket as fd 6.
 
 use std::fs::File;
 use std::io::{Read, Write};
@@ -14,6 +15,7 @@ use serde::de::DeserializeOwned;
 pub const SPEC_FD: i32 = 3;
 pub const START_FD: i32 = 4;
 pub const STATUS_FD: i32 = 5;
+pub const REQUESTS_FD: i32 = 6;
 
 /// The helper's end of the handshake.
 pub struct Handshake {
@@ -58,7 +60,18 @@ impl Handshake {
         }
     }
 
-    /// Writes raw bytes on the status pipe (the exec helper's `P<pid>` line).
+    /// Reports ready and lets go of the start and status pipes (the exec server, which
+    /// waits for requests instead of a start byte). Exits if the agent is gone.
+    pub fn ready(self) {
+        let mut status = self.status;
+        if status.write_all(b"R").is_err() {
+            std::process::exit(1);
+        }
+        // SAFETY: launch.rs hands this descriptor over open and owned by nobody else.
+        drop(unsafe { File::from_raw_fd(START_FD) });
+    }
+
+    /// Writes raw bytes on the status pipe (a handed-over helper's `P<pid>` line).
     pub fn report(&mut self, bytes: &[u8]) {
         let _ = self.status.write_all(bytes);
     }

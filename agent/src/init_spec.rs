@@ -104,14 +104,6 @@ pub struct DeviceNode {
     pub gid: u32,
 }
 
-/// Everything an exec process needs: whose namespaces and root to join, and what to run.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ExecSpec {
-    /// Guest PID of the container's init.
-    pub init_pid: i32,
-    pub process: ProcessSpec,
-}
-
 /// Splits mount options into mount(2) flags and the data string the file system gets.
 pub fn parse_mount_options(options: &[String]) -> (MsFlags, String) {
     let mut flags = MsFlags::empty();

@@ -1,8 +1,9 @@
-//! Starting a container's init process in new namespaces, or an exec process's helper.
+//! Starting a container's init process in new namespaces or a container's exec server
+//! ([`launch`]), and an exec process through that server ([`request_exec`]).
 //!
 //! The agent is multi-threaded, so the child of clone(2) may only make async-signal-safe
 //! calls: it moves its descriptors into place and executes this binary again as
-//! `__container-init` or `__exec-init`, which does the real work single-threaded.
+//! `__container-init` or `__exec-server`, which does the real work single-threaded.
 
 use std::ffi::CString;
 use std::io::Write;
@@ -10,10 +11,13 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 
 use nix::fcntl::OFlag;
+use nix::sys::socket::{recv, sendmsg, ControlMessage, MsgFlags};
 use nix::unistd::pipe2;
 
-use crate::helper_fds::{SPEC_FD, START_FD, STATUS_FD};
-use crate::{Error, CONTAINER_INIT_ARG, EXEC_INIT_ARG};
+use crate::exec_server::REQUEST_FDS;
+use crate::helper_fds::{REQUESTS_FD, SPEC_FD, START_FD, STATUS_FD};
+use crate::init_spec::ProcessSpec;
+use crate::{Error, CONTAINER_INIT_ARG, EXEC_SERVER_ARG};
 
 /// The container's ends of its stdio, already opened (pipes or `/dev/null`).
 pub struct ChildStdio {
@@ -38,8 +42,9 @@ pub enum Helper {
     /// `__container-init` in new mount, UTS and IPC namespaces: it joins the pod's PID
     /// namespace itself (see `container_init`).
     ContainerInitInPodPidNamespace,
-    /// `__exec-init` in the agent's namespaces (it joins the container's itself).
-    ExecInit,
+    /// `__exec-server` in the agent's namespaces (it joins the container's itself), with
+    /// its end of the request socket.
+    ExecServer(std::os::fd::RawFd),
 }
 
 /// Clones a child running `helper` and sends it `spec` (serialized as JSON). Returns the
@@ -49,15 +54,14 @@ pub fn launch(
     spec: &impl serde::Serialize,
     stdio: ChildStdio,
 ) -> Result<(i32, Launched), Error> {
-    let json = serde_json::to_vec(spec)
-        .map_err(|e| Error::InvalidRequest(format!("encode init spec: {e}")))?;
+    let json = encode(spec)?;
     let exe = std::env::current_exe().map_err(|e| Error::io("find own executable", e))?;
     let exe = CString::new(exe.as_os_str().as_bytes())
         .map_err(|_| Error::InvalidRequest("executable path has a NUL".into()))?;
     let arg0 = CString::new("vmlet-agent").unwrap();
     let arg1 = CString::new(match helper {
         Helper::ContainerInit | Helper::ContainerInitInPodPidNamespace => CONTAINER_INIT_ARG,
-        Helper::ExecInit => EXEC_INIT_ARG,
+        Helper::ExecServer(_) => EXEC_SERVER_ARG,
     })
     .unwrap();
     let argv = [arg0.as_ptr(), arg1.as_ptr(), std::ptr::null()];
@@ -67,7 +71,7 @@ pub fn launch(
     let (spec_r, spec_w) = pipe()?;
     let (start_r, start_w) = pipe()?;
     let (status_r, status_w) = pipe()?;
-    let sources = [
+    let mut sources = vec![
         stdio.stdin.as_raw_fd(),
         stdio.stdout.as_raw_fd(),
         stdio.stderr.as_raw_fd(),
@@ -75,7 +79,10 @@ pub fn launch(
         start_r.as_raw_fd(),
         status_w.as_raw_fd(),
     ];
-    debug_assert_eq!((SPEC_FD, START_FD, STATUS_FD), (3, 4, 5));
+    if let Helper::ExecServer(requests) = helper {
+        sources.push(requests);
+    }
+    debug_assert_eq!((SPEC_FD, START_FD, STATUS_FD, REQUESTS_FD), (3, 4, 5, 6));
 
     let flags = match helper {
         Helper::ContainerInit => {
@@ -88,7 +95,7 @@ pub fn launch(
         Helper::ContainerInitInPodPidNamespace => {
             libc::CLONE_NEWNS | libc::CLONE_NEWUTS | libc::CLONE_NEWIPC | libc::SIGCHLD
         }
-        Helper::ExecInit => libc::SIGCHLD,
+        Helper::ExecServer(_) => libc::SIGCHLD,
     };
     // SAFETY: clone without CLONE_VM and with a null stack behaves like fork(2). The child
     // only calls async-signal-safe functions (fcntl, dup2, execve, _exit) on data prepared
@@ -106,14 +113,14 @@ pub fn launch(
     if pid == 0 {
         // SAFETY: see above; every pointer refers to memory that stays valid until execve.
         unsafe {
-            let mut moved = [0; 6];
+            let mut moved = [0; 7];
             for (i, src) in sources.iter().enumerate() {
                 moved[i] = libc::fcntl(*src, libc::F_DUPFD_CLOEXEC, 100);
                 if moved[i] < 0 {
                     libc::_exit(120);
                 }
             }
-            for (target, src) in moved.iter().enumerate() {
+            for (target, src) in moved.iter().take(sources.len()).enumerate() {
                 if libc::dup2(*src, target as i32) < 0 {
                     libc::_exit(121);
                 }
@@ -129,8 +136,7 @@ pub fn launch(
         ));
     }
     drop((spec_r, start_r, status_w, stdio));
-    let mut spec_w = std::fs::File::from(spec_w);
-    spec_w
+    std::fs::File::from(spec_w)
         .write_all(&json)
         .map_err(|e| Error::io("send init spec", e))?;
     Ok((
@@ -140,4 +146,171 @@ pub fn launch(
             status: status_r,
         },
     ))
+}
+
+/// Asks a container's exec server (the agent's end of its request socket, with a receive
+/// timeout) to clone an exec process with `stdio` and sends that process `spec`. Returns
+/// the process's PID (as seen by the agent).
+pub fn request_exec(
+    id: &str,
+    server: &OwnedFd,
+    spec: &ProcessSpec,
+    stdio: ChildStdio,
+) -> Result<(i32, Launched), Error> {
+    let json = encode(spec)?;
+    let pipe = || pipe2(OFlag::O_CLOEXEC).map_err(|e| Error::io("pipe", e.into()));
+    let (spec_r, spec_w) = pipe()?;
+    let (start_r, start_w) = pipe()?;
+    let (status_r, status_w) = pipe()?;
+    let fds: [i32; REQUEST_FDS] = [
+        stdio.stdin.as_raw_fd(),
+        stdio.stdout.as_raw_fd(),
+        stdio.stderr.as_raw_fd(),
+        spec_r.as_raw_fd(),
+        start_r.as_raw_fd(),
+        status_w.as_raw_fd(),
+    ];
+    let iov = [std::io::IoSlice::new(b"x")];
+    let rights = [ControlMessage::ScmRights(&fds)];
+    sendmsg::<()>(server.as_raw_fd(), &iov, &rights, MsgFlags::empty(), None)
+        .map_err(|e| Error::io("send a request to the exec server", e.into()))?;
+    drop((spec_r, start_r, status_w, stdio));
+    let mut answer = [0u8; 4096];
+    let setup = |message: String| Error::ContainerSetup {
+        id: id.into(),
+        message,
+    };
+    let n = match recv(server.as_raw_fd(), &mut answer, MsgFlags::empty()) {
+        Ok(n) => n,
+        Err(nix::errno::Errno::EAGAIN) => {
+            return Err(setup("the exec server did not answer in time".into()))
+        }
+        Err(e) => return Err(Error::io("read the exec server's answer", e.into())),
+    };
+    let answer = String::from_utf8_lossy(&answer[..n]);
+    let pid = match (answer.strip_prefix('P'), answer.strip_prefix('E')) {
+        (Some(pid), _) => pid.parse::<i32>().ok().filter(|p| *p > 0),
+        (_, Some(message)) => return Err(setup(format!("exec server: {message}"))),
+        _ => None,
+    }
+    .ok_or_else(|| setup(format!("the exec server answered {answer:?}")))?;
+    std::fs::File::from(spec_w)
+        .write_all(&json)
+        .map_err(|e| Error::io("send exec spec", e))?;
+    Ok((
+        pid,
+        Launched {
+            start: start_w,
+            status: status_r,
+        },
+    ))
+}
+
+fn encode(spec: &impl serde::Serialize) -> Result<Vec<u8>, Error> {
+    serde_json::to_vec(spec).map_err(|e| Error::InvalidRequest(format!("encode spec: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Read;
+    use std::thread;
+
+    use nix::sys::socket::{
+        send, setsockopt, socketpair, sockopt, AddressFamily, SockFlag, SockType,
+    };
+    use nix::sys::time::{TimeVal, TimeValLike};
+
+    use super::*;
+    use crate::exec_server::receive;
+
+    fn pair() -> (OwnedFd, OwnedFd) {
+        socketpair(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            None,
+            SockFlag::SOCK_CLOEXEC,
+        )
+        .unwrap()
+    }
+
+    fn null_stdio() -> ChildStdio {
+        let null = || OwnedFd::from(std::fs::File::open("/dev/null").unwrap());
+        ChildStdio {
+            stdin: null(),
+            stdout: null(),
+            stderr: null(),
+        }
+    }
+
+    fn spec() -> ProcessSpec {
+        ProcessSpec {
+            args: vec!["true".into()],
+            env: vec!["PATH=/bin".into()],
+            cwd: "/".into(),
+            uid: 0,
+            gid: 0,
+            additional_gids: vec![],
+            rlimits: vec![],
+            terminal: false,
+            capabilities: None,
+            no_new_privileges: false,
+            seccomp: None,
+        }
+    }
+
+    /// Answers one request with `answer`, then returns what arrived on its spec pipe.
+    fn fake_server(server: OwnedFd, answer: &'static str) -> thread::JoinHandle<Vec<u8>> {
+        thread::spawn(move || {
+            let fds = receive(&server).unwrap().expect("a request");
+            send(server.as_raw_fd(), answer.as_bytes(), MsgFlags::empty()).unwrap();
+            let [_, _, _, spec, _, _] = fds;
+            let mut json = Vec::new();
+            std::fs::File::from(spec).read_to_end(&mut json).unwrap();
+            json
+        })
+    }
+
+    #[test]
+    fn an_exec_gets_its_pid_from_the_server_then_its_spec() {
+        let (agent, server) = pair();
+        let fake = fake_server(server, "P4242");
+        let (pid, _launched) = request_exec("c/e", &agent, &spec(), null_stdio()).unwrap();
+        assert_eq!(pid, 4242);
+        let sent: ProcessSpec = serde_json::from_slice(&fake.join().unwrap()).unwrap();
+        assert_eq!(sent, spec());
+    }
+
+    #[test]
+    fn a_server_error_names_the_exec() {
+        let (agent, server) = pair();
+        let fake = fake_server(server, "Eclone: out of memory");
+        let err = request_exec("c/e", &agent, &spec(), null_stdio())
+            .err()
+            .expect("an error");
+        assert_eq!(
+            err.to_string(),
+            "container c/e: exec server: clone: out of memory"
+        );
+        assert!(fake.join().unwrap().is_empty(), "no spec after a failure");
+    }
+
+    #[test]
+    fn a_garbled_answer_is_an_error() {
+        let (agent, server) = pair();
+        let _fake = fake_server(server, "P-1");
+        let err = request_exec("c/e", &agent, &spec(), null_stdio())
+            .err()
+            .expect("an error");
+        assert!(err.to_string().contains("answered \"P-1\""), "{err}");
+    }
+
+    #[test]
+    fn a_silent_server_times_out() {
+        let (agent, _server) = pair();
+        setsockopt(&agent, sockopt::ReceiveTimeout, &TimeVal::milliseconds(100)).unwrap();
+        let err = request_exec("c/e", &agent, &spec(), null_stdio())
+            .err()
+            .expect("an error");
+        assert!(err.to_string().contains("did not answer in time"), "{err}");
+    }
 }

@@ -10,8 +10,9 @@
 //! mount, PID, UTS and IPC namespaces ([`launch`]; a container sharing the pod's PID
 //! namespace joins it instead); that process ([`container_init`]) sets up the rootfs and
 //! waits for the start signal before it executes the container's process.
-//! Exec processes are started by [`EXEC_INIT_ARG`] ([`exec_init`]), which joins the init's
-//! namespaces and root and clones the process as a child of the agent. A process with a
+//! Exec processes are cloned by the container's exec server ([`EXEC_SERVER_ARG`],
+//! [`exec_server`]), started at the container's first exec, which has joined the init's
+//! namespaces and root once; each process is a child of the agent. A process with a
 //! terminal gets a pseudo-terminal whose master end carries its stdin and output.
 //! Before it executes, every container process takes the spec's capabilities,
 //! `no_new_privileges` and seccomp filter ([`become_process`]); the init also masks the spec's masked paths
@@ -26,7 +27,8 @@ mod cgroup;
 pub mod container_init;
 mod containers;
 mod error;
-pub mod exec_init;
+pub mod exec_server;
+mod exec_server_handle;
 pub mod forward;
 mod helper_fds;
 pub mod init_spec;
@@ -45,8 +47,8 @@ pub use error::Error;
 
 /// First argument that turns this binary into the container init.
 pub const CONTAINER_INIT_ARG: &str = "__container-init";
-/// First argument that turns this binary into the start helper of an exec process.
-pub const EXEC_INIT_ARG: &str = "__exec-init";
+/// First argument that turns this binary into a container's exec server.
+pub const EXEC_SERVER_ARG: &str = "__exec-server";
 
 /// Runs the agent as the guest's PID 1. Never returns: on a fatal error it powers off, so
 /// that the host sees the VM stop instead of a hang.

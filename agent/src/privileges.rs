@@ -4,7 +4,7 @@
 //! (`capset`), the ambient set raised, and `no_new_privileges` set last before `execve`;
 //! the seccomp filter goes in right before `execve` under `no_new_privileges`, else before
 //! the capabilities drop (installing one without it takes CAP_SYS_ADMIN).
-//! Runs single-threaded in the container's init or exec helper.
+//! Runs single-threaded in the container's init or exec process, before it executes.
 
 use crate::init_spec::{CapabilitySpec, SeccompSpec};
 

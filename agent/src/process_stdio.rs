@@ -2,7 +2,7 @@
 //! agent keeps for the host's streams.
 
 use std::fs::File;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
 
 use nix::fcntl::OFlag;
@@ -31,6 +31,20 @@ fn dev_null() -> Result<OwnedFd, Error> {
         .open("/dev/null")
         .map(OwnedFd::from)
         .map_err(|e| Error::io("open /dev/null", e))
+}
+
+/// The stdio of a helper that serves the agent rather than a container (the exec server):
+/// `/dev/null` in and out, and the agent's own stderr (the guest console) for its errors.
+pub(crate) fn helper_stdio() -> Result<ChildStdio, Error> {
+    let stderr = std::io::stderr()
+        .as_fd()
+        .try_clone_to_owned()
+        .map_err(|e| Error::io("dup stderr", e))?;
+    Ok(ChildStdio {
+        stdin: dev_null()?,
+        stdout: dev_null()?,
+        stderr,
+    })
 }
 
 /// Whether a process gets a terminal, from which devpts, and the size it starts with (the

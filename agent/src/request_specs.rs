@@ -1,5 +1,5 @@
 //! What a create or exec request asks for, checked and turned into the specs the container
-//! and exec helpers run: paths stay inside the share, a process has args.
+//! and exec processes run: paths stay inside the share, a process has args.
 
 use std::path::{Component, Path, PathBuf};
 

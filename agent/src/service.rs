@@ -19,12 +19,21 @@ use vmlet_protocol::{agent_ttrpc, AGENT_PORT};
 use crate::boot::Boot;
 use crate::cgroup::Cgroup;
 use crate::containers::{Container, Containers, Process};
-use crate::init_spec::{ExecSpec, MountSpec, ProcessSpec};
+use crate::exec_server_handle::ExecServer;
+use crate::init_spec::{InitSpec, MountSpec, ProcessSpec};
 use crate::launch::{launch, Helper};
 use crate::process_stdio::{console_size, stdio_for, Terminal};
 use crate::reaper::Reaper;
 use crate::request_specs::{init_spec, process_spec};
 use crate::Error;
+
+/// What [`AgentService::launch`] starts.
+enum Start<'a> {
+    /// A container's init, by cloning this binary as `helper`.
+    Init(Helper, &'a InitSpec),
+    /// An exec process, cloned by its container's exec server.
+    Exec(&'a ExecServer, &'a ProcessSpec),
+}
 
 pub struct AgentService {
     share: Option<PathBuf>,
@@ -116,8 +125,7 @@ impl AgentService {
         let launched = async {
             cgroup.apply(&req.resources.clone().unwrap_or_default())?;
             self.launch(
-                helper,
-                &spec,
+                Start::Init(helper, &spec),
                 // The rootfs is not set up yet: the guest's devpts.
                 if spec.process.terminal {
                     Terminal::Guest(console_size(req.process.as_ref()))
@@ -150,19 +158,26 @@ impl AgentService {
         })
     }
 
-    /// Starts a helper (container init or exec helper) with its stdio and waits until it
-    /// is ready for the start signal.
+    /// Starts a container init, or an exec process through its container's exec server,
+    /// with its stdio and waits until it is ready for the start signal.
     async fn launch(
         &self,
-        helper: Helper,
-        spec: &impl serde::Serialize,
+        start: Start<'_>,
         terminal: Terminal<'_>,
         stdio: Option<&proto::Stdio>,
         cgroup: &Cgroup,
         id: &str,
     ) -> Result<Arc<Process>, Error> {
         let (child, host, pty) = stdio_for(stdio, terminal)?;
-        let (pid, launched, exit) = self.reaper.track(|| launch(helper, spec, child))?;
+        let (pid, launched, exit) = match start {
+            Start::Init(helper, spec) => self.reaper.track(|| launch(helper, spec, child))?,
+            Start::Exec(server, spec) => {
+                // A round trip to the server (a clone), bounded by its answer timeout.
+                let (pid, launched) =
+                    tokio::task::block_in_place(|| server.request(id, spec, child))?;
+                (pid, launched, self.reaper.adopt(pid))
+            }
+        };
         // Before it may start: everything it (or an exec's process) forks is counted there.
         if let Err(e) = cgroup.add(pid) {
             let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
@@ -213,27 +228,24 @@ impl AgentService {
                 action: "exec in it",
             });
         }
-        let spec = ExecSpec {
-            init_pid: container.init.pid(),
-            process: ProcessSpec {
-                // As runc: an exec runs under its container's filter.
-                seccomp: container.seccomp.clone(),
-                ..process_spec(req.process.as_ref())?
-            },
+        let spec = ProcessSpec {
+            // As runc: an exec runs under its container's filter.
+            seccomp: container.seccomp.clone(),
+            ..process_spec(req.process.as_ref())?
         };
         // An exec's terminal comes from its container's devpts where it has one, so that
         // `tty` inside names it.
-        let ptmx = PathBuf::from(format!("/proc/{}/root/dev/pts/ptmx", spec.init_pid));
+        let ptmx = PathBuf::from(format!("/proc/{}/root/dev/pts/ptmx", container.init.pid()));
         let size = console_size(req.process.as_ref());
-        let terminal = match (spec.process.terminal, ptmx.exists()) {
+        let terminal = match (spec.terminal, ptmx.exists()) {
             (false, _) => Terminal::None,
             (true, true) => Terminal::Devpts(&ptmx, size),
             (true, false) => Terminal::Guest(size),
         };
+        let server = self.exec_server(&container, &req.container_id).await?;
         let process = self
             .launch(
-                Helper::ExecInit,
-                &spec,
+                Start::Exec(&server, &spec),
                 terminal,
                 req.stdio.as_ref(),
                 &container.cgroup,
@@ -248,6 +260,21 @@ impl AgentService {
         execs.insert(req.exec_id.clone(), process);
         log::info!("exec {name} created");
         Ok(Empty::default())
+    }
+
+    /// The container's exec server, started (or started again, if it died) here.
+    async fn exec_server(&self, container: &Container, id: &str) -> Result<Arc<ExecServer>, Error> {
+        let mut slot = container.exec_server.lock().await;
+        if let Some(server) = slot.as_ref().filter(|s| s.is_running()) {
+            return Ok(server.clone());
+        }
+        let (reaper, init_pid, id) = (self.reaper.clone(), container.init.pid(), id.to_owned());
+        let server = tokio::task::spawn_blocking(move || ExecServer::start(&reaper, init_pid, &id))
+            .await
+            .map_err(|e| Error::Boot(format!("join: {e}")))??;
+        let server = Arc::new(server);
+        *slot = Some(server.clone());
+        Ok(server)
     }
 
     fn remove_exec(&self, req: ProcessRef) -> Result<Empty, Error> {
@@ -295,8 +322,7 @@ impl AgentService {
             format!("{}/{}", r.container_id, r.exec_id)
         };
         let p = process.clone();
-        let reaper = self.reaper.clone();
-        tokio::task::spawn_blocking(move || p.start(&id, &reaper))
+        tokio::task::spawn_blocking(move || p.start(&id))
             .await
             .map_err(|e| Error::Boot(format!("join: {e}")))??;
         Ok(StartProcessResponse {
@@ -383,6 +409,8 @@ impl AgentService {
 
     async fn remove(&self, req: RemoveContainerRequest) -> Result<Empty, Error> {
         let container = self.containers.get(&req.container_id)?;
+        // Its exec server exits when its socket closes.
+        drop(container.exec_server.lock().await.take());
         if container.init.exit_status().is_none() {
             let _ = kill(Pid::from_raw(container.init.pid()), Signal::SIGKILL);
             container.init.wait().await;

@@ -2,11 +2,13 @@
 //! it (naming the command) instead of stalling the whole run.
 
 use std::io::Read;
+use std::os::fd::{AsFd, FromRawFd, OwnedFd};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
 /// How long one client command (`ctr`, `virsh`, `ip`) may take.
 pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(120);
@@ -18,6 +20,9 @@ pub fn output_within(mut child: Child, timeout: Duration, what: &str) -> anyhow:
     let stdout = drain(child.stdout.take());
     let stderr = drain(child.stderr.take());
     let deadline = Instant::now() + timeout;
+    // Readable once the child exited: waking then, not on a polling tick, keeps the times
+    // the benchmarks take around commands exact.
+    let exited = pidfd(&child).with_context(|| format!("pidfd of {what}"))?;
     let status = loop {
         if let Some(status) = child
             .try_wait()
@@ -25,7 +30,8 @@ pub fn output_within(mut child: Child, timeout: Duration, what: &str) -> anyhow:
         {
             break status;
         }
-        if Instant::now() > deadline {
+        let now = Instant::now();
+        if now > deadline {
             let _ = child.kill();
             let _ = child.wait();
             // Whatever it printed helps to see where it stopped.
@@ -38,7 +44,15 @@ pub fn output_within(mut child: Child, timeout: Duration, what: &str) -> anyhow:
                 String::from_utf8_lossy(&err)
             );
         }
-        std::thread::sleep(Duration::from_millis(20));
+        let left = deadline.saturating_duration_since(now).as_millis();
+        let mut fds = [PollFd::new(exited.as_fd(), PollFlags::POLLIN)];
+        match poll(
+            &mut fds,
+            PollTimeout::try_from(left.min(10_000) as i32).unwrap_or(PollTimeout::MAX),
+        ) {
+            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+            Err(e) => bail!("poll the pidfd of {what}: {e}"),
+        }
     };
     // A grandchild may hold the pipes open after the child exited: do not wait on it.
     let grace = Instant::now() + Duration::from_secs(2);
@@ -48,6 +62,17 @@ pub fn output_within(mut child: Child, timeout: Duration, what: &str) -> anyhow:
         stdout: stdout.recv_timeout(rest()).unwrap_or_default(),
         stderr: stderr.recv_timeout(rest()).unwrap_or_default(),
     })
+}
+
+/// A pidfd of `child` (readable once it exited).
+fn pidfd(child: &Child) -> std::io::Result<OwnedFd> {
+    // SAFETY: pidfd_open takes a PID and flags and returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, child.id() as libc::pid_t, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: the descriptor was just created and is owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
 /// Runs `command` with no stdin and piped output, bounded by [`COMMAND_TIMEOUT`].
