@@ -53,12 +53,30 @@ async fn cri_pod_gets_its_cni_address_inside_the_vm() {
 }
 
 /// A pod with handler `vmlet` and its log directory, removed (with what is left of it) by
-/// [`PodUnderTest::finish`].
+/// [`PodUnderTest::finish`], or, when a test failed before that, by `crictl rmp -f` on drop,
+/// so that a failed test leaves no VM running into the next ones.
 struct PodUnderTest {
     cri: Cri,
     config: k8s_cri::v1::PodSandboxConfig,
     pod: String,
     logs: std::path::PathBuf,
+    containerd: String,
+    finished: bool,
+}
+
+impl Drop for PodUnderTest {
+    fn drop(&mut self) {
+        if self.finished {
+            return;
+        }
+        let endpoint = format!("unix://{}", self.containerd);
+        let mut crictl = std::process::Command::new("crictl");
+        crictl.args(["--runtime-endpoint", &endpoint, "rmp", "-f", &self.pod]);
+        if let Err(e) = vmlet_integration::bounded::output(&mut crictl) {
+            eprintln!("cri: removing pod {} after a failure: {e}", self.pod);
+        }
+        let _ = std::fs::remove_dir_all(&self.logs);
+    }
 }
 
 impl PodUnderTest {
@@ -86,6 +104,8 @@ impl PodUnderTest {
             config,
             pod,
             logs,
+            containerd: s.containerd.clone(),
+            finished: false,
         }
     }
 
@@ -118,6 +138,7 @@ impl PodUnderTest {
         }
         self.cri.remove_pod(&self.pod).await.unwrap();
         let _ = std::fs::remove_dir_all(&self.logs);
+        self.finished = true;
     }
 }
 
