@@ -27,6 +27,14 @@ fn kubelet_namespaces() -> NamespaceOption {
     }
 }
 
+/// `crictl` pointed at containerd's CRI socket `socket` (`scripts/install-deps` builds it),
+/// for what the tests do outside an async context.
+pub fn crictl(socket: &str) -> std::process::Command {
+    let mut command = std::process::Command::new("crictl");
+    command.args(["--runtime-endpoint", &format!("unix://{socket}")]);
+    command
+}
+
 pub struct Cri {
     client: RuntimeServiceClient<Channel>,
 }

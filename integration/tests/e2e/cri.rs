@@ -52,7 +52,7 @@ async fn cri_pod_gets_its_cni_address_inside_the_vm() {
     assert!(!s.has_pod_domain(&pod), "the pod's VM is left");
 }
 
-/// A pod with handler `vmlet` and its log directory, removed (with what is left of it) by
+/// A pod with handler `vmlet` and its log directory (removed on drop), removed by
 /// [`PodUnderTest::finish`], or, when a test failed before that, by `crictl rmp -f` on drop,
 /// so that a failed test leaves no VM running into the next ones.
 struct PodUnderTest {
@@ -66,14 +66,12 @@ struct PodUnderTest {
 
 impl Drop for PodUnderTest {
     fn drop(&mut self) {
-        if self.finished {
-            return;
-        }
-        let endpoint = format!("unix://{}", self.containerd);
-        let mut crictl = std::process::Command::new("crictl");
-        crictl.args(["--runtime-endpoint", &endpoint, "rmp", "-f", &self.pod]);
-        if let Err(e) = vmlet_integration::bounded::output(&mut crictl) {
-            eprintln!("cri: removing pod {} after a failure: {e}", self.pod);
+        if !self.finished {
+            let mut rmp = vmlet_integration::cri::crictl(&self.containerd);
+            rmp.args(["rmp", "-f", &self.pod]);
+            if let Err(e) = vmlet_integration::bounded::output(&mut rmp) {
+                eprintln!("cri: removing pod {} after a failure: {e}", self.pod);
+            }
         }
         let _ = std::fs::remove_dir_all(&self.logs);
     }
@@ -137,7 +135,6 @@ impl PodUnderTest {
             self.cri.remove_container(c, 2).await.unwrap();
         }
         self.cri.remove_pod(&self.pod).await.unwrap();
-        let _ = std::fs::remove_dir_all(&self.logs);
         self.finished = true;
     }
 }

@@ -119,14 +119,9 @@ fn named_netns() -> Vec<String> {
 
 /// `namespace/name (id)` of each pod the CRI plugin has.
 fn cri_pods(s: &Stack) -> Vec<String> {
-    let out = bounded::output(Command::new("crictl").args([
-        "--runtime-endpoint",
-        &format!("unix://{}", s.containerd),
-        "pods",
-        "-o",
-        "json",
-    ]))
-    .expect("crictl pods");
+    let out =
+        bounded::output(vmlet_integration::cri::crictl(&s.containerd).args(["pods", "-o", "json"]))
+            .expect("crictl pods");
     assert!(
         out.status.success(),
         "crictl pods: {}",
