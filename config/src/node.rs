@@ -39,8 +39,8 @@ pub enum VsockTransport {
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct GuestConfig {
-    /// Guest kernel (`vmlet-image build` writes the Debian cloud kernel's `vmlinuz`, or the
-    /// lean `vmlinux` with `--kernel lean`).
+    /// Guest kernel (`vmlet-image build` writes the lean `vmlinux`, or `vmlinuz` with
+    /// `--kernel cloud`).
     pub kernel: PathBuf,
     /// Guest initramfs holding the agent and modules.
     pub initrd: PathBuf,
@@ -66,12 +66,17 @@ pub struct GuestConfig {
     /// own default (up to 1 GiB, filled as the guest runs new code; ~42 MiB in an idle
     /// pod). A small cap saves memory and costs re-translation (`docs/performance.md`).
     pub tcg_translation_cache_mib: Option<u64>,
+    /// Whether the guest reports the pages it frees so that the host takes them back (a
+    /// `virtio-balloon` with free page reporting, never inflated). Off by default: it did
+    /// not change an idle pod's memory, and it is the first suspect of a guest kernel fault
+    /// seen once (`docs/performance.md`).
+    pub free_page_reporting: bool,
 }
 
 impl Default for GuestConfig {
     fn default() -> Self {
         Self {
-            kernel: PathBuf::from("/usr/share/vmlet/vmlinuz"),
+            kernel: PathBuf::from("/usr/share/vmlet/vmlinux"),
             initrd: PathBuf::from("/usr/share/vmlet/initrd.img"),
             machine: "q35".into(),
             vcpus: 1,
@@ -82,6 +87,7 @@ impl Default for GuestConfig {
             overhead_vcpus: 0,
             overhead_memory_mib: 128,
             tcg_translation_cache_mib: None,
+            free_page_reporting: false,
         }
     }
 }

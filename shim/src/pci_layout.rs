@@ -8,7 +8,7 @@
 //! | 0x11        | the `virtio-mem` device the VM grows by                      |
 //! | 0x12 - 0x19 | one `virtio-net-pci` per tap ([`MAX_NICS`])                  |
 //! | 0x1a - 0x1d | `pcie-root-port`s for hot-plugged disks ([`HOTPLUG_PORTS`]) |
-//! | 0x1e        | the `virtio-balloon` that reports the guest's free pages     |
+//! | 0x1e        | the `virtio-balloon` (with `guest.free_page_reporting` only)  |
 //!
 //! (0x1f is the q35 chipset's.)
 
@@ -24,7 +24,7 @@ pub const MAX_NICS: usize = 8;
 pub const FIRST_HOTPLUG_PORT: usize = 0x1a;
 /// Hot-plug root ports each VM gets (each PCI disk takes one; SCSI disks share one).
 pub const HOTPLUG_PORTS: usize = 4;
-/// The balloon (free page reporting only).
+/// The balloon (free page reporting only, when the node turns it on).
 pub const BALLOON: usize = 0x1e;
 /// Slots on one PCI bus; the last is the chipset's (LPC, SATA, SMBus on q35).
 const SLOTS: usize = 31;

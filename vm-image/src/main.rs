@@ -29,7 +29,7 @@ fn parse(args: &[String]) -> anyhow::Result<vmlet_vm_image::Options> {
         }
     }
     let kernel = match (kind.as_deref(), kernel_deb) {
-        (Some("lean"), None) => Kernel::Lean,
+        (None | Some("lean"), None) => Kernel::Lean,
         (Some("lean"), Some(_)) => {
             bail!("--kernel-deb names a cloud kernel package; it does not go with --kernel lean")
         }
@@ -61,14 +61,11 @@ mod tests {
     }
 
     #[test]
-    fn the_cloud_kernel_is_the_default_and_the_lean_kernel_selectable() {
+    fn the_lean_kernel_is_the_default_and_the_cloud_kernel_selectable() {
+        assert_eq!(parsed("build --out o").unwrap().kernel, Kernel::Lean);
         assert_eq!(
-            parsed("build --out o").unwrap().kernel,
+            parsed("build --out o --kernel cloud").unwrap().kernel,
             Kernel::Cloud { deb: None }
-        );
-        assert_eq!(
-            parsed("build --out o --kernel lean").unwrap().kernel,
-            Kernel::Lean
         );
         assert_eq!(
             parsed("build --out o --kernel-deb k.deb").unwrap().kernel,

@@ -4,9 +4,8 @@
 //! - floor: median of 5 runs of QEMU started directly (no libvirt, no shim) on the same
 //!   kernel and initramfs, with its own vhost-device-vsock, until the agent answers a ping,
 //!   then powered off through the agent.
-//! - kernels: boot to the agent's answer (the floor's `guest_boot`) of the lean kernel
-//!   (`VMLET_LEAN_GUEST_DIR`, which `scripts/stack` builds) and of vmlet's, the Debian cloud
-//!   kernel, both with
+//! - kernels: boot to the agent's answer (the floor's `guest_boot`) of the lean kernel and of
+//!   the Debian cloud kernel (`VMLET_CLOUD_GUEST_DIR`, which `scripts/stack` builds), both with
 //!   the cloud image's initramfs (the lean kernel finds no module list for its release in it
 //!   and loads nothing).
 //!
@@ -287,16 +286,16 @@ async fn main() -> anyhow::Result<()> {
 /// Boot to the agent's answer of vmlet's kernel and of the Debian cloud kernel, on the cloud
 /// image's initramfs, alternating run by run.
 async fn compare_kernels(guest: &Guest, qemu: &str, vsock_bin: &str) -> anyhow::Result<()> {
-    let lean_dir = std::env::var("VMLET_LEAN_GUEST_DIR")
-        .context("VMLET_LEAN_GUEST_DIR (the lean kernel's image, from scripts/stack) is not set")?;
-    let lean_image = Guest::of_image(&lean_dir)?;
-    // vmlet's image holds the cloud kernel and its initramfs.
-    let cloud = Guest {
-        kernel: guest.kernel.clone(),
-        initrd: guest.initrd.clone(),
-    };
+    let cloud_dir = std::env::var("VMLET_CLOUD_GUEST_DIR").context(
+        "VMLET_CLOUD_GUEST_DIR (the cloud kernel's image, from scripts/stack) is not set",
+    )?;
+    let cloud = Guest::of_image(&cloud_dir)?;
+    if cloud.kernel == guest.kernel {
+        println!("bench-start: kernels: vmlet's kernel is the cloud kernel; nothing to compare");
+        return Ok(());
+    }
     let ours = Guest {
-        kernel: lean_image.kernel,
+        kernel: guest.kernel.clone(),
         initrd: cloud.initrd.clone(),
     };
     let boot_ms = |phases: Vec<(String, u64)>| {
@@ -314,7 +313,7 @@ async fn compare_kernels(guest: &Guest, qemu: &str, vsock_bin: &str) -> anyhow::
     let (l, d) = (median(lean), median(debian));
     println!(
         "bench-start: kernels: boot to agent (same initramfs) median: {} {l} ms, Debian cloud kernel {} {d} ms, ratio {:.2} (target <= 0.5)",
-        ours.kernel.display(),
+        guest.kernel.display(),
         cloud.kernel.display(),
         l as f64 / d as f64
     );

@@ -85,6 +85,8 @@ pub struct DomainParams {
     pub kvm: bool,
     /// A cap on QEMU's translation cache (MiB) when `kvm` is off (none: QEMU's default).
     pub tcg_translation_cache_mib: Option<u64>,
+    /// A balloon that reports the guest's free pages (none when off).
+    pub free_page_reporting: bool,
     pub vcpus: u32,
     pub memory_mib: u64,
     /// The virtio-mem region the VM may grow by (0: it cannot grow); a multiple of
@@ -237,16 +239,10 @@ impl Domain {
                     kind: "usb",
                     model: "none",
                 }],
-                memballoon: Memballoon {
-                    model: "virtio",
-                    free_page_reporting: "on",
-                    address: PciAddress {
-                        kind: "pci",
-                        domain: "0x0000",
-                        bus: "0x00",
-                        slot: crate::pci_layout::hex(crate::pci_layout::BALLOON),
-                        function: "0x0",
-                    },
+                memballoon: if p.free_page_reporting {
+                    Memballoon::reporting_free_pages()
+                } else {
+                    Memballoon::none()
                 },
                 memory: (p.hotplug_mib > 0).then(|| MemoryDevice {
                     model: "virtio-mem",
@@ -300,6 +296,7 @@ mod tests {
             pod_id: "t1".into(),
             kvm: false,
             tcg_translation_cache_mib: Some(16),
+            free_page_reporting: true,
             vcpus: 2,
             memory_mib: 512,
             hotplug_mib: 0,
@@ -368,6 +365,15 @@ mod tests {
             !xml.contains("<tcg>"),
             "KVM has no translation cache: {xml}"
         );
+    }
+
+    #[test]
+    fn a_vm_has_no_balloon_unless_free_page_reporting_is_on() {
+        let mut p = params(VsockDevice::Vhost);
+        p.free_page_reporting = false;
+        let xml = Domain::new(&p).to_xml().unwrap();
+        assert!(xml.contains("<memballoon model=\"none\"/>"), "{xml}");
+        assert!(!xml.contains("freePageReporting"), "{xml}");
     }
 
     #[test]

@@ -184,15 +184,43 @@ pub struct Devices {
     pub memory: Option<MemoryDevice>,
 }
 
-/// A virtio balloon that only reports the guest's free pages, so that the host takes them
-/// back (it is never inflated).
+/// The VM's balloon: none (libvirt would add one unless told `none`), or a virtio balloon
+/// that only reports the guest's free pages, so that the host takes them back (it is never
+/// inflated).
 #[derive(Debug, Serialize)]
 pub struct Memballoon {
     #[serde(rename = "@model")]
     pub model: &'static str,
-    #[serde(rename = "@freePageReporting")]
-    pub free_page_reporting: &'static str,
-    pub address: PciAddress,
+    #[serde(rename = "@freePageReporting", skip_serializing_if = "Option::is_none")]
+    pub free_page_reporting: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub address: Option<PciAddress>,
+}
+
+impl Memballoon {
+    /// No balloon device.
+    pub fn none() -> Self {
+        Self {
+            model: "none",
+            free_page_reporting: None,
+            address: None,
+        }
+    }
+
+    /// A virtio balloon at [`crate::pci_layout::BALLOON`] with free page reporting on.
+    pub fn reporting_free_pages() -> Self {
+        Self {
+            model: "virtio",
+            free_page_reporting: Some("on"),
+            address: Some(PciAddress {
+                kind: "pci",
+                domain: "0x0000",
+                bus: "0x00",
+                slot: crate::pci_layout::hex(crate::pci_layout::BALLOON),
+                function: "0x0",
+            }),
+        }
+    }
 }
 
 /// A virtio-mem device: a region the shim plugs into the running guest block by block

@@ -58,6 +58,7 @@ pub(super) async fn start(
         pod_id: pod_id.into(),
         kvm: devices.kvm,
         tcg_translation_cache_mib: config.guest.tcg_translation_cache_mib,
+        free_page_reporting: config.guest.free_page_reporting,
         vcpus: shape.vcpus,
         memory_mib: shape.memory_mib,
         hotplug_mib: req.memory.region_mib,
