@@ -18,8 +18,10 @@ use vmlet_integration::{unique_id, Stack, RUNTIME};
 const SECONDS: &str = "5";
 const POD_IP: &str = "10.213.0.2";
 
-/// Runs the iperf3 client, retrying while the server re-opens its listener between tests or
-/// is still finishing the previous test (slow under TCG: "the server is busy").
+/// Runs the iperf3 client, retrying while the server re-opens its listener between tests
+/// (a connection the closing listener had queued is reset: "unable to receive control
+/// message: Connection reset by peer") or is still finishing the previous test (slow under
+/// TCG: "the server is busy"). Each of these ends a run before it measured anything.
 fn client(net: &TestNet, reverse: bool) -> anyhow::Result<f64> {
     let mut last = None;
     for _ in 0..20 {
@@ -37,7 +39,9 @@ fn client(net: &TestNet, reverse: bool) -> anyhow::Result<f64> {
 
 fn is_transient(e: &anyhow::Error) -> bool {
     let text = e.to_string();
-    text.contains("Connection refused") || text.contains("busy")
+    text.contains("Connection refused")
+        || text.contains("busy")
+        || text.contains("unable to receive control message: Connection reset by peer")
 }
 
 /// One iperf3 client run in the peer namespace against the pod; returns Gbit/s.
@@ -155,4 +159,22 @@ fn main() -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_client_that_measured_nothing_is_retried() {
+        for transient in [
+            "iperf3 client (reverse: true): unable to connect to server: Connection refused",
+            "iperf3 client (reverse: false): the server is busy running a test. try again later",
+            "iperf3 client (reverse: true): unable to receive control message: Connection reset by peer",
+        ] {
+            assert!(is_transient(&anyhow::anyhow!(transient)), "{transient}");
+        }
+        let failed = anyhow::anyhow!("iperf3 JSON has no end.sum_received");
+        assert!(!is_transient(&failed));
+    }
 }
