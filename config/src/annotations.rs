@@ -29,6 +29,14 @@ pub enum AnnotationKey {
     Machine,
     /// libvirt's `<cpu>` as YAML (Virtlet's expert setting; sets the CPU like `CpuModel`).
     LibvirtCpuSetting,
+    /// What the container's image is: `container` or `vm` (a carrier of a VM disk image).
+    ImageType,
+    /// The size a VM-mode pod's root disk grows to (a quantity: `4Gi`).
+    RootVolumeSize,
+    /// cloud-init user-data for a VM-mode pod (a YAML mapping, cloud-config).
+    CloudInitUserData,
+    /// SSH public keys for a VM-mode pod, one per line.
+    SshKeys,
 }
 
 impl AnnotationKey {
@@ -53,16 +61,35 @@ pub const ANNOTATION_KEYS: &[(&str, AnnotationKey)] = &[
     ("VirtletDiskDriver", AnnotationKey::DiskDriver),
     ("VirtletCPUModel", AnnotationKey::CpuModel),
     ("VirtletLibvirtCPUSetting", AnnotationKey::LibvirtCpuSetting),
+    ("vmlet.io/image-type", AnnotationKey::ImageType),
+    ("vmlet.io/root-volume-size", AnnotationKey::RootVolumeSize),
+    (
+        "vmlet.io/cloud-init-user-data",
+        AnnotationKey::CloudInitUserData,
+    ),
+    ("vmlet.io/ssh-keys", AnnotationKey::SshKeys),
+    ("VirtletRootVolumeSize", AnnotationKey::RootVolumeSize),
+    ("VirtletCloudInitUserData", AnnotationKey::CloudInitUserData),
+    ("VirtletSSHKeys", AnnotationKey::SshKeys),
 ];
 
 /// The annotations a node allows when its config says nothing: the VM's size and disk
-/// driver. Kernel parameters, CPU model and machine type need the operator's consent.
+/// driver, and a VM-mode pod's choices for what runs inside its own VM (what the image is,
+/// its root volume's size, cloud-init user-data, SSH keys). Kernel parameters, CPU model
+/// and machine type need the operator's consent.
 pub const DEFAULT_ALLOWED: &[&str] = &[
     "vmlet.io/vcpus",
     "vmlet.io/memory",
     "vmlet.io/disk-driver",
+    "vmlet.io/image-type",
+    "vmlet.io/root-volume-size",
+    "vmlet.io/cloud-init-user-data",
+    "vmlet.io/ssh-keys",
     "VirtletVCPUCount",
     "VirtletDiskDriver",
+    "VirtletRootVolumeSize",
+    "VirtletCloudInitUserData",
+    "VirtletSSHKeys",
 ];
 
 /// Whether `machine` is a q35 machine type (`q35`, `pc-q35-<version>`): vmlet's devices sit
@@ -124,6 +151,17 @@ impl CpuModel {
     }
 }
 
+/// What a pod's container image is (`vmlet.io/image-type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ImageType {
+    /// A container image: its root file system is the container's.
+    #[default]
+    Container,
+    /// A carrier of a VM disk image (one `qcow2` or raw file under `/disk/`, KubeVirt's
+    /// containerDisk convention) that the pod boots as a whole VM.
+    Vm,
+}
+
 /// What a pod asked for through its annotations. `None` means "not set".
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PodAnnotations {
@@ -134,12 +172,26 @@ pub struct PodAnnotations {
     /// Whitespace-separated `key` or `key=value` words, checked.
     pub kernel_params: Option<String>,
     pub machine: Option<String>,
+    pub image_type: Option<ImageType>,
+    /// The size (MiB) a VM-mode pod's root disk grows to.
+    pub root_volume_mib: Option<u64>,
+    /// cloud-init user-data (a YAML mapping), as given.
+    pub cloud_init_user_data: Option<String>,
+    /// SSH public keys, one per entry.
+    pub ssh_keys: Option<Vec<String>>,
 }
 
 /// Longest value accepted for free-form annotations (kernel parameters).
 const MAX_KERNEL_PARAMS: usize = 1024;
 /// Longest CPU model or machine type name.
 const MAX_NAME: usize = 64;
+/// Longest cloud-init user-data (Kubernetes keeps all of a pod's annotations under 256 KiB).
+const MAX_USER_DATA: usize = 64 * 1024;
+/// Most SSH keys, and the longest one (an RSA 16384-bit key is ~2.8 KiB).
+const MAX_SSH_KEYS: usize = 64;
+const MAX_SSH_KEY: usize = 8 * 1024;
+/// The key types an SSH public key line may start with (OpenSSH's).
+const SSH_KEY_TYPES: &[&str] = &["ssh-", "ecdsa-sha2-", "sk-ssh-", "sk-ecdsa-sha2-"];
 
 impl PodAnnotations {
     /// Parses the pod's vmlet and Virtlet annotations; others are not vmlet's and are left
@@ -183,6 +235,21 @@ impl PodAnnotations {
             }
             seen.insert(known.setting(), (key, value));
             parsed.set(*known, key, value)?;
+        }
+        if parsed.image_type != Some(ImageType::Vm) {
+            for setting in [
+                AnnotationKey::RootVolumeSize,
+                AnnotationKey::CloudInitUserData,
+                AnnotationKey::SshKeys,
+            ] {
+                if let Some((key, value)) = seen.get(&setting) {
+                    return Err(Error::InvalidAnnotation {
+                        key: (*key).clone(),
+                        value: (*value).clone(),
+                        reason: "only a VM-mode pod (vmlet.io/image-type: vm) has a root volume and cloud-init".into(),
+                    });
+                }
+            }
         }
         Ok(parsed)
     }
@@ -247,9 +314,70 @@ impl PodAnnotations {
                 }
                 self.machine = Some(name);
             }
+            AnnotationKey::ImageType => {
+                self.image_type = Some(match value.trim() {
+                    "container" => ImageType::Container,
+                    "vm" => ImageType::Vm,
+                    _ => return Err(invalid("expected container or vm".into())),
+                });
+            }
+            AnnotationKey::RootVolumeSize => {
+                self.root_volume_mib = Some(parse_memory_mib(value).map_err(invalid)?);
+            }
+            AnnotationKey::CloudInitUserData => {
+                self.cloud_init_user_data = Some(check_user_data(value).map_err(invalid)?);
+            }
+            AnnotationKey::SshKeys => {
+                self.ssh_keys = Some(check_ssh_keys(value).map_err(invalid)?);
+            }
         }
         Ok(())
     }
+}
+
+/// cloud-init user-data: a YAML mapping (cloud-config, merged with what vmlet writes) of at
+/// most [`MAX_USER_DATA`] bytes.
+fn check_user_data(value: &str) -> Result<String, String> {
+    if value.len() > MAX_USER_DATA {
+        return Err(format!("longer than {MAX_USER_DATA} bytes"));
+    }
+    match serde_yaml_ng::from_str::<serde_yaml_ng::Value>(value) {
+        Ok(serde_yaml_ng::Value::Mapping(_)) => Ok(value.to_owned()),
+        Ok(_) => Err("expected a YAML mapping (cloud-config keys such as runcmd)".into()),
+        Err(e) => Err(format!("not YAML: {e}")),
+    }
+}
+
+/// SSH public keys, one per line (blank lines skipped): each starts with an OpenSSH key
+/// type, is printable ASCII, at most [`MAX_SSH_KEY`] bytes; at most [`MAX_SSH_KEYS`] keys.
+fn check_ssh_keys(value: &str) -> Result<Vec<String>, String> {
+    let keys: Vec<String> = value
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .map(str::to_owned)
+        .collect();
+    if keys.is_empty() {
+        return Err("no key".into());
+    }
+    if keys.len() > MAX_SSH_KEYS {
+        return Err(format!("more than {MAX_SSH_KEYS} keys"));
+    }
+    for (n, key) in keys.iter().enumerate() {
+        let line = n + 1;
+        if key.len() > MAX_SSH_KEY {
+            return Err(format!("key {line} is longer than {MAX_SSH_KEY} bytes"));
+        }
+        if !SSH_KEY_TYPES.iter().any(|t| key.starts_with(t)) || key.split_whitespace().count() < 2 {
+            return Err(format!(
+                "key {line} is not an OpenSSH public key line (type, then the key: ssh-ed25519 AAAA...)"
+            ));
+        }
+        if let Some(c) = key.chars().find(|c| !(c.is_ascii_graphic() || *c == ' ')) {
+            return Err(format!("key {line}: {c:?} is not allowed"));
+        }
+    }
+    Ok(keys)
 }
 
 /// A CPU model or machine type name: letters, digits, `.`, `_`, `-`.
@@ -313,6 +441,93 @@ mod tests {
 
     fn parse(pairs: &[(&str, &str)]) -> Result<PodAnnotations, Error> {
         parse_with(pairs, &all_allowed())
+    }
+
+    #[test]
+    fn vm_mode_values() {
+        let a = parse(&[
+            ("vmlet.io/image-type", "vm"),
+            ("VirtletRootVolumeSize", "4Gi"),
+            (
+                "vmlet.io/cloud-init-user-data",
+                "runcmd:\n  - echo hello from $(hostname)\n",
+            ),
+            (
+                "VirtletSSHKeys",
+                "ssh-ed25519 AAAAC3Nza user@host\n\n  ecdsa-sha2-nistp256 AAAAE2Vj\n",
+            ),
+        ])
+        .unwrap();
+        assert_eq!(a.image_type, Some(ImageType::Vm));
+        assert_eq!(a.root_volume_mib, Some(4096));
+        assert!(a.cloud_init_user_data.unwrap().starts_with("runcmd:"));
+        assert_eq!(
+            a.ssh_keys.unwrap(),
+            [
+                "ssh-ed25519 AAAAC3Nza user@host",
+                "ecdsa-sha2-nistp256 AAAAE2Vj"
+            ]
+        );
+        let c = parse(&[("vmlet.io/image-type", "container")]).unwrap();
+        assert_eq!(c.image_type, Some(ImageType::Container));
+        for key in DEFAULT_ALLOWED {
+            assert!(is_known(key), "{key}");
+        }
+    }
+
+    #[test]
+    fn bad_vm_mode_values_are_named() {
+        let bad: &[(&str, &str)] = &[
+            ("vmlet.io/image-type", "disk"),
+            ("vmlet.io/image-type", ""),
+            ("vmlet.io/cloud-init-user-data", "just a string"),
+            ("vmlet.io/cloud-init-user-data", "- a\n- list\n"),
+            ("vmlet.io/cloud-init-user-data", "runcmd: [unclosed"),
+            ("vmlet.io/ssh-keys", ""),
+            ("vmlet.io/ssh-keys", "not-a-key AAAA"),
+            ("vmlet.io/ssh-keys", "ssh-rsa"),
+            ("vmlet.io/ssh-keys", "ssh-rsa AAAA\u{7}"),
+            ("vmlet.io/root-volume-size", "big"),
+        ];
+        for (key, value) in bad {
+            let mut pairs = vec![(*key, *value)];
+            if *key != "vmlet.io/image-type" {
+                pairs.push(("vmlet.io/image-type", "vm"));
+            }
+            let err = parse(&pairs).unwrap_err().to_string();
+            assert!(err.contains(key), "{key}={value:?}: {err}");
+        }
+        let too_long = format!("a: \"{}\"", "x".repeat(MAX_USER_DATA));
+        let err = parse(&[
+            ("vmlet.io/image-type", "vm"),
+            ("vmlet.io/cloud-init-user-data", &too_long),
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("longer than"), "{err}");
+    }
+
+    #[test]
+    fn cloud_init_needs_vm_mode() {
+        for key in [
+            "vmlet.io/root-volume-size",
+            "VirtletCloudInitUserData",
+            "vmlet.io/ssh-keys",
+        ] {
+            let value = match key {
+                "vmlet.io/root-volume-size" => "4Gi",
+                "vmlet.io/ssh-keys" => "ssh-ed25519 AAAA",
+                _ => "runcmd: [true]",
+            };
+            for image_type in [None, Some("container")] {
+                let mut pairs = vec![(key, value)];
+                if let Some(t) = image_type {
+                    pairs.push(("vmlet.io/image-type", t));
+                }
+                let err = parse(&pairs).unwrap_err().to_string();
+                assert!(err.contains(key) && err.contains("image-type: vm"), "{err}");
+            }
+        }
     }
 
     #[test]
@@ -432,7 +647,7 @@ mod tests {
 
     #[test]
     fn unknown_keys_of_ours_are_refused() {
-        for key in ["vmlet.io/cpus", "VirtletSSHKeys"] {
+        for key in ["vmlet.io/cpus", "VirtletCloudInitImageType"] {
             let err = parse(&[(key, "2")]).unwrap_err();
             assert!(matches!(err, Error::UnknownAnnotation { .. }), "{err}");
             assert!(err.to_string().contains(key), "{err}");

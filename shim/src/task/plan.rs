@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use containerd_shim::api;
 use oci_spec::runtime::Spec;
-use vmlet_config::{NodeConfig, PodAnnotations, ShapeSource, VmOptions, VmShape};
+use vmlet_config::{ImageType, NodeConfig, PodAnnotations, ShapeSource, VmOptions, VmShape};
 use vmlet_protocol::agent::{CreateContainerRequest, Stdio};
 
 use crate::block_devices::BlockDevice;
@@ -61,6 +61,13 @@ impl CreatePlan {
     ) -> Result<Self, Error> {
         let annotations = spec.annotations().clone().unwrap_or_default();
         let pod_annotations = PodAnnotations::from_map(&annotations, &config.annotations.allowed)?;
+        if pod_annotations.image_type == Some(ImageType::Vm) {
+            // Never run a VM disk image's carrier as a container instead.
+            return Err(Error::Unimplemented(
+                "vmlet.io/image-type: vm (a VM disk image booted as the pod) is not supported yet"
+                    .into(),
+            ));
+        }
         let role = crate::spec::pod_role(&annotations)?;
         let paths = StdioPaths {
             stdin: req.stdin.clone(),
@@ -282,6 +289,22 @@ mod tests {
         assert!(boot.host_process.is_none(), "no hooks, no host process");
         assert!(plan.agent_request.join_namespaces.is_empty());
         assert!(plan.paths.stdin.is_empty());
+    }
+
+    #[test]
+    fn a_vm_mode_pod_is_refused_until_vm_mode_exists() {
+        let config = NodeConfig::default();
+        let vm = spec(
+            json!({"vmlet.io/image-type": "vm", "vmlet.io/ssh-keys": "ssh-ed25519 AAAA"}),
+            None,
+        );
+        let err = CreatePlan::new(&request("v1"), &vm, &config, no_sandbox)
+            .err()
+            .expect("refused");
+        assert_eq!(err.code(), ttrpc::Code::UNIMPLEMENTED);
+        assert!(err.to_string().contains("vmlet.io/image-type: vm"), "{err}");
+        let container = spec(json!({"vmlet.io/image-type": "container"}), None);
+        assert!(CreatePlan::new(&request("c1"), &container, &config, no_sandbox).is_ok());
     }
 
     #[test]
