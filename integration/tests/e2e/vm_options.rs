@@ -119,6 +119,18 @@ fn virtlets_libvirt_cpu_setting_reaches_the_guest() {
     );
 }
 
+/// After a refused `ctr run` of `id`: no state dir, domain or process of the pod is left;
+/// then the container record is removed.
+fn assert_refused_pod_left_nothing(s: &Stack, id: &str) {
+    assert!(
+        !std::path::Path::new(&format!("{}/state/{id}", s.dir)).exists(),
+        "state left behind"
+    );
+    assert!(!s.has_pod_domain(id), "domain left");
+    assert_eq!(s.pod_processes(id), vec![], "processes left");
+    let _ = s.ctr_output(&["container", "rm", id]);
+}
+
 #[test]
 #[ignore = "needs the vmlet stack: make test"]
 fn an_annotation_off_the_allowlist_is_refused_by_name_and_leaves_nothing() {
@@ -135,13 +147,7 @@ fn an_annotation_off_the_allowlist_is_refused_by_name_and_leaves_nothing() {
         let key = annotation.split('=').next().unwrap();
         assert!(stderr.contains(key), "{stderr}");
         assert!(stderr.contains("not allowed"), "{stderr}");
-        assert!(
-            !std::path::Path::new(&format!("{}/state/{id}", s.dir)).exists(),
-            "state left behind"
-        );
-        assert!(!s.has_pod_domain(&id), "domain left");
-        assert_eq!(s.pod_processes(&id), vec![], "processes left");
-        let _ = s.ctr_output(&["container", "rm", &id]);
+        assert_refused_pod_left_nothing(&s, &id);
     }
 }
 
@@ -171,13 +177,7 @@ fn a_vm_image_pod_is_refused_until_vm_mode_exists_and_leaves_nothing() {
         assert!(!out.status.success(), "{annotations:?} was accepted");
         let stderr = text(&out.stderr);
         assert!(stderr.contains(expected), "{stderr}");
-        assert!(
-            !std::path::Path::new(&format!("{}/state/{id}", s.dir)).exists(),
-            "state left behind"
-        );
-        assert!(!s.has_pod_domain(&id), "domain left");
-        assert_eq!(s.pod_processes(&id), vec![], "processes left");
-        let _ = s.ctr_output(&["container", "rm", &id]);
+        assert_refused_pod_left_nothing(&s, &id);
     }
 }
 

@@ -264,13 +264,7 @@ impl Domain {
                     alias: NameAttr {
                         name: crate::memory::DEVICE_ID.into(),
                     },
-                    address: PciAddress {
-                        kind: "pci",
-                        domain: "0x0000",
-                        bus: "0x00",
-                        slot: crate::pci_layout::hex(crate::pci_layout::MEMORY_DEVICE),
-                        function: "0x0",
-                    },
+                    address: PciAddress::root_bus(crate::pci_layout::MEMORY_DEVICE),
                 }),
             },
             qemu_commandline: commandline,

@@ -212,13 +212,7 @@ impl Memballoon {
         Self {
             model: "virtio",
             free_page_reporting: Some("on"),
-            address: Some(PciAddress {
-                kind: "pci",
-                domain: "0x0000",
-                bus: "0x00",
-                slot: crate::pci_layout::hex(crate::pci_layout::BALLOON),
-                function: "0x0",
-            }),
+            address: Some(PciAddress::root_bus(crate::pci_layout::BALLOON)),
         }
     }
 }
@@ -261,6 +255,20 @@ pub struct PciAddress {
     pub slot: String,
     #[serde(rename = "@function")]
     pub function: &'static str,
+}
+
+impl PciAddress {
+    /// Function 0 of `slot` on the root bus (`pcie.0`), where [`crate::pci_layout`] places
+    /// vmlet's devices.
+    pub fn root_bus(slot: usize) -> Self {
+        Self {
+            kind: "pci",
+            domain: "0x0000",
+            bus: "0x00",
+            slot: crate::pci_layout::hex(slot),
+            function: "0x0",
+        }
+    }
 }
 
 #[derive(Debug, Serialize)]
