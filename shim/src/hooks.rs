@@ -8,17 +8,14 @@
 //! are inside the guest where host binaries cannot run: a spec with them is refused.
 
 use std::collections::HashMap;
-use std::io::Write;
 use std::os::fd::OwnedFd;
-use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use containerd_shim::asynchronous::monitor::{monitor_subscribe, monitor_unsubscribe};
-use containerd_shim::monitor::{Subject, Topic};
 use oci_spec::runtime::{Hook, Spec};
-use tokio::io::AsyncReadExt;
 
+use crate::host_command::{read_tail, spawn_and_wait, Finished};
 use crate::Error;
 
 /// The hooks vmlet runs (on the host), for `-info`; `createContainer` and `startContainer`
@@ -156,67 +153,20 @@ async fn run_one(hook: &Hook, input: &[u8]) -> Result<(), Error> {
         .map_or(DEFAULT_TIMEOUT, |t| Duration::from_secs(t as u64));
     let (out_r, out_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
         .map_err(|e| Error::io("pipe", e.into()))?;
-    let mut command = command(hook, out_w)?;
-    // The shim's reaper may collect the hook's exit before Child::wait does: listen to
-    // it too, subscribed before the spawn, and take whichever reports first.
-    let mut exits = monitor_subscribe(Topic::Pid)
-        .await
-        .map_err(|e| Error::Internal(format!("subscribe to exits: {e}")))?;
-    let spawned = command.spawn();
-    drop(command); // closes the shim's copies of the output pipe's write end
-    let mut child = match spawned {
-        Ok(child) => child,
-        Err(e) => {
-            let _ = monitor_unsubscribe(exits.id).await;
-            return Err(failed(format!("cannot start: {e}")));
-        }
-    };
-    let pid = child.id() as i32;
-    let output = tokio::spawn(read_tail(out_r));
-    // A hook that does not read its stdin must not block the shim: write from a thread
-    // that ends when the hook does (EPIPE) or has read it all.
-    if let Some(mut stdin) = child.stdin.take() {
-        let input = input.to_vec();
-        std::thread::spawn(move || stdin.write_all(&input));
-    }
-    let direct = tokio::task::spawn_blocking(move || child.wait());
-    let reaped = async {
-        while let Some(event) = exits.rx.recv().await {
-            if matches!(event.subject, Subject::Pid(p) if p == pid) {
-                return event.exit_code;
-            }
-        }
-        std::future::pending().await
-    };
-    let direct = async {
-        match direct.await {
-            Ok(Ok(status)) => status
-                .code()
-                .unwrap_or_else(|| 128 + status.signal().unwrap_or(0)),
-            // Reaped by the shim's reaper: its report comes through `reaped`.
-            _ => std::future::pending().await,
-        }
-    };
-    let code = tokio::time::timeout(timeout, async {
-        tokio::select! {
-            code = reaped => code,
-            code = direct => code,
-        }
-    })
-    .await;
-    let _ = monitor_unsubscribe(exits.id).await;
-    let code = match code {
-        Ok(code) => code,
-        Err(_) => {
+    let command = command(hook, out_w)?;
+    let output = tokio::spawn(read_tail(out_r, OUTPUT_TAIL));
+    let code = match spawn_and_wait(command, input.to_vec(), timeout).await {
+        Ok(Finished::Exited(code)) => code,
+        Ok(Finished::TimedOut) => {
             output.abort();
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGKILL,
-            );
             return Err(failed(format!(
                 "did not finish within {} s (killed)",
                 timeout.as_secs()
             )));
+        }
+        Err(e) => {
+            output.abort();
+            return Err(failed(format!("cannot start: {e}")));
         }
     };
     if code == 0 {
@@ -263,25 +213,6 @@ fn command(hook: &Hook, output: OwnedFd) -> Result<Command, Error> {
         .stderr(Stdio::from(err))
         .current_dir("/");
     Ok(command)
-}
-
-/// Reads a pipe to its end, keeping the last [`OUTPUT_TAIL`] bytes.
-async fn read_tail(pipe: OwnedFd) -> String {
-    let Ok(mut pipe) = tokio::net::unix::pipe::Receiver::from_owned_fd(pipe) else {
-        return String::new();
-    };
-    let mut tail = Vec::new();
-    let mut buf = [0u8; 4096];
-    while let Ok(n) = pipe.read(&mut buf).await {
-        if n == 0 {
-            break;
-        }
-        tail.extend_from_slice(&buf[..n]);
-        if tail.len() > OUTPUT_TAIL {
-            tail.drain(..tail.len() - OUTPUT_TAIL);
-        }
-    }
-    String::from_utf8_lossy(&tail).into_owned()
 }
 
 #[cfg(test)]

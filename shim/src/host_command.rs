@@ -1,0 +1,244 @@
+//! Host programs the shim runs (OCI hooks, `qemu-img`, `xorrisofs`): each is waited for
+//! with a deadline and killed past it, and its exit is taken from whichever of the shim's
+//! reaper and the child's own wait sees it first (the shim reaps every child it has, so
+//! `Child::wait` alone can miss it). Output is read with bounds: [`read_head`] keeps the
+//! first bytes of an answer, [`read_tail`] the last bytes of an error.
+
+use std::io::{self, Write};
+use std::os::fd::OwnedFd;
+use std::os::unix::process::ExitStatusExt;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use containerd_shim::asynchronous::monitor::{monitor_subscribe, monitor_unsubscribe};
+use containerd_shim::monitor::{Subject, Topic};
+use tokio::io::AsyncReadExt;
+
+/// How a program ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finished {
+    /// Its exit status (128 + the signal for a program a signal ended).
+    Exited(i32),
+    /// It ran past its deadline and was killed.
+    TimedOut,
+}
+
+/// Starts `command`, writes `input` to its stdin (when it is piped) from a thread that
+/// never blocks the shim, and waits for it at most `deadline`, killing it past that. The
+/// command is dropped once started, closing the shim's copies of the pipes it was given.
+pub async fn spawn_and_wait(
+    mut command: Command,
+    input: Vec<u8>,
+    deadline: Duration,
+) -> io::Result<Finished> {
+    // Subscribed before the spawn, so that the reaper's report cannot come first.
+    let mut exits = monitor_subscribe(Topic::Pid)
+        .await
+        .map_err(|e| io::Error::other(format!("subscribe to exits: {e}")))?;
+    let spawned = command.spawn();
+    drop(command);
+    let mut child = match spawned {
+        Ok(child) => child,
+        Err(e) => {
+            let _ = monitor_unsubscribe(exits.id).await;
+            return Err(e);
+        }
+    };
+    let pid = child.id() as i32;
+    if let Some(mut stdin) = child.stdin.take() {
+        std::thread::spawn(move || stdin.write_all(&input));
+    }
+    let direct = tokio::task::spawn_blocking(move || child.wait());
+    let reaped = async {
+        while let Some(event) = exits.rx.recv().await {
+            if matches!(event.subject, Subject::Pid(p) if p == pid) {
+                return event.exit_code;
+            }
+        }
+        std::future::pending().await
+    };
+    let direct = async {
+        match direct.await {
+            Ok(Ok(status)) => status
+                .code()
+                .unwrap_or_else(|| 128 + status.signal().unwrap_or(0)),
+            // Reaped by the shim's reaper: its report comes through `reaped`.
+            _ => std::future::pending().await,
+        }
+    };
+    let code = tokio::time::timeout(deadline, async {
+        tokio::select! {
+            code = reaped => code,
+            code = direct => code,
+        }
+    })
+    .await;
+    let _ = monitor_unsubscribe(exits.id).await;
+    match code {
+        Ok(code) => Ok(Finished::Exited(code)),
+        Err(_) => {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            Ok(Finished::TimedOut)
+        }
+    }
+}
+
+/// What a tool run by [`output`] left.
+#[derive(Debug)]
+pub struct ToolOutput {
+    pub finished: Finished,
+    /// At most the first `max_stdout` bytes of its stdout.
+    pub stdout: Vec<u8>,
+    /// Whether stdout went on past `max_stdout`.
+    pub stdout_truncated: bool,
+    /// The last [`ERROR_TAIL`] bytes of its stderr, lossily decoded.
+    pub stderr_tail: String,
+}
+
+/// How much of a failed program's stderr its error carries.
+pub const ERROR_TAIL: usize = 2048;
+
+/// Runs a tool (stdin empty, environment cleared but for `PATH`, cwd `/`) and collects its
+/// bounded output within `deadline`.
+pub async fn output(
+    program: &str,
+    args: &[&std::ffi::OsStr],
+    deadline: Duration,
+    max_stdout: usize,
+) -> io::Result<ToolOutput> {
+    let (out_r, out_w) = pipe()?;
+    let (err_r, err_w) = pipe()?;
+    let mut command = Command::new(program);
+    command
+        .args(args)
+        .env_clear()
+        .env(
+            "PATH",
+            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        )
+        .current_dir("/")
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(out_w))
+        .stderr(Stdio::from(err_w));
+    let stdout = tokio::spawn(read_head(out_r, max_stdout));
+    let stderr = tokio::spawn(read_tail(err_r, ERROR_TAIL));
+    let finished = match spawn_and_wait(command, Vec::new(), deadline).await {
+        Ok(finished) => finished,
+        Err(e) => {
+            stdout.abort();
+            stderr.abort();
+            return Err(e);
+        }
+    };
+    // The tool is gone; its pipes end unless a process it left holds them.
+    let grace = Duration::from_millis(500);
+    let (stdout, stdout_truncated) = match tokio::time::timeout(grace, stdout).await {
+        Ok(Ok(head)) => head,
+        _ => (Vec::new(), false),
+    };
+    let stderr_tail = match tokio::time::timeout(grace, stderr).await {
+        Ok(Ok(tail)) => tail,
+        _ => String::new(),
+    };
+    Ok(ToolOutput {
+        finished,
+        stdout,
+        stdout_truncated,
+        stderr_tail,
+    })
+}
+
+fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(io::Error::from)
+}
+
+/// Reads a pipe to its end (a reader that drops it would stall the writer), keeping the
+/// first `max` bytes; also says whether there was more.
+pub async fn read_head(pipe: OwnedFd, max: usize) -> (Vec<u8>, bool) {
+    let Ok(mut pipe) = tokio::net::unix::pipe::Receiver::from_owned_fd(pipe) else {
+        return (Vec::new(), false);
+    };
+    let mut head = Vec::new();
+    let mut more = false;
+    let mut buf = [0u8; 4096];
+    while let Ok(n) = pipe.read(&mut buf).await {
+        if n == 0 {
+            break;
+        }
+        let room = max - head.len();
+        head.extend_from_slice(&buf[..n.min(room)]);
+        more |= n > room;
+    }
+    (head, more)
+}
+
+/// Reads a pipe to its end, keeping the last `max` bytes.
+pub async fn read_tail(pipe: OwnedFd, max: usize) -> String {
+    let Ok(mut pipe) = tokio::net::unix::pipe::Receiver::from_owned_fd(pipe) else {
+        return String::new();
+    };
+    let mut tail = Vec::new();
+    let mut buf = [0u8; 4096];
+    while let Ok(n) = pipe.read(&mut buf).await {
+        if n == 0 {
+            break;
+        }
+        tail.extend_from_slice(&buf[..n]);
+        if tail.len() > max {
+            tail.drain(..tail.len() - max);
+        }
+    }
+    String::from_utf8_lossy(&tail).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::OsStr;
+
+    fn args<'a>(a: &'a [&'a str]) -> Vec<&'a OsStr> {
+        a.iter().map(OsStr::new).collect()
+    }
+
+    #[tokio::test]
+    async fn output_is_bounded_and_split() {
+        let out = output(
+            "sh",
+            &args(&["-c", "printf 0123456789; echo oops >&2; exit 3"]),
+            Duration::from_secs(10),
+            4,
+        )
+        .await
+        .unwrap();
+        assert_eq!(out.finished, Finished::Exited(3));
+        assert_eq!(out.stdout, b"0123");
+        assert!(out.stdout_truncated);
+        assert_eq!(out.stderr_tail.trim(), "oops");
+    }
+
+    #[tokio::test]
+    async fn a_program_past_its_deadline_is_killed() {
+        let start = std::time::Instant::now();
+        let out = output(
+            "sh",
+            &args(&["-c", "exec sleep 30"]),
+            Duration::from_millis(200),
+            16,
+        )
+        .await
+        .unwrap();
+        assert_eq!(out.finished, Finished::TimedOut);
+        assert!(start.elapsed() < Duration::from_secs(5));
+    }
+
+    #[tokio::test]
+    async fn a_missing_program_is_an_error() {
+        let err = output("/nonexistent/tool", &[], Duration::from_secs(1), 16)
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::NotFound);
+    }
+}
