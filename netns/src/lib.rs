@@ -9,7 +9,13 @@
 //! addresses and MTU. [`unwire`] removes exactly what was added. Each tap carries its pod's
 //! mark as its alias ([`marks`]), so that one whose pod's state was lost can still be found
 //! and removed ([`marked_taps`], [`remove_marked_tap`]).
+//!
+//! A VM-mode pod (docs/vm-mode.md) whose image ignores cloud-init's network-config gets its
+//! interface's address by DHCP: [`dhcp`] answers its VM's requests with what CNI gave the
+//! interface, [`dhcp_server`] reads them from the tap.
 
+pub mod dhcp;
+pub mod dhcp_server;
 mod error;
 mod interface;
 mod links;
@@ -19,7 +25,7 @@ mod wiring;
 pub mod worker;
 
 pub use error::Error;
-pub use interface::{format_mac, Interface, IpNet, Route};
+pub use interface::{format_mac, is_link_local, Interface, IpNet, Route};
 pub use marks::{marked_taps, remove_marked_tap, MarkedTap};
 pub use tap::TAP_PREFIX;
 pub use wiring::{unwire, wire, Wired, Wiring};

@@ -48,6 +48,7 @@ pub mod log_uri;
 pub mod memory;
 pub mod metrics;
 pub mod netns_holder;
+pub mod nocloud;
 pub mod pci_layout;
 pub mod phases;
 pub mod pod_cgroup;
