@@ -95,20 +95,136 @@ pub struct DomainParams {
     pub machine: String,
     /// The pod's CPU model (`vmlet.io/cpu-model`), if it chose one.
     pub cpu_model: Option<CpuModel>,
-    pub kernel: String,
-    pub initrd: String,
-    pub cmdline: String,
+    /// What the VM runs.
+    pub guest: GuestBoot,
     pub emulator: String,
     pub qemu: String,
-    pub virtiofsd: String,
-    pub share_dir: String,
-    pub share_tag: String,
     pub console_log: String,
-    pub vsock: VsockDevice,
     /// The shim's tap socket, for `vmlet-vmwrapper`, when the pod has a network.
     pub tap_socket: Option<String>,
     /// The shim's socket vmlet's QMP monitor connects to (block device hot-plug).
     pub qmp_socket: String,
+}
+
+/// What the VM runs, and the devices that takes.
+#[derive(Debug, Clone)]
+pub enum GuestBoot {
+    /// vmlet's guest: its kernel and initrd booted directly, the agent over vsock, the
+    /// containers' files over virtio-fs.
+    Agent(AgentGuest),
+    /// A VM image (docs/vm-mode.md): firmware boots the overlay of the image's disk; the
+    /// cloud-init seed is a read-only disk beside it.
+    Image(ImageDisks),
+}
+
+#[derive(Debug, Clone)]
+pub struct AgentGuest {
+    pub kernel: String,
+    pub initrd: String,
+    pub cmdline: String,
+    pub virtiofsd: String,
+    pub share_dir: String,
+    pub share_tag: String,
+    pub vsock: VsockDevice,
+}
+
+#[derive(Debug, Clone)]
+pub struct ImageDisks {
+    /// The qcow2 overlay the VM writes.
+    pub overlay: String,
+    /// The image's disk, the overlay's backing file, and its format.
+    pub backing: String,
+    pub backing_format: crate::vm_disk::DiskFormat,
+    /// The NoCloud seed (ISO 9660).
+    pub seed: String,
+}
+
+impl GuestBoot {
+    fn os(&self, kind: OsType) -> Os {
+        match self {
+            GuestBoot::Agent(a) => Os {
+                kind,
+                kernel: Some(a.kernel.clone()),
+                initrd: Some(a.initrd.clone()),
+                cmdline: Some(a.cmdline.clone()),
+                boot: None,
+            },
+            GuestBoot::Image(_) => Os {
+                kind,
+                kernel: None,
+                initrd: None,
+                cmdline: None,
+                boot: Some(BootDev { dev: "hd" }),
+            },
+        }
+    }
+
+    fn disks(&self) -> Vec<Disk> {
+        let GuestBoot::Image(image) = self else {
+            return Vec::new();
+        };
+        vec![
+            Disk {
+                kind: "file",
+                device: "disk",
+                driver: DiskDriver {
+                    name: "qemu",
+                    format: "qcow2",
+                },
+                source: FileAttr {
+                    file: image.overlay.clone(),
+                },
+                backing_store: BackingStore::file(
+                    image.backing.clone(),
+                    image.backing_format.as_str(),
+                ),
+                target: DiskTarget {
+                    dev: "vda",
+                    bus: "virtio",
+                },
+                readonly: None,
+            },
+            Disk {
+                kind: "file",
+                device: "disk",
+                driver: DiskDriver {
+                    name: "qemu",
+                    format: "raw",
+                },
+                source: FileAttr {
+                    file: image.seed.clone(),
+                },
+                backing_store: BackingStore::none(),
+                target: DiskTarget {
+                    dev: "vdb",
+                    bus: "virtio",
+                },
+                readonly: Some(Empty {}),
+            },
+        ]
+    }
+
+    fn filesystems(&self) -> Vec<Filesystem> {
+        let GuestBoot::Agent(a) = self else {
+            return Vec::new();
+        };
+        vec![Filesystem {
+            kind: "mount",
+            accessmode: "passthrough",
+            driver: TypeAttr {
+                kind: "virtiofs".into(),
+            },
+            binary: PathAttr {
+                path: a.virtiofsd.clone(),
+            },
+            source: DirAttr {
+                dir: a.share_dir.clone(),
+            },
+            target: DirAttr {
+                dir: a.share_tag.clone(),
+            },
+        }]
+    }
 }
 
 /// How the guest's vsock device is provided.
@@ -133,12 +249,19 @@ impl Domain {
                 value: socket.clone(),
             });
         }
-        let vsock = match &p.vsock {
-            VsockDevice::Vhost => Some(Vsock {
+        let vsock = match &p.guest {
+            GuestBoot::Image(_) => None,
+            GuestBoot::Agent(AgentGuest {
+                vsock: VsockDevice::Vhost,
+                ..
+            }) => Some(Vsock {
                 model: "virtio",
                 cid: Cid { auto: "yes" },
             }),
-            VsockDevice::VhostUser { socket } => {
+            GuestBoot::Agent(AgentGuest {
+                vsock: VsockDevice::VhostUser { socket },
+                ..
+            }) => {
                 for arg in [
                     "-chardev".to_string(),
                     format!("socket,id=vmlet-vsock,path={socket}"),
@@ -184,16 +307,11 @@ impl Domain {
                     mode: "shared".into(),
                 },
             },
-            os: Os {
-                kind: OsType {
-                    arch: "x86_64",
-                    machine: p.machine.clone(),
-                    value: "hvm",
-                },
-                kernel: p.kernel.clone(),
-                initrd: p.initrd.clone(),
-                cmdline: p.cmdline.clone(),
-            },
+            os: p.guest.os(OsType {
+                arch: "x86_64",
+                machine: p.machine.clone(),
+                value: "hvm",
+            }),
             features: Features {
                 acpi: Empty {},
                 tcg: p
@@ -212,22 +330,8 @@ impl Domain {
             on_crash: "destroy",
             devices: Devices {
                 emulator: p.emulator.clone(),
-                filesystem: vec![Filesystem {
-                    kind: "mount",
-                    accessmode: "passthrough",
-                    driver: TypeAttr {
-                        kind: "virtiofs".into(),
-                    },
-                    binary: PathAttr {
-                        path: p.virtiofsd.clone(),
-                    },
-                    source: DirAttr {
-                        dir: p.share_dir.clone(),
-                    },
-                    target: DirAttr {
-                        dir: p.share_tag.clone(),
-                    },
-                }],
+                disk: p.guest.disks(),
+                filesystem: p.guest.filesystems(),
                 serial: Serial {
                     kind: "file",
                     source: PathAttr {
@@ -296,16 +400,18 @@ mod tests {
             hotplug_mib: 0,
             machine: "q35".into(),
             cpu_model: None,
-            kernel: "/img/vmlinuz".into(),
-            initrd: "/img/initrd.img".into(),
-            cmdline: "console=ttyS0 vmlet.share=vmlet".into(),
+            guest: GuestBoot::Agent(AgentGuest {
+                kernel: "/img/vmlinuz".into(),
+                initrd: "/img/initrd.img".into(),
+                cmdline: "console=ttyS0 vmlet.share=vmlet".into(),
+                virtiofsd: "/usr/local/bin/virtiofsd".into(),
+                share_dir: "/run/vmlet/t1/share".into(),
+                share_tag: "vmlet".into(),
+                vsock,
+            }),
             emulator: "/usr/local/bin/vmlet-vmwrapper".into(),
             qemu: "/usr/bin/qemu-system-x86_64".into(),
-            virtiofsd: "/usr/local/bin/virtiofsd".into(),
-            share_dir: "/run/vmlet/t1/share".into(),
-            share_tag: "vmlet".into(),
             console_log: "/run/vmlet/t1/console.log".into(),
-            vsock,
             tap_socket: Some("/run/vmlet/t1/taps.sock".into()),
             qmp_socket: "/run/vmlet/t1/qmp.sock".into(),
         }
@@ -344,6 +450,30 @@ mod tests {
             assert!(xml.contains(expected), "missing {expected} in\n{xml}");
         }
         assert!(!xml.contains("<vsock"), "{xml}");
+    }
+
+    #[test]
+    fn a_vm_image_boots_its_overlay_with_firmware_and_the_seed_beside_it() {
+        let mut p = params(VsockDevice::Vhost);
+        p.guest = GuestBoot::Image(ImageDisks {
+            overlay: "/run/vmlet/t1/root.qcow2".into(),
+            backing: "/run/vmlet/t1/rootfs/disk/debian.qcow2".into(),
+            backing_format: crate::vm_disk::DiskFormat::Qcow2,
+            seed: "/run/vmlet/t1/seed.iso".into(),
+        });
+        let xml = Domain::new(&p).to_xml().unwrap();
+        for expected in [
+            "<os><type arch=\"x86_64\" machine=\"q35\">hvm</type><boot dev=\"hd\"/></os>",
+            "<disk type=\"file\" device=\"disk\"><driver name=\"qemu\" type=\"qcow2\"/><source file=\"/run/vmlet/t1/root.qcow2\"/><backingStore type=\"file\"><format type=\"qcow2\"/><source file=\"/run/vmlet/t1/rootfs/disk/debian.qcow2\"><seclabel model=\"dac\" relabel=\"no\"/></source><backingStore/></backingStore><target dev=\"vda\" bus=\"virtio\"/></disk>",
+            "<disk type=\"file\" device=\"disk\"><driver name=\"qemu\" type=\"raw\"/><source file=\"/run/vmlet/t1/seed.iso\"/><backingStore/><target dev=\"vdb\" bus=\"virtio\"/><readonly/></disk>",
+            "<serial type=\"file\"><source path=\"/run/vmlet/t1/console.log\"/></serial>",
+            "<qemu:env name=\"VMLET_TAP_SOCKET\" value=\"/run/vmlet/t1/taps.sock\"/>",
+        ] {
+            assert!(xml.contains(expected), "missing {expected} in\n{xml}");
+        }
+        for absent in ["<kernel>", "<filesystem", "<vsock", "vhost-user-vsock"] {
+            assert!(!xml.contains(absent), "{absent} in\n{xml}");
+        }
     }
 
     #[test]
@@ -438,7 +568,9 @@ mod tests {
     #[test]
     fn values_are_escaped() {
         let mut p = params(VsockDevice::Vhost);
-        p.cmdline = "a<b & c".into();
+        if let GuestBoot::Agent(a) = &mut p.guest {
+            a.cmdline = "a<b & c".into();
+        }
         let xml = Domain::new(&p).to_xml().unwrap();
         assert!(xml.contains("<cmdline>a&lt;b &amp; c</cmdline>"), "{xml}");
     }

@@ -82,13 +82,26 @@ pub struct ModeAttr {
     pub mode: String,
 }
 
+/// `<os>`: a kernel booted directly (vmlet's guest), or firmware that boots the first disk
+/// (a VM image).
 #[derive(Debug, Serialize)]
 pub struct Os {
     #[serde(rename = "type")]
     pub kind: OsType,
-    pub kernel: String,
-    pub initrd: String,
-    pub cmdline: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kernel: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub initrd: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cmdline: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub boot: Option<BootDev>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct BootDev {
+    #[serde(rename = "@dev")]
+    pub dev: &'static str,
 }
 
 #[derive(Debug, Serialize)]
@@ -174,6 +187,7 @@ pub struct CpuFeatureXml {
 #[derive(Debug, Serialize)]
 pub struct Devices {
     pub emulator: String,
+    pub disk: Vec<Disk>,
     pub filesystem: Vec<Filesystem>,
     pub serial: Serial,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -269,6 +283,107 @@ impl PciAddress {
             function: "0x0",
         }
     }
+}
+
+/// A file-backed disk; its format and, for an overlay, its backing file are given, so
+/// libvirt and QEMU probe neither.
+#[derive(Debug, Serialize)]
+pub struct Disk {
+    #[serde(rename = "@type")]
+    pub kind: &'static str,
+    #[serde(rename = "@device")]
+    pub device: &'static str,
+    pub driver: DiskDriver,
+    pub source: FileAttr,
+    #[serde(rename = "backingStore")]
+    pub backing_store: BackingStore,
+    pub target: DiskTarget,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub readonly: Option<Empty>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct DiskDriver {
+    #[serde(rename = "@name")]
+    pub name: &'static str,
+    #[serde(rename = "@type")]
+    pub format: &'static str,
+}
+
+#[derive(Debug, Serialize)]
+pub struct FileAttr {
+    #[serde(rename = "@file")]
+    pub file: String,
+}
+
+/// A disk's backing chain: a backing file (with its format, and no backing of its own), or
+/// none (`<backingStore/>`).
+#[derive(Debug, Serialize)]
+pub struct BackingStore {
+    #[serde(rename = "@type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub format: Option<TypeAttr>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source: Option<UnlabelledFile>,
+    #[serde(rename = "backingStore", skip_serializing_if = "Option::is_none")]
+    pub backing_store: Option<Empty>,
+}
+
+/// A file libvirt must not chown (`relabel="no"`): a backing file in a container's image,
+/// whose owner change would copy it up into the container's layer (QEMU only reads it).
+#[derive(Debug, Serialize)]
+pub struct UnlabelledFile {
+    #[serde(rename = "@file")]
+    pub file: String,
+    pub seclabel: Seclabel,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Seclabel {
+    #[serde(rename = "@model")]
+    pub model: &'static str,
+    #[serde(rename = "@relabel")]
+    pub relabel: &'static str,
+}
+
+impl BackingStore {
+    /// No backing file.
+    pub fn none() -> Self {
+        BackingStore {
+            kind: None,
+            format: None,
+            source: None,
+            backing_store: None,
+        }
+    }
+
+    /// The file `path` in `format`, itself with no backing file, left as it is (read, never
+    /// chowned).
+    pub fn file(path: String, format: &str) -> Self {
+        BackingStore {
+            kind: Some("file"),
+            format: Some(TypeAttr {
+                kind: format.into(),
+            }),
+            source: Some(UnlabelledFile {
+                file: path,
+                seclabel: Seclabel {
+                    model: "dac",
+                    relabel: "no",
+                },
+            }),
+            backing_store: Some(Empty {}),
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct DiskTarget {
+    #[serde(rename = "@dev")]
+    pub dev: &'static str,
+    #[serde(rename = "@bus")]
+    pub bus: &'static str,
 }
 
 #[derive(Debug, Serialize)]

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use vmlet_config::NodeConfig;
 
 use super::{block, chown_to_user, BootRequest, Recorder};
-use crate::domain::{Domain, DomainParams, VsockDevice};
+use crate::domain::{AgentGuest, Domain, DomainParams, GuestBoot, VsockDevice};
 use crate::hotplug::Hotplug;
 use crate::pod_paths::{domain_name, PodPaths};
 use crate::vmm::VmManager;
@@ -64,24 +64,26 @@ pub(super) async fn start(
         hotplug_mib: req.memory.region_mib,
         machine: req.options.machine.clone(),
         cpu_model: req.options.cpu_model.clone(),
-        kernel: config.guest.kernel.to_string_lossy().into_owned(),
-        initrd: config.guest.initrd.to_string_lossy().into_owned(),
-        // memhp_default_state: the guest onlines what virtio-mem plugs. swiotlb=noforce:
-        // a hot-plug region above 4 GiB would make the kernel reserve 64 MiB of bounce
-        // buffers, which the guest's devices (virtio without an IOMMU) never use.
-        cmdline: format!(
-            "console=ttyS0 panic=-1 quiet memhp_default_state=online swiotlb=noforce vmlet.share={SHARE_TAG} {}",
-            req.options.kernel_params
-        )
-        .trim_end()
-        .to_owned(),
+        guest: GuestBoot::Agent(AgentGuest {
+            kernel: config.guest.kernel.to_string_lossy().into_owned(),
+            initrd: config.guest.initrd.to_string_lossy().into_owned(),
+            // memhp_default_state: the guest onlines what virtio-mem plugs. swiotlb=noforce:
+            // a hot-plug region above 4 GiB would make the kernel reserve 64 MiB of bounce
+            // buffers, which the guest's devices (virtio without an IOMMU) never use.
+            cmdline: format!(
+                "console=ttyS0 panic=-1 quiet memhp_default_state=online swiotlb=noforce vmlet.share={SHARE_TAG} {}",
+                req.options.kernel_params
+            )
+            .trim_end()
+            .to_owned(),
+            virtiofsd: config.helpers.virtiofsd.to_string_lossy().into_owned(),
+            share_dir: paths.share.to_string_lossy().into_owned(),
+            share_tag: SHARE_TAG.into(),
+            vsock: devices.vsock.clone(),
+        }),
         emulator: config.helpers.vmwrapper.to_string_lossy().into_owned(),
         qemu: config.helpers.qemu.to_string_lossy().into_owned(),
-        virtiofsd: config.helpers.virtiofsd.to_string_lossy().into_owned(),
-        share_dir: paths.share.to_string_lossy().into_owned(),
-        share_tag: SHARE_TAG.into(),
         console_log: paths.console.to_string_lossy().into_owned(),
-        vsock: devices.vsock.clone(),
         tap_socket: devices.tap_socket,
         qmp_socket: paths.qmp_socket.to_string_lossy().into_owned(),
     };
