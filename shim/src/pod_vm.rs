@@ -35,6 +35,11 @@ pub trait PodVm: Send + Sync {
     async fn ended(&self);
     /// Whether the shim is stopping the VM itself (its end is then expected).
     fn is_stopping(&self) -> bool;
+    /// The exit status of a process whose VM ended under it: 137 (as if killed), unless
+    /// the VM's end is the process's own (a VM image that powered itself off: 0).
+    fn end_status(&self) -> u32 {
+        crate::task::VM_ENDED_STATUS
+    }
     /// Ends the VM at once; every process of the pod then ends with status 137.
     async fn kill(&self) -> Result<(), Error>;
     /// Stops the VM and removes everything the pod created.
@@ -114,6 +119,27 @@ pub struct BootRequest {
     /// The host cgroup (the sandbox spec's `cgroupsPath`) every host process of the VM
     /// goes into; none: they stay where libvirt and the shim put them.
     pub cgroup: Option<crate::pod_cgroup::PodCgroup>,
+    /// A VM image to boot instead of vmlet's guest (`vmlet.io/image-type: vm`; see
+    /// docs/vm-mode.md); its disk is under `/disk/` of the rootfs.
+    pub image: Option<ImageRequest>,
+}
+
+/// What a VM-mode pod's VM is booted with, besides its image's disk.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ImageRequest {
+    /// The root disk's size (MiB; none: the image's disk's).
+    pub root_volume_mib: Option<u64>,
+    /// cloud-init's instance id (the pod's UID) and host name.
+    pub instance_id: String,
+    pub hostname: String,
+    pub user_data: Option<String>,
+    pub ssh_keys: Vec<String>,
+    /// The container spec's environment (`NAME=value`).
+    pub env: Vec<String>,
+    /// The pod's DNS (from the resolv.conf containerd wrote for it).
+    pub dns: crate::nocloud::Dns,
+    /// Whether the seed has a network-config (without one, the image uses DHCP).
+    pub network_config: bool,
 }
 
 /// The pod's host process (see [`crate::netns_holder`]): started before the VM in the pod

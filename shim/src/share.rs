@@ -91,6 +91,14 @@ fn component(container_id: &str) -> Result<&Path, Error> {
     }
 }
 
+/// Where [`mount_container`] mounts a container's rootfs.
+pub fn container_rootfs(pod_dir: &Path, container_id: &str) -> Result<PathBuf, Error> {
+    Ok(pod_dir
+        .join(MOUNTS_DIR)
+        .join(component(container_id)?)
+        .join("rootfs"))
+}
+
 /// Mounts a container's rootfs at `mounts/<id>/rootfs` and its binds at
 /// `mounts/<id>/mounts/<n>` (the guest sees them at the same paths below the share);
 /// `record` persists each mount point before it is mounted.

@@ -242,6 +242,63 @@ pub async fn attach(
     })
 }
 
+/// How often a followed console file is read again after its end.
+const FOLLOW_INTERVAL: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Copies a VM image's serial console (the file QEMU writes, `console`) to the process's
+/// stdout (a FIFO, file or log URI; stderr gets nothing, stdin is not connected), from
+/// its start and as it grows, until `ended` (QEMU is gone) and the file's end is reached.
+/// Reads are bounded ([`COPY_BUFFER`]); the copy holds the file by descriptor, opened once.
+pub fn follow_console(
+    console: &std::path::Path,
+    ended: tokio::sync::watch::Receiver<bool>,
+    process: ProcessName<'_>,
+    namespace: &str,
+    paths: &StdioPaths,
+) -> Result<Copies, Error> {
+    let stdout_only = StdioPaths {
+        stdin: String::new(),
+        stdout: paths.stdout.clone(),
+        stderr: String::new(),
+    };
+    let [writer, _] = open_outputs(&stdout_only, process.container_id, namespace)?;
+    let mut outputs = Vec::new();
+    if let Some(mut writer) = writer {
+        let file = std::fs::File::open(console)
+            .map_err(|e| Error::io(format!("open {}", console.display()), e))?;
+        let mut file = tokio::fs::File::from_std(file);
+        outputs.push(tokio::spawn(async move {
+            use tokio::io::AsyncReadExt;
+            let mut buf = vec![0u8; COPY_BUFFER];
+            loop {
+                let gone = *ended.borrow();
+                match file.read(&mut buf).await {
+                    Ok(0) if gone => break,
+                    Ok(0) => {
+                        let mut ended = ended.clone();
+                        let _ = tokio::time::timeout(FOLLOW_INTERVAL, ended.wait_for(|e| *e)).await;
+                    }
+                    Ok(n) => {
+                        if let Err(e) = writer.write_all(&buf[..n]).await {
+                            log::warn!("copy the console: {e}");
+                            break;
+                        }
+                    }
+                    Err(e) => {
+                        log::warn!("read the console: {e}");
+                        break;
+                    }
+                }
+            }
+            let _ = writer.flush().await;
+        }));
+    }
+    Ok(Copies {
+        outputs,
+        close_stdin: Arc::new(Notify::new()),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -141,8 +141,8 @@ fn refused(what: impl fmt::Display) -> Error {
 }
 
 /// Finds and checks the disk image under `/disk/` of `rootfs` (the container's root file
-/// system on the host).
-pub fn find(rootfs: &Path) -> Result<DiskImage, Error> {
+/// system on the host); returns it with the file, open (read-only), that was checked.
+pub fn find(rootfs: &Path) -> Result<(DiskImage, File), Error> {
     let root = crate::fd_mount::open_dir(rootfs)
         .map_err(|e| Error::io(format!("open {}", rootfs.display()), e))?;
     let dir = match nix::fcntl::openat(
@@ -203,11 +203,45 @@ pub fn find(rootfs: &Path) -> Result<DiskImage, Error> {
     if virtual_size == 0 {
         return Err(refused(format!("/{DISK_DIR}/{name_str} is empty")));
     }
-    Ok(DiskImage {
-        path: rootfs.join(DISK_DIR).join(&name),
-        format,
-        virtual_size,
-    })
+    Ok((
+        DiskImage {
+            path: rootfs.join(DISK_DIR).join(&name),
+            format,
+            virtual_size,
+        },
+        file,
+    ))
+}
+
+/// Binds the checked disk `file` read-only onto `name` in the pod's directory `pod_dir`
+/// (which QEMU's user may traverse, unlike the container's mounts) and returns that path,
+/// the backing file QEMU opens: the file that was checked, whatever happens to the path it
+/// was found at. `record` persists the mount point before the mount.
+pub fn bind_for_qemu(
+    file: &File,
+    pod_dir: &Path,
+    name: &str,
+    record: &dyn Fn(&Path) -> Result<(), Error>,
+) -> Result<PathBuf, Error> {
+    let target_path = pod_dir.join(name);
+    let failed = |e| {
+        Error::io(
+            format!("bind the image's disk to {}", target_path.display()),
+            e,
+        )
+    };
+    let dir = crate::fd_mount::open_dir(pod_dir).map_err(failed)?;
+    let target =
+        crate::fd_mount::create_file_beneath(dir.as_fd(), OsStr::new(name)).map_err(failed)?;
+    record(&target_path)?;
+    crate::fd_mount::bind(
+        file.as_fd(),
+        target.as_fd(),
+        true,
+        crate::fd_mount::Propagation::Private,
+    )
+    .map_err(failed)?;
+    Ok(target_path)
 }
 
 fn is_regular(stat: &FileStat) -> bool {
@@ -399,12 +433,12 @@ mod tests {
     #[test]
     fn the_one_disk_is_found() {
         let root = rootfs_with(&[("disk.qcow2", &qcow2_header(3, 0, 1 << 30, 0))]);
-        let disk = find(root.path()).unwrap();
+        let (disk, _) = find(root.path()).unwrap();
         assert_eq!(disk.path, root.path().join("disk/disk.qcow2"));
         assert_eq!(disk.format, DiskFormat::Qcow2);
         assert_eq!(disk.virtual_size, 1 << 30);
         let root = rootfs_with(&[("disk.img", &[0u8; 4096])]);
-        let disk = find(root.path()).unwrap();
+        let (disk, _) = find(root.path()).unwrap();
         assert_eq!((disk.format, disk.virtual_size), (DiskFormat::Raw, 4096));
     }
 
@@ -460,6 +494,31 @@ mod tests {
         assert!(err.contains("is empty"), "{err}");
     }
 
+    /// Needs root (as the shim): the checked file is what the pod's directory shows, read-only.
+    #[test]
+    fn the_checked_file_is_bound_read_only_for_qemu() {
+        let root = rootfs_with(&[("disk.img", b"the disk")]);
+        let (_, file) = find(root.path()).unwrap();
+        let pod = tempfile::tempdir().unwrap();
+        let recorded = std::cell::RefCell::new(Vec::new());
+        let path = bind_for_qemu(&file, pod.path(), "image-disk", &|t| {
+            recorded.borrow_mut().push(t.to_owned());
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(recorded.into_inner(), vec![path.clone()]);
+        // The path it was found at changes; the bound file does not.
+        std::fs::remove_file(root.path().join("disk/disk.img")).unwrap();
+        std::fs::write(root.path().join("disk/disk.img"), b"another").unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"the disk");
+        let err = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::EROFS));
+        crate::fd_mount::unmount(&path).unwrap();
+    }
+
     #[test]
     fn the_root_volume_grows_but_never_shrinks_the_disk() {
         let disk = DiskImage {
@@ -481,7 +540,7 @@ mod tests {
     #[tokio::test]
     async fn the_overlay_is_backed_by_the_disk_and_leaves_it_alone() {
         let root = rootfs_with(&[("disk.img", &[7u8; 1 << 20])]);
-        let disk = find(root.path()).unwrap();
+        let (disk, _) = find(root.path()).unwrap();
         let overlay = root.path().join("overlay.qcow2");
         create_overlay(&disk, &overlay, 64 << 20).await.unwrap();
         let info = std::process::Command::new("qemu-img")

@@ -26,5 +26,6 @@ mod netns;
 mod network;
 mod node_config;
 mod resources;
+mod vm_mode;
 mod vm_options;
 mod vmletctl;

@@ -57,13 +57,14 @@ impl TaskEntry {
     /// The status of the VM's end for `process`, logged unless the shim stopped the VM
     /// itself.
     fn vm_ended_under(&self, process: &Process) -> u32 {
-        if !self.vm.is_stopping() {
+        let status = self.vm.end_status();
+        if status == VM_ENDED_STATUS && !self.vm.is_stopping() {
             log::error!(
                 "{}: the pod's VM stopped (QEMU exited) while it ran: exit status {VM_ENDED_STATUS}",
                 process.name()
             );
         }
-        VM_ENDED_STATUS
+        status
     }
 
     /// Whether the pod's VM has ended or does within [`exit::VM_END_GRACE`] (the agent's

@@ -15,7 +15,7 @@ use vmlet_protocol::agent::{CreateContainerRequest, Stdio};
 use crate::block_devices::BlockDevice;
 use crate::hooks::{HookState, HostHooks};
 use crate::memory::PodMemory;
-use crate::pod_vm::{BootRequest, HostProcess};
+use crate::pod_vm::{BootRequest, HostProcess, ImageRequest};
 use crate::share::RootfsSource;
 use crate::spec::{HostBind, PodRole};
 use crate::stdio::StdioPaths;
@@ -61,10 +61,11 @@ impl CreatePlan {
     ) -> Result<Self, Error> {
         let annotations = spec.annotations().clone().unwrap_or_default();
         let pod_annotations = PodAnnotations::from_map(&annotations, &config.annotations.allowed)?;
-        if pod_annotations.image_type == Some(ImageType::Vm) {
+        let vm_image = pod_annotations.image_type == Some(ImageType::Vm);
+        if vm_image && annotations.contains_key(crate::spec::CONTAINER_TYPE_ANNOTATION) {
             // Never run a VM disk image's carrier as a container instead.
             return Err(Error::Unimplemented(
-                "vmlet.io/image-type: vm (a VM disk image booted as the pod) is not supported yet"
+                "vmlet.io/image-type: vm through CRI (a pod's sandbox is made before its image is known) is not supported yet; `ctr run` boots a VM image"
                     .into(),
             ));
         }
@@ -101,19 +102,25 @@ impl CreatePlan {
         }
         let rootfs = rootfs_source(req, spec, Path::new(&req.bundle));
         let target = match role {
-            PodRole::Sandbox => Target::Boot(Box::new(boot_request(
-                &req.id,
-                spec,
-                &annotations,
-                &pod_annotations,
-                config,
-                rootfs,
-                binds,
-                (!hooks.is_empty()).then(|| HostProcess {
-                    create_hooks: hooks.create.clone(),
-                    state: hook_state.clone(),
-                }),
-            )?)),
+            PodRole::Sandbox => {
+                let mut boot = boot_request(
+                    &req.id,
+                    spec,
+                    &annotations,
+                    &pod_annotations,
+                    config,
+                    rootfs,
+                    binds,
+                    (!hooks.is_empty()).then(|| HostProcess {
+                        create_hooks: hooks.create.clone(),
+                        state: hook_state.clone(),
+                    }),
+                )?;
+                if vm_image {
+                    boot.image = Some(image_request(&req.id, spec, &pod_annotations));
+                }
+                Target::Boot(Box::new(boot))
+            }
             PodRole::Container { sandbox_id } => Target::Join {
                 sandbox_id,
                 rootfs,
@@ -205,7 +212,32 @@ fn boot_request(
             .and_then(|l| l.cgroups_path().as_ref())
             .map(|p| crate::pod_cgroup::PodCgroup::from_spec_path(&p.to_string_lossy()))
             .transpose()?,
+        image: None,
     })
+}
+
+/// A VM image's boot (docs/vm-mode.md): cloud-init's instance is the task, its host name
+/// the spec's (else the task's id), its user-data and keys the annotations', and the
+/// spec's environment goes into the guest's `/etc/cloud/environment`.
+fn image_request(id: &str, spec: &Spec, pod: &PodAnnotations) -> ImageRequest {
+    ImageRequest {
+        root_volume_mib: pod.root_volume_mib,
+        instance_id: id.to_owned(),
+        hostname: spec
+            .hostname()
+            .clone()
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| id.to_owned()),
+        user_data: pod.cloud_init_user_data.clone(),
+        ssh_keys: pod.ssh_keys.clone().unwrap_or_default(),
+        env: spec
+            .process()
+            .as_ref()
+            .and_then(|p| p.env().clone())
+            .unwrap_or_default(),
+        dns: crate::nocloud::Dns::default(),
+        network_config: true,
+    }
 }
 
 /// The memory limit of a container's spec, in MiB.
@@ -292,19 +324,53 @@ mod tests {
     }
 
     #[test]
-    fn a_vm_mode_pod_is_refused_until_vm_mode_exists() {
+    fn a_vm_mode_task_boots_its_image_with_the_seed_inputs() {
+        let config = NodeConfig::default();
+        let mut vm = spec(
+            json!({"vmlet.io/image-type": "vm", "vmlet.io/ssh-keys": "ssh-ed25519 AAAA",
+                   "vmlet.io/root-volume-size": "4Gi",
+                   "vmlet.io/cloud-init-user-data": "runcmd: [true]"}),
+            None,
+        );
+        vm.set_hostname(Some("web-0".into()));
+        let mut process = vm.process().clone().unwrap();
+        process.set_env(Some(vec!["A=1".into()]));
+        vm.set_process(Some(process));
+        let plan = CreatePlan::new(&request("v1"), &vm, &config, no_sandbox).unwrap();
+        let Target::Boot(boot) = plan.target else {
+            panic!("a VM-mode task boots a VM");
+        };
+        let image = boot.image.expect("a VM image");
+        assert_eq!(image.instance_id, "v1");
+        assert_eq!(image.hostname, "web-0");
+        assert_eq!(image.root_volume_mib, Some(4096));
+        assert_eq!(image.user_data.as_deref(), Some("runcmd: [true]"));
+        assert_eq!(image.ssh_keys, vec!["ssh-ed25519 AAAA".to_string()]);
+        assert_eq!(image.env, vec!["A=1".to_string()]);
+        let container = spec(json!({"vmlet.io/image-type": "container"}), None);
+        let plan = CreatePlan::new(&request("c1"), &container, &config, no_sandbox).unwrap();
+        let Target::Boot(boot) = plan.target else {
+            panic!("a plain task boots a VM");
+        };
+        assert!(boot.image.is_none());
+    }
+
+    #[test]
+    fn a_vm_mode_pod_through_cri_is_refused_until_it_is_built() {
         let config = NodeConfig::default();
         let vm = spec(
-            json!({"vmlet.io/image-type": "vm", "vmlet.io/ssh-keys": "ssh-ed25519 AAAA"}),
+            json!({"vmlet.io/image-type": "vm", CONTAINER_TYPE_ANNOTATION: "sandbox"}),
             None,
         );
         let err = CreatePlan::new(&request("v1"), &vm, &config, no_sandbox)
             .err()
             .expect("refused");
         assert_eq!(err.code(), ttrpc::Code::UNIMPLEMENTED);
-        assert!(err.to_string().contains("vmlet.io/image-type: vm"), "{err}");
-        let container = spec(json!({"vmlet.io/image-type": "container"}), None);
-        assert!(CreatePlan::new(&request("c1"), &container, &config, no_sandbox).is_ok());
+        assert!(
+            err.to_string()
+                .contains("vmlet.io/image-type: vm through CRI"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -51,22 +51,8 @@ pub(super) async fn run(
     phases.mark("network");
     let vsock = vsock_backend::start(config, paths, rec).await?;
     phases.mark("vsock_backend");
-    let kvm = accel::use_kvm(config, &vmm, &req.options).await?;
-    phases.mark("accel");
-    let launched = launch::start(
-        config,
-        &vmm,
-        req,
-        paths,
-        rec,
-        launch::Devices {
-            kvm,
-            vsock: &vsock,
-            tap_socket: net.tap_socket.clone(),
-        },
-    )
-    .await?;
-    phases.mark("domain");
+    let guest = launch::agent_guest(config, req, paths, &vsock);
+    let launched = launch_domain(config, &vmm, req, paths, rec, phases, guest, &net).await?;
     let (endpoint, agent, boot_id) =
         agent_link::connect(config, &vmm, &req.pod_id, paths, &vsock, &launched).await?;
     phases.mark("guest_boot");
@@ -88,3 +74,139 @@ pub(super) async fn run(
         port_forward,
     })
 }
+
+/// Chooses KVM or TCG, then defines and starts the domain that runs `guest` with the pod's
+/// taps.
+#[allow(clippy::too_many_arguments)]
+async fn launch_domain(
+    config: &NodeConfig,
+    vmm: &Arc<dyn VmManager>,
+    req: &BootRequest,
+    paths: &PodPaths,
+    rec: &Recorder<'_>,
+    phases: &Phases,
+    guest: crate::domain::GuestBoot,
+    net: &PodNet,
+) -> Result<launch::Launched, Error> {
+    let kvm = accel::use_kvm(config, vmm, &req.options).await?;
+    phases.mark("accel");
+    let launched = launch::start(
+        config,
+        vmm,
+        req,
+        paths,
+        rec,
+        launch::Devices {
+            kvm,
+            guest,
+            tap_socket: net.tap_socket.clone(),
+        },
+    )
+    .await?;
+    phases.mark("domain");
+    Ok(launched)
+}
+
+/// What a VM image's boot produced.
+pub(super) struct BootedImage {
+    pub hotplug: Hotplug,
+    pub ended: tokio::sync::watch::Receiver<bool>,
+    pub qemu_pid: u32,
+    pub tap_server: Option<TapServer>,
+    /// One DHCP responder per tap; dropped, they stop.
+    pub dhcp: Vec<vmlet_netns::dhcp_server::DhcpServer>,
+}
+
+/// Boots a VM image (docs/vm-mode.md): the host side and network as for vmlet's guest,
+/// then the disk found in the rootfs, its overlay, the cloud-init seed and a DHCP
+/// responder per tap, and the domain that boots them with firmware. No vsock, no agent.
+pub(super) async fn run_image(
+    config: &NodeConfig,
+    vmm: Arc<dyn VmManager>,
+    req: &BootRequest,
+    image: &crate::pod_vm::ImageRequest,
+    paths: &PodPaths,
+    rec: &Recorder<'_>,
+    phases: &Phases,
+) -> Result<BootedImage, Error> {
+    host_side::prepare(config, req, paths, rec)?;
+    phases.mark("host_side");
+    let rootfs = crate::share::container_rootfs(&paths.dir, &req.container_id)?;
+    let (mut disk, file) = crate::vm_disk::find(&rootfs)?;
+    let size = crate::vm_disk::overlay_size(&disk, image.root_volume_mib)?;
+    disk.path = crate::vm_disk::bind_for_qemu(&file, &paths.dir, IMAGE_DISK, &|t| rec.mount(t))?;
+    let netns = host_side::start_host_process(req, rec).await?;
+    phases.mark("host_process");
+    let net = match &netns {
+        Some(netns) => net::wire(config, &req.pod_id, paths, rec, netns).await?,
+        None => PodNet::default(),
+    };
+    phases.mark("network");
+    let mut dhcp = Vec::new();
+    if let Some(netns) = &netns {
+        for (interface, tap) in net.interfaces.iter().zip(&net.tap_names) {
+            let Some(mut lease) = vmlet_netns::dhcp::Lease::for_interface(interface) else {
+                continue;
+            };
+            lease.dns = image
+                .dns
+                .nameservers
+                .iter()
+                .filter_map(|a| match a {
+                    std::net::IpAddr::V4(v4) => Some(*v4),
+                    _ => None,
+                })
+                .collect();
+            lease.domain = image.dns.search.first().cloned();
+            lease.hostname = Some(image.hostname.clone());
+            let (path, tap) = (netns.path.clone(), tap.clone());
+            let responder = vmlet_netns::dhcp::Responder { lease };
+            dhcp.push(
+                super::block(move || vmlet_netns::dhcp_server::start(&path, &tap, responder))
+                    .await?
+                    .map_err(Error::Network)?,
+            );
+        }
+    }
+    phases.mark("dhcp");
+    let overlay = paths.dir.join(ROOT_DISK);
+    crate::vm_disk::create_overlay(&disk, &overlay, size).await?;
+    let seed_dir = paths.dir.join(SEED_DIR);
+    std::fs::create_dir(&seed_dir)
+        .map_err(|e| Error::io(format!("create {}", seed_dir.display()), e))?;
+    let seed = crate::nocloud::Seed::build(&crate::nocloud::SeedInput {
+        instance_id: &image.instance_id,
+        hostname: &image.hostname,
+        user_data: image.user_data.as_deref(),
+        ssh_keys: &image.ssh_keys,
+        env: &image.env,
+        interfaces: &net.interfaces,
+        dns: &image.dns,
+        network_config: image.network_config,
+    })?;
+    let seed_iso = paths.dir.join(SEED_ISO);
+    seed.write_iso(&seed_dir, &seed_iso).await?;
+    phases.mark("disks");
+    let guest = crate::domain::GuestBoot::Image(crate::domain::ImageDisks {
+        overlay: overlay.to_string_lossy().into_owned(),
+        backing: disk.path.to_string_lossy().into_owned(),
+        backing_format: disk.format,
+        seed: seed_iso.to_string_lossy().into_owned(),
+    });
+    let launched = launch_domain(config, &vmm, req, paths, rec, phases, guest, &net).await?;
+    Ok(BootedImage {
+        hotplug: launched.hotplug,
+        ended: launched.ended,
+        qemu_pid: launched.qemu_pid,
+        tap_server: net.tap_server,
+        dhcp,
+    })
+}
+
+/// A VM image's root disk (the overlay) and cloud-init seed, in the pod's state directory
+/// (removed with it).
+pub const ROOT_DISK: &str = "root.qcow2";
+/// The image's disk, bound read-only where QEMU's user can reach it.
+pub const IMAGE_DISK: &str = "image-disk";
+pub const SEED_DIR: &str = "seed";
+pub const SEED_ISO: &str = "seed.iso";

@@ -20,11 +20,39 @@ const SHARE_TAG: &str = "vmlet";
 const QMP_CONNECT_WAIT: Duration = Duration::from_secs(10);
 
 /// What the earlier steps give the domain.
-pub(super) struct Devices<'a> {
+pub(super) struct Devices {
     pub kvm: bool,
-    pub vsock: &'a VsockDevice,
+    /// What the VM runs ([`agent_guest`] for vmlet's guest).
+    pub guest: GuestBoot,
     /// Where vmlet-vmwrapper fetches the taps (none: no NIC).
     pub tap_socket: Option<String>,
+}
+
+/// vmlet's guest: the node's kernel and initrd with the pod's kernel parameters, the
+/// share over virtio-fs, the agent over `vsock`.
+pub(super) fn agent_guest(
+    config: &NodeConfig,
+    req: &BootRequest,
+    paths: &PodPaths,
+    vsock: &VsockDevice,
+) -> GuestBoot {
+    GuestBoot::Agent(AgentGuest {
+        kernel: config.guest.kernel.to_string_lossy().into_owned(),
+        initrd: config.guest.initrd.to_string_lossy().into_owned(),
+        // memhp_default_state: the guest onlines what virtio-mem plugs. swiotlb=noforce:
+        // a hot-plug region above 4 GiB would make the kernel reserve 64 MiB of bounce
+        // buffers, which the guest's devices (virtio without an IOMMU) never use.
+        cmdline: format!(
+            "console=ttyS0 panic=-1 quiet memhp_default_state=online swiotlb=noforce vmlet.share={SHARE_TAG} {}",
+            req.options.kernel_params
+        )
+        .trim_end()
+        .to_owned(),
+        virtiofsd: config.helpers.virtiofsd.to_string_lossy().into_owned(),
+        share_dir: paths.share.to_string_lossy().into_owned(),
+        share_tag: SHARE_TAG.into(),
+        vsock: vsock.clone(),
+    })
 }
 
 /// A started domain.
@@ -45,7 +73,7 @@ pub(super) async fn start(
     req: &BootRequest,
     paths: &PodPaths,
     rec: &Recorder<'_>,
-    devices: Devices<'_>,
+    devices: Devices,
 ) -> Result<Launched, Error> {
     let (pod_id, shape) = (req.pod_id.as_str(), req.shape);
     // vmlet's QMP monitor connects here when QEMU starts.
@@ -64,23 +92,7 @@ pub(super) async fn start(
         hotplug_mib: req.memory.region_mib,
         machine: req.options.machine.clone(),
         cpu_model: req.options.cpu_model.clone(),
-        guest: GuestBoot::Agent(AgentGuest {
-            kernel: config.guest.kernel.to_string_lossy().into_owned(),
-            initrd: config.guest.initrd.to_string_lossy().into_owned(),
-            // memhp_default_state: the guest onlines what virtio-mem plugs. swiotlb=noforce:
-            // a hot-plug region above 4 GiB would make the kernel reserve 64 MiB of bounce
-            // buffers, which the guest's devices (virtio without an IOMMU) never use.
-            cmdline: format!(
-                "console=ttyS0 panic=-1 quiet memhp_default_state=online swiotlb=noforce vmlet.share={SHARE_TAG} {}",
-                req.options.kernel_params
-            )
-            .trim_end()
-            .to_owned(),
-            virtiofsd: config.helpers.virtiofsd.to_string_lossy().into_owned(),
-            share_dir: paths.share.to_string_lossy().into_owned(),
-            share_tag: SHARE_TAG.into(),
-            vsock: devices.vsock.clone(),
-        }),
+        guest: devices.guest,
         emulator: config.helpers.vmwrapper.to_string_lossy().into_owned(),
         qemu: config.helpers.qemu.to_string_lossy().into_owned(),
         console_log: paths.console.to_string_lossy().into_owned(),

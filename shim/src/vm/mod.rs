@@ -14,6 +14,8 @@ mod accel;
 mod agent_link;
 mod boot;
 mod host_side;
+mod image;
+mod image_guest;
 mod launch;
 mod net;
 mod running;
@@ -120,6 +122,11 @@ impl VmBooter for LibvirtBooter {
             &config.helpers.libvirt,
             &config.libvirt_uri,
         ));
+        if request.image.is_some() {
+            return Ok(Arc::new(
+                image::ImageVm::boot(config, vmm, request, phases).await?,
+            ));
+        }
         Ok(Arc::new(Vm::boot(config, vmm, request, phases).await?))
     }
 }
@@ -133,21 +140,7 @@ impl Vm {
         req: BootRequest,
         phases: &Phases,
     ) -> Result<Vm, Error> {
-        let paths = PodPaths::new(&config.state_dir, &req.pod_id);
-        if paths.dir.exists() {
-            return Err(Error::AlreadyExists(format!(
-                "pod state {}",
-                paths.dir.display()
-            )));
-        }
-        std::fs::create_dir_all(&config.state_dir)
-            .and_then(|()| std::fs::create_dir(&paths.dir))
-            .map_err(|e| Error::io(format!("create {}", paths.dir.display()), e))?;
-        let state = Arc::new(Mutex::new(PodState {
-            dir: paths.dir.clone(),
-            shim_pid: Some(std::process::id()),
-            ..Default::default()
-        }));
+        let (paths, state) = new_pod_state(config, &req.pod_id)?;
         let recorder = Recorder {
             state: state.clone(),
             cgroup: req.cgroup.as_ref(),
@@ -155,19 +148,7 @@ impl Vm {
         // A failed step drops what it started (the tap server) with the error.
         let booted = match boot::run(config, vmm.clone(), &req, &paths, &recorder, phases).await {
             Ok(booted) => booted,
-            Err(e) => {
-                let state = state.lock().unwrap().clone();
-                if let Ok(Err(cleanup)) =
-                    block(move || crate::reclaim::teardown(&*vmm, &state)).await
-                {
-                    log::error!(
-                        "cleanup after failed boot of {}: {}",
-                        req.pod_id,
-                        cleanup.message()
-                    );
-                }
-                return Err(e);
-            }
+            Err(e) => return Err(reclaim_failed_boot(&vmm, &state, &req.pod_id, e).await),
         };
         let state = state.lock().unwrap().clone();
         Ok(Vm {
@@ -190,6 +171,74 @@ impl Vm {
             stopping: std::sync::atomic::AtomicBool::new(false),
         })
     }
+}
+
+/// Makes the pod's state directory (which must not exist) and the state recorded in it.
+fn new_pod_state(
+    config: &NodeConfig,
+    pod_id: &str,
+) -> Result<(PodPaths, Arc<Mutex<PodState>>), Error> {
+    let paths = PodPaths::new(&config.state_dir, pod_id);
+    if paths.dir.exists() {
+        return Err(Error::AlreadyExists(format!(
+            "pod state {}",
+            paths.dir.display()
+        )));
+    }
+    std::fs::create_dir_all(&config.state_dir)
+        .and_then(|()| std::fs::create_dir(&paths.dir))
+        .map_err(|e| Error::io(format!("create {}", paths.dir.display()), e))?;
+    let state = Arc::new(Mutex::new(PodState {
+        dir: paths.dir.clone(),
+        shim_pid: Some(std::process::id()),
+        ..Default::default()
+    }));
+    Ok((paths, state))
+}
+
+/// Removes what a failed boot recorded and returns its error.
+async fn reclaim_failed_boot(
+    vmm: &Arc<dyn VmManager>,
+    state: &Arc<Mutex<PodState>>,
+    pod_id: &str,
+    error: Error,
+) -> Error {
+    let state = state.lock().unwrap().clone();
+    let vmm = vmm.clone();
+    if let Ok(Err(cleanup)) = block(move || crate::reclaim::teardown(&*vmm, &state)).await {
+        log::error!(
+            "cleanup after failed boot of {pod_id}: {}",
+            cleanup.message()
+        );
+    }
+    error
+}
+
+/// How long a teardown waits for the guest to power itself off.
+const POWER_OFF_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Stops `pod`'s VM and removes everything it recorded in `state`. The guest is asked to
+/// power itself off first, which is faster than libvirt's destroy (SIGTERM, then waiting
+/// for QEMU), which remains the fallback.
+async fn power_off_and_reclaim(
+    pod: &dyn PodVm,
+    state: PodState,
+    vmm: Arc<dyn VmManager>,
+) -> Result<(), Error> {
+    let started = std::time::Instant::now();
+    if !pod.has_ended() {
+        let asked = tokio::time::timeout(POWER_OFF_WAIT, pod.guest().shutdown()).await;
+        if matches!(asked, Ok(Ok(_))) {
+            let _ = tokio::time::timeout(POWER_OFF_WAIT, pod.ended()).await;
+        }
+    }
+    let result = block(move || crate::reclaim::teardown(&*vmm, &state)).await?;
+    log::info!(
+        "pod {}: torn down in {} ms",
+        pod.pod_id(),
+        started.elapsed().as_millis()
+    );
+    result
 }
 
 /// Gives `path` to `user` (QEMU's) and returns the user's uid.

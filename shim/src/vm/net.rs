@@ -31,6 +31,8 @@ impl Drop for TapServer {
 pub(super) struct PodNet {
     /// What the agent configures in the guest.
     pub interfaces: Vec<vmlet_netns::Interface>,
+    /// Each interface's tap, in the same order.
+    pub tap_names: Vec<String>,
     /// Where vmlet-vmwrapper fetches the taps (none: no NIC).
     pub tap_socket: Option<String>,
     pub tap_server: Option<TapServer>,
@@ -68,6 +70,7 @@ pub(super) async fn wire(
             crate::taps::MAX_TAPS
         )));
     }
+    let tap_names: Vec<_> = wired.wirings.iter().map(|w| w.tap_name.clone()).collect();
     let interfaces: Vec<_> = wired.wirings.into_iter().map(|w| w.interface).collect();
     log::info!(
         "pod {pod_id}: wired {} interface(s) from {}",
@@ -77,6 +80,7 @@ pub(super) async fn wire(
     if taps.is_empty() {
         return Ok(PodNet {
             interfaces,
+            tap_names,
             ..PodNet::default()
         });
     }
@@ -85,6 +89,7 @@ pub(super) async fn wire(
     let qemu_uid = chown_to_user(&paths.tap_socket, &config.qemu_user)?;
     Ok(PodNet {
         interfaces,
+        tap_names,
         tap_socket: Some(paths.tap_socket.to_string_lossy().into_owned()),
         tap_server: Some(TapServer(crate::taps::serve(
             listener, taps, wired.taps, qemu_uid,

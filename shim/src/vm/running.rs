@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use async_trait::async_trait;
 
@@ -15,9 +15,6 @@ use crate::pod_vm::PodVm;
 use crate::share::{self, RootfsSource};
 use crate::stdio::{Copies, ProcessName, StdioPaths};
 use crate::Error;
-
-/// How long teardown waits for the guest to power itself off.
-const POWER_OFF_WAIT: Duration = Duration::from_secs(2);
 
 #[async_trait]
 impl PodVm for Vm {
@@ -157,11 +154,9 @@ impl PodVm for Vm {
         unmounted.and(share::remove_container_dir(&self.paths.dir, container_id))
     }
 
-    /// Stops the VM and removes everything the pod created. The guest is asked to power
-    /// itself off first: that is faster than libvirt's destroy (SIGTERM, then waiting for
-    /// QEMU), which remains the fallback.
+    /// Stops the VM (the guest asked to power off first) and removes everything the pod
+    /// created.
     async fn teardown(&self) -> Result<(), Error> {
-        let started = Instant::now();
         if let Some(server) = &self.tap_server {
             server.stop();
         }
@@ -169,20 +164,7 @@ impl PodVm for Vm {
             forward.stop();
         }
         self.stopping.store(true, Ordering::SeqCst);
-        if !self.has_ended() {
-            let asked = tokio::time::timeout(POWER_OFF_WAIT, self.guest.shutdown()).await;
-            if matches!(asked, Ok(Ok(_))) {
-                let _ = tokio::time::timeout(POWER_OFF_WAIT, self.ended()).await;
-            }
-        }
         let state = self.state.lock().unwrap().clone();
-        let vmm = self.vmm.clone();
-        let result = block(move || crate::reclaim::teardown(&*vmm, &state)).await?;
-        log::info!(
-            "pod {}: torn down in {} ms",
-            self.pod_id,
-            started.elapsed().as_millis()
-        );
-        result
+        super::power_off_and_reclaim(self, state, self.vmm.clone()).await
     }
 }

@@ -1,0 +1,207 @@
+//! A VM-mode pod's VM (docs/vm-mode.md) as the task service sees it ([`PodVm`]): one
+//! container, which is the VM; its serial console is the container's stdout; it ends when
+//! the guest powers off (status 0) or vmlet ends it (137). It has no agent, no share for
+//! more containers, no hot-plugged devices and does not grow.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use vmlet_config::NodeConfig;
+
+use super::image_guest::ImageGuest;
+use super::{block, boot, new_pod_state, reclaim_failed_boot, Recorder};
+use crate::block_devices::BlockDevice;
+use crate::guest::Guest;
+use crate::phases::Phases;
+use crate::pod_paths::PodPaths;
+use crate::pod_vm::{BootRequest, PodVm};
+use crate::share::RootfsSource;
+use crate::state::PodState;
+use crate::stdio::{Copies, ProcessName, StdioPaths};
+use crate::vmm::VmManager;
+use crate::Error;
+
+pub struct ImageVm {
+    pod_id: String,
+    container_id: String,
+    paths: PodPaths,
+    host_pid: u32,
+    holder_pid: Option<u32>,
+    state: Mutex<PodState>,
+    vmm: Arc<dyn VmManager>,
+    tap_server: Option<super::net::TapServer>,
+    dhcp: Mutex<Vec<vmlet_netns::dhcp_server::DhcpServer>>,
+    guest: ImageGuest,
+    ended: tokio::sync::watch::Receiver<bool>,
+    stopping: AtomicBool,
+}
+
+impl ImageVm {
+    /// Boots the image in the rootfs of `req` with the pod network wired in. On failure
+    /// everything created so far is removed before the error returns.
+    pub async fn boot(
+        config: &NodeConfig,
+        vmm: Arc<dyn VmManager>,
+        req: BootRequest,
+        phases: &Phases,
+    ) -> Result<ImageVm, Error> {
+        let image = req
+            .image
+            .clone()
+            .ok_or_else(|| Error::Internal("a VM image's boot without an image".into()))?;
+        let (paths, state) = new_pod_state(config, &req.pod_id)?;
+        let recorder = Recorder {
+            state: state.clone(),
+            cgroup: req.cgroup.as_ref(),
+        };
+        let booted =
+            match boot::run_image(config, vmm.clone(), &req, &image, &paths, &recorder, phases)
+                .await
+            {
+                Ok(booted) => booted,
+                Err(e) => return Err(reclaim_failed_boot(&vmm, &state, &req.pod_id, e).await),
+            };
+        let state = state.lock().unwrap().clone();
+        Ok(ImageVm {
+            pod_id: req.pod_id,
+            container_id: req.container_id,
+            paths,
+            host_pid: booted.qemu_pid,
+            holder_pid: state.holder_pid,
+            state: Mutex::new(state),
+            vmm,
+            tap_server: booted.tap_server,
+            dhcp: Mutex::new(booted.dhcp),
+            guest: ImageGuest {
+                qmp: booted.hotplug.qmp().clone(),
+                killed: Arc::new(AtomicBool::new(false)),
+            },
+            ended: booted.ended,
+            stopping: AtomicBool::new(false),
+        })
+    }
+
+    fn one_container(&self, what: &str) -> Error {
+        Error::Unimplemented(format!(
+            "{what} in pod {}: a VM-mode pod (vmlet.io/image-type: vm) is its one container, {}",
+            self.pod_id, self.container_id
+        ))
+    }
+}
+
+#[async_trait]
+impl PodVm for ImageVm {
+    fn pod_id(&self) -> &str {
+        &self.pod_id
+    }
+
+    fn guest(&self) -> &dyn Guest {
+        &self.guest
+    }
+
+    fn host_pid(&self) -> u32 {
+        self.host_pid
+    }
+
+    fn holder_pid(&self) -> Option<u32> {
+        self.holder_pid
+    }
+
+    fn has_ended(&self) -> bool {
+        *self.ended.borrow()
+    }
+
+    async fn ended(&self) {
+        let mut ended = self.ended.clone();
+        let _ = ended.wait_for(|e| *e).await;
+    }
+
+    fn is_stopping(&self) -> bool {
+        self.stopping.load(Ordering::SeqCst)
+    }
+
+    fn end_status(&self) -> u32 {
+        if self.is_stopping() {
+            crate::task::VM_ENDED_STATUS
+        } else {
+            self.guest.end_status()
+        }
+    }
+
+    async fn kill(&self) -> Result<(), Error> {
+        self.stopping.store(true, Ordering::SeqCst);
+        let Some(domain) = self.state.lock().unwrap().domain.clone() else {
+            return Ok(());
+        };
+        let vmm = self.vmm.clone();
+        block(move || vmm.remove(&domain)).await?
+    }
+
+    /// Stops the VM (the power button first, then libvirt's destroy) and removes everything
+    /// the pod created: the overlay and the seed go with the state directory.
+    async fn teardown(&self) -> Result<(), Error> {
+        if let Some(server) = &self.tap_server {
+            server.stop();
+        }
+        self.dhcp.lock().unwrap().clear();
+        self.stopping.store(true, Ordering::SeqCst);
+        let state = self.state.lock().unwrap().clone();
+        super::power_off_and_reclaim(self, state, self.vmm.clone()).await
+    }
+
+    /// A VM image is sized by its annotations; container limits do not grow it.
+    async fn fit_memory(&self, _container_id: &str, _limit_mib: Option<u64>) -> Result<(), Error> {
+        Ok(())
+    }
+
+    async fn attach_block_devices(
+        &self,
+        container_id: &str,
+        devices: &[BlockDevice],
+    ) -> Result<Vec<vmlet_protocol::agent::BlockDevice>, Error> {
+        if devices.is_empty() {
+            return Ok(Vec::new());
+        }
+        Err(Error::Unimplemented(format!(
+            "block devices for {container_id}: a VM-mode pod takes none yet"
+        )))
+    }
+
+    async fn detach_block_devices(&self, _container_id: &str) -> Result<(), Error> {
+        Ok(())
+    }
+
+    fn add_container(
+        &self,
+        container_id: &str,
+        _rootfs: &RootfsSource,
+        _binds: &[crate::spec::HostBind],
+    ) -> Result<(), Error> {
+        Err(self.one_container(&format!("another container, {container_id},")))
+    }
+
+    fn remove_container(&self, _container_id: &str) -> Result<(), Error> {
+        Ok(())
+    }
+
+    /// The serial console as the container's stdout.
+    async fn attach_stdio(
+        &self,
+        process: ProcessName<'_>,
+        namespace: &str,
+        paths: &StdioPaths,
+        _terminal: bool,
+    ) -> Result<Copies, Error> {
+        if !process.exec_id.is_empty() {
+            return Err(self.one_container("an exec"));
+        }
+        crate::stdio::follow_console(
+            &self.paths.console,
+            self.ended.clone(),
+            process,
+            namespace,
+            paths,
+        )
+    }
+}

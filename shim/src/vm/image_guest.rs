@@ -1,0 +1,215 @@
+//! The [`Guest`] of a VM-mode pod (docs/vm-mode.md): no agent runs in a VM image, and the
+//! container's one process is the VM itself. Its wait ends with QEMU (status 0 when the
+//! guest powered itself off, 137 when vmlet ended it); SIGTERM, SIGINT and SIGPWR press
+//! the ACPI power button, SIGKILL ends QEMU at once; what only an agent could do (exec,
+//! pause, resources, a terminal) is UNIMPLEMENTED with the reason.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use serde_json::json;
+use vmlet_protocol::agent::{CreateContainerRequest, CreateExecRequest, Resources, StatsResponse};
+
+use crate::guest::{Guest, GuestExit, ProcessId};
+use crate::qmp::Qmp;
+use crate::task::VM_ENDED_STATUS;
+use crate::Error;
+
+/// The VM's side of a VM-mode pod's one process.
+pub struct ImageGuest {
+    pub(super) qmp: Qmp,
+    /// Set when vmlet ends the VM (SIGKILL, teardown): its end is then 137, not 0.
+    pub(super) killed: Arc<AtomicBool>,
+}
+
+fn no_agent(what: &str) -> Error {
+    Error::Unimplemented(format!(
+        "{what}: a VM-mode pod (vmlet.io/image-type: vm) runs no vmlet agent"
+    ))
+}
+
+impl ImageGuest {
+    /// The status of the VM's end: 0 when the guest powered itself off, 137 when vmlet
+    /// ended it.
+    pub fn end_status(&self) -> u32 {
+        if self.killed.load(Ordering::SeqCst) {
+            VM_ENDED_STATUS
+        } else {
+            0
+        }
+    }
+
+    fn only_the_vm(process: &ProcessId) -> Result<(), Error> {
+        if process.exec_id.is_empty() {
+            Ok(())
+        } else {
+            Err(no_agent("an exec"))
+        }
+    }
+}
+
+#[async_trait]
+impl Guest for ImageGuest {
+    /// The VM is the container: nothing more to create.
+    async fn create_container(&self, _request: &CreateContainerRequest) -> Result<u32, Error> {
+        Ok(0)
+    }
+
+    /// The VM runs from its create on.
+    async fn start_process(&self, process: &ProcessId) -> Result<u32, Error> {
+        Self::only_the_vm(process)?;
+        Ok(0)
+    }
+
+    async fn wait_process(&self, process: &ProcessId) -> Result<GuestExit, Error> {
+        Self::only_the_vm(process)?;
+        let mut ended = self.qmp.ended();
+        let _ = ended.wait_for(|e| *e).await;
+        Ok(GuestExit {
+            status: self.end_status(),
+            oom_killed: false,
+        })
+    }
+
+    async fn signal_process(
+        &self,
+        process: &ProcessId,
+        signal: u32,
+        _all: bool,
+    ) -> Result<(), Error> {
+        Self::only_the_vm(process)?;
+        match signal as i32 {
+            libc::SIGKILL => {
+                self.killed.store(true, Ordering::SeqCst);
+                self.qmp.execute("quit", json!({}), Vec::new()).await?;
+            }
+            libc::SIGTERM | libc::SIGINT | libc::SIGPWR => {
+                self.qmp
+                    .execute("system_powerdown", json!({}), Vec::new())
+                    .await?;
+            }
+            other => {
+                return Err(Error::InvalidArgument(format!(
+                    "signal {other} to a VM-mode pod's VM: it takes SIGTERM, SIGINT or SIGPWR (an ACPI power-off) and SIGKILL"
+                )))
+            }
+        }
+        Ok(())
+    }
+
+    async fn create_exec(&self, _request: &CreateExecRequest) -> Result<(), Error> {
+        Err(no_agent("an exec"))
+    }
+
+    async fn remove_exec(&self, _process: &ProcessId) -> Result<(), Error> {
+        Err(no_agent("an exec"))
+    }
+
+    async fn remove_container(&self, _container_id: &str) -> Result<(), Error> {
+        Ok(())
+    }
+
+    async fn pause(&self, _container_id: &str) -> Result<(), Error> {
+        Err(no_agent("pause"))
+    }
+
+    async fn resume(&self, _container_id: &str) -> Result<(), Error> {
+        Err(no_agent("resume"))
+    }
+
+    async fn update_resources(
+        &self,
+        _container_id: &str,
+        _resources: Resources,
+    ) -> Result<(), Error> {
+        Err(no_agent("a resources update"))
+    }
+
+    async fn stats(&self, _container_id: &str) -> Result<StatsResponse, Error> {
+        Err(no_agent("stats"))
+    }
+
+    /// The VM's processes are not the host's to list: none.
+    async fn list_processes(&self, _container_id: &str) -> Result<Vec<u32>, Error> {
+        Ok(Vec::new())
+    }
+
+    async fn resize_terminal(
+        &self,
+        _process: &ProcessId,
+        _width: u32,
+        _height: u32,
+    ) -> Result<(), Error> {
+        Err(no_agent("a terminal"))
+    }
+
+    /// Presses the power button; the caller waits for the end and ends the VM itself when
+    /// it does not come.
+    async fn shutdown(&self) -> Result<(), Error> {
+        self.qmp
+            .execute("system_powerdown", json!({}), Vec::new())
+            .await
+            .map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::qmp::tests::fake_qemu;
+
+    /// A QEMU that ends (the guest powered off, or QEMU quit) on `ending`, the one command
+    /// that makes the VM's wait return; every other command is answered and nothing more.
+    async fn guest(ending: &'static str) -> ImageGuest {
+        let (stream, _server) = fake_qemu(move |c| {
+            if c["execute"] == ending {
+                vec![json!({"return": {}}), json!("close")]
+            } else {
+                vec![json!({"return": {}})]
+            }
+        });
+        ImageGuest {
+            qmp: Qmp::handshake(stream).await.unwrap(),
+            killed: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    #[tokio::test]
+    async fn sigterm_presses_the_power_button_and_the_power_off_is_status_0() {
+        let guest = guest("system_powerdown").await;
+        let init = ProcessId::init("vm");
+        let _ = guest
+            .signal_process(&init, libc::SIGTERM as u32, false)
+            .await;
+        let exit = guest.wait_process(&init).await.unwrap();
+        assert_eq!(exit.status, 0);
+    }
+
+    #[tokio::test]
+    async fn sigkill_ends_qemu_and_is_status_137() {
+        let guest = guest("quit").await;
+        let init = ProcessId::init("vm");
+        let _ = guest
+            .signal_process(&init, libc::SIGKILL as u32, false)
+            .await;
+        let exit = guest.wait_process(&init).await.unwrap();
+        assert_eq!(exit.status, VM_ENDED_STATUS);
+    }
+
+    #[tokio::test]
+    async fn what_needs_an_agent_is_unimplemented_by_name() {
+        let guest = guest("quit").await;
+        let exec = ProcessId::exec("vm", "e1");
+        let err = guest.start_process(&exec).await.unwrap_err();
+        assert_eq!(err.code(), ttrpc::Code::UNIMPLEMENTED);
+        assert!(err.to_string().contains("runs no vmlet agent"), "{err}");
+        let err = guest.pause("vm").await.unwrap_err();
+        assert!(err.to_string().starts_with("pause:"), "{err}");
+        let err = guest
+            .signal_process(&ProcessId::init("vm"), libc::SIGHUP as u32, false)
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), ttrpc::Code::INVALID_ARGUMENT);
+    }
+}
