@@ -87,26 +87,49 @@ fn a_vm_image_runs_its_user_data_shows_its_console_and_powers_off() {
     assert_eq!(disk_hashes(&s), before, "the image's disk changed");
 }
 
-#[test]
-#[ignore = "needs the vmlet stack: make test"]
-fn an_image_without_one_disk_is_refused_by_name_and_leaves_nothing() {
-    let s = stack();
+/// A VM-mode `ctr run` of `image` fails with `expected` in its error and leaves nothing.
+fn assert_refused(s: &Stack, image: &str, expected: &str) {
     let id = unique_id("vmimg");
-    // The busybox test image has no /disk/.
     let out = s
-        .run(&id, &["--annotation", "vmlet.io/image-type=vm"], &["true"])
+        .ctr_output(&[
+            "run",
+            "--rm",
+            "--runtime",
+            vmlet_integration::RUNTIME,
+            "--annotation",
+            "vmlet.io/image-type=vm",
+            image,
+            &id,
+            "true",
+        ])
         .unwrap();
     assert!(
         !out.status.success(),
-        "a VM-mode run of busybox was accepted"
+        "a VM-mode run of {image} was accepted"
     );
     let stderr = text(&out.stderr);
-    assert!(
-        stderr.contains("vmlet.io/image-type: vm: the image has no /disk/ directory"),
-        "{stderr}"
-    );
+    assert!(stderr.contains(expected), "{stderr}");
     assert!(!std::path::Path::new(&format!("{}/state/{id}", s.dir)).exists());
     assert!(!s.has_pod_domain(&id), "domain left");
     assert_eq!(s.pod_processes(&id), vec![], "processes left");
     let _ = s.ctr_output(&["container", "rm", &id]);
+}
+
+#[test]
+#[ignore = "needs the vmlet stack: make test"]
+fn an_image_without_one_disk_is_refused_by_name_and_leaves_nothing() {
+    let s = stack();
+    // The busybox test image has no /disk/; the two-disks image has two.
+    assert_refused(
+        &s,
+        &s.image,
+        "vmlet.io/image-type: vm: the image has no /disk/ directory",
+    );
+    let two =
+        std::env::var("VMLET_TWO_DISKS_IMAGE").expect("VMLET_TWO_DISKS_IMAGE (scripts/stack env)");
+    assert_refused(
+        &s,
+        &two,
+        "/disk/ in the image holds 2 files (a.qcow2, b.img)",
+    );
 }
