@@ -151,6 +151,30 @@ pub async fn output(
     })
 }
 
+/// Runs a tool with [`output`] and turns anything but exit status 0 into an error that
+/// names `what` with the end of its stderr (INTERNAL), or the deadline (DEADLINE_EXCEEDED).
+pub async fn run_tool(
+    program: &str,
+    args: &[&std::ffi::OsStr],
+    deadline: Duration,
+    what: &str,
+) -> Result<(), crate::Error> {
+    let out = output(program, args, deadline, 4096)
+        .await
+        .map_err(|e| crate::Error::io(format!("run {program} ({what})"), e))?;
+    match out.finished {
+        Finished::Exited(0) => Ok(()),
+        Finished::Exited(code) => Err(crate::Error::Internal(format!(
+            "{program} {what} exited with status {code}: {}",
+            out.stderr_tail.trim()
+        ))),
+        Finished::TimedOut => Err(crate::Error::Timeout(format!(
+            "{program} {what} did not finish within {} s",
+            deadline.as_secs()
+        ))),
+    }
+}
+
 fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
     nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(io::Error::from)
 }

@@ -24,7 +24,7 @@ use std::time::Duration;
 use serde_json::{json, Map, Value};
 use vmlet_netns::{Interface, IpNet};
 
-use crate::host_command::{self, Finished};
+use crate::host_command;
 use crate::Error;
 
 /// The seed volume's label, which cloud-init's NoCloud source looks for.
@@ -149,22 +149,8 @@ impl Seed {
             iso.as_os_str(),
             dir.as_os_str(),
         ];
-        let out = host_command::output("xorrisofs", &args, XORRISOFS_DEADLINE, 4096)
-            .await
-            .map_err(|e| Error::io("run xorrisofs (the cloud-init seed)", e))?;
-        match out.finished {
-            Finished::Exited(0) => Ok(()),
-            Finished::Exited(code) => Err(Error::Internal(format!(
-                "xorrisofs {} exited with status {code}: {}",
-                iso.display(),
-                out.stderr_tail.trim()
-            ))),
-            Finished::TimedOut => Err(Error::Timeout(format!(
-                "xorrisofs {} did not finish within {} s",
-                iso.display(),
-                XORRISOFS_DEADLINE.as_secs()
-            ))),
-        }
+        let what = format!("{} (the cloud-init seed)", iso.display());
+        host_command::run_tool("xorrisofs", &args, XORRISOFS_DEADLINE, &what).await
     }
 }
 

@@ -25,7 +25,7 @@ use std::time::Duration;
 use nix::fcntl::OFlag;
 use nix::sys::stat::{FileStat, Mode, SFlag};
 
-use crate::host_command::{self, Finished};
+use crate::host_command;
 use crate::Error;
 
 /// Where the disk image must be, in the container's image.
@@ -345,22 +345,8 @@ pub async fn create_overlay(disk: &DiskImage, overlay: &Path, size: u64) -> Resu
         overlay.as_os_str(),
         OsStr::new(&size),
     ];
-    let out = host_command::output("qemu-img", &args, QEMU_IMG_DEADLINE, 4096)
-        .await
-        .map_err(|e| Error::io("run qemu-img create", e))?;
-    match out.finished {
-        Finished::Exited(0) => Ok(()),
-        Finished::Exited(code) => Err(Error::Internal(format!(
-            "qemu-img create {} exited with status {code}: {}",
-            overlay.display(),
-            out.stderr_tail.trim()
-        ))),
-        Finished::TimedOut => Err(Error::Timeout(format!(
-            "qemu-img create {} did not finish within {} s",
-            overlay.display(),
-            QEMU_IMG_DEADLINE.as_secs()
-        ))),
-    }
+    let what = format!("create {}", overlay.display());
+    host_command::run_tool("qemu-img", &args, QEMU_IMG_DEADLINE, &what).await
 }
 
 #[cfg(test)]

@@ -40,15 +40,7 @@ pub(super) async fn run(
 ) -> Result<Booted, Error> {
     host_side::prepare(config, req, paths, rec)?;
     phases.mark("host_side");
-    // The pod's host process and its hooks come before the network: a hook (nerdctl's CNI)
-    // may put the interfaces into the namespace it holds.
-    let netns = host_side::start_host_process(req, rec).await?;
-    phases.mark("host_process");
-    let net = match &netns {
-        Some(netns) => net::wire(config, &req.pod_id, paths, rec, netns).await?,
-        None => PodNet::default(),
-    };
-    phases.mark("network");
+    let (netns, net) = host_process_and_network(config, req, paths, rec, phases).await?;
     let vsock = vsock_backend::start(config, paths, rec).await?;
     phases.mark("vsock_backend");
     let guest = launch::agent_guest(config, req, paths, &vsock);
@@ -73,6 +65,26 @@ pub(super) async fn run(
         tap_server: net.tap_server,
         port_forward,
     })
+}
+
+/// Starts the pod's host process (and its hooks), then wires the namespace's interfaces to
+/// taps. The host process comes first: a hook (nerdctl's CNI) may put the interfaces into
+/// the namespace it holds.
+async fn host_process_and_network(
+    config: &NodeConfig,
+    req: &BootRequest,
+    paths: &PodPaths,
+    rec: &Recorder<'_>,
+    phases: &Phases,
+) -> Result<(Option<host_side::PodNetns>, PodNet), Error> {
+    let netns = host_side::start_host_process(req, rec).await?;
+    phases.mark("host_process");
+    let net = match &netns {
+        Some(netns) => net::wire(config, &req.pod_id, paths, rec, netns).await?,
+        None => PodNet::default(),
+    };
+    phases.mark("network");
+    Ok((netns, net))
 }
 
 /// Chooses KVM or TCG, then defines and starts the domain that runs `guest` with the pod's
@@ -135,13 +147,7 @@ pub(super) async fn run_image(
     let (mut disk, file) = crate::vm_disk::find(&rootfs)?;
     let size = crate::vm_disk::overlay_size(&disk, image.root_volume_mib)?;
     disk.path = crate::vm_disk::bind_for_qemu(&file, &paths.dir, IMAGE_DISK, &|t| rec.mount(t))?;
-    let netns = host_side::start_host_process(req, rec).await?;
-    phases.mark("host_process");
-    let net = match &netns {
-        Some(netns) => net::wire(config, &req.pod_id, paths, rec, netns).await?,
-        None => PodNet::default(),
-    };
-    phases.mark("network");
+    let (netns, net) = host_process_and_network(config, req, paths, rec, phases).await?;
     let mut dhcp = Vec::new();
     if let Some(netns) = &netns {
         for (interface, tap) in net.interfaces.iter().zip(&net.tap_names) {

@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use vmlet_config::NodeConfig;
 
 use super::image_guest::ImageGuest;
-use super::{block, boot, new_pod_state, reclaim_failed_boot, Recorder};
+use super::{boot, new_pod_state, reclaim_failed_boot, Recorder};
 use crate::block_devices::BlockDevice;
 use crate::guest::Guest;
 use crate::phases::Phases;
@@ -131,11 +131,7 @@ impl PodVm for ImageVm {
 
     async fn kill(&self) -> Result<(), Error> {
         self.stopping.store(true, Ordering::SeqCst);
-        let Some(domain) = self.state.lock().unwrap().domain.clone() else {
-            return Ok(());
-        };
-        let vmm = self.vmm.clone();
-        block(move || vmm.remove(&domain)).await?
+        super::destroy_domain(&self.state, &self.vmm).await
     }
 
     /// Stops the VM (the power button first, then libvirt's destroy) and removes everything

@@ -214,6 +214,15 @@ async fn reclaim_failed_boot(
     error
 }
 
+/// Has libvirt destroy the domain `state` records (QEMU is killed), if there is one yet.
+async fn destroy_domain(state: &Mutex<PodState>, vmm: &Arc<dyn VmManager>) -> Result<(), Error> {
+    let Some(domain) = state.lock().unwrap().domain.clone() else {
+        return Ok(());
+    };
+    let vmm = vmm.clone();
+    block(move || vmm.remove(&domain)).await?
+}
+
 /// How long a teardown waits for the guest to power itself off.
 const POWER_OFF_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use async_trait::async_trait;
 
-use super::{block, Vm};
+use super::Vm;
 use crate::block_devices::BlockDevice;
 use crate::guest::Guest;
 use crate::memory::Fit;
@@ -83,11 +83,7 @@ impl PodVm for Vm {
     /// obey a SIGKILL of the pod; every process of the pod then ends with status 137.
     async fn kill(&self) -> Result<(), Error> {
         self.stopping.store(true, Ordering::SeqCst);
-        let Some(domain) = self.state.lock().unwrap().domain.clone() else {
-            return Ok(());
-        };
-        let vmm = self.vmm.clone();
-        block(move || vmm.remove(&domain)).await?
+        super::destroy_domain(&self.state, &self.vmm).await
     }
 
     /// Grows the VM when it must so that it holds `container_id`'s memory limit (MiB; none:
