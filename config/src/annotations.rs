@@ -37,6 +37,9 @@ pub enum AnnotationKey {
     CloudInitUserData,
     /// SSH public keys for a VM-mode pod, one per line.
     SshKeys,
+    /// Whether a VM-mode pod's cloud-init seed carries a network-config: `v2` (the
+    /// default) or `none` (the image configures its network by DHCP, which vmlet answers).
+    CloudInitNetworkConfig,
 }
 
 impl AnnotationKey {
@@ -68,6 +71,10 @@ pub const ANNOTATION_KEYS: &[(&str, AnnotationKey)] = &[
         AnnotationKey::CloudInitUserData,
     ),
     ("vmlet.io/ssh-keys", AnnotationKey::SshKeys),
+    (
+        "vmlet.io/cloud-init-network-config",
+        AnnotationKey::CloudInitNetworkConfig,
+    ),
     ("VirtletRootVolumeSize", AnnotationKey::RootVolumeSize),
     ("VirtletCloudInitUserData", AnnotationKey::CloudInitUserData),
     ("VirtletSSHKeys", AnnotationKey::SshKeys),
@@ -75,7 +82,7 @@ pub const ANNOTATION_KEYS: &[(&str, AnnotationKey)] = &[
 
 /// The annotations a node allows when its config says nothing: the VM's size and disk
 /// driver, and a VM-mode pod's choices for what runs inside its own VM (what the image is,
-/// its root volume's size, cloud-init user-data, SSH keys). Kernel parameters, CPU model
+/// its root volume's size, cloud-init user-data and network-config, SSH keys). Kernel parameters, CPU model
 /// and machine type need the operator's consent.
 pub const DEFAULT_ALLOWED: &[&str] = &[
     "vmlet.io/vcpus",
@@ -85,6 +92,7 @@ pub const DEFAULT_ALLOWED: &[&str] = &[
     "vmlet.io/root-volume-size",
     "vmlet.io/cloud-init-user-data",
     "vmlet.io/ssh-keys",
+    "vmlet.io/cloud-init-network-config",
     "VirtletVCPUCount",
     "VirtletDiskDriver",
     "VirtletRootVolumeSize",
@@ -162,6 +170,18 @@ pub enum ImageType {
     Vm,
 }
 
+/// What a VM-mode pod's cloud-init seed says of the network
+/// (`vmlet.io/cloud-init-network-config`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CloudInitNetwork {
+    /// A network-config (version 2) with the pod's addresses, routes and DNS.
+    #[default]
+    V2,
+    /// No network-config: the image configures its network itself (cloud-init's fallback is
+    /// DHCP on the first interface), and vmlet's DHCP responder gives it the pod's address.
+    None,
+}
+
 /// What a pod asked for through its annotations. `None` means "not set".
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PodAnnotations {
@@ -179,6 +199,7 @@ pub struct PodAnnotations {
     pub cloud_init_user_data: Option<String>,
     /// SSH public keys, one per entry.
     pub ssh_keys: Option<Vec<String>>,
+    pub cloud_init_network: Option<CloudInitNetwork>,
 }
 
 /// Longest value accepted for free-form annotations (kernel parameters).
@@ -241,6 +262,7 @@ impl PodAnnotations {
                 AnnotationKey::RootVolumeSize,
                 AnnotationKey::CloudInitUserData,
                 AnnotationKey::SshKeys,
+                AnnotationKey::CloudInitNetworkConfig,
             ] {
                 if let Some((key, value)) = seen.get(&setting) {
                     return Err(Error::InvalidAnnotation {
@@ -329,6 +351,16 @@ impl PodAnnotations {
             }
             AnnotationKey::SshKeys => {
                 self.ssh_keys = Some(check_ssh_keys(value).map_err(invalid)?);
+            }
+            AnnotationKey::CloudInitNetworkConfig => {
+                self.cloud_init_network = Some(match value.trim() {
+                    "v2" => CloudInitNetwork::V2,
+                    "none" => CloudInitNetwork::None,
+                    _ => return Err(invalid(
+                        "expected v2 (the pod's network in the seed) or none (the image uses DHCP)"
+                            .into(),
+                    )),
+                });
             }
         }
         Ok(())
@@ -468,6 +500,13 @@ mod tests {
                 "ecdsa-sha2-nistp256 AAAAE2Vj"
             ]
         );
+        assert_eq!(a.cloud_init_network, None);
+        let dhcp = parse(&[
+            ("vmlet.io/image-type", "vm"),
+            ("vmlet.io/cloud-init-network-config", "none"),
+        ])
+        .unwrap();
+        assert_eq!(dhcp.cloud_init_network, Some(CloudInitNetwork::None));
         let c = parse(&[("vmlet.io/image-type", "container")]).unwrap();
         assert_eq!(c.image_type, Some(ImageType::Container));
         for key in DEFAULT_ALLOWED {
@@ -488,6 +527,7 @@ mod tests {
             ("vmlet.io/ssh-keys", "ssh-rsa"),
             ("vmlet.io/ssh-keys", "ssh-rsa AAAA\u{7}"),
             ("vmlet.io/root-volume-size", "big"),
+            ("vmlet.io/cloud-init-network-config", "dhcp"),
         ];
         for (key, value) in bad {
             let mut pairs = vec![(*key, *value)];
@@ -513,10 +553,12 @@ mod tests {
             "vmlet.io/root-volume-size",
             "VirtletCloudInitUserData",
             "vmlet.io/ssh-keys",
+            "vmlet.io/cloud-init-network-config",
         ] {
             let value = match key {
                 "vmlet.io/root-volume-size" => "4Gi",
                 "vmlet.io/ssh-keys" => "ssh-ed25519 AAAA",
+                "vmlet.io/cloud-init-network-config" => "none",
                 _ => "runcmd: [true]",
             };
             for image_type in [None, Some("container")] {

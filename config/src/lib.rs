@@ -19,8 +19,8 @@ mod quantity;
 mod shape;
 
 pub use annotations::{
-    AnnotationKey, CpuModel, DiskDriver, ImageType, PodAnnotations, ANNOTATION_KEYS,
-    ANNOTATION_PREFIX, DEFAULT_ALLOWED, VIRTLET_PREFIX,
+    AnnotationKey, CloudInitNetwork, CpuModel, DiskDriver, ImageType, PodAnnotations,
+    ANNOTATION_KEYS, ANNOTATION_PREFIX, DEFAULT_ALLOWED, VIRTLET_PREFIX,
 };
 pub use cpu_setting::{CpuFeature, CpuSetting, CpuSettingModel};
 pub use error::Error;

@@ -3,9 +3,12 @@
 //! [`crate::dhcp::Responder`] and stops when the [`DhcpServer`] is dropped.
 //!
 //! The socket sees the guest's frames on the tap before tc redirects them to the pod
-//! interface, and a reply sent on the tap goes to the guest only. Reads are bounded
-//! ([`crate::dhcp::MAX_FRAME`]; a longer frame is dropped) and the thread checks for its
-//! stop at least every [`POLL_INTERVAL`].
+//! interface: it is an `ETH_P_ALL` socket, which the kernel gives a frame before the ingress
+//! qdisc (an `ETH_P_IP` socket, which comes after it, never saw a real guest's DISCOVER in
+//! a CRI pod), and a reply sent on the tap goes to the guest only. A socket filter keeps the frames the guest
+//! sends to UDP port 67 and drops the rest of the pod's traffic in the kernel. Reads are
+//! bounded ([`crate::dhcp::MAX_FRAME`]; a longer frame is dropped) and the thread checks for
+//! its stop at least every [`POLL_INTERVAL`].
 
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::path::Path;
@@ -39,7 +42,32 @@ fn io_error(what: &str, e: std::io::Error) -> Error {
     Error::Worker(format!("DHCP responder: {what}: {e}"))
 }
 
-/// Opens a packet socket for IPv4 frames on `tap` in the namespace at `netns`.
+/// `ETH_P_ALL`: a packet socket of this protocol sees frames before the ingress qdisc.
+const ETH_P_ALL: u16 = 0x0003;
+
+/// The socket filter (classic BPF, as `tcpdump -dd 'inbound and udp dst port 67'` writes
+/// it, on the Ethernet frame): an IPv4 frame that is not a fragment's tail, UDP, to port 67,
+/// and not one the host sends on the tap. Each instruction: code, jt, jf, k.
+/// A jump's offset counts from the next instruction; every "no" goes to [`DROP`] (12).
+const DHCP_REQUESTS: [(u16, u8, u8, u32); 12] = [
+    // The host's own frames (the replies, and what tc redirects to the guest): out.
+    (0x28, 0, 0, 0xffff_f004), // ldh [SKF_AD_OFF + SKF_AD_PKTTYPE]
+    (0x15, 10, 0, libc::PACKET_OUTGOING as u32),
+    (0x28, 0, 0, 12), // ldh [12]: the EtherType
+    (0x15, 0, 8, 0x0800),
+    (0x30, 0, 0, 23), // ldb [23]: the IP protocol
+    (0x15, 0, 6, 17),
+    (0x28, 0, 0, 20), // ldh [20]: flags and fragment offset
+    (0x45, 4, 0, 0x1fff),
+    (0xb1, 0, 0, 14), // ldxb 4*([14]&0xf): the IP header's length
+    (0x48, 0, 0, 16), // ldh [x + 16]: the UDP destination port
+    (0x15, 0, 1, 67),
+    (0x06, 0, 0, 0xffff), // keep
+];
+/// Drops the frame (the instruction after the program's keep).
+const DROP: (u16, u8, u8, u32) = (0x06, 0, 0, 0);
+
+/// Opens a packet socket for the guest's DHCP requests on `tap` in the namespace at `netns`.
 fn open_socket(netns: &Path, tap: &str) -> Result<(OwnedFd, i32), Error> {
     let tap =
         std::ffi::CString::new(tap).map_err(|_| Error::Worker("tap name has a NUL".into()))?;
@@ -49,7 +77,7 @@ fn open_socket(netns: &Path, tap: &str) -> Result<(OwnedFd, i32), Error> {
             libc::socket(
                 libc::AF_PACKET,
                 libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-                (libc::ETH_P_IP as u16).to_be() as i32,
+                ETH_P_ALL.to_be() as i32,
             )
         };
         if fd < 0 {
@@ -57,12 +85,13 @@ fn open_socket(netns: &Path, tap: &str) -> Result<(OwnedFd, i32), Error> {
         }
         // SAFETY: `fd` is a new descriptor that nothing else owns.
         let socket = unsafe { OwnedFd::from_raw_fd(fd) };
+        attach_filter(&socket)?;
         // SAFETY: `tap` is NUL-terminated.
         let ifindex = unsafe { libc::if_nametoindex(tap.as_ptr()) } as i32;
         if ifindex == 0 {
             return Err(io_error("find the tap", std::io::Error::last_os_error()));
         }
-        let addr = link_addr(ifindex, [0; 6]);
+        let addr = link_addr(ifindex, ETH_P_ALL, [0; 6]);
         // SAFETY: `addr` is a valid sockaddr_ll of the size given.
         let rc = unsafe {
             libc::bind(
@@ -78,11 +107,42 @@ fn open_socket(netns: &Path, tap: &str) -> Result<(OwnedFd, i32), Error> {
     })
 }
 
-fn link_addr(ifindex: i32, mac: [u8; 6]) -> libc::sockaddr_ll {
+/// Attaches [`DHCP_REQUESTS`] to `socket`, before it is bound (so no other frame is queued).
+fn attach_filter(socket: &OwnedFd) -> Result<(), Error> {
+    let mut program: Vec<libc::sock_filter> = DHCP_REQUESTS
+        .iter()
+        .chain(std::iter::once(&DROP))
+        .map(|&(code, jt, jf, k)| libc::sock_filter { code, jt, jf, k })
+        .collect();
+    let fprog = libc::sock_fprog {
+        len: program.len() as u16,
+        filter: program.as_mut_ptr(),
+    };
+    // SAFETY: `fprog` points to `program`, which outlives the call; the kernel copies it.
+    let rc = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_ATTACH_FILTER,
+            &fprog as *const libc::sock_fprog as *const libc::c_void,
+            std::mem::size_of::<libc::sock_fprog>() as u32,
+        )
+    };
+    if rc < 0 {
+        return Err(io_error(
+            "attach the socket filter",
+            std::io::Error::last_os_error(),
+        ));
+    }
+    Ok(())
+}
+
+/// The link-layer address of `mac` on `ifindex`, for frames of `protocol`.
+fn link_addr(ifindex: i32, protocol: u16, mac: [u8; 6]) -> libc::sockaddr_ll {
     // SAFETY: sockaddr_ll is plain data; all zeroes is a valid value.
     let mut addr: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
     addr.sll_family = libc::AF_PACKET as u16;
-    addr.sll_protocol = (libc::ETH_P_IP as u16).to_be();
+    addr.sll_protocol = protocol.to_be();
     addr.sll_ifindex = ifindex;
     addr.sll_halen = 6;
     addr.sll_addr[..6].copy_from_slice(&mac);
@@ -140,7 +200,7 @@ fn serve(socket: &OwnedFd, ifindex: i32, responder: &Responder, stop: &AtomicBoo
             continue;
         };
         let dst: [u8; 6] = reply[..6].try_into().expect("a frame has a destination");
-        let addr = link_addr(ifindex, dst);
+        let addr = link_addr(ifindex, libc::ETH_P_IP as u16, dst);
         // SAFETY: `reply` and `addr` are valid for the sizes given.
         let sent = unsafe {
             libc::sendto(
@@ -192,19 +252,30 @@ mod tests {
         f
     }
 
-    /// In a new network namespace of a thread, with a real tap: a DISCOVER the "guest"
-    /// writes comes back as an offer of the lease's address. Needs root (as the shim).
+    /// Runs `cmd` (an `ip` command line) in the calling thread's namespace.
+    fn ip(args: &str) {
+        let status = std::process::Command::new("ip")
+            .args(args.split(' '))
+            .status()
+            .unwrap();
+        assert!(status.success(), "ip {args}");
+    }
+
+    /// In a new network namespace of a thread, a pod interface wired to a real tap as a
+    /// pod's is (tc mirred both ways): a DISCOVER the "guest" writes comes back as an offer
+    /// of the lease's address. Needs root (as the shim).
     #[test]
-    fn a_guest_on_the_tap_gets_an_offer() {
+    fn a_guest_on_a_wired_tap_gets_an_offer() {
         std::thread::spawn(|| {
             nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
-            let tap = crate::tap::open_tap("vmtap0").unwrap();
-            let up = std::process::Command::new("ip")
-                .args(["link", "set", "vmtap0", "up"])
-                .status()
-                .unwrap();
-            assert!(up.success());
+            ip("link add eth0 type veth peer name peer0");
+            ip("addr add 10.77.0.5/24 dev eth0");
+            ip("link set eth0 up");
+            ip("link set peer0 up");
             let netns = format!("/proc/self/task/{}/ns/net", nix::unistd::gettid());
+            let mut wired = crate::wire(Path::new(&netns), "dhcp-test").unwrap();
+            assert_eq!(wired.wirings[0].tap_name, "vmtap0");
+            let tap = wired.taps.remove(0);
             let lease = Lease {
                 mac: VM_MAC,
                 address: "10.77.0.5".parse().unwrap(),

@@ -64,10 +64,11 @@ pub fn survey(
             let id = entry.file_name().to_string_lossy().into_owned();
             let pod = pods.entry(id.clone()).or_insert_with(|| view(&id));
             pod.has_state = true;
-            pod.shim_pid = PodState::load(&entry.path())
-                .ok()
-                .and_then(|s| s.shim_pid)
-                .filter(|pid| crate::reclaim::live_shim(*pid, &id));
+            // A VM-mode pod's VM is served by the shim of the pod's sandbox.
+            pod.shim_pid = PodState::load(&entry.path()).ok().and_then(|s| {
+                s.shim_pid
+                    .filter(|pid| crate::reclaim::live_shim(*pid, &s.shim_id()))
+            });
         }
     }
     for domain in vmm.vmlet_domains()? {

@@ -45,7 +45,20 @@ pub struct Dns {
     pub search: Vec<String>,
 }
 
+/// The longest resolv.conf read (glibc reads at most 3 servers and 6 domains of it).
+const MAX_RESOLV_CONF: u64 = 64 * 1024;
+
 impl Dns {
+    /// Reads the resolv.conf at `path` (its first [`MAX_RESOLV_CONF`] bytes).
+    pub fn read(path: &Path) -> Result<Dns, Error> {
+        use std::io::Read;
+        let mut text = Vec::new();
+        std::fs::File::open(path)
+            .and_then(|f| f.take(MAX_RESOLV_CONF).read_to_end(&mut text))
+            .map_err(|e| Error::io(format!("read the pod's DNS from {}", path.display()), e))?;
+        Ok(Dns::from_resolv_conf(&String::from_utf8_lossy(&text)))
+    }
+
     /// Reads `nameserver` and `search` lines; anything else (options, comments, lines that
     /// do not parse) is left out.
     pub fn from_resolv_conf(text: &str) -> Dns {
@@ -400,6 +413,22 @@ mod tests {
         let meta = parse(&Seed::build(&seed_input).unwrap().meta_data);
         assert_eq!(meta["instance-id"], "0c5d-uid");
         assert_eq!(meta["local-hostname"], "x\ninstance-id: other");
+    }
+
+    #[test]
+    fn a_resolv_conf_is_read_up_to_its_bound() {
+        let path = std::env::temp_dir().join(format!("vmlet-resolv-{}", std::process::id()));
+        // A server past the bound is not read.
+        let text = format!(
+            "nameserver 10.0.0.1\n#{}\nnameserver 10.0.0.2\n",
+            "x".repeat(MAX_RESOLV_CONF as usize)
+        );
+        std::fs::write(&path, text).unwrap();
+        let dns = Dns::read(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(dns.nameservers, ["10.0.0.1".parse::<IpAddr>().unwrap()]);
+        let err = Dns::read(&path).unwrap_err();
+        assert!(err.message().contains("read the pod's DNS"), "{err}");
     }
 
     #[test]

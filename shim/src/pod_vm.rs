@@ -1,6 +1,7 @@
 //! The pod's VM as the task service uses it, behind two small traits: [`PodVm`] (a booted
 //! VM: its guest, its host PIDs, its end, the containers' share, memory and block devices,
-//! stdio) and [`VmBooter`] (how a sandbox's create gets one, from a [`BootRequest`]).
+//! stdio) and [`VmBooter`] (how a sandbox's create gets one, from a [`BootRequest`], or a
+//! VM-mode pod's sandbox its [`PodHold`]).
 //! [`crate::vm::Vm`] booted by [`crate::vm::LibvirtBooter`] is the real one; the task service's unit tests put fakes behind both,
 //! so that every lifecycle rule is tested without a VM.
 
@@ -73,6 +74,12 @@ pub trait PodVm: Send + Sync {
         terminal: bool,
     ) -> Result<Copies, Error>;
 
+    /// The VM-mode pod this is the sandbox of, when it is one ([`PodHold`]): its one
+    /// container boots the VM.
+    fn image_pod(&self) -> Option<&ImagePod> {
+        None
+    }
+
     /// Refuses a call into the guest once the VM has ended (it would wait for an agent that
     /// is gone).
     fn check_running(&self) -> Result<(), Error> {
@@ -97,6 +104,10 @@ pub trait VmBooter: Send + Sync {
         request: BootRequest,
         phases: &Phases,
     ) -> Result<Arc<dyn PodVm>, Error>;
+
+    /// Makes a VM-mode pod's sandbox ([`PodHold`]): the pod's host process in its network
+    /// namespace and cgroup, and no VM; on failure nothing it created is left.
+    async fn hold(&self, config: &NodeConfig, request: PodHold) -> Result<Arc<dyn PodVm>, Error>;
 }
 
 /// What to boot: the pod, its first container's rootfs, its shape and network.
@@ -122,6 +133,69 @@ pub struct BootRequest {
     /// A VM image to boot instead of vmlet's guest (`vmlet.io/image-type: vm`; see
     /// docs/vm-mode.md); its disk is under `/disk/` of the rootfs.
     pub image: Option<ImageRequest>,
+    /// The pod whose one container this VM is (a VM-mode CRI pod: the shim's id is the
+    /// sandbox's); none when the VM is its own pod's.
+    pub sandbox_id: Option<String>,
+}
+
+/// A VM-mode CRI pod's sandbox (docs/vm-mode.md): the VM image comes with the pod's one
+/// container, so the sandbox boots nothing. It holds the pod's network namespace with the
+/// pod's host process (the sandbox's PID), in the pod's cgroup, and what cloud-init will
+/// know the pod by.
+pub struct PodHold {
+    pub pod_id: String,
+    /// The pod network namespace CNI set up (none: a new one, which the hooks fill).
+    pub netns: Option<PathBuf>,
+    pub cgroup: Option<crate::pod_cgroup::PodCgroup>,
+    /// The sandbox's create hooks, run with the host process's PID.
+    pub create_hooks: Vec<oci_spec::runtime::Hook>,
+    pub hook_state: crate::hooks::HookState,
+    pub pod: ImagePod,
+}
+
+/// What a VM-mode pod's sandbox gives its one container's VM.
+#[derive(Debug)]
+pub struct ImagePod {
+    /// The pod network namespace the VM's taps are wired to.
+    pub netns: Option<PathBuf>,
+    /// cloud-init's instance id (the pod's UID) and the VM's host name (the pod's).
+    pub instance_id: String,
+    pub hostname: String,
+    /// The container whose VM the pod runs, once one was created: a VM-mode pod has one.
+    container: std::sync::Mutex<Option<String>>,
+}
+
+impl ImagePod {
+    pub fn new(netns: Option<PathBuf>, instance_id: String, hostname: String) -> Self {
+        Self {
+            netns,
+            instance_id,
+            hostname,
+            container: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// Makes `container_id` the pod's one container; an error names the one it has.
+    pub fn claim(&self, pod_id: &str, container_id: &str) -> Result<(), Error> {
+        let mut container = self.container.lock().unwrap();
+        match &*container {
+            Some(other) if other != container_id => Err(Error::FailedPrecondition(format!(
+                "pod {pod_id} is a VM-mode pod (vmlet.io/image-type: vm) whose VM is container {other}: it has no room for {container_id}"
+            ))),
+            _ => {
+                *container = Some(container_id.to_owned());
+                Ok(())
+            }
+        }
+    }
+
+    /// Frees the pod for another container once `container_id` is gone.
+    pub fn release(&self, container_id: &str) {
+        let mut container = self.container.lock().unwrap();
+        if container.as_deref() == Some(container_id) {
+            *container = None;
+        }
+    }
 }
 
 /// What a VM-mode pod's VM is booted with, besides its image's disk.
@@ -136,8 +210,8 @@ pub struct ImageRequest {
     pub ssh_keys: Vec<String>,
     /// The container spec's environment (`NAME=value`).
     pub env: Vec<String>,
-    /// The pod's DNS (from the resolv.conf containerd wrote for it).
-    pub dns: crate::nocloud::Dns,
+    /// The resolv.conf containerd wrote for the pod (its DNS); none: no DNS.
+    pub resolv_conf: Option<PathBuf>,
     /// Whether the seed has a network-config (without one, the image uses DHCP).
     pub network_config: bool,
 }

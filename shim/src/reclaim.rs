@@ -89,7 +89,7 @@ pub fn cleanup_after_shim(
     });
     if let Some(pid) = state.shim_pid.filter(|p| *p != std::process::id()) {
         // A shim containerd gave up on while it still ran: nothing will talk to it again.
-        if live_shim(pid, pod_id) {
+        if live_shim(pid, &state.shim_id()) {
             log::warn!("pod {pod_id}: stopping its shim {pid}, which containerd gave up on");
             let _ = nix::sys::signal::kill(
                 nix::unistd::Pid::from_raw(pid as i32),
@@ -113,13 +113,7 @@ mod tests {
         let state = PodState {
             dir: dir.clone(),
             domain: Some("vmlet-p".into()),
-            vsock_pid: None,
-            mounts: vec![],
-            netns: None,
-            wirings: vec![],
-            holder_pid: None,
-            shim_pid: None,
-            cgroup: None,
+            ..Default::default()
         };
         teardown(&vmm, &state).unwrap();
         assert!(vmm.running.lock().unwrap().is_empty());

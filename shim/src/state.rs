@@ -33,6 +33,10 @@ pub struct PodState {
     /// took it for dead, so nothing would ever talk to it again).
     #[serde(default)]
     pub shim_pid: Option<u32>,
+    /// The id that shim was started with, when it is not this directory's name: a VM-mode
+    /// pod's VM is its container's, served by the shim of the pod's sandbox.
+    #[serde(default)]
+    pub shim_id: Option<String>,
     /// The pod's host cgroup (below each hierarchy's root), once it was made.
     #[serde(default)]
     pub cgroup: Option<PathBuf>,
@@ -44,6 +48,18 @@ impl PodState {
         let tmp = self.dir.join(".state.json.tmp");
         std::fs::write(&tmp, json).map_err(|e| Error::io("write pod state", e))?;
         std::fs::rename(&tmp, self.dir.join(STATE_FILE)).map_err(|e| Error::io("save pod state", e))
+    }
+
+    /// The id of the shim that serves this pod: [`PodState::shim_id`], else the
+    /// directory's name.
+    pub fn shim_id(&self) -> String {
+        self.shim_id.clone().unwrap_or_else(|| {
+            self.dir
+                .file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .into_owned()
+        })
     }
 
     pub fn load(dir: &Path) -> Result<Self, Error> {
@@ -70,10 +86,27 @@ mod tests {
             wirings: vec![],
             holder_pid: Some(43),
             shim_pid: Some(44),
+            shim_id: Some("p".into()),
             cgroup: Some(PathBuf::from("/kubepods/pod1/p")),
         };
         state.save().unwrap();
         assert_eq!(PodState::load(&dir).unwrap(), state);
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_pod_is_served_by_the_shim_of_its_own_name_unless_it_says_otherwise() {
+        let own = PodState {
+            dir: PathBuf::from("/run/vmlet/p1"),
+            ..Default::default()
+        };
+        assert_eq!(own.shim_id(), "p1");
+        // A VM-mode pod's container's VM: the sandbox's shim serves it.
+        let container = PodState {
+            dir: PathBuf::from("/run/vmlet/c1"),
+            shim_id: Some("p1".into()),
+            ..Default::default()
+        };
+        assert_eq!(container.shim_id(), "p1");
     }
 }

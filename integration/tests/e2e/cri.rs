@@ -4,6 +4,7 @@
 
 use std::time::{Duration, Instant};
 
+use crate::support::PodUnderTest;
 use vmlet_integration::cri::Cri;
 use vmlet_integration::{unique_id, Stack};
 
@@ -50,93 +51,6 @@ async fn cri_pod_gets_its_cni_address_inside_the_vm() {
         "the bridge gateway is not reachable:\n{text}"
     );
     assert!(!s.has_pod_domain(&pod), "the pod's VM is left");
-}
-
-/// A pod with handler `vmlet` and its log directory (removed on drop), removed by
-/// [`PodUnderTest::finish`], or, when a test failed before that, by `crictl rmp -f` on drop,
-/// so that a failed test leaves no VM running into the next ones.
-struct PodUnderTest {
-    cri: Cri,
-    config: k8s_cri::v1::PodSandboxConfig,
-    pod: String,
-    logs: std::path::PathBuf,
-    containerd: String,
-    finished: bool,
-}
-
-impl Drop for PodUnderTest {
-    fn drop(&mut self) {
-        if !self.finished {
-            let mut rmp = vmlet_integration::cri::crictl(&self.containerd);
-            rmp.args(["rmp", "-f", &self.pod]);
-            if let Err(e) = vmlet_integration::bounded::output(&mut rmp) {
-                eprintln!("cri: removing pod {} after a failure: {e}", self.pod);
-            }
-        }
-        let _ = std::fs::remove_dir_all(&self.logs);
-    }
-}
-
-impl PodUnderTest {
-    async fn start(s: &Stack) -> Self {
-        Self::start_with(s, |_| {}).await
-    }
-
-    /// A pod whose sandbox config `adjust` changed first.
-    async fn start_with(
-        s: &Stack,
-        adjust: impl FnOnce(&mut k8s_cri::v1::PodSandboxConfig),
-    ) -> Self {
-        let mut cri = Cri::connect(&s.containerd).await.unwrap();
-        let logs = std::env::temp_dir().join(unique_id("vmlet-cri-logs"));
-        std::fs::create_dir_all(&logs).unwrap();
-        let mut config = Cri::pod_config(
-            &unique_id("cri"),
-            &unique_id("uid"),
-            &logs.to_string_lossy(),
-        );
-        adjust(&mut config);
-        let pod = cri.run_pod(&config, "vmlet").await.unwrap();
-        Self {
-            cri,
-            config,
-            pod,
-            logs,
-            containerd: s.containerd.clone(),
-            finished: false,
-        }
-    }
-
-    /// CreateContainer + StartContainer in this pod, with a memory limit (0: none).
-    async fn container(&mut self, name: &str, image: &str, cmd: &[&str], limit: i64) -> String {
-        let (pod, config) = (self.pod.clone(), self.config.clone());
-        self.cri
-            .create_and_start_limited(&pod, &config, name, image, cmd, limit)
-            .await
-            .unwrap()
-    }
-
-    /// Polls ContainerStatus until the container has exited (60 s at most).
-    async fn wait_exited(&mut self, id: &str) -> k8s_cri::v1::ContainerStatus {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let status = self.cri.container_status(id).await.unwrap();
-            if status.state == k8s_cri::v1::ContainerState::ContainerExited as i32
-                || Instant::now() > deadline
-            {
-                return status;
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    }
-
-    async fn finish(mut self, containers: &[&str]) {
-        for c in containers {
-            self.cri.remove_container(c, 2).await.unwrap();
-        }
-        self.cri.remove_pod(&self.pod).await.unwrap();
-        self.finished = true;
-    }
 }
 
 #[tokio::test]

@@ -1,14 +1,120 @@
-//! What every area of the suite uses: the stack from the environment and process output as
-//! text.
+//! What every area of the suite uses: the stack from the environment, process output as
+//! text, and a CRI pod that is removed whatever the test did ([`PodUnderTest`]).
 
-use vmlet_integration::Stack;
+use std::time::{Duration, Instant};
+
+use vmlet_integration::cri::Cri;
+use vmlet_integration::{unique_id, Stack};
 
 /// The stack `scripts/stack up` described in the environment; a test without one fails.
 pub fn stack() -> Stack {
     Stack::from_env().expect("the vmlet stack")
 }
 
+/// `vmletctl ARGS` against the stack's node config; its stdout (it must succeed).
+pub fn vmletctl(s: &Stack, args: &[&str]) -> String {
+    let out = vmlet_integration::bounded::output(
+        std::process::Command::new(format!("{}/bin/vmletctl", s.dir))
+            .args(args)
+            .env("VMLET_CONFIG", format!("{}/config.toml", s.dir)),
+    )
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "vmletctl {args:?}: {}",
+        text(&out.stderr)
+    );
+    text(&out.stdout)
+}
+
 /// A command's output as text.
 pub fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// A pod with handler `vmlet` and its log directory (removed on drop), removed by
+/// [`PodUnderTest::finish`], or, when a test failed before that, by `crictl rmp -f` on drop,
+/// so that a failed test leaves no VM running into the next ones.
+pub struct PodUnderTest {
+    pub cri: Cri,
+    pub config: k8s_cri::v1::PodSandboxConfig,
+    pub pod: String,
+    pub logs: std::path::PathBuf,
+    containerd: String,
+    finished: bool,
+}
+
+impl Drop for PodUnderTest {
+    fn drop(&mut self) {
+        if !self.finished {
+            let mut rmp = vmlet_integration::cri::crictl(&self.containerd);
+            rmp.args(["rmp", "-f", &self.pod]);
+            if let Err(e) = vmlet_integration::bounded::output(&mut rmp) {
+                eprintln!("cri: removing pod {} after a failure: {e}", self.pod);
+            }
+        }
+        let _ = std::fs::remove_dir_all(&self.logs);
+    }
+}
+
+impl PodUnderTest {
+    pub async fn start(s: &Stack) -> Self {
+        Self::start_with(s, |_| {}).await
+    }
+
+    /// A pod whose sandbox config `adjust` changed first.
+    pub async fn start_with(
+        s: &Stack,
+        adjust: impl FnOnce(&mut k8s_cri::v1::PodSandboxConfig),
+    ) -> Self {
+        let mut cri = Cri::connect(&s.containerd).await.unwrap();
+        let logs = std::env::temp_dir().join(unique_id("vmlet-cri-logs"));
+        std::fs::create_dir_all(&logs).unwrap();
+        let mut config = Cri::pod_config(
+            &unique_id("cri"),
+            &unique_id("uid"),
+            &logs.to_string_lossy(),
+        );
+        adjust(&mut config);
+        let pod = cri.run_pod(&config, "vmlet").await.unwrap();
+        Self {
+            cri,
+            config,
+            pod,
+            logs,
+            containerd: s.containerd.clone(),
+            finished: false,
+        }
+    }
+
+    /// CreateContainer + StartContainer in this pod, with a memory limit (0: none).
+    pub async fn container(&mut self, name: &str, image: &str, cmd: &[&str], limit: i64) -> String {
+        let (pod, config) = (self.pod.clone(), self.config.clone());
+        self.cri
+            .create_and_start_limited(&pod, &config, name, image, cmd, limit)
+            .await
+            .unwrap()
+    }
+
+    /// Polls ContainerStatus until the container has exited (60 s at most).
+    pub async fn wait_exited(&mut self, id: &str) -> k8s_cri::v1::ContainerStatus {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let status = self.cri.container_status(id).await.unwrap();
+            if status.state == k8s_cri::v1::ContainerState::ContainerExited as i32
+                || Instant::now() > deadline
+            {
+                return status;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    pub async fn finish(mut self, containers: &[&str]) {
+        for c in containers {
+            self.cri.remove_container(c, 2).await.unwrap();
+        }
+        self.cri.remove_pod(&self.pod).await.unwrap();
+        self.finished = true;
+    }
 }

@@ -6,26 +6,11 @@
 //! vmlet's) and an unmarked `vmtap`: `gc --dry-run` removes nothing, `gc` removes exactly
 //! the orphans. Run by `make test`.
 
-use crate::support::{stack, text};
+use crate::support::{stack, text, vmletctl};
 use std::process::Command;
 
 use vmlet_integration::testnet::{ip, TestNet};
 use vmlet_integration::{bounded, unique_id, Stack};
-
-fn vmletctl(s: &Stack, args: &[&str]) -> String {
-    let out = bounded::output(
-        Command::new(format!("{}/bin/vmletctl", s.dir))
-            .args(args)
-            .env("VMLET_CONFIG", format!("{}/config.toml", s.dir)),
-    )
-    .unwrap();
-    assert!(
-        out.status.success(),
-        "vmletctl {args:?}: {}",
-        text(&out.stderr)
-    );
-    text(&out.stdout)
-}
 
 fn virsh(s: &Stack, args: &[&str]) -> std::process::Output {
     bounded::output(

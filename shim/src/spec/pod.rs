@@ -128,6 +128,9 @@ pub fn shared_namespaces(
 pub const CONTAINER_TYPE_ANNOTATION: &str = "io.kubernetes.cri.container-type";
 /// CRI's annotation naming the pod (sandbox) a task belongs to.
 pub const SANDBOX_ID_ANNOTATION: &str = "io.kubernetes.cri.sandbox-id";
+/// CRI's annotations on a sandbox naming the pod: its UID and name.
+pub const SANDBOX_UID_ANNOTATION: &str = "io.kubernetes.cri.sandbox-uid";
+pub const SANDBOX_NAME_ANNOTATION: &str = "io.kubernetes.cri.sandbox-name";
 
 /// Whether a task brings up its pod's VM or joins an existing one.
 #[derive(Debug, Clone, PartialEq, Eq)]

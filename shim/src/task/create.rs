@@ -18,7 +18,7 @@ use super::process::Process;
 use super::{TaskEntry, TaskService};
 use crate::guest::ProcessId;
 use crate::phases::Phases;
-use crate::pod_vm::{BootRequest, PodVm};
+use crate::pod_vm::{BootRequest, PodHold, PodVm};
 use crate::share::RootfsSource;
 use crate::spec::HostBind;
 use crate::stdio::ProcessName;
@@ -26,7 +26,14 @@ use crate::Error;
 
 /// Where the container goes, its pod's VM found.
 enum PodTarget {
-    Boot(Box<BootRequest>),
+    /// A new VM, for the pod `pod_id` (the task's own, or a VM-mode pod's whose sandbox
+    /// `pod` holds).
+    Boot {
+        boot: Box<BootRequest>,
+        pod_id: String,
+        pod: Option<Arc<dyn PodVm>>,
+    },
+    Hold(Box<PodHold>),
     Join {
         vm: Arc<dyn PodVm>,
         sandbox_id: String,
@@ -66,23 +73,42 @@ impl TaskService {
             target,
         } = plan;
         let target = match target {
-            Target::Boot(boot) => PodTarget::Boot(boot),
+            Target::Boot(boot) => PodTarget::Boot {
+                boot,
+                pod_id: req.id.clone(),
+                pod: None,
+            },
+            Target::Hold(hold) => PodTarget::Hold(hold),
+            Target::BootInPod {
+                sandbox_id,
+                mut boot,
+            } => {
+                let sandbox = self.sandbox_vm(&sandbox_id)?;
+                let pod = sandbox.image_pod().ok_or_else(|| {
+                    Error::FailedPrecondition(format!(
+                        "container {} is a VM image (vmlet.io/image-type: vm) but its pod {sandbox_id} is not a VM-mode pod: the annotation is the pod's",
+                        req.id
+                    ))
+                })?;
+                sandbox.check_running()?;
+                pod.claim(&sandbox_id, &req.id)?;
+                boot.netns = pod.netns.clone();
+                if let Some(image) = boot.image.as_mut() {
+                    image.instance_id = pod.instance_id.clone();
+                    image.hostname = pod.hostname.clone();
+                }
+                PodTarget::Boot {
+                    boot,
+                    pod_id: sandbox_id,
+                    pod: Some(sandbox),
+                }
+            }
             Target::Join {
                 sandbox_id,
                 rootfs,
                 binds,
             } => {
-                let vm = self
-                    .vms
-                    .lock()
-                    .unwrap()
-                    .get(&sandbox_id)
-                    .cloned()
-                    .ok_or_else(|| {
-                        Error::NotFound(format!(
-                            "pod sandbox {sandbox_id} (its VM is not in this shim)"
-                        ))
-                    })?;
+                let vm = self.sandbox_vm(&sandbox_id)?;
                 if !hooks.is_empty() {
                     hook_state.pid = vm.holder_pid().ok_or_else(|| {
                         Error::Unimplemented(format!(
@@ -98,13 +124,24 @@ impl TaskService {
                 }
             }
         };
+        // A VM-mode pod's claim on its one container goes with a failed create.
+        let claimed = match &target {
+            PodTarget::Boot { pod: Some(pod), .. } => Some(pod.clone()),
+            _ => None,
+        };
         // From here a failure removes what was created, then runs the poststop hooks.
         let created = async {
-            let (vm, pod_id) = match target {
-                PodTarget::Boot(boot) => {
+            let (vm, pod_id, owns_vm) = match target {
+                PodTarget::Boot { boot, pod_id, .. } => {
                     let vm = self.booter.boot(&config, *boot, &phases).await?;
                     hook_state.pid = vm.holder_pid().unwrap_or(0);
-                    (vm, req.id.clone())
+                    (vm, pod_id, true)
+                }
+                PodTarget::Hold(hold) => {
+                    let vm = self.booter.hold(&config, *hold).await?;
+                    phases.mark("hold");
+                    hook_state.pid = vm.holder_pid().unwrap_or(0);
+                    (vm, req.id.clone(), true)
                 }
                 PodTarget::Join {
                     vm,
@@ -116,10 +153,9 @@ impl TaskService {
                     crate::hooks::run(&hooks.create, &hook_state, "creating").await?;
                     vm.add_container(&req.id, &rootfs, &binds)?;
                     phases.mark("join");
-                    (vm, sandbox_id)
+                    (vm, sandbox_id, false)
                 }
             };
-            let owns_vm = pod_id == req.id;
             let started = async {
                 vm.fit_memory(&req.id, memory_limit).await?;
                 agent_request.block_devices =
@@ -139,7 +175,7 @@ impl TaskService {
             }
             .await;
             match started {
-                Ok((pid, copies)) => Ok((vm, pod_id, pid, copies)),
+                Ok((pid, copies)) => Ok((vm, pod_id, owns_vm, pid, copies)),
                 Err(e) => {
                     let cleanup = if owns_vm {
                         vm.teardown().await
@@ -162,9 +198,12 @@ impl TaskService {
             }
         }
         .await;
-        let (vm, pod_id, guest_pid, copies) = match created {
+        let (vm, pod_id, owns_vm, guest_pid, copies) = match created {
             Ok(v) => v,
             Err(e) => {
+                if let Some(pod) = claimed.as_ref().and_then(|p| p.image_pod()) {
+                    pod.release(&req.id);
+                }
                 crate::hooks::run_logged(&hooks.poststop, &hook_state, "stopped").await;
                 return Err(e);
             }
@@ -188,6 +227,7 @@ impl TaskService {
             hook_state,
             vm,
             pod_id,
+            owns_vm,
             init: Arc::new(init),
             execs: Mutex::new(HashMap::new()),
         });
@@ -215,5 +255,19 @@ impl TaskService {
             pid,
             ..Default::default()
         })
+    }
+
+    /// The running sandbox `sandbox_id`'s VM (or, for a VM-mode pod, its hold).
+    fn sandbox_vm(&self, sandbox_id: &str) -> Result<Arc<dyn PodVm>, Error> {
+        self.vms
+            .lock()
+            .unwrap()
+            .get(sandbox_id)
+            .cloned()
+            .ok_or_else(|| {
+                Error::NotFound(format!(
+                    "pod sandbox {sandbox_id} (its VM is not in this shim)"
+                ))
+            })
     }
 }

@@ -1,5 +1,6 @@
 //! Deleting a task: a pod's sandbox goes last and takes the VM with it; a container's
-//! host part (its mounts, its block devices) goes whatever the guest answers.
+//! host part (its mounts, its block devices) goes whatever the guest answers; a VM-mode
+//! pod's container takes its own VM.
 
 use containerd_shim::api;
 use containerd_shim_protos::events::task::TaskDelete;
@@ -22,6 +23,14 @@ impl TaskService {
             self.check_pod_is_empty(&task)?;
             task.vm.teardown().await?;
             self.vms.lock().unwrap().remove(&task.pod_id);
+        } else if task.owns_vm {
+            // A VM-mode pod's one container: its VM goes with it, and the pod may take
+            // another.
+            task.vm.teardown().await?;
+            let sandbox = self.vms.lock().unwrap().get(&task.pod_id).cloned();
+            if let Some(pod) = sandbox.as_ref().and_then(|s| s.image_pod()) {
+                pod.release(&task.id);
+            }
         } else {
             remove_container(&task).await?;
         }

@@ -13,7 +13,7 @@ use vmlet_protocol::agent::{CreateContainerRequest, CreateExecRequest, Resources
 use crate::block_devices::BlockDevice;
 use crate::guest::{Guest, GuestExit, ProcessId};
 use crate::phases::Phases;
-use crate::pod_vm::{BootRequest, PodVm, VmBooter};
+use crate::pod_vm::{BootRequest, ImagePod, PodHold, PodVm, VmBooter};
 use crate::share::RootfsSource;
 use crate::spec::HostBind;
 use crate::stdio::{Copies, ProcessName, StdioPaths};
@@ -229,6 +229,8 @@ pub struct FakeVm {
     pub calls: Calls,
     ended: watch::Sender<bool>,
     stopping: AtomicBool,
+    /// Given when this is a VM-mode pod's sandbox (the booter's hold).
+    pub image_pod: Option<ImagePod>,
 }
 
 impl Default for FakeVm {
@@ -241,6 +243,7 @@ impl Default for FakeVm {
             calls: Calls::default(),
             ended: watch::channel(false).0,
             stopping: AtomicBool::new(false),
+            image_pod: None,
         }
     }
 }
@@ -347,12 +350,35 @@ impl PodVm for FakeVm {
     ) -> Result<Copies, Error> {
         Ok(Copies::default())
     }
+
+    fn image_pod(&self) -> Option<&ImagePod> {
+        self.image_pod.as_ref()
+    }
 }
 
-/// Hands out one [`FakeVm`] and remembers what it was asked to boot.
+/// Hands out one [`FakeVm`] (a VM-mode pod's sandbox and each VM of its containers get
+/// one of their own) and remembers what it was asked to boot and hold.
 pub struct FakeBooter {
     pub vm: Arc<FakeVm>,
     pub booted: Mutex<Vec<BootRequest>>,
+    /// The VM-mode pods' sandboxes made, with what they were made from.
+    pub held: Mutex<Vec<(PodHold, Arc<FakeVm>)>>,
+    /// The VMs of VM-mode pods' containers, by container.
+    pub own_vms: Mutex<HashMap<String, Arc<FakeVm>>>,
+    /// The next boot fails with this.
+    pub fail_boot: Mutex<Option<Error>>,
+}
+
+impl FakeBooter {
+    pub fn new(vm: Arc<FakeVm>) -> Self {
+        Self {
+            vm,
+            booted: Mutex::new(Vec::new()),
+            held: Mutex::new(Vec::new()),
+            own_vms: Mutex::new(HashMap::new()),
+            fail_boot: Mutex::new(None),
+        }
+    }
 }
 
 #[async_trait]
@@ -363,7 +389,35 @@ impl VmBooter for FakeBooter {
         request: BootRequest,
         _phases: &Phases,
     ) -> Result<Arc<dyn PodVm>, Error> {
+        if let Some(e) = self.fail_boot.lock().unwrap().take() {
+            return Err(e);
+        }
+        let vm = match &request.sandbox_id {
+            Some(_) => {
+                let vm = Arc::new(FakeVm::default());
+                self.own_vms
+                    .lock()
+                    .unwrap()
+                    .insert(request.container_id.clone(), vm.clone());
+                vm
+            }
+            None => self.vm.clone(),
+        };
         self.booted.lock().unwrap().push(request);
-        Ok(self.vm.clone())
+        Ok(vm)
+    }
+
+    async fn hold(&self, _config: &NodeConfig, request: PodHold) -> Result<Arc<dyn PodVm>, Error> {
+        let pod = &request.pod;
+        let vm = Arc::new(FakeVm {
+            image_pod: Some(ImagePod::new(
+                pod.netns.clone(),
+                pod.instance_id.clone(),
+                pod.hostname.clone(),
+            )),
+            ..FakeVm::default()
+        });
+        self.held.lock().unwrap().push((request, vm.clone()));
+        Ok(vm)
     }
 }

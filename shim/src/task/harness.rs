@@ -3,7 +3,7 @@
 //! containerd makes, as containerd makes them.
 
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use containerd_shim::api;
 use containerd_shim::asynchronous::ExitSignal;
@@ -53,10 +53,7 @@ impl Drop for Scratch {
 
 pub(super) fn harness() -> Harness {
     let vm = Arc::new(FakeVm::default());
-    let booter = Arc::new(FakeBooter {
-        vm: vm.clone(),
-        booted: Mutex::new(Vec::new()),
-    });
+    let booter = Arc::new(FakeBooter::new(vm.clone()));
     let (sink, events) = EventSink::channel();
     let service = Arc::new(TaskService::new(
         "testns",
@@ -89,6 +86,11 @@ impl Harness {
                 SANDBOX_ID_ANNOTATION: s,
             }),
         };
+        self.bundle_annotated(id, annotations)
+    }
+
+    /// A bundle for `id` whose spec has `annotations`.
+    pub(super) fn bundle_annotated(&self, id: &str, annotations: serde_json::Value) -> String {
         let spec = serde_json::json!({
             "ociVersion": "1.0.2",
             "process": {"args": ["sleep", "1000"], "cwd": "/", "user": {"uid": 0, "gid": 0}},
@@ -114,6 +116,20 @@ impl Harness {
 
     pub(super) async fn create(&self, id: &str, sandbox: Option<&str>) -> Result<u32, Error> {
         let req = self.create_request(id, sandbox);
+        Ok(self.service.create_task(req).await?.pid)
+    }
+
+    /// containerd's CreateTask for `id` with a bundle whose spec has `annotations`.
+    pub(super) async fn create_annotated(
+        &self,
+        id: &str,
+        annotations: serde_json::Value,
+    ) -> Result<u32, Error> {
+        let req = api::CreateTaskRequest {
+            id: id.into(),
+            bundle: self.bundle_annotated(id, annotations),
+            ..Default::default()
+        };
         Ok(self.service.create_task(req).await?.pid)
     }
 

@@ -44,12 +44,15 @@ struct TaskEntry {
     vm: Arc<dyn PodVm>,
     /// The pod (sandbox) this task belongs to; a sandbox's is its own id.
     pod_id: String,
+    /// Whether `vm` is this task's own (a sandbox's, a plain task's, a VM-mode pod's
+    /// container's), which its delete tears down; else it joined its pod's.
+    owns_vm: bool,
     init: Arc<Process>,
     execs: Mutex<HashMap<String, Arc<Process>>>,
 }
 
 impl TaskEntry {
-    /// Whether this task is its pod's sandbox (it owns the VM).
+    /// Whether this task is its pod's sandbox (it owns the pod's VM or hold, and goes last).
     fn is_sandbox(&self) -> bool {
         self.pod_id == self.id
     }
@@ -169,3 +172,5 @@ mod lifecycle_tests;
 mod reply_tests;
 #[cfg(test)]
 mod start_kill_tests;
+#[cfg(test)]
+mod vm_mode_tests;

@@ -9,13 +9,15 @@ use std::path::{Path, PathBuf};
 
 use containerd_shim::api;
 use oci_spec::runtime::Spec;
-use vmlet_config::{ImageType, NodeConfig, PodAnnotations, ShapeSource, VmOptions, VmShape};
+use vmlet_config::{
+    CloudInitNetwork, ImageType, NodeConfig, PodAnnotations, ShapeSource, VmOptions, VmShape,
+};
 use vmlet_protocol::agent::{CreateContainerRequest, Stdio};
 
 use crate::block_devices::BlockDevice;
 use crate::hooks::{HookState, HostHooks};
 use crate::memory::PodMemory;
-use crate::pod_vm::{BootRequest, HostProcess, ImageRequest};
+use crate::pod_vm::{BootRequest, HostProcess, ImagePod, ImageRequest, PodHold};
 use crate::share::RootfsSource;
 use crate::spec::{HostBind, PodRole};
 use crate::stdio::StdioPaths;
@@ -25,6 +27,14 @@ use crate::Error;
 pub(super) enum Target {
     /// A new VM: a sandbox, or a task that is not part of a pod.
     Boot(Box<BootRequest>),
+    /// A VM-mode CRI pod's sandbox: no VM, the pod held for its one container.
+    Hold(Box<PodHold>),
+    /// A VM-mode CRI pod's container: a new VM, booted with what the running sandbox
+    /// `sandbox_id` holds ([`crate::pod_vm::ImagePod`]).
+    BootInPod {
+        sandbox_id: String,
+        boot: Box<BootRequest>,
+    },
     /// The running VM of pod `sandbox_id`.
     Join {
         sandbox_id: String,
@@ -62,13 +72,8 @@ impl CreatePlan {
         let annotations = spec.annotations().clone().unwrap_or_default();
         let pod_annotations = PodAnnotations::from_map(&annotations, &config.annotations.allowed)?;
         let vm_image = pod_annotations.image_type == Some(ImageType::Vm);
-        if vm_image && annotations.contains_key(crate::spec::CONTAINER_TYPE_ANNOTATION) {
-            // Never run a VM disk image's carrier as a container instead.
-            return Err(Error::Unimplemented(
-                "vmlet.io/image-type: vm through CRI (a pod's sandbox is made before its image is known) is not supported yet; `ctr run` boots a VM image"
-                    .into(),
-            ));
-        }
+        // A CRI sandbox (not a plain task, which has no role annotation).
+        let cri_sandbox = annotations.contains_key(crate::spec::CONTAINER_TYPE_ANNOTATION);
         let role = crate::spec::pod_role(&annotations)?;
         let paths = StdioPaths {
             stdin: req.stdin.clone(),
@@ -101,25 +106,40 @@ impl CreatePlan {
             agent_request.join_namespaces_of = sandbox_id.clone();
         }
         let rootfs = rootfs_source(req, spec, Path::new(&req.bundle));
+        // A new VM: its image's, when the task carries a VM image.
+        let new_vm = |rootfs: RootfsSource, binds: Vec<HostBind>| -> Result<BootRequest, Error> {
+            let mut boot = boot_request(
+                &req.id,
+                spec,
+                &annotations,
+                &pod_annotations,
+                config,
+                rootfs,
+                binds,
+                (!hooks.is_empty()).then(|| HostProcess {
+                    create_hooks: hooks.create.clone(),
+                    state: hook_state.clone(),
+                }),
+            )?;
+            if vm_image {
+                boot.image = Some(image_request(&req.id, spec, &pod_annotations));
+            }
+            Ok(boot)
+        };
         let target = match role {
-            PodRole::Sandbox => {
-                let mut boot = boot_request(
-                    &req.id,
-                    spec,
-                    &annotations,
-                    &pod_annotations,
-                    config,
-                    rootfs,
-                    binds,
-                    (!hooks.is_empty()).then(|| HostProcess {
-                        create_hooks: hooks.create.clone(),
-                        state: hook_state.clone(),
-                    }),
-                )?;
-                if vm_image {
-                    boot.image = Some(image_request(&req.id, spec, &pod_annotations));
+            PodRole::Sandbox if vm_image && cri_sandbox => {
+                Target::Hold(Box::new(pod_hold(&req.id, spec, &hooks, &hook_state)?))
+            }
+            PodRole::Sandbox => Target::Boot(Box::new(new_vm(rootfs, binds)?)),
+            PodRole::Container { sandbox_id } if vm_image => {
+                // The pod's identity and network namespace are the sandbox's: the service
+                // fills them in from it.
+                let mut boot = new_vm(rootfs, binds)?;
+                boot.sandbox_id = Some(sandbox_id.clone());
+                Target::BootInPod {
+                    sandbox_id,
+                    boot: Box::new(boot),
                 }
-                Target::Boot(Box::new(boot))
             }
             PodRole::Container { sandbox_id } => Target::Join {
                 sandbox_id,
@@ -206,14 +226,49 @@ fn boot_request(
         binds,
         netns: crate::spec::network_namespace(spec)?,
         host_process,
-        cgroup: spec
-            .linux()
-            .as_ref()
-            .and_then(|l| l.cgroups_path().as_ref())
-            .map(|p| crate::pod_cgroup::PodCgroup::from_spec_path(&p.to_string_lossy()))
-            .transpose()?,
+        cgroup: pod_cgroup(spec)?,
         image: None,
+        sandbox_id: None,
     })
+}
+
+/// A VM-mode CRI pod's sandbox: its network namespace and cgroup, held by the pod's host
+/// process; cloud-init's instance id is the pod's UID and the host name the pod's (the
+/// spec's, else the pod's name), each else the sandbox's id.
+fn pod_hold(
+    id: &str,
+    spec: &Spec,
+    hooks: &HostHooks,
+    hook_state: &HookState,
+) -> Result<PodHold, Error> {
+    let annotations = spec.annotations().clone().unwrap_or_default();
+    let named = |key: &str| annotations.get(key).filter(|v| !v.is_empty()).cloned();
+    let netns = crate::spec::network_namespace(spec)?;
+    Ok(PodHold {
+        pod_id: id.to_owned(),
+        netns: netns.clone(),
+        cgroup: pod_cgroup(spec)?,
+        create_hooks: hooks.create.clone(),
+        hook_state: hook_state.clone(),
+        pod: ImagePod::new(
+            netns,
+            named(crate::spec::SANDBOX_UID_ANNOTATION).unwrap_or_else(|| id.to_owned()),
+            spec.hostname()
+                .clone()
+                .filter(|h| !h.is_empty())
+                .or_else(|| named(crate::spec::SANDBOX_NAME_ANNOTATION))
+                .unwrap_or_else(|| id.to_owned()),
+        ),
+    })
+}
+
+/// The host cgroup of the spec's `cgroupsPath`.
+fn pod_cgroup(spec: &Spec) -> Result<Option<crate::pod_cgroup::PodCgroup>, Error> {
+    spec.linux()
+        .as_ref()
+        .and_then(|l| l.cgroups_path().as_ref())
+        .map(|p| crate::pod_cgroup::PodCgroup::from_spec_path(&p.to_string_lossy()))
+        .transpose()
 }
 
 /// A VM image's boot (docs/vm-mode.md): cloud-init's instance is the task, its host name
@@ -235,9 +290,19 @@ fn image_request(id: &str, spec: &Spec, pod: &PodAnnotations) -> ImageRequest {
             .as_ref()
             .and_then(|p| p.env().clone())
             .unwrap_or_default(),
-        dns: crate::nocloud::Dns::default(),
-        network_config: true,
+        resolv_conf: resolv_conf(spec),
+        network_config: pod.cloud_init_network.unwrap_or_default() == CloudInitNetwork::V2,
     }
+}
+
+/// The host file the spec binds over `/etc/resolv.conf` (the one containerd's CRI plugin
+/// wrote for the pod).
+fn resolv_conf(spec: &Spec) -> Option<PathBuf> {
+    spec.mounts()
+        .as_ref()?
+        .iter()
+        .find(|m| m.destination() == Path::new("/etc/resolv.conf"))
+        .and_then(|m| m.source().clone())
 }
 
 /// The memory limit of a container's spec, in MiB.
@@ -254,7 +319,10 @@ fn memory_limit(spec: &Spec) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::spec::{CONTAINER_TYPE_ANNOTATION, SANDBOX_ID_ANNOTATION};
+    use crate::spec::{
+        CONTAINER_TYPE_ANNOTATION, SANDBOX_ID_ANNOTATION, SANDBOX_NAME_ANNOTATION,
+        SANDBOX_UID_ANNOTATION,
+    };
     use serde_json::json;
 
     const NETNS: &str = "/run/netns/cni-1";
@@ -347,6 +415,8 @@ mod tests {
         assert_eq!(image.user_data.as_deref(), Some("runcmd: [true]"));
         assert_eq!(image.ssh_keys, vec!["ssh-ed25519 AAAA".to_string()]);
         assert_eq!(image.env, vec!["A=1".to_string()]);
+        assert!(image.network_config);
+        assert!(boot.sandbox_id.is_none());
         let container = spec(json!({"vmlet.io/image-type": "container"}), None);
         let plan = CreatePlan::new(&request("c1"), &container, &config, no_sandbox).unwrap();
         let Target::Boot(boot) = plan.target else {
@@ -356,21 +426,68 @@ mod tests {
     }
 
     #[test]
-    fn a_vm_mode_pod_through_cri_is_refused_until_it_is_built() {
+    fn a_vm_mode_cri_sandbox_holds_the_pod_with_its_identity() {
         let config = NodeConfig::default();
-        let vm = spec(
-            json!({"vmlet.io/image-type": "vm", CONTAINER_TYPE_ANNOTATION: "sandbox"}),
+        let mut vm = spec(
+            json!({"vmlet.io/image-type": "vm", CONTAINER_TYPE_ANNOTATION: "sandbox",
+                   SANDBOX_UID_ANNOTATION: "uid-1", SANDBOX_NAME_ANNOTATION: "web"}),
             None,
         );
-        let err = CreatePlan::new(&request("v1"), &vm, &config, no_sandbox)
-            .err()
-            .expect("refused");
-        assert_eq!(err.code(), ttrpc::Code::UNIMPLEMENTED);
-        assert!(
-            err.to_string()
-                .contains("vmlet.io/image-type: vm through CRI"),
-            "{err}"
+        let plan = CreatePlan::new(&request("p1"), &vm, &config, no_sandbox).unwrap();
+        let Target::Hold(hold) = plan.target else {
+            panic!("a VM-mode CRI sandbox boots nothing");
+        };
+        assert_eq!(hold.pod_id, "p1");
+        assert_eq!(hold.netns.as_deref(), Some(Path::new(NETNS)));
+        assert_eq!(hold.pod.netns.as_deref(), Some(Path::new(NETNS)));
+        assert!(hold.cgroup.is_some());
+        assert_eq!(
+            (hold.pod.instance_id.as_str(), hold.pod.hostname.as_str()),
+            ("uid-1", "web"),
+            "the pod's UID and, without a host name, its name"
         );
+        vm.set_hostname(Some("web-0".into()));
+        let plan = CreatePlan::new(&request("p1"), &vm, &config, no_sandbox).unwrap();
+        let Target::Hold(hold) = plan.target else {
+            panic!("a VM-mode CRI sandbox boots nothing");
+        };
+        assert_eq!(hold.pod.hostname, "web-0", "the spec's host name first");
+    }
+
+    #[test]
+    fn a_vm_mode_cri_container_boots_its_own_vm_in_its_pod() {
+        let config = NodeConfig::default();
+        let mut container = spec(
+            json!({"vmlet.io/image-type": "vm", CONTAINER_TYPE_ANNOTATION: "container",
+                   SANDBOX_ID_ANNOTATION: "p1",
+                   "vmlet.io/cloud-init-network-config": "none"}),
+            None,
+        );
+        // The CRI plugin's resolv.conf for the pod (a bind's source must exist).
+        let resolv_conf =
+            std::env::temp_dir().join(format!("vmlet-plan-resolv-{}.conf", std::process::id()));
+        std::fs::write(&resolv_conf, "nameserver 10.0.0.10\n").unwrap();
+        let mut mounts = container.mounts().clone().unwrap_or_default();
+        mounts.push(
+            serde_json::from_value(json!({"destination": "/etc/resolv.conf",
+                "source": resolv_conf, "type": "bind", "options": ["rbind", "ro"]}))
+            .unwrap(),
+        );
+        container.set_mounts(Some(mounts));
+        let plan = CreatePlan::new(&request("c1"), &container, &config, |_| Some(42)).unwrap();
+        let Target::BootInPod { sandbox_id, boot } = plan.target else {
+            panic!("a VM-mode pod's container boots the VM");
+        };
+        assert_eq!(sandbox_id, "p1");
+        assert_eq!(boot.sandbox_id.as_deref(), Some("p1"));
+        assert_eq!(
+            (boot.pod_id.as_str(), boot.container_id.as_str()),
+            ("c1", "c1")
+        );
+        let image = boot.image.expect("a VM image");
+        assert_eq!(image.resolv_conf.as_deref(), Some(resolv_conf.as_path()));
+        std::fs::remove_file(&resolv_conf).unwrap();
+        assert!(!image.network_config, "network-config: none");
     }
 
     #[test]

@@ -182,9 +182,9 @@ impl TaskService {
         }
     }
 
-    /// Signals a process. SIGKILL to a pod's sandbox must work whatever the guest does:
-    /// the VM ends when the guest did not report the sandbox's end within [`KILL_GRACE`]
-    /// (or refused the signal).
+    /// Signals a process. SIGKILL to the init of a task that owns its VM (a pod's sandbox)
+    /// must work whatever the guest does: the VM ends when the guest did not report the
+    /// init's end within [`KILL_GRACE`] (or refused the signal).
     pub(super) async fn kill(&self, req: api::KillRequest) -> Result<(), Error> {
         let (task, process) = self.get(&req.id, &req.exec_id)?;
         if process.exited().is_some() {
@@ -198,8 +198,7 @@ impl TaskService {
             .guest()
             .signal_process(&process.id, req.signal, req.all)
             .await;
-        let kills_the_pod =
-            req.signal == libc::SIGKILL as u32 && process.is_init() && task.is_sandbox();
+        let kills_the_pod = req.signal == libc::SIGKILL as u32 && process.is_init() && task.owns_vm;
         if !kills_the_pod {
             return signalled;
         }

@@ -141,6 +141,10 @@ pub(super) async fn run_image(
     rec: &Recorder<'_>,
     phases: &Phases,
 ) -> Result<BootedImage, Error> {
+    let dns = match &image.resolv_conf {
+        Some(path) => crate::nocloud::Dns::read(path)?,
+        None => crate::nocloud::Dns::default(),
+    };
     host_side::prepare(config, req, paths, rec)?;
     phases.mark("host_side");
     let rootfs = crate::share::container_rootfs(&paths.dir, &req.container_id)?;
@@ -154,8 +158,7 @@ pub(super) async fn run_image(
             let Some(mut lease) = vmlet_netns::dhcp::Lease::for_interface(interface) else {
                 continue;
             };
-            lease.dns = image
-                .dns
+            lease.dns = dns
                 .nameservers
                 .iter()
                 .filter_map(|a| match a {
@@ -163,7 +166,7 @@ pub(super) async fn run_image(
                     _ => None,
                 })
                 .collect();
-            lease.domain = image.dns.search.first().cloned();
+            lease.domain = dns.search.first().cloned();
             lease.hostname = Some(image.hostname.clone());
             let (path, tap) = (netns.path.clone(), tap.clone());
             let responder = vmlet_netns::dhcp::Responder { lease };
@@ -187,7 +190,7 @@ pub(super) async fn run_image(
         ssh_keys: &image.ssh_keys,
         env: &image.env,
         interfaces: &net.interfaces,
-        dns: &image.dns,
+        dns: &dns,
         network_config: image.network_config,
     })?;
     let seed_iso = paths.dir.join(SEED_ISO);

@@ -1,6 +1,7 @@
 //! The pod's host side, before the VM: the state directory's mode, the pod's cgroup, the
 //! log tmpfs, the share with the first container's rootfs and binds, and the pod's host
-//! process with the OCI hooks that need it.
+//! process with the OCI hooks that need it (a VM-mode pod's sandbox is only the directory,
+//! the cgroup and the host process).
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -19,16 +20,7 @@ pub(super) fn prepare(
     paths: &PodPaths,
     rec: &Recorder<'_>,
 ) -> Result<(), Error> {
-    rec.save(|_| {})?;
-    std::fs::set_permissions(
-        &paths.dir,
-        std::fs::Permissions::from_mode(share::POD_DIR_MODE),
-    )
-    .map_err(|e| Error::io("chmod pod dir", e))?;
-    if let Some(cgroup) = &req.cgroup {
-        rec.save(|s| s.cgroup = Some(cgroup.path.clone()))?;
-        cgroup.create()?;
-    }
+    dir_and_cgroup(paths, req.cgroup.as_ref(), rec)?;
     let record = |target: &Path| rec.mount(target);
     crate::log_dir::mount(&paths.dir, config.pod_log_mib, &record)?;
     share::prepare(&paths.dir, &record)?;
@@ -39,6 +31,26 @@ pub(super) fn prepare(
         &req.binds,
         &record,
     )
+}
+
+/// Saves the pod's first state, gives its directory its mode and makes its cgroup
+/// (recorded first).
+pub(super) fn dir_and_cgroup(
+    paths: &PodPaths,
+    cgroup: Option<&crate::pod_cgroup::PodCgroup>,
+    rec: &Recorder<'_>,
+) -> Result<(), Error> {
+    rec.save(|_| {})?;
+    std::fs::set_permissions(
+        &paths.dir,
+        std::fs::Permissions::from_mode(share::POD_DIR_MODE),
+    )
+    .map_err(|e| Error::io("chmod pod dir", e))?;
+    if let Some(cgroup) = cgroup {
+        rec.save(|s| s.cgroup = Some(cgroup.path.clone()))?;
+        cgroup.create()?;
+    }
+    Ok(())
 }
 
 /// The network namespace whose interfaces the VM gets.
@@ -61,18 +73,29 @@ pub(super) async fn start_host_process(
     let Some(host) = &req.host_process else {
         return Ok(given);
     };
-    let join = req.netns.clone();
-    let pid = block(move || crate::netns_holder::spawn(join.as_deref())).await??;
-    rec.save(|s| s.holder_pid = Some(pid))?;
-    rec.place(pid, "the pod's host process")?;
-    let state = crate::hooks::HookState {
-        pid,
-        ..host.state.clone()
-    };
-    crate::hooks::run(&host.create_hooks, &state, "creating").await?;
+    let pid = spawn_host_process(req.netns.clone(), &host.create_hooks, &host.state, rec).await?;
     // The spec asked for a new namespace: whatever the hooks put there.
     Ok(Some(given.unwrap_or_else(|| PodNetns {
         path: crate::netns_holder::netns_path(pid),
         may_be_empty: true,
     })))
+}
+
+/// Starts the pod's host process in `netns` (none: a new namespace), recorded and in the
+/// pod's cgroup, then runs `create_hooks` with its PID in `state`. Returns the PID.
+pub(super) async fn spawn_host_process(
+    netns: Option<PathBuf>,
+    create_hooks: &[oci_spec::runtime::Hook],
+    state: &crate::hooks::HookState,
+    rec: &Recorder<'_>,
+) -> Result<u32, Error> {
+    let pid = block(move || crate::netns_holder::spawn(netns.as_deref())).await??;
+    rec.save(|s| s.holder_pid = Some(pid))?;
+    rec.place(pid, "the pod's host process")?;
+    let state = crate::hooks::HookState {
+        pid,
+        ..state.clone()
+    };
+    crate::hooks::run(create_hooks, &state, "creating").await?;
+    Ok(pid)
 }

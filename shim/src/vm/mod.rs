@@ -18,6 +18,7 @@ mod image;
 mod image_guest;
 mod launch;
 mod net;
+mod pod_hold;
 mod running;
 mod vsock_backend;
 
@@ -31,7 +32,7 @@ use crate::memory::PodMemory;
 use crate::phases::Phases;
 use crate::pod_paths::PodPaths;
 pub use crate::pod_vm::{BootRequest, HostProcess};
-use crate::pod_vm::{PodVm, VmBooter};
+use crate::pod_vm::{PodHold, PodVm, VmBooter};
 pub use crate::share::RootfsSource;
 use crate::state::PodState;
 use crate::vmm::VmManager;
@@ -118,10 +119,7 @@ impl VmBooter for LibvirtBooter {
         request: BootRequest,
         phases: &Phases,
     ) -> Result<Arc<dyn PodVm>, Error> {
-        let vmm: Arc<dyn VmManager> = Arc::new(crate::vmm_helper::LibvirtHelper::new(
-            &config.helpers.libvirt,
-            &config.libvirt_uri,
-        ));
+        let vmm = libvirt(config);
         if request.image.is_some() {
             return Ok(Arc::new(
                 image::ImageVm::boot(config, vmm, request, phases).await?,
@@ -129,6 +127,20 @@ impl VmBooter for LibvirtBooter {
         }
         Ok(Arc::new(Vm::boot(config, vmm, request, phases).await?))
     }
+
+    async fn hold(&self, config: &NodeConfig, request: PodHold) -> Result<Arc<dyn PodVm>, Error> {
+        Ok(Arc::new(
+            pod_hold::HeldPod::make(config, libvirt(config), request).await?,
+        ))
+    }
+}
+
+/// The node's libvirt, through `vmlet-libvirt`.
+fn libvirt(config: &NodeConfig) -> Arc<dyn VmManager> {
+    Arc::new(crate::vmm_helper::LibvirtHelper::new(
+        &config.helpers.libvirt,
+        &config.libvirt_uri,
+    ))
 }
 
 impl Vm {
@@ -140,7 +152,7 @@ impl Vm {
         req: BootRequest,
         phases: &Phases,
     ) -> Result<Vm, Error> {
-        let (paths, state) = new_pod_state(config, &req.pod_id)?;
+        let (paths, state) = new_pod_state(config, &req.pod_id, req.sandbox_id.as_deref())?;
         let recorder = Recorder {
             state: state.clone(),
             cgroup: req.cgroup.as_ref(),
@@ -173,10 +185,12 @@ impl Vm {
     }
 }
 
-/// Makes the pod's state directory (which must not exist) and the state recorded in it.
+/// Makes the pod's state directory (which must not exist) and the state recorded in it;
+/// `sandbox_id` names the pod whose shim serves it, when that is not `pod_id`'s.
 fn new_pod_state(
     config: &NodeConfig,
     pod_id: &str,
+    sandbox_id: Option<&str>,
 ) -> Result<(PodPaths, Arc<Mutex<PodState>>), Error> {
     let paths = PodPaths::new(&config.state_dir, pod_id);
     if paths.dir.exists() {
@@ -191,6 +205,7 @@ fn new_pod_state(
     let state = Arc::new(Mutex::new(PodState {
         dir: paths.dir.clone(),
         shim_pid: Some(std::process::id()),
+        shim_id: sandbox_id.map(str::to_owned),
         ..Default::default()
     }));
     Ok((paths, state))

@@ -1,0 +1,340 @@
+//! A VM-mode CRI pod's sandbox (docs/vm-mode.md) as the task service sees it ([`PodVm`]
+//! and its [`Guest`]): no VM (the pod's one container boots the VM image, which comes with
+//! it), only the pod's host process holding the pod network namespace, in the pod's cgroup.
+//! The host process is the sandbox's process: its PID is the sandbox's, a signal goes to
+//! it, and the sandbox ends when it does, with its exit status as the shim's reaper saw it.
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use containerd_shim::asynchronous::monitor::{monitor_subscribe, monitor_unsubscribe};
+use containerd_shim::monitor::{Subject, Topic};
+use tokio::sync::watch;
+use vmlet_config::NodeConfig;
+use vmlet_protocol::agent::{CreateContainerRequest, CreateExecRequest, Resources, StatsResponse};
+
+use super::{block, host_side, new_pod_state, reclaim_failed_boot, Recorder};
+use crate::block_devices::BlockDevice;
+use crate::guest::{Guest, GuestExit, ProcessId};
+use crate::pod_vm::{ImagePod, PodHold, PodVm};
+use crate::share::RootfsSource;
+use crate::state::PodState;
+use crate::stdio::{Copies, ProcessName, StdioPaths};
+use crate::vmm::VmManager;
+use crate::Error;
+
+pub struct HeldPod {
+    pod_id: String,
+    pod: ImagePod,
+    holder: u32,
+    /// The holder, as a pidfd: a signal never reaches a process that took its PID.
+    holder_fd: OwnedFd,
+    state: Mutex<PodState>,
+    vmm: Arc<dyn VmManager>,
+    /// The holder's exit status, once the shim's reaper saw it.
+    exit: watch::Receiver<Option<u32>>,
+    /// Set when the holder was signalled (its end is then expected).
+    stopping: AtomicBool,
+}
+
+impl HeldPod {
+    /// Makes the pod's state directory and cgroup and starts its host process (then its
+    /// create hooks). On failure everything made is removed before the error returns.
+    pub async fn make(
+        config: &NodeConfig,
+        vmm: Arc<dyn VmManager>,
+        req: PodHold,
+    ) -> Result<HeldPod, Error> {
+        let (paths, state) = new_pod_state(config, &req.pod_id, None)?;
+        let recorder = Recorder {
+            state: state.clone(),
+            cgroup: req.cgroup.as_ref(),
+        };
+        let held = async {
+            host_side::dir_and_cgroup(&paths, req.cgroup.as_ref(), &recorder)?;
+            // Subscribed before the start, so that the reaper's report cannot come first.
+            let mut exits = monitor_subscribe(Topic::Pid)
+                .await
+                .map_err(|e| Error::Internal(format!("subscribe to exits: {e}")))?;
+            let started = host_side::spawn_host_process(
+                req.netns.clone(),
+                &req.create_hooks,
+                &req.hook_state,
+                &recorder,
+            )
+            .await
+            .and_then(|pid| Ok((pid, pidfd_open(pid)?)));
+            let (pid, fd) = match started {
+                Ok(started) => started,
+                Err(e) => {
+                    let _ = monitor_unsubscribe(exits.id).await;
+                    return Err(e);
+                }
+            };
+            let (tx, rx) = watch::channel(None);
+            tokio::spawn(async move {
+                while let Some(event) = exits.rx.recv().await {
+                    if matches!(event.subject, Subject::Pid(p) if p == pid as i32) {
+                        tx.send_replace(Some(event.exit_code as u32));
+                        break;
+                    }
+                }
+                let _ = monitor_unsubscribe(exits.id).await;
+            });
+            Ok::<_, Error>((pid, fd, rx))
+        }
+        .await;
+        let (holder, holder_fd, exit) = match held {
+            Ok(held) => held,
+            Err(e) => return Err(reclaim_failed_boot(&vmm, &state, &req.pod_id, e).await),
+        };
+        log::info!(
+            "pod {}: a VM-mode pod, held by its host process {holder} until its container boots the VM",
+            req.pod_id
+        );
+        let state = state.lock().unwrap().clone();
+        Ok(HeldPod {
+            pod_id: req.pod_id,
+            pod: req.pod,
+            holder,
+            holder_fd,
+            state: Mutex::new(state),
+            vmm,
+            exit,
+            stopping: AtomicBool::new(false),
+        })
+    }
+
+    fn signal(&self, signal: i32) -> Result<(), Error> {
+        self.stopping.store(true, Ordering::SeqCst);
+        // SAFETY: pidfd_send_signal with a pidfd this struct owns, no siginfo, no flags.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                self.holder_fd.as_raw_fd(),
+                signal,
+                std::ptr::null::<libc::siginfo_t>(),
+                0u32,
+            )
+        };
+        match std::io::Error::last_os_error() {
+            // Gone already: its end is on its way.
+            e if rc != 0 && e.raw_os_error() != Some(libc::ESRCH) => Err(Error::io(
+                format!("signal {signal} to pod {}'s host process", self.pod_id),
+                e,
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    fn runs_nothing(&self, what: &str) -> Error {
+        Error::Unimplemented(format!(
+            "{what} in the sandbox of pod {}: a VM-mode pod's (vmlet.io/image-type: vm) sandbox runs nothing, its container is the VM",
+            self.pod_id
+        ))
+    }
+}
+
+/// A pidfd for `pid`.
+fn pidfd_open(pid: u32) -> Result<OwnedFd, Error> {
+    // SAFETY: pidfd_open takes a PID and flags; it returns a new fd or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0u32) };
+    if fd < 0 {
+        return Err(Error::io(
+            format!("pidfd_open {pid}"),
+            std::io::Error::last_os_error(),
+        ));
+    }
+    // SAFETY: a new fd that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+#[async_trait]
+impl PodVm for HeldPod {
+    fn pod_id(&self) -> &str {
+        &self.pod_id
+    }
+
+    fn guest(&self) -> &dyn Guest {
+        self
+    }
+
+    fn host_pid(&self) -> u32 {
+        self.holder
+    }
+
+    fn holder_pid(&self) -> Option<u32> {
+        Some(self.holder)
+    }
+
+    fn has_ended(&self) -> bool {
+        self.exit.borrow().is_some()
+    }
+
+    async fn ended(&self) {
+        let mut exit = self.exit.clone();
+        let _ = exit.wait_for(Option::is_some).await;
+    }
+
+    fn is_stopping(&self) -> bool {
+        self.stopping.load(Ordering::SeqCst)
+    }
+
+    /// The host process's own status (a signal's 128 + its number).
+    fn end_status(&self) -> u32 {
+        self.exit.borrow().unwrap_or(crate::task::VM_ENDED_STATUS)
+    }
+
+    async fn kill(&self) -> Result<(), Error> {
+        self.signal(libc::SIGKILL)
+    }
+
+    /// Ends the host process and removes the state directory and the cgroup.
+    async fn teardown(&self) -> Result<(), Error> {
+        if !self.has_ended() {
+            self.signal(libc::SIGKILL)?;
+        }
+        let state = self.state.lock().unwrap().clone();
+        let vmm = self.vmm.clone();
+        block(move || crate::reclaim::teardown(&*vmm, &state)).await?
+    }
+
+    async fn fit_memory(&self, _container_id: &str, _limit_mib: Option<u64>) -> Result<(), Error> {
+        Ok(())
+    }
+
+    async fn attach_block_devices(
+        &self,
+        _container_id: &str,
+        devices: &[BlockDevice],
+    ) -> Result<Vec<vmlet_protocol::agent::BlockDevice>, Error> {
+        if devices.is_empty() {
+            return Ok(Vec::new());
+        }
+        Err(self.runs_nothing("block devices"))
+    }
+
+    async fn detach_block_devices(&self, _container_id: &str) -> Result<(), Error> {
+        Ok(())
+    }
+
+    /// A container that is not a VM image cannot join: there is no VM to run it in.
+    fn add_container(
+        &self,
+        container_id: &str,
+        _rootfs: &RootfsSource,
+        _binds: &[crate::spec::HostBind],
+    ) -> Result<(), Error> {
+        Err(Error::FailedPrecondition(format!(
+            "container {container_id} of pod {}: a VM-mode pod's (vmlet.io/image-type: vm) container is a VM image, and this one is not",
+            self.pod_id
+        )))
+    }
+
+    fn remove_container(&self, _container_id: &str) -> Result<(), Error> {
+        Ok(())
+    }
+
+    /// The host process writes nothing: no stream is copied.
+    async fn attach_stdio(
+        &self,
+        _process: ProcessName<'_>,
+        _namespace: &str,
+        _paths: &StdioPaths,
+        _terminal: bool,
+    ) -> Result<Copies, Error> {
+        Ok(Copies::default())
+    }
+
+    fn image_pod(&self) -> Option<&ImagePod> {
+        Some(&self.pod)
+    }
+}
+
+/// The sandbox's one process is the host process.
+#[async_trait]
+impl Guest for HeldPod {
+    async fn create_container(&self, _request: &CreateContainerRequest) -> Result<u32, Error> {
+        Ok(self.holder)
+    }
+
+    async fn start_process(&self, process: &ProcessId) -> Result<u32, Error> {
+        if !process.exec_id.is_empty() {
+            return Err(self.runs_nothing("an exec"));
+        }
+        Ok(self.holder)
+    }
+
+    async fn wait_process(&self, _process: &ProcessId) -> Result<GuestExit, Error> {
+        self.ended().await;
+        Ok(GuestExit {
+            status: self.end_status(),
+            oom_killed: false,
+        })
+    }
+
+    async fn signal_process(
+        &self,
+        _process: &ProcessId,
+        signal: u32,
+        _all: bool,
+    ) -> Result<(), Error> {
+        let signal = i32::try_from(signal)
+            .ok()
+            .filter(|s| (1..=64).contains(s))
+            .ok_or_else(|| Error::InvalidArgument(format!("signal {signal}")))?;
+        self.signal(signal)
+    }
+
+    async fn create_exec(&self, _request: &CreateExecRequest) -> Result<(), Error> {
+        Err(self.runs_nothing("an exec"))
+    }
+
+    async fn remove_exec(&self, _process: &ProcessId) -> Result<(), Error> {
+        Err(self.runs_nothing("an exec"))
+    }
+
+    async fn remove_container(&self, _container_id: &str) -> Result<(), Error> {
+        Ok(())
+    }
+
+    async fn pause(&self, _container_id: &str) -> Result<(), Error> {
+        Err(self.runs_nothing("pause"))
+    }
+
+    async fn resume(&self, _container_id: &str) -> Result<(), Error> {
+        Err(self.runs_nothing("resume"))
+    }
+
+    async fn update_resources(
+        &self,
+        _container_id: &str,
+        _resources: Resources,
+    ) -> Result<(), Error> {
+        Err(self.runs_nothing("a resources update"))
+    }
+
+    async fn stats(&self, _container_id: &str) -> Result<StatsResponse, Error> {
+        Err(self.runs_nothing("stats"))
+    }
+
+    async fn list_processes(&self, _container_id: &str) -> Result<Vec<u32>, Error> {
+        Ok(Vec::new())
+    }
+
+    async fn resize_terminal(
+        &self,
+        _process: &ProcessId,
+        _width: u32,
+        _height: u32,
+    ) -> Result<(), Error> {
+        Err(self.runs_nothing("a terminal"))
+    }
+
+    /// Nothing to power off.
+    async fn shutdown(&self) -> Result<(), Error> {
+        Ok(())
+    }
+}
