@@ -40,6 +40,9 @@ pub enum AnnotationKey {
     /// Whether a VM-mode pod's cloud-init seed carries a network-config: `v2` (the
     /// default) or `none` (the image configures its network by DHCP, which vmlet answers).
     CloudInitNetworkConfig,
+    /// The firmware that boots a VM-mode pod's disk: `bios` (SeaBIOS, the default) or
+    /// `uefi` (OVMF).
+    Firmware,
 }
 
 impl AnnotationKey {
@@ -75,6 +78,7 @@ pub const ANNOTATION_KEYS: &[(&str, AnnotationKey)] = &[
         "vmlet.io/cloud-init-network-config",
         AnnotationKey::CloudInitNetworkConfig,
     ),
+    ("vmlet.io/firmware", AnnotationKey::Firmware),
     ("VirtletRootVolumeSize", AnnotationKey::RootVolumeSize),
     ("VirtletCloudInitUserData", AnnotationKey::CloudInitUserData),
     ("VirtletSSHKeys", AnnotationKey::SshKeys),
@@ -82,7 +86,7 @@ pub const ANNOTATION_KEYS: &[(&str, AnnotationKey)] = &[
 
 /// The annotations a node allows when its config says nothing: the VM's size and disk
 /// driver, and a VM-mode pod's choices for what runs inside its own VM (what the image is,
-/// its root volume's size, cloud-init user-data and network-config, SSH keys). Kernel parameters, CPU model
+/// its root volume's size, firmware, cloud-init user-data and network-config, SSH keys). Kernel parameters, CPU model
 /// and machine type need the operator's consent.
 pub const DEFAULT_ALLOWED: &[&str] = &[
     "vmlet.io/vcpus",
@@ -93,6 +97,7 @@ pub const DEFAULT_ALLOWED: &[&str] = &[
     "vmlet.io/cloud-init-user-data",
     "vmlet.io/ssh-keys",
     "vmlet.io/cloud-init-network-config",
+    "vmlet.io/firmware",
     "VirtletVCPUCount",
     "VirtletDiskDriver",
     "VirtletRootVolumeSize",
@@ -182,6 +187,16 @@ pub enum CloudInitNetwork {
     None,
 }
 
+/// The firmware that boots a VM-mode pod's disk (`vmlet.io/firmware`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Firmware {
+    /// SeaBIOS: the disk's boot sector.
+    #[default]
+    Bios,
+    /// OVMF (UEFI, without secure boot): the EFI system partition's boot loader.
+    Uefi,
+}
+
 /// What a pod asked for through its annotations. `None` means "not set".
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PodAnnotations {
@@ -200,6 +215,7 @@ pub struct PodAnnotations {
     /// SSH public keys, one per entry.
     pub ssh_keys: Option<Vec<String>>,
     pub cloud_init_network: Option<CloudInitNetwork>,
+    pub firmware: Option<Firmware>,
 }
 
 /// Longest value accepted for free-form annotations (kernel parameters).
@@ -263,12 +279,13 @@ impl PodAnnotations {
                 AnnotationKey::CloudInitUserData,
                 AnnotationKey::SshKeys,
                 AnnotationKey::CloudInitNetworkConfig,
+                AnnotationKey::Firmware,
             ] {
                 if let Some((key, value)) = seen.get(&setting) {
                     return Err(Error::InvalidAnnotation {
                         key: (*key).clone(),
                         value: (*value).clone(),
-                        reason: "only a VM-mode pod (vmlet.io/image-type: vm) has a root volume and cloud-init".into(),
+                        reason: "only a VM-mode pod (vmlet.io/image-type: vm) has a root volume, firmware and cloud-init".into(),
                     });
                 }
             }
@@ -351,6 +368,13 @@ impl PodAnnotations {
             }
             AnnotationKey::SshKeys => {
                 self.ssh_keys = Some(check_ssh_keys(value).map_err(invalid)?);
+            }
+            AnnotationKey::Firmware => {
+                self.firmware = Some(match value.trim() {
+                    "bios" => Firmware::Bios,
+                    "uefi" => Firmware::Uefi,
+                    _ => return Err(invalid("expected bios (SeaBIOS) or uefi (OVMF)".into())),
+                });
             }
             AnnotationKey::CloudInitNetworkConfig => {
                 self.cloud_init_network = Some(match value.trim() {
@@ -507,6 +531,8 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(dhcp.cloud_init_network, Some(CloudInitNetwork::None));
+        let uefi = parse(&[("vmlet.io/image-type", "vm"), ("vmlet.io/firmware", "uefi")]).unwrap();
+        assert_eq!(uefi.firmware, Some(Firmware::Uefi));
         let c = parse(&[("vmlet.io/image-type", "container")]).unwrap();
         assert_eq!(c.image_type, Some(ImageType::Container));
         for key in DEFAULT_ALLOWED {
@@ -528,6 +554,7 @@ mod tests {
             ("vmlet.io/ssh-keys", "ssh-rsa AAAA\u{7}"),
             ("vmlet.io/root-volume-size", "big"),
             ("vmlet.io/cloud-init-network-config", "dhcp"),
+            ("vmlet.io/firmware", "efi"),
         ];
         for (key, value) in bad {
             let mut pairs = vec![(*key, *value)];
@@ -554,8 +581,10 @@ mod tests {
             "VirtletCloudInitUserData",
             "vmlet.io/ssh-keys",
             "vmlet.io/cloud-init-network-config",
+            "vmlet.io/firmware",
         ] {
             let value = match key {
+                "vmlet.io/firmware" => "uefi",
                 "vmlet.io/root-volume-size" => "4Gi",
                 "vmlet.io/ssh-keys" => "ssh-ed25519 AAAA",
                 "vmlet.io/cloud-init-network-config" => "none",

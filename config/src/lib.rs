@@ -19,7 +19,7 @@ mod quantity;
 mod shape;
 
 pub use annotations::{
-    AnnotationKey, CloudInitNetwork, CpuModel, DiskDriver, ImageType, PodAnnotations,
+    AnnotationKey, CloudInitNetwork, CpuModel, DiskDriver, Firmware, ImageType, PodAnnotations,
     ANNOTATION_KEYS, ANNOTATION_PREFIX, DEFAULT_ALLOWED, VIRTLET_PREFIX,
 };
 pub use cpu_setting::{CpuFeature, CpuSetting, CpuSettingModel};

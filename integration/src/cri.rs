@@ -204,7 +204,19 @@ impl Cri {
         pod_config: &PodSandboxConfig,
         config: ContainerConfig,
     ) -> anyhow::Result<String> {
-        let id = self
+        let id = self.create_container(pod, pod_config, config).await?;
+        self.start_container(&id).await?;
+        Ok(id)
+    }
+
+    /// CreateContainer with `config` (the CRI plugin makes the task at the start).
+    pub async fn create_container(
+        &mut self,
+        pod: &str,
+        pod_config: &PodSandboxConfig,
+        config: ContainerConfig,
+    ) -> anyhow::Result<String> {
+        Ok(self
             .client
             .create_container(CreateContainerRequest {
                 pod_sandbox_id: pod.into(),
@@ -214,14 +226,17 @@ impl Cri {
             .await
             .context("CreateContainer")?
             .into_inner()
-            .container_id;
+            .container_id)
+    }
+
+    pub async fn start_container(&mut self, id: &str) -> anyhow::Result<()> {
         self.client
             .start_container(StartContainerRequest {
-                container_id: id.clone(),
+                container_id: id.into(),
             })
             .await
             .context("StartContainer")?;
-        Ok(id)
+        Ok(())
     }
 
     pub async fn exec_sync(

@@ -13,7 +13,8 @@
 //! - [`domain`]: the libvirt domain XML from typed structs;
 //! - [`vmm`]: the VM manager seam (libvirt; a fake in unit tests);
 //! - [`vsock`]: reaching guest ports (vhost-vsock or hybrid vsock);
-//! - [`stdio`]: containerd FIFOs <-> raw vsock stream connections;
+//! - [`stdio`]: containerd FIFOs <-> raw vsock stream connections (or a VM image's
+//!   [`serial_console`]);
 //! - [`state`]: what a pod created, persisted for `shim delete`;
 //! - [`pod_cgroup`]: the pod's host cgroup, where every host process of its VM goes;
 //! - [`hooks`]: OCI hooks run on the host; [`netns_holder`]: the pod's host process whose
@@ -58,6 +59,7 @@ pub mod port_forward;
 pub mod qmp;
 pub mod reclaim;
 pub mod seccomp;
+pub mod serial_console;
 pub mod share;
 pub mod shim;
 pub mod sk_lookup;

@@ -19,6 +19,8 @@ pub struct PodPaths {
     pub vsock_log: PathBuf,
     pub tap_socket: PathBuf,
     pub qmp_socket: PathBuf,
+    /// A VM image's serial console, which QEMU connects.
+    pub console_socket: PathBuf,
 }
 
 impl PodPaths {
@@ -33,6 +35,7 @@ impl PodPaths {
             vsock_log: log.join("vhost-device-vsock.log"),
             tap_socket: dir.join("taps.sock"),
             qmp_socket: dir.join("qmp.sock"),
+            console_socket: dir.join("console.sock"),
             dir,
         }
     }

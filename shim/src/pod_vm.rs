@@ -199,7 +199,7 @@ impl ImagePod {
 }
 
 /// What a VM-mode pod's VM is booted with, besides its image's disk.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ImageRequest {
     /// The root disk's size (MiB; none: the image's disk's).
     pub root_volume_mib: Option<u64>,
@@ -214,6 +214,10 @@ pub struct ImageRequest {
     pub resolv_conf: Option<PathBuf>,
     /// Whether the seed has a network-config (without one, the image uses DHCP).
     pub network_config: bool,
+    /// How the root disk is attached (the pod's `vmlet.io/disk-driver`, else virtio).
+    pub root_bus: crate::domain::RootBus,
+    /// SeaBIOS or OVMF (`vmlet.io/firmware`).
+    pub firmware: vmlet_config::Firmware,
 }
 
 /// The pod's host process (see [`crate::netns_holder`]): started before the VM in the pod

@@ -42,7 +42,8 @@ impl StdioPaths {
     }
 }
 
-type Output = Box<dyn tokio::io::AsyncWrite + Send + Unpin>;
+/// Where an output stream is written.
+pub(crate) type Output = Box<dyn tokio::io::AsyncWrite + Send + Unpin>;
 
 /// Bytes moved per read on output streams.
 const COPY_BUFFER: usize = 256 * 1024;
@@ -134,6 +135,28 @@ impl Copies {
         self.close_stdin.notify_one();
     }
 
+    /// Adds a running output copy (which [`Copies::drain`] waits for).
+    pub(crate) fn push_output(&mut self, copy: JoinHandle<()>) {
+        self.outputs.push(copy);
+    }
+
+    /// Copies containerd's stdin `fifo` to `input` until [`Copies::close_stdin`] (or the
+    /// FIFO's end), then shuts `input` down.
+    pub(crate) fn copy_stdin_to(
+        &self,
+        mut fifo: pipe::Receiver,
+        mut input: impl tokio::io::AsyncWrite + Send + Unpin + 'static,
+    ) {
+        let closed = self.close_stdin.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = tokio::io::copy(&mut fifo, &mut input) => {}
+                _ = closed.notified() => {}
+            }
+            let _ = input.shutdown().await;
+        });
+    }
+
     /// Stops every copy at once (the guest is gone: nothing more will come), closing the
     /// FIFOs, so that a client attached to them sees the end.
     pub fn abort(&mut self) {
@@ -216,42 +239,33 @@ pub async fn attach(
             let _ = writer.flush().await;
         }));
     }
-    let close_stdin = Arc::new(Notify::new());
-    if !paths.stdin.is_empty() {
-        let mut stream = open_stream(endpoint, process, StreamKind::Stdin).await?;
-        let path = PathBuf::from(&paths.stdin);
-        let closed = close_stdin.clone();
-        // Read-write: the open never blocks (a blocking open would wait for containerd's
-        // writer forever if it came and went first, and keep the shim from exiting). The
-        // stream then ends with close_io (containerd's "stdin closed") or the task's end.
-        let mut fifo = pipe::OpenOptions::new()
-            .read_write(true)
-            .open_receiver(&path)
-            .map_err(|e| Error::io(format!("open {}", path.display()), e))?;
-        tokio::spawn(async move {
-            tokio::select! {
-                _ = tokio::io::copy(&mut fifo, &mut stream) => {}
-                _ = closed.notified() => {}
-            }
-            let _ = stream.shutdown().await;
-        });
-    }
-    Ok(Copies {
+    let copies = Copies {
         outputs,
-        close_stdin,
-    })
+        close_stdin: Arc::new(Notify::new()),
+    };
+    if !paths.stdin.is_empty() {
+        let stream = open_stream(endpoint, process, StreamKind::Stdin).await?;
+        copies.copy_stdin_to(open_stdin(&paths.stdin)?, stream);
+    }
+    Ok(copies)
 }
 
-/// How often a followed console file is read again after its end.
-const FOLLOW_INTERVAL: std::time::Duration = std::time::Duration::from_millis(100);
+/// Opens containerd's stdin FIFO. Read-write: the open never blocks (a blocking open would
+/// wait for containerd's writer forever if it came and went first, and keep the shim from
+/// exiting). The copy then ends with close_io (containerd's "stdin closed") or the task's
+/// end.
+fn open_stdin(path: &str) -> Result<pipe::Receiver, Error> {
+    let path = PathBuf::from(path);
+    pipe::OpenOptions::new()
+        .read_write(true)
+        .open_receiver(&path)
+        .map_err(|e| Error::io(format!("open {}", path.display()), e))
+}
 
-/// Copies a VM image's serial console (the file QEMU writes, `console`) to the process's
-/// stdout (a FIFO, file or log URI; stderr gets nothing, stdin is not connected), from
-/// its start and as it grows, until `ended` (QEMU is gone) and the file's end is reached.
-/// Reads are bounded ([`COPY_BUFFER`]); the copy holds the file by descriptor, opened once.
-pub fn follow_console(
-    console: &std::path::Path,
-    ended: tokio::sync::watch::Receiver<bool>,
+/// Connects a VM image's serial console (docs/vm-mode.md) to the process's stdout (a FIFO,
+/// file or log URI; stderr gets nothing: the console is one stream) and its stdin.
+pub fn attach_console(
+    console: &crate::serial_console::SerialConsole,
     process: ProcessName<'_>,
     namespace: &str,
     paths: &StdioPaths,
@@ -261,42 +275,11 @@ pub fn follow_console(
         stdout: paths.stdout.clone(),
         stderr: String::new(),
     };
-    let [writer, _] = open_outputs(&stdout_only, process.container_id, namespace)?;
-    let mut outputs = Vec::new();
-    if let Some(mut writer) = writer {
-        let file = std::fs::File::open(console)
-            .map_err(|e| Error::io(format!("open {}", console.display()), e))?;
-        let mut file = tokio::fs::File::from_std(file);
-        outputs.push(tokio::spawn(async move {
-            use tokio::io::AsyncReadExt;
-            let mut buf = vec![0u8; COPY_BUFFER];
-            loop {
-                let gone = *ended.borrow();
-                match file.read(&mut buf).await {
-                    Ok(0) if gone => break,
-                    Ok(0) => {
-                        let mut ended = ended.clone();
-                        let _ = tokio::time::timeout(FOLLOW_INTERVAL, ended.wait_for(|e| *e)).await;
-                    }
-                    Ok(n) => {
-                        if let Err(e) = writer.write_all(&buf[..n]).await {
-                            log::warn!("copy the console: {e}");
-                            break;
-                        }
-                    }
-                    Err(e) => {
-                        log::warn!("read the console: {e}");
-                        break;
-                    }
-                }
-            }
-            let _ = writer.flush().await;
-        }));
-    }
-    Ok(Copies {
-        outputs,
-        close_stdin: Arc::new(Notify::new()),
-    })
+    let [stdout, _] = open_outputs(&stdout_only, process.container_id, namespace)?;
+    let stdin = (!paths.stdin.is_empty())
+        .then(|| open_stdin(&paths.stdin))
+        .transpose()?;
+    console.attach(stdout, stdin)
 }
 
 #[cfg(test)]

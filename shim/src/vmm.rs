@@ -10,12 +10,18 @@ use virt::domain::Domain;
 
 use crate::Error;
 
+/// An undefine removes the domain's UEFI variables too (a VM image booted with OVMF has a
+/// file of them in libvirt's directory); a domain without any is undefined as before.
+const UNDEFINE_WITH_NVRAM: virt::sys::virDomainUndefineFlagsValues =
+    virt::sys::VIR_DOMAIN_UNDEFINE_NVRAM;
+
 pub trait VmManager: Send + Sync + 'static {
     /// Whether libvirt can run `machine` guests of this emulator with KVM here.
     fn kvm_usable(&self, emulator: &str, machine: &str) -> bool;
     /// Defines and starts a domain; leaves nothing defined if the start fails.
     fn start(&self, xml: &str) -> Result<(), Error>;
-    /// Stops (if running) and undefines the domain; no such domain is not an error.
+    /// Stops (if running) and undefines the domain, with its UEFI variables; no such domain
+    /// is not an error.
     fn remove(&self, name: &str) -> Result<(), Error>;
     /// The live XML of a running domain.
     fn live_xml(&self, name: &str) -> Result<String, Error>;
@@ -78,7 +84,7 @@ impl VmManager for Libvirt {
             let domain = Domain::define_xml(conn, xml)
                 .map_err(|e| Error::Libvirt(format!("define domain: {e}")))?;
             if let Err(e) = domain.create() {
-                let _ = domain.undefine();
+                let _ = domain.undefine_flags(UNDEFINE_WITH_NVRAM);
                 return Err(Error::Libvirt(format!("start domain: {e}")));
             }
             Ok(())
@@ -104,7 +110,7 @@ impl VmManager for Libvirt {
                     }
                 }
             }
-            match domain.undefine() {
+            match domain.undefine_flags(UNDEFINE_WITH_NVRAM) {
                 Ok(()) => Ok(()),
                 Err(e) if is_no_domain(&e) => Ok(()),
                 Err(e) => Err(Error::Libvirt(format!("undefine {name}: {e}"))),

@@ -30,7 +30,9 @@ fn disk_hashes(s: &Stack) -> Vec<String> {
 
 #[test]
 #[ignore = "needs the vmlet stack: make test"]
-fn a_vm_image_runs_its_user_data_shows_its_console_and_powers_off() {
+fn a_vm_image_runs_its_user_data_shows_its_console_takes_stdin_and_powers_off() {
+    use std::io::{Read, Write};
+    use std::sync::{Arc, Mutex};
     let s = stack();
     let id = unique_id("vmimg");
     let before = disk_hashes(&s);
@@ -38,7 +40,9 @@ fn a_vm_image_runs_its_user_data_shows_its_console_and_powers_off() {
         !before.is_empty(),
         "the test image's disk is not in containerd's snapshots"
     );
-    let user_data = "runcmd:\n  - echo \"vmlet-marker $(hostname) $(grep GREETING /etc/cloud/environment)\"\npower_state:\n  mode: poweroff\n  condition: true\n";
+    // The guest reads a line from its console (nothing else does: its getty is stopped),
+    // then powers off.
+    let user_data = "runcmd:\n  - systemctl mask --now serial-getty@ttyS0.service\n  - echo \"vmlet-marker $(hostname) $(grep GREETING /etc/cloud/environment)\"\n  - read line < /dev/ttyS0; echo \"vmlet-got $line\"\npower_state:\n  mode: poweroff\n  condition: true\n";
     let annotations = [
         "--annotation".to_string(),
         "vmlet.io/image-type=vm".to_string(),
@@ -55,16 +59,44 @@ fn a_vm_image_runs_its_user_data_shows_its_console_and_powers_off() {
     args.push(&image);
     args.push(&id);
     // A Debian boot under TCG with cloud-init's four stages takes about a minute alone.
-    let child = s
+    let started = std::time::Instant::now();
+    let mut child = s
         .ctr()
         .args(&args)
-        .stdin(std::process::Stdio::null())
+        .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let out = bounded::output_within(child, BOOT_DEADLINE, "ctr run (a VM image)").unwrap();
-    let stdout = text(&out.stdout);
+    let console = Arc::new(Mutex::new(Vec::new()));
+    let reader = {
+        let (console, mut stdout) = (console.clone(), child.stdout.take().unwrap());
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = stdout.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                console.lock().unwrap().extend_from_slice(&buf[..n]);
+            }
+        })
+    };
+    // Typed at the console until the guest's reader took a line (before it reads, a line
+    // may be lost).
+    let got = "vmlet-got vmlet-input";
+    let mut stdin = child.stdin.take().unwrap();
+    while !text(&console.lock().unwrap()).contains(got) && started.elapsed() < BOOT_DEADLINE {
+        if stdin.write_all(b"vmlet-input\n").is_err() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_secs(2));
+    }
+    // ctr's stdin ends here: the console goes on (its output, the power-off).
+    drop(stdin);
+    let left = BOOT_DEADLINE.saturating_sub(started.elapsed());
+    let out = bounded::output_within(child, left, "ctr run (a VM image)").unwrap();
+    reader.join().unwrap();
+    let stdout = text(&console.lock().unwrap());
     assert!(
         out.status.success(),
         "exit {:?}: {}\n{stdout}",
@@ -77,8 +109,16 @@ fn a_vm_image_runs_its_user_data_shows_its_console_and_powers_off() {
         "no {expected:?} on the console:\n{stdout}"
     );
     assert!(
+        stdout.contains(got),
+        "stdin did not reach the console:\n{stdout}"
+    );
+    assert!(
         stdout.contains("Linux version"),
         "the boot is not on the console:\n{stdout}"
+    );
+    assert!(
+        stdout.contains("reboot: Power down"),
+        "the console's end (the power-off) is not on stdout:\n{stdout}"
     );
     assert!(
         !std::path::Path::new(&format!("{}/state/{id}", s.dir)).exists(),
@@ -142,19 +182,41 @@ const SERVING_USER_DATA: &str = r#"runcmd:
   - mkdir -p /srv/www
   - hostname > /srv/www/name
   - systemd-run --unit vmlet-www python3 -m http.server 8080 --directory /srv/www
-  - echo "vmlet-marker $(hostname) $(ip -4 -o addr show eth0 | awk '{print $4}') $(test -s /var/lib/dhcp/dhclient.eth0.leases && echo by-dhcp || echo by-seed)"
+  - echo "vmlet-marker $(hostname) $(ip -4 -o addr show eth0 | awk '{print $4}') $(test -s /var/lib/dhcp/dhclient.eth0.leases && echo by-dhcp || echo by-seed) $(findmnt -no SOURCE /)"
 "#;
 
 /// How long a VM-mode pod may take from its container's start to the marker.
 const MARKER_DEADLINE: std::time::Duration = std::time::Duration::from_secs(300);
 
-/// One VM-mode CRI pod (`network_config`: its `vmlet.io/cloud-init-network-config`) from
-/// its start to its removal: the marker in the CRI log, the host name served on the pod
-/// IP, nothing left. Returns the marker line.
-async fn serve_from_a_cri_vm_pod(s: &Stack, network_config: &str) -> String {
+/// How a VM-mode CRI pod of the test boots.
+#[derive(Debug, Clone, Copy)]
+struct Boot {
+    /// Its `vmlet.io/cloud-init-network-config`.
+    network_config: &'static str,
+    /// The UEFI test image with `vmlet.io/firmware: uefi` and its root disk on SCSI
+    /// (`vmlet.io/disk-driver: scsi`); else the BIOS image on virtio.
+    uefi_on_scsi: bool,
+}
+
+/// One VM-mode CRI pod booted as `boot` says, from its start to its removal: the marker in
+/// the CRI log, the host name served on the pod IP, nothing left. Returns the marker line
+/// and the console.
+async fn serve_from_a_cri_vm_pod(s: &Stack, boot: Boot) -> (String, String) {
     use std::time::Instant;
+    let network_config = boot.network_config;
     let node = std::env::var("VMLET_NODE_NETNS").expect("VMLET_NODE_NETNS (the stack's)");
+    let image = if boot.uefi_on_scsi {
+        std::env::var("VMLET_VM_UEFI_IMAGE").expect("VMLET_VM_UEFI_IMAGE (scripts/stack env)")
+    } else {
+        vm_image()
+    };
     let mut p = PodUnderTest::start_with(s, |c| {
+        if boot.uefi_on_scsi {
+            c.annotations
+                .insert("vmlet.io/firmware".into(), "uefi".into());
+            c.annotations
+                .insert("vmlet.io/disk-driver".into(), "scsi".into());
+        }
         c.annotations
             .insert("vmlet.io/image-type".into(), "vm".into());
         c.annotations.insert(
@@ -172,7 +234,7 @@ async fn serve_from_a_cri_vm_pod(s: &Stack, network_config: &str) -> String {
     let name = p.config.metadata.as_ref().unwrap().name.clone();
     let ip = p.cri.pod_ip(&p.pod).await.unwrap();
     // The command is the image's (`sh`), which a VM image does not run.
-    let c = p.container("vm", &vm_image(), &[], 0).await;
+    let c = p.container("vm", &image, &[], 0).await;
     let log = p.logs.join("vm.log");
     let deadline = Instant::now() + MARKER_DEADLINE;
     let marker = loop {
@@ -247,21 +309,111 @@ async fn serve_from_a_cri_vm_pod(s: &Stack, network_config: &str) -> String {
         );
         assert!(!s.has_pod_domain(id), "domain of {id} left");
     }
-    marker
+    (marker, console)
 }
 
 #[tokio::test]
 #[ignore = "needs the vmlet stack: make test"]
-async fn a_cri_vm_pod_boots_with_its_name_and_serves_on_its_ip_by_seed_or_by_dhcp() {
+async fn cri_vm_pods_boot_with_their_names_and_serve_on_their_ips_by_seed_on_uefi_and_scsi_or_by_dhcp(
+) {
     let s = stack();
     let before = disk_hashes(&s);
-    // Two pods at once: the seed's network-config, and none (the image asks DHCP, which
-    // vmlet's responder answers with the CNI address).
-    let (by_seed, by_dhcp) = tokio::join!(
-        serve_from_a_cri_vm_pod(&s, "v2"),
-        serve_from_a_cri_vm_pod(&s, "none")
+    // Two pods at once: the seed's network-config, booted by OVMF from a SCSI disk; and no
+    // network-config (the image asks DHCP, which vmlet's responder answers with the CNI
+    // address), booted by SeaBIOS from virtio.
+    let ((by_seed, uefi_console), (by_dhcp, _)) = tokio::join!(
+        serve_from_a_cri_vm_pod(
+            &s,
+            Boot {
+                network_config: "v2",
+                uefi_on_scsi: true
+            }
+        ),
+        serve_from_a_cri_vm_pod(
+            &s,
+            Boot {
+                network_config: "none",
+                uefi_on_scsi: false
+            }
+        )
     );
-    assert!(by_seed.trim_end().ends_with("by-seed"), "{by_seed}");
-    assert!(by_dhcp.trim_end().ends_with("by-dhcp"), "{by_dhcp}");
+    assert!(
+        by_seed.trim_end().ends_with("by-seed /dev/sda2"),
+        "{by_seed}"
+    );
+    assert!(
+        uefi_console.contains("BdsDxe: starting"),
+        "OVMF did not boot it:\n{uefi_console}"
+    );
+    assert!(
+        by_dhcp.trim_end().ends_with("by-dhcp /dev/vda"),
+        "{by_dhcp}"
+    );
     assert_eq!(disk_hashes(&s), before, "the image's disk changed");
+}
+
+/// The state directories whose VM the shim of pod `pod` serves (a VM-mode pod's
+/// containers': their `state.json` names the pod's shim).
+fn vms_served_by(s: &Stack, pod: &str) -> Vec<String> {
+    let Ok(dirs) = std::fs::read_dir(format!("{}/state", s.dir)) else {
+        return Vec::new();
+    };
+    dirs.flatten()
+        .filter(|d| {
+            std::fs::read_to_string(d.path().join("state.json"))
+                .is_ok_and(|state| state.contains(&format!("\"shim_id\": \"{pod}\"")))
+        })
+        .map(|d| d.file_name().to_string_lossy().into_owned())
+        .collect()
+}
+
+#[tokio::test]
+#[ignore = "needs the vmlet stack: make test"]
+async fn a_cri_vm_pod_refuses_an_image_without_one_disk_by_name_and_leaves_nothing() {
+    use vmlet_integration::cri::Cri;
+    let s = stack();
+    let two =
+        std::env::var("VMLET_TWO_DISKS_IMAGE").expect("VMLET_TWO_DISKS_IMAGE (scripts/stack env)");
+    let mut p = PodUnderTest::start_with(&s, |c| {
+        c.annotations
+            .insert("vmlet.io/image-type".into(), "vm".into());
+    })
+    .await;
+    // The busybox test image has no /disk/; the two-disks image has two. The CRI plugin
+    // makes the task (the VM) at the container's start.
+    let mut refused = Vec::new();
+    for (name, image, expected) in [
+        (
+            "no-disk",
+            &s.image,
+            "vmlet.io/image-type: vm: the image has no /disk/ directory",
+        ),
+        (
+            "two-disks",
+            &two,
+            "/disk/ in the image holds 2 files (a.qcow2, b.img)",
+        ),
+    ] {
+        let config = Cri::container_config(&p.config, name, image, &[], 0);
+        let (pod, pod_config) = (p.pod.clone(), p.config.clone());
+        let id = p
+            .cri
+            .create_container(&pod, &pod_config, config)
+            .await
+            .unwrap();
+        let err = p
+            .cri
+            .start_container(&id)
+            .await
+            .expect_err("a VM-mode container without one disk was started");
+        assert!(format!("{err:#}").contains(expected), "{err:#}");
+        assert_eq!(vms_served_by(&s, &pod), Vec::<String>::new(), "left");
+        assert!(!s.has_pod_domain(&id), "domain of {id} left");
+        refused.push(id);
+    }
+    let pod = p.pod.clone();
+    let refused: Vec<&str> = refused.iter().map(String::as_str).collect();
+    p.finish(&refused).await;
+    assert!(!std::path::Path::new(&format!("{}/state/{pod}", s.dir)).exists());
+    assert_eq!(s.pod_processes(&pod), vec![], "processes left");
 }

@@ -1,7 +1,7 @@
 //! The libvirt domain, rendered from typed structs (one per device) with serde + quick-xml.
 
 use serde::Serialize;
-use vmlet_config::CpuModel;
+use vmlet_config::{CpuModel, Firmware};
 
 use crate::Error;
 
@@ -99,11 +99,43 @@ pub struct DomainParams {
     pub guest: GuestBoot,
     pub emulator: String,
     pub qemu: String,
-    pub console_log: String,
+    pub console: ConsoleTarget,
     /// The shim's tap socket, for `vmlet-vmwrapper`, when the pod has a network.
     pub tap_socket: Option<String>,
     /// The shim's socket vmlet's QMP monitor connects to (block device hot-plug).
     pub qmp_socket: String,
+}
+
+/// Where the serial console (the guest's `ttyS0`) goes.
+#[derive(Debug, Clone)]
+pub enum ConsoleTarget {
+    /// A file (written by libvirt's virtlogd): vmlet's guest, whose console only the shim
+    /// and `vmletctl console` read.
+    File(String),
+    /// A Unix socket the shim listens on and QEMU connects: a VM image's console, which is
+    /// its task's stdout and stdin ([`crate::serial_console`]).
+    Socket(String),
+}
+
+impl ConsoleTarget {
+    fn serial(&self) -> Serial {
+        match self {
+            ConsoleTarget::File(path) => Serial {
+                kind: "file",
+                source: SerialSource {
+                    mode: None,
+                    path: path.clone(),
+                },
+            },
+            ConsoleTarget::Socket(path) => Serial {
+                kind: "unix",
+                source: SerialSource {
+                    mode: Some("connect"),
+                    path: path.clone(),
+                },
+            },
+        }
+    }
 }
 
 /// What the VM runs, and the devices that takes.
@@ -137,20 +169,75 @@ pub struct ImageDisks {
     pub backing_format: crate::vm_disk::DiskFormat,
     /// The NoCloud seed (ISO 9660).
     pub seed: String,
+    /// How the root disk (the overlay) is attached.
+    pub root_bus: RootBus,
+    /// SeaBIOS (QEMU's default) or OVMF.
+    pub firmware: Firmware,
+}
+
+/// The buses a VM image's root disk can be on (libvirt 9.0 has no NVMe disk bus).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RootBus {
+    /// virtio-blk: `vda`, what cloud images expect.
+    Virtio,
+    /// virtio-scsi: `sda`.
+    Scsi,
+}
+
+impl RootBus {
+    /// The bus of a pod's disk driver (`vmlet.io/disk-driver`; none: virtio). NVMe is an
+    /// error that names the annotation.
+    pub fn of(driver: Option<vmlet_config::DiskDriver>) -> Result<Self, Error> {
+        match driver {
+            None | Some(vmlet_config::DiskDriver::Virtio) => Ok(RootBus::Virtio),
+            Some(vmlet_config::DiskDriver::Scsi) => Ok(RootBus::Scsi),
+            Some(vmlet_config::DiskDriver::Nvme) => Err(Error::InvalidArgument(
+                "vmlet.io/disk-driver: nvme: a VM image's root disk is on virtio or scsi (libvirt 9.0 has no NVMe disk bus)".into(),
+            )),
+        }
+    }
+
+    /// The root disk's name and bus in the domain (the guest names it as its driver does).
+    fn target(self) -> DiskTarget {
+        match self {
+            RootBus::Virtio => DiskTarget {
+                dev: "vda",
+                bus: "virtio",
+            },
+            RootBus::Scsi => DiskTarget {
+                dev: "sda",
+                bus: "scsi",
+            },
+        }
+    }
 }
 
 impl GuestBoot {
     fn os(&self, kind: OsType) -> Os {
         match self {
             GuestBoot::Agent(a) => Os {
+                firmware_kind: None,
                 kind,
+                firmware: None,
                 kernel: Some(a.kernel.clone()),
                 initrd: Some(a.initrd.clone()),
                 cmdline: Some(a.cmdline.clone()),
                 boot: None,
             },
-            GuestBoot::Image(_) => Os {
+            GuestBoot::Image(image) => Os {
+                firmware_kind: (image.firmware == Firmware::Uefi).then_some("efi"),
                 kind,
+                // OVMF without secure boot: an image's own boot loader need not be signed
+                // (and secure boot would want SMM, which TCG runs slowly).
+                firmware: (image.firmware == Firmware::Uefi).then(|| FirmwareFeatures {
+                    feature: ["secure-boot", "enrolled-keys"]
+                        .into_iter()
+                        .map(|name| FirmwareFeature {
+                            enabled: "no",
+                            name,
+                        })
+                        .collect(),
+                }),
                 kernel: None,
                 initrd: None,
                 cmdline: None,
@@ -178,10 +265,7 @@ impl GuestBoot {
                     image.backing.clone(),
                     image.backing_format.as_str(),
                 ),
-                target: DiskTarget {
-                    dev: "vda",
-                    bus: "virtio",
-                },
+                target: image.root_bus.target(),
                 readonly: None,
             },
             Disk {
@@ -202,6 +286,21 @@ impl GuestBoot {
                 readonly: Some(Empty {}),
             },
         ]
+    }
+
+    /// The controllers: none on USB, and a virtio-scsi one for a root disk on SCSI.
+    fn controllers(&self) -> Vec<Controller> {
+        let mut controllers = vec![Controller {
+            kind: "usb",
+            model: "none",
+        }];
+        if matches!(self, GuestBoot::Image(i) if i.root_bus == RootBus::Scsi) {
+            controllers.push(Controller {
+                kind: "scsi",
+                model: "virtio-scsi",
+            });
+        }
+        controllers
     }
 
     fn filesystems(&self) -> Vec<Filesystem> {
@@ -332,17 +431,9 @@ impl Domain {
                 emulator: p.emulator.clone(),
                 disk: p.guest.disks(),
                 filesystem: p.guest.filesystems(),
-                serial: Serial {
-                    kind: "file",
-                    source: PathAttr {
-                        path: p.console_log.clone(),
-                    },
-                },
+                serial: p.console.serial(),
                 vsock,
-                controller: vec![Controller {
-                    kind: "usb",
-                    model: "none",
-                }],
+                controller: p.guest.controllers(),
                 memballoon: if p.free_page_reporting {
                     Memballoon::reporting_free_pages()
                 } else {
@@ -411,7 +502,7 @@ mod tests {
             }),
             emulator: "/usr/local/bin/vmlet-vmwrapper".into(),
             qemu: "/usr/bin/qemu-system-x86_64".into(),
-            console_log: "/run/vmlet/t1/console.log".into(),
+            console: ConsoleTarget::File("/run/vmlet/t1/console.log".into()),
             tap_socket: Some("/run/vmlet/t1/taps.sock".into()),
             qmp_socket: "/run/vmlet/t1/qmp.sock".into(),
         }
@@ -437,6 +528,7 @@ mod tests {
             "<binary path=\"/usr/local/bin/virtiofsd\"/>",
             "<source dir=\"/run/vmlet/t1/share\"/>",
             "<target dir=\"vmlet\"/>",
+            "<serial type=\"file\"><source path=\"/run/vmlet/t1/console.log\"/></serial>",
             "<qemu:arg value=\"socket,id=vmlet-vsock,path=/run/vmlet/t1/vhost.sock\"/>",
             "<qemu:env name=\"VMLET_QEMU\" value=\"/usr/bin/qemu-system-x86_64\"/>",
             "<qemu:env name=\"VMLET_TAP_SOCKET\" value=\"/run/vmlet/t1/taps.sock\"/>",
@@ -452,21 +544,29 @@ mod tests {
         assert!(!xml.contains("<vsock"), "{xml}");
     }
 
-    #[test]
-    fn a_vm_image_boots_its_overlay_with_firmware_and_the_seed_beside_it() {
-        let mut p = params(VsockDevice::Vhost);
-        p.guest = GuestBoot::Image(ImageDisks {
+    /// A VM image's guest: its qcow2 disk under the overlay, the seed beside it.
+    fn image_guest(root_bus: RootBus, firmware: Firmware) -> GuestBoot {
+        GuestBoot::Image(ImageDisks {
             overlay: "/run/vmlet/t1/root.qcow2".into(),
             backing: "/run/vmlet/t1/rootfs/disk/debian.qcow2".into(),
             backing_format: crate::vm_disk::DiskFormat::Qcow2,
             seed: "/run/vmlet/t1/seed.iso".into(),
-        });
+            root_bus,
+            firmware,
+        })
+    }
+
+    #[test]
+    fn a_vm_image_boots_its_overlay_with_firmware_and_the_seed_beside_it() {
+        let mut p = params(VsockDevice::Vhost);
+        p.guest = image_guest(RootBus::Virtio, Firmware::Bios);
+        p.console = ConsoleTarget::Socket("/run/vmlet/t1/console.sock".into());
         let xml = Domain::new(&p).to_xml().unwrap();
         for expected in [
             "<os><type arch=\"x86_64\" machine=\"q35\">hvm</type><boot dev=\"hd\"/></os>",
             "<disk type=\"file\" device=\"disk\"><driver name=\"qemu\" type=\"qcow2\"/><source file=\"/run/vmlet/t1/root.qcow2\"/><backingStore type=\"file\"><format type=\"qcow2\"/><source file=\"/run/vmlet/t1/rootfs/disk/debian.qcow2\"><seclabel model=\"dac\" relabel=\"no\"/></source><backingStore/></backingStore><target dev=\"vda\" bus=\"virtio\"/></disk>",
             "<disk type=\"file\" device=\"disk\"><driver name=\"qemu\" type=\"raw\"/><source file=\"/run/vmlet/t1/seed.iso\"/><backingStore/><target dev=\"vdb\" bus=\"virtio\"/><readonly/></disk>",
-            "<serial type=\"file\"><source path=\"/run/vmlet/t1/console.log\"/></serial>",
+            "<serial type=\"unix\"><source mode=\"connect\" path=\"/run/vmlet/t1/console.sock\"/></serial>",
             "<qemu:env name=\"VMLET_TAP_SOCKET\" value=\"/run/vmlet/t1/taps.sock\"/>",
         ] {
             assert!(xml.contains(expected), "missing {expected} in\n{xml}");
@@ -474,6 +574,38 @@ mod tests {
         for absent in ["<kernel>", "<filesystem", "<vsock", "vhost-user-vsock"] {
             assert!(!xml.contains(absent), "{absent} in\n{xml}");
         }
+    }
+
+    #[test]
+    fn a_vm_image_boots_with_ovmf_when_asked() {
+        let mut p = params(VsockDevice::Vhost);
+        p.guest = image_guest(RootBus::Virtio, Firmware::Uefi);
+        let xml = Domain::new(&p).to_xml().unwrap();
+        let os = "<os firmware=\"efi\"><type arch=\"x86_64\" machine=\"q35\">hvm</type><firmware><feature enabled=\"no\" name=\"secure-boot\"/><feature enabled=\"no\" name=\"enrolled-keys\"/></firmware><boot dev=\"hd\"/></os>";
+        assert!(xml.contains(os), "{xml}");
+    }
+
+    #[test]
+    fn a_vm_images_root_disk_takes_the_pods_disk_driver() {
+        let mut p = params(VsockDevice::Vhost);
+        p.guest = image_guest(RootBus::Scsi, Firmware::Bios);
+        let xml = Domain::new(&p).to_xml().unwrap();
+        assert!(xml.contains("<target dev=\"sda\" bus=\"scsi\"/>"), "{xml}");
+        assert!(
+            xml.contains("<controller type=\"scsi\" model=\"virtio-scsi\"/>"),
+            "{xml}"
+        );
+        assert!(
+            xml.contains("<target dev=\"vdb\" bus=\"virtio\"/>"),
+            "the seed: {xml}"
+        );
+        assert_eq!(RootBus::of(None).unwrap(), RootBus::Virtio);
+        let err = RootBus::of(Some(vmlet_config::DiskDriver::Nvme)).unwrap_err();
+        assert_eq!(err.code(), ttrpc::Code::INVALID_ARGUMENT);
+        assert!(
+            err.message().contains("vmlet.io/disk-driver: nvme"),
+            "{err}"
+        );
     }
 
     #[test]

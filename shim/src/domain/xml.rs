@@ -86,8 +86,13 @@ pub struct ModeAttr {
 /// (a VM image).
 #[derive(Debug, Serialize)]
 pub struct Os {
+    /// `efi`: libvirt picks UEFI firmware (OVMF) that has what `firmware` asks.
+    #[serde(rename = "@firmware", skip_serializing_if = "Option::is_none")]
+    pub firmware_kind: Option<&'static str>,
     #[serde(rename = "type")]
     pub kind: OsType,
+    #[serde(rename = "firmware", skip_serializing_if = "Option::is_none")]
+    pub firmware: Option<FirmwareFeatures>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kernel: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -96,6 +101,20 @@ pub struct Os {
     pub cmdline: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub boot: Option<BootDev>,
+}
+
+/// Firmware features libvirt's choice must have (or not have).
+#[derive(Debug, Serialize)]
+pub struct FirmwareFeatures {
+    pub feature: Vec<FirmwareFeature>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct FirmwareFeature {
+    #[serde(rename = "@enabled")]
+    pub enabled: &'static str,
+    #[serde(rename = "@name")]
+    pub name: &'static str,
 }
 
 #[derive(Debug, Serialize)]
@@ -414,7 +433,16 @@ pub struct DirAttr {
 pub struct Serial {
     #[serde(rename = "@type")]
     pub kind: &'static str,
-    pub source: PathAttr,
+    pub source: SerialSource,
+}
+
+/// A serial port's file, or the socket QEMU connects (`mode="connect"`).
+#[derive(Debug, Serialize)]
+pub struct SerialSource {
+    #[serde(rename = "@mode", skip_serializing_if = "Option::is_none")]
+    pub mode: Option<&'static str>,
+    #[serde(rename = "@path")]
+    pub path: String,
 }
 
 #[derive(Debug, Serialize)]

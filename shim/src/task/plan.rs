@@ -15,6 +15,7 @@ use vmlet_config::{
 use vmlet_protocol::agent::{CreateContainerRequest, Stdio};
 
 use crate::block_devices::BlockDevice;
+use crate::domain::RootBus;
 use crate::hooks::{HookState, HostHooks};
 use crate::memory::PodMemory;
 use crate::pod_vm::{BootRequest, HostProcess, ImagePod, ImageRequest, PodHold};
@@ -122,7 +123,7 @@ impl CreatePlan {
                 }),
             )?;
             if vm_image {
-                boot.image = Some(image_request(&req.id, spec, &pod_annotations));
+                boot.image = Some(image_request(&req.id, spec, &pod_annotations)?);
             }
             Ok(boot)
         };
@@ -274,8 +275,8 @@ fn pod_cgroup(spec: &Spec) -> Result<Option<crate::pod_cgroup::PodCgroup>, Error
 /// A VM image's boot (docs/vm-mode.md): cloud-init's instance is the task, its host name
 /// the spec's (else the task's id), its user-data and keys the annotations', and the
 /// spec's environment goes into the guest's `/etc/cloud/environment`.
-fn image_request(id: &str, spec: &Spec, pod: &PodAnnotations) -> ImageRequest {
-    ImageRequest {
+fn image_request(id: &str, spec: &Spec, pod: &PodAnnotations) -> Result<ImageRequest, Error> {
+    Ok(ImageRequest {
         root_volume_mib: pod.root_volume_mib,
         instance_id: id.to_owned(),
         hostname: spec
@@ -292,7 +293,9 @@ fn image_request(id: &str, spec: &Spec, pod: &PodAnnotations) -> ImageRequest {
             .unwrap_or_default(),
         resolv_conf: resolv_conf(spec),
         network_config: pod.cloud_init_network.unwrap_or_default() == CloudInitNetwork::V2,
-    }
+        root_bus: RootBus::of(pod.disk_driver)?,
+        firmware: pod.firmware.unwrap_or_default(),
+    })
 }
 
 /// The host file the spec binds over `/etc/resolv.conf` (the one containerd's CRI plugin
@@ -416,6 +419,11 @@ mod tests {
         assert_eq!(image.ssh_keys, vec!["ssh-ed25519 AAAA".to_string()]);
         assert_eq!(image.env, vec!["A=1".to_string()]);
         assert!(image.network_config);
+        assert_eq!(
+            image.root_bus,
+            RootBus::Virtio,
+            "a cloud image's root is vda"
+        );
         assert!(boot.sandbox_id.is_none());
         let container = spec(json!({"vmlet.io/image-type": "container"}), None);
         let plan = CreatePlan::new(&request("c1"), &container, &config, no_sandbox).unwrap();

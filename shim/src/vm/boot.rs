@@ -127,6 +127,7 @@ pub(super) struct BootedImage {
     pub tap_server: Option<TapServer>,
     /// One DHCP responder per tap; dropped, they stop.
     pub dhcp: Vec<vmlet_netns::dhcp_server::DhcpServer>,
+    pub console: crate::serial_console::SerialConsole,
 }
 
 /// Boots a VM image (docs/vm-mode.md): the host side and network as for vmlet's guest,
@@ -201,6 +202,8 @@ pub(super) async fn run_image(
         backing: disk.path.to_string_lossy().into_owned(),
         backing_format: disk.format,
         seed: seed_iso.to_string_lossy().into_owned(),
+        root_bus: image.root_bus,
+        firmware: image.firmware,
     });
     let launched = launch_domain(config, &vmm, req, paths, rec, phases, guest, &net).await?;
     Ok(BootedImage {
@@ -209,6 +212,9 @@ pub(super) async fn run_image(
         qemu_pid: launched.qemu_pid,
         tap_server: net.tap_server,
         dhcp,
+        console: launched
+            .console
+            .ok_or_else(|| Error::Internal("a VM image launched without its console".into()))?,
     })
 }
 

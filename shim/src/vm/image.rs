@@ -14,7 +14,6 @@ use super::{boot, new_pod_state, reclaim_failed_boot, Recorder};
 use crate::block_devices::BlockDevice;
 use crate::guest::Guest;
 use crate::phases::Phases;
-use crate::pod_paths::PodPaths;
 use crate::pod_vm::{BootRequest, PodVm};
 use crate::share::RootfsSource;
 use crate::state::PodState;
@@ -25,7 +24,6 @@ use crate::Error;
 pub struct ImageVm {
     pod_id: String,
     container_id: String,
-    paths: PodPaths,
     host_pid: u32,
     holder_pid: Option<u32>,
     state: Mutex<PodState>,
@@ -33,6 +31,8 @@ pub struct ImageVm {
     tap_server: Option<super::net::TapServer>,
     dhcp: Mutex<Vec<vmlet_netns::dhcp_server::DhcpServer>>,
     guest: ImageGuest,
+    /// The serial console: the container's stdout and stdin.
+    console: crate::serial_console::SerialConsole,
     ended: tokio::sync::watch::Receiver<bool>,
     stopping: AtomicBool,
 }
@@ -66,7 +66,6 @@ impl ImageVm {
         Ok(ImageVm {
             pod_id: req.pod_id,
             container_id: req.container_id,
-            paths,
             host_pid: booted.qemu_pid,
             holder_pid: state.holder_pid,
             state: Mutex::new(state),
@@ -77,6 +76,7 @@ impl ImageVm {
                 qmp: booted.hotplug.qmp().clone(),
                 killed: Arc::new(AtomicBool::new(false)),
             },
+            console: booted.console,
             ended: booted.ended,
             stopping: AtomicBool::new(false),
         })
@@ -181,7 +181,8 @@ impl PodVm for ImageVm {
         Ok(())
     }
 
-    /// The serial console as the container's stdout.
+    /// The serial console as the container's stdout (from its first byte), and its stdin
+    /// as the console's input.
     async fn attach_stdio(
         &self,
         process: ProcessName<'_>,
@@ -192,12 +193,6 @@ impl PodVm for ImageVm {
         if !process.exec_id.is_empty() {
             return Err(self.one_container("an exec"));
         }
-        crate::stdio::follow_console(
-            &self.paths.console,
-            self.ended.clone(),
-            process,
-            namespace,
-            paths,
-        )
+        crate::stdio::attach_console(&self.console, process, namespace, paths)
     }
 }

@@ -8,16 +8,18 @@ use std::time::{Duration, Instant};
 use vmlet_config::NodeConfig;
 
 use super::{block, chown_to_user, BootRequest, Recorder};
-use crate::domain::{AgentGuest, Domain, DomainParams, GuestBoot, VsockDevice};
+use crate::domain::{AgentGuest, ConsoleTarget, Domain, DomainParams, GuestBoot, VsockDevice};
 use crate::hotplug::Hotplug;
 use crate::pod_paths::{domain_name, PodPaths};
+use crate::serial_console::SerialConsole;
 use crate::vmm::VmManager;
 use crate::Error;
 
 /// virtio-fs tag of the shared directory.
 const SHARE_TAG: &str = "vmlet";
-/// How long QEMU may take to connect vmlet's QMP monitor once libvirt started it.
-const QMP_CONNECT_WAIT: Duration = Duration::from_secs(10);
+/// How long QEMU may take to connect vmlet's QMP monitor (and a VM image's console) once
+/// libvirt started it.
+const QEMU_CONNECT_WAIT: Duration = Duration::from_secs(10);
 
 /// What the earlier steps give the domain.
 pub(super) struct Devices {
@@ -64,6 +66,8 @@ pub(super) struct Launched {
     pub qemu_pid: u32,
     /// When libvirt was asked to start it.
     pub started: Instant,
+    /// A VM image's serial console (vmlet's guest writes a file instead).
+    pub console: Option<SerialConsole>,
 }
 
 /// Defines and starts the pod's domain (recorded first) and takes vmlet's QMP monitor.
@@ -80,6 +84,20 @@ pub(super) async fn start(
     let qmp_listener = tokio::net::UnixListener::bind(&paths.qmp_socket)
         .map_err(|e| Error::io(format!("bind {}", paths.qmp_socket.display()), e))?;
     let qemu_uid = chown_to_user(&paths.qmp_socket, &config.qemu_user)?;
+    // A VM image's console is its task's stdio: QEMU connects it here.
+    let console_listener = match &devices.guest {
+        GuestBoot::Image(_) => {
+            let listener = tokio::net::UnixListener::bind(&paths.console_socket)
+                .map_err(|e| Error::io(format!("bind {}", paths.console_socket.display()), e))?;
+            chown_to_user(&paths.console_socket, &config.qemu_user)?;
+            Some(listener)
+        }
+        GuestBoot::Agent(_) => None,
+    };
+    let console = match console_listener {
+        Some(_) => ConsoleTarget::Socket(paths.console_socket.to_string_lossy().into_owned()),
+        None => ConsoleTarget::File(paths.console.to_string_lossy().into_owned()),
+    };
     let name = domain_name(pod_id);
     let params = DomainParams {
         name: name.clone(),
@@ -95,7 +113,7 @@ pub(super) async fn start(
         guest: devices.guest,
         emulator: config.helpers.vmwrapper.to_string_lossy().into_owned(),
         qemu: config.helpers.qemu.to_string_lossy().into_owned(),
-        console_log: paths.console.to_string_lossy().into_owned(),
+        console,
         tap_socket: devices.tap_socket,
         qmp_socket: paths.qmp_socket.to_string_lossy().into_owned(),
     };
@@ -118,6 +136,13 @@ pub(super) async fn start(
     );
     let (hotplug, ended, qemu_pid) =
         accept_qmp(qmp_listener, req.options.disk_driver, qemu_uid).await?;
+    let console = match console_listener {
+        Some(listener) => {
+            let (stream, _) = accept_qemu(&listener, qemu_uid, "the serial console").await?;
+            Some(SerialConsole::start(stream, &paths.console)?)
+        }
+        None => None,
+    };
     // libvirt is done placing QEMU (in its own cgroup) once the domain started: the pod's
     // cgroup takes it, and virtiofsd, from here on.
     if req.cgroup.is_some() {
@@ -132,44 +157,52 @@ pub(super) async fn start(
         ended,
         qemu_pid,
         started,
+        console,
     })
 }
 
 /// Takes the connection of vmlet's QMP monitor, which QEMU makes as it starts. Its end is
 /// QEMU's: the kernel closes QEMU's side however it ends (killed, crashed, the guest
 /// powered off or panicked), and the monitor reports it at once ([`crate::qmp::Qmp::ended`]),
-/// without polling libvirt.
-///
-/// Only a process of the QEMU user (`qemu_uid`) is taken for QEMU; its PID is returned.
+/// without polling libvirt. QEMU's PID is returned.
 async fn accept_qmp(
     listener: tokio::net::UnixListener,
     driver: vmlet_config::DiskDriver,
     qemu_uid: u32,
 ) -> Result<(Hotplug, tokio::sync::watch::Receiver<bool>, u32), Error> {
+    let (stream, qemu_pid) = accept_qemu(&listener, qemu_uid, "vmlet's QMP monitor").await?;
+    let qmp = crate::qmp::Qmp::handshake(stream).await?;
+    let ended = qmp.ended();
+    Ok((Hotplug::new(qmp, driver), ended, qemu_pid))
+}
+
+/// Takes QEMU's connection to `listener` (`what` it is), within [`QEMU_CONNECT_WAIT`].
+/// Only a process of the QEMU user (`qemu_uid`) is taken for QEMU; its PID is returned.
+async fn accept_qemu(
+    listener: &tokio::net::UnixListener,
+    qemu_uid: u32,
+    what: &str,
+) -> Result<(tokio::net::UnixStream, u32), Error> {
     let accept = async {
         loop {
             let (stream, _) = listener
                 .accept()
                 .await
-                .map_err(|e| Error::io("accept the QMP monitor", e))?;
+                .map_err(|e| Error::io(format!("accept {what}"), e))?;
             match stream.peer_cred() {
                 Ok(cred) if cred.uid() == qemu_uid => {
                     // Linux always reports the peer's PID; without it QEMU could not be
                     // placed in the pod's cgroup (0 would name the shim itself).
-                    let pid = cred
-                        .pid()
-                        .filter(|p| *p > 0)
-                        .ok_or_else(|| Error::Internal("the QMP peer's PID is unknown".into()))?;
+                    let pid = cred.pid().filter(|p| *p > 0).ok_or_else(|| {
+                        Error::Internal(format!("the PID of {what}'s peer is unknown"))
+                    })?;
                     return Ok::<_, Error>((stream, pid as u32));
                 }
-                other => log::warn!("QMP socket: refused a connection not by QEMU ({other:?})"),
+                other => log::warn!("{what}: refused a connection not by QEMU ({other:?})"),
             }
         }
     };
-    let (stream, qemu_pid) = tokio::time::timeout(QMP_CONNECT_WAIT, accept)
+    tokio::time::timeout(QEMU_CONNECT_WAIT, accept)
         .await
-        .map_err(|_| Error::Timeout("QEMU did not connect vmlet's QMP monitor".into()))??;
-    let qmp = crate::qmp::Qmp::handshake(stream).await?;
-    let ended = qmp.ended();
-    Ok((Hotplug::new(qmp, driver), ended, qemu_pid))
+        .map_err(|_| Error::Timeout(format!("QEMU did not connect {what}")))?
 }
