@@ -4,7 +4,8 @@
 //!
 //! | slots       | device                                                       |
 //! |-------------|--------------------------------------------------------------|
-//! | 0x10        | `vhost-user-vsock-pci` (when the vsock is vhost-user)         |
+//! | 0x10        | `vhost-user-vsock-pci` (when the vsock is vhost-user); a VM   |
+//! |             | image's NVMe root disk (a VM image has no vsock)             |
 //! | 0x11        | the `virtio-mem` device the VM grows by                      |
 //! | 0x12 - 0x19 | one `virtio-net-pci` per tap ([`MAX_NICS`])                  |
 //! | 0x1a - 0x1d | `pcie-root-port`s for hot-plugged disks ([`HOTPLUG_PORTS`]) |
@@ -14,6 +15,8 @@
 
 /// The vhost-user vsock device.
 pub const VSOCK: usize = 0x10;
+/// A VM image's root disk on NVMe: the vsock's slot, which a VM image does not use.
+pub const IMAGE_ROOT_NVME: usize = VSOCK;
 /// The virtio-mem device.
 pub const MEMORY_DEVICE: usize = 0x11;
 /// The first NIC; the others follow.

@@ -193,9 +193,10 @@ const MARKER_DEADLINE: std::time::Duration = std::time::Duration::from_secs(300)
 struct Boot {
     /// Its `vmlet.io/cloud-init-network-config`.
     network_config: &'static str,
-    /// The UEFI test image with `vmlet.io/firmware: uefi` and its root disk on SCSI
-    /// (`vmlet.io/disk-driver: scsi`); else the BIOS image on virtio.
-    uefi_on_scsi: bool,
+    /// The UEFI test image with `vmlet.io/firmware: uefi`; else the BIOS image.
+    uefi: bool,
+    /// Its `vmlet.io/disk-driver`, the root disk's bus.
+    disk_driver: &'static str,
 }
 
 /// One VM-mode CRI pod booted as `boot` says, from its start to its removal: the marker in
@@ -205,18 +206,18 @@ async fn serve_from_a_cri_vm_pod(s: &Stack, boot: Boot) -> (String, String) {
     use std::time::Instant;
     let network_config = boot.network_config;
     let node = std::env::var("VMLET_NODE_NETNS").expect("VMLET_NODE_NETNS (the stack's)");
-    let image = if boot.uefi_on_scsi {
+    let image = if boot.uefi {
         std::env::var("VMLET_VM_UEFI_IMAGE").expect("VMLET_VM_UEFI_IMAGE (scripts/stack env)")
     } else {
         vm_image()
     };
     let mut p = PodUnderTest::start_with(s, |c| {
-        if boot.uefi_on_scsi {
+        if boot.uefi {
             c.annotations
                 .insert("vmlet.io/firmware".into(), "uefi".into());
-            c.annotations
-                .insert("vmlet.io/disk-driver".into(), "scsi".into());
         }
+        c.annotations
+            .insert("vmlet.io/disk-driver".into(), boot.disk_driver.into());
         c.annotations
             .insert("vmlet.io/image-type".into(), "vm".into());
         c.annotations.insert(
@@ -314,26 +315,28 @@ async fn serve_from_a_cri_vm_pod(s: &Stack, boot: Boot) -> (String, String) {
 
 #[tokio::test]
 #[ignore = "needs the vmlet stack: make test"]
-async fn cri_vm_pods_boot_with_their_names_and_serve_on_their_ips_by_seed_on_uefi_and_scsi_or_by_dhcp(
+async fn cri_vm_pods_boot_with_their_names_and_serve_on_their_ips_by_seed_uefi_scsi_or_dhcp_bios_nvme(
 ) {
     let s = stack();
     let before = disk_hashes(&s);
     // Two pods at once: the seed's network-config, booted by OVMF from a SCSI disk; and no
     // network-config (the image asks DHCP, which vmlet's responder answers with the CNI
-    // address), booted by SeaBIOS from virtio.
+    // address), booted by SeaBIOS from NVMe.
     let ((by_seed, uefi_console), (by_dhcp, _)) = tokio::join!(
         serve_from_a_cri_vm_pod(
             &s,
             Boot {
                 network_config: "v2",
-                uefi_on_scsi: true
+                uefi: true,
+                disk_driver: "scsi",
             }
         ),
         serve_from_a_cri_vm_pod(
             &s,
             Boot {
                 network_config: "none",
-                uefi_on_scsi: false
+                uefi: false,
+                disk_driver: "nvme",
             }
         )
     );
@@ -346,7 +349,7 @@ async fn cri_vm_pods_boot_with_their_names_and_serve_on_their_ips_by_seed_on_uef
         "OVMF did not boot it:\n{uefi_console}"
     );
     assert!(
-        by_dhcp.trim_end().ends_with("by-dhcp /dev/vda"),
+        by_dhcp.trim_end().ends_with("by-dhcp /dev/nvme0n1"),
         "{by_dhcp}"
     );
     assert_eq!(disk_hashes(&s), before, "the image's disk changed");

@@ -175,40 +175,71 @@ pub struct ImageDisks {
     pub firmware: Firmware,
 }
 
-/// The buses a VM image's root disk can be on (libvirt 9.0 has no NVMe disk bus).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The bus a VM image's root disk is on: the pod's disk driver (`vmlet.io/disk-driver`), else
+/// virtio.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum RootBus {
     /// virtio-blk: `vda`, what cloud images expect.
+    #[default]
     Virtio,
     /// virtio-scsi: `sda`.
     Scsi,
+    /// NVMe: `nvme0n1`. libvirt 9.0 has no NVMe disk bus: QEMU's own `nvme` device, given
+    /// on its command line, at the head of the boot order.
+    Nvme,
 }
 
 impl RootBus {
-    /// The bus of a pod's disk driver (`vmlet.io/disk-driver`; none: virtio). NVMe is an
-    /// error that names the annotation.
-    pub fn of(driver: Option<vmlet_config::DiskDriver>) -> Result<Self, Error> {
+    pub fn of(driver: Option<vmlet_config::DiskDriver>) -> Self {
         match driver {
-            None | Some(vmlet_config::DiskDriver::Virtio) => Ok(RootBus::Virtio),
-            Some(vmlet_config::DiskDriver::Scsi) => Ok(RootBus::Scsi),
-            Some(vmlet_config::DiskDriver::Nvme) => Err(Error::InvalidArgument(
-                "vmlet.io/disk-driver: nvme: a VM image's root disk is on virtio or scsi (libvirt 9.0 has no NVMe disk bus)".into(),
-            )),
+            None | Some(vmlet_config::DiskDriver::Virtio) => RootBus::Virtio,
+            Some(vmlet_config::DiskDriver::Scsi) => RootBus::Scsi,
+            Some(vmlet_config::DiskDriver::Nvme) => RootBus::Nvme,
         }
     }
 
-    /// The root disk's name and bus in the domain (the guest names it as its driver does).
-    fn target(self) -> DiskTarget {
+    /// The root disk's name and bus as libvirt's disk (the guest names it as its driver
+    /// does); none for NVMe, which is QEMU's own device.
+    fn target(self) -> Option<DiskTarget> {
         match self {
-            RootBus::Virtio => DiskTarget {
+            RootBus::Virtio => Some(DiskTarget {
                 dev: "vda",
                 bus: "virtio",
-            },
-            RootBus::Scsi => DiskTarget {
+            }),
+            RootBus::Scsi => Some(DiskTarget {
                 dev: "sda",
                 bus: "scsi",
-            },
+            }),
+            RootBus::Nvme => None,
         }
+    }
+}
+
+/// The node name of a VM image's NVMe root disk in QEMU.
+const ROOT_NVME_NODE: &str = "vmlet-root";
+
+impl ImageDisks {
+    /// QEMU's arguments for a root disk on NVMe: the overlay (QEMU opens its backing file,
+    /// with the format, as the overlay's header names them: the checked image disk), and
+    /// the `nvme` device, first in the boot order.
+    fn nvme_root_args(&self) -> Vec<String> {
+        if self.root_bus != RootBus::Nvme {
+            return Vec::new();
+        }
+        let blockdev = serde_json::json!({
+            "driver": "qcow2",
+            "node-name": ROOT_NVME_NODE,
+            "file": {"driver": "file", "filename": self.overlay},
+        });
+        vec![
+            "-blockdev".into(),
+            blockdev.to_string(),
+            "-device".into(),
+            format!(
+                "nvme,id={ROOT_NVME_NODE}-nvme,serial={ROOT_NVME_NODE},drive={ROOT_NVME_NODE},bootindex=1,bus=pcie.0,addr={}",
+                crate::pci_layout::hex(crate::pci_layout::IMAGE_ROOT_NVME)
+            ),
+        ]
     }
 }
 
@@ -241,7 +272,9 @@ impl GuestBoot {
                 kernel: None,
                 initrd: None,
                 cmdline: None,
-                boot: Some(BootDev { dev: "hd" }),
+                // A root disk on NVMe heads the boot order itself (libvirt takes either
+                // `<os><boot>` or each device's order, not both).
+                boot: (image.root_bus != RootBus::Nvme).then_some(BootDev { dev: "hd" }),
             },
         }
     }
@@ -250,42 +283,41 @@ impl GuestBoot {
         let GuestBoot::Image(image) = self else {
             return Vec::new();
         };
-        vec![
-            Disk {
-                kind: "file",
-                device: "disk",
-                driver: DiskDriver {
-                    name: "qemu",
-                    format: "qcow2",
-                },
-                source: FileAttr {
-                    file: image.overlay.clone(),
-                },
-                backing_store: BackingStore::file(
-                    image.backing.clone(),
-                    image.backing_format.as_str(),
-                ),
-                target: image.root_bus.target(),
-                readonly: None,
+        let root = image.root_bus.target().map(|target| Disk {
+            kind: "file",
+            device: "disk",
+            driver: DiskDriver {
+                name: "qemu",
+                format: "qcow2",
             },
-            Disk {
-                kind: "file",
-                device: "disk",
-                driver: DiskDriver {
-                    name: "qemu",
-                    format: "raw",
-                },
-                source: FileAttr {
-                    file: image.seed.clone(),
-                },
-                backing_store: BackingStore::none(),
-                target: DiskTarget {
-                    dev: "vdb",
-                    bus: "virtio",
-                },
-                readonly: Some(Empty {}),
+            source: FileAttr {
+                file: image.overlay.clone(),
             },
-        ]
+            backing_store: BackingStore::file(image.backing.clone(), image.backing_format.as_str()),
+            target,
+            boot: None,
+            readonly: None,
+        });
+        let seed = Disk {
+            kind: "file",
+            device: "disk",
+            driver: DiskDriver {
+                name: "qemu",
+                format: "raw",
+            },
+            source: FileAttr {
+                file: image.seed.clone(),
+            },
+            backing_store: BackingStore::none(),
+            target: DiskTarget {
+                dev: "vdb",
+                bus: "virtio",
+            },
+            // After the NVMe root disk, which is first.
+            boot: root.is_none().then_some(BootOrder { order: 2 }),
+            readonly: Some(Empty {}),
+        };
+        root.into_iter().chain([seed]).collect()
     }
 
     /// The controllers: none on USB, and a virtio-scsi one for a root disk on SCSI.
@@ -375,6 +407,11 @@ impl Domain {
                 None
             }
         };
+        if let GuestBoot::Image(image) = &p.guest {
+            for arg in image.nvme_root_args() {
+                commandline.args.push(QemuArg { value: arg });
+            }
+        }
         for arg in crate::block_devices::qemu_args(&p.qmp_socket) {
             commandline.args.push(QemuArg { value: arg });
         }
@@ -599,13 +636,26 @@ mod tests {
             xml.contains("<target dev=\"vdb\" bus=\"virtio\"/>"),
             "the seed: {xml}"
         );
-        assert_eq!(RootBus::of(None).unwrap(), RootBus::Virtio);
-        let err = RootBus::of(Some(vmlet_config::DiskDriver::Nvme)).unwrap_err();
-        assert_eq!(err.code(), ttrpc::Code::INVALID_ARGUMENT);
-        assert!(
-            err.message().contains("vmlet.io/disk-driver: nvme"),
-            "{err}"
+        assert_eq!(RootBus::of(None), RootBus::Virtio);
+        assert_eq!(
+            RootBus::of(Some(vmlet_config::DiskDriver::Nvme)),
+            RootBus::Nvme
         );
+        // NVMe: QEMU's own device, first in the boot order; the seed after it.
+        p.guest = image_guest(RootBus::Nvme, Firmware::Bios);
+        let xml = Domain::new(&p).to_xml().unwrap();
+        for expected in [
+            "<qemu:arg value=\"{&quot;driver&quot;:&quot;qcow2&quot;,&quot;file&quot;:{&quot;driver&quot;:&quot;file&quot;,&quot;filename&quot;:&quot;/run/vmlet/t1/root.qcow2&quot;},&quot;node-name&quot;:&quot;vmlet-root&quot;}\"/>",
+            "<qemu:arg value=\"nvme,id=vmlet-root-nvme,serial=vmlet-root,drive=vmlet-root,bootindex=1,bus=pcie.0,addr=0x10\"/>",
+            "<target dev=\"vdb\" bus=\"virtio\"/><boot order=\"2\"/><readonly/>",
+        ] {
+            assert!(xml.contains(expected), "missing {expected} in\n{xml}");
+        }
+        assert!(
+            !xml.contains("root.qcow2\"/>"),
+            "no libvirt disk for it: {xml}"
+        );
+        assert!(!xml.contains("<boot dev="), "{xml}");
     }
 
     #[test]

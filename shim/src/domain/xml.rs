@@ -317,8 +317,17 @@ pub struct Disk {
     #[serde(rename = "backingStore")]
     pub backing_store: BackingStore,
     pub target: DiskTarget,
+    /// Its place in the boot order (none: libvirt's `<os><boot>` decides).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub boot: Option<BootOrder>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub readonly: Option<Empty>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct BootOrder {
+    #[serde(rename = "@order")]
+    pub order: u32,
 }
 
 #[derive(Debug, Serialize)]

@@ -293,7 +293,7 @@ fn image_request(id: &str, spec: &Spec, pod: &PodAnnotations) -> Result<ImageReq
             .unwrap_or_default(),
         resolv_conf: resolv_conf(spec),
         network_config: pod.cloud_init_network.unwrap_or_default() == CloudInitNetwork::V2,
-        root_bus: RootBus::of(pod.disk_driver)?,
+        root_bus: RootBus::of(pod.disk_driver),
         firmware: pod.firmware.unwrap_or_default(),
     })
 }

@@ -181,6 +181,11 @@ pub(super) async fn run_image(
     phases.mark("dhcp");
     let overlay = paths.dir.join(ROOT_DISK);
     crate::vm_disk::create_overlay(&disk, &overlay, size).await?;
+    if image.root_bus == crate::domain::RootBus::Nvme {
+        // QEMU opens it itself (libvirt, which would give it to QEMU's user, has no NVMe
+        // disk): its backing file is world-readable already.
+        super::chown_to_user(&overlay, &config.qemu_user)?;
+    }
     let seed_dir = paths.dir.join(SEED_DIR);
     std::fs::create_dir(&seed_dir)
         .map_err(|e| Error::io(format!("create {}", seed_dir.display()), e))?;
