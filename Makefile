@@ -2,11 +2,16 @@
 # and `make test`; .ci/run calls `make test`.
 SHELL := /bin/bash
 
-.PHONY: demo test test-matrix unit mutants fuzz e2e smoke critest bench bench-start bench-exec bench-net bench-density lint stack-up stack-down
+.PHONY: demo dist test test-matrix unit mutants fuzz e2e smoke critest bench bench-start bench-exec bench-net bench-density lint stack-up stack-down
 
 ## demo: boot a container in a VM with ctr against the embedded defaults, then tear down.
 demo:
 	scripts/demo
+
+## dist: the release tarball dist/vmlet-VERSION-x86_64.tar.gz (programs, guest image, man
+## pages, completions, containerd snippets, RuntimeClass; MANIFEST.json, SHA256SUMS).
+dist:
+	scripts/dist
 
 ## test: everything: lint, unit tests, the private stack, end-to-end tests, critest,
 ## benchmarks on containerd 2.2, then the smoke tests on containerd 1.7 and 1.6.

@@ -1,6 +1,7 @@
-//! The guest's serial console log, read by the shim: its tail (for errors) and the agent's
-//! ready line (while booting). The guest writes that file as fast as it likes, so nothing
-//! here reads more of it than a bounded amount at a time.
+//! The guest's serial console log, read by the shim and `vmletctl`: its tail (for errors),
+//! the agent's ready line (while booting), and what `vmletctl console --follow` prints. The
+//! guest writes that file as fast as it likes, so nothing here reads more of it than a
+//! bounded amount at a time.
 
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
@@ -76,6 +77,65 @@ impl ReadyWatch {
     }
 }
 
+/// Reads a console log as it grows, for `vmletctl console --follow`: each
+/// [`ConsoleFollower::read_new`] returns the text added since the last (at most
+/// [`READ_PER_CHECK`] bytes of it), cleaned like [`tail`], and starts again from the top when
+/// the log was restarted (a VM image's console log starts again at 2 MiB).
+pub struct ConsoleFollower {
+    path: PathBuf,
+    offset: u64,
+    /// The start of a UTF-8 character the last read cut.
+    partial: Vec<u8>,
+}
+
+impl ConsoleFollower {
+    pub fn new(path: &Path) -> Self {
+        Self {
+            path: path.to_owned(),
+            offset: 0,
+            partial: Vec::new(),
+        }
+    }
+
+    /// How far into the log it has read.
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    /// What the guest wrote since the last call: None when the log does not exist (yet, or
+    /// any more). The file is opened without following a symbolic link.
+    pub fn read_new(&mut self) -> Option<String> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&self.path)
+            .ok()?;
+        let len = file.metadata().ok()?.len();
+        let mut text = String::new();
+        if len < self.offset {
+            self.offset = 0;
+            self.partial.clear();
+            text.push_str("\n[vmlet: the console log started again]\n");
+        }
+        file.seek(SeekFrom::Start(self.offset)).ok()?;
+        let mut bytes = std::mem::take(&mut self.partial);
+        let before = bytes.len();
+        file.take(READ_PER_CHECK).read_to_end(&mut bytes).ok()?;
+        self.offset += (bytes.len() - before) as u64;
+        let valid = match std::str::from_utf8(&bytes) {
+            Ok(_) => bytes.len(),
+            // A character cut at the end: keep its start for the next read.
+            Err(e) if e.error_len().is_none() => e.valid_up_to(),
+            Err(_) => bytes.len(),
+        };
+        self.partial = bytes.split_off(valid);
+        let raw = String::from_utf8_lossy(&bytes);
+        text.push_str(&crate::guest_text::clean(&raw, 3 * raw.len() + 8));
+        Some(text)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -131,6 +191,33 @@ mod tests {
             assert!(watch.carry.len() < "agent ready".len());
         }
         assert_eq!(checks, 4);
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
+    fn a_follower_sees_what_is_added_whole_characters_and_a_restart() {
+        let path = temp("follow");
+        let mut follower = ConsoleFollower::new(&path);
+        assert_eq!(follower.read_new(), None, "no log yet");
+        let mut file = std::fs::File::create(&path).unwrap();
+        file.write_all(b"boot\x1b[2J\r\ncaf\xc3").unwrap();
+        assert_eq!(follower.read_new().unwrap(), "boot?[2J\ncaf");
+        file.write_all(b"\xa9!\n").unwrap();
+        assert_eq!(follower.read_new().unwrap(), "\u{e9}!\n");
+        assert_eq!(follower.read_new().unwrap(), "");
+        std::fs::write(&path, "again\n").unwrap();
+        let text = follower.read_new().unwrap();
+        assert!(
+            text.contains("started again") && text.ends_with("again\n"),
+            "{text}"
+        );
+        std::fs::remove_file(&path).unwrap();
+        std::os::unix::fs::symlink("/etc/hostname", &path).unwrap();
+        assert_eq!(
+            ConsoleFollower::new(&path).read_new(),
+            None,
+            "a link is not followed"
+        );
         std::fs::remove_file(&path).unwrap();
     }
 }

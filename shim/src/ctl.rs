@@ -37,6 +37,82 @@ impl PodView {
     }
 }
 
+impl PodView {
+    /// The pod as one JSON object (`vmletctl ps -o json`).
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "pod": self.pod_id,
+            "shim_pid": self.shim_pid,
+            "state": self.has_state,
+            "domain": match self.domain_active {
+                Some(true) => "running",
+                Some(false) => "defined",
+                None => "none",
+            },
+            "taps": self.taps.iter().map(|t| serde_json::json!({
+                "name": t.name,
+                "netns": t.netns,
+                "peer": t.peer,
+            })).collect::<Vec<_>>(),
+            "helpers": self.helpers,
+        })
+    }
+}
+
+/// The node's pods as Prometheus text: the figures of every pod whose shim lives and
+/// serves them (`vmlet_scrape_errors` counts those that did not answer).
+pub fn metrics(
+    config: &NodeConfig,
+    netns_dir: &Path,
+    vmm: &dyn VmManager,
+) -> Result<String, Error> {
+    let mut figures = Vec::new();
+    let mut errors = 0;
+    for pod in survey(&config.state_dir, netns_dir, vmm)? {
+        if pod.shim_pid.is_none() || !pod.has_state {
+            continue;
+        }
+        let dir = crate::pod_paths::PodPaths::new(&config.state_dir, &pod.pod_id).dir;
+        if !dir.join(crate::pod_metrics::SOCKET).exists() {
+            // A VM-mode pod's sandbox (its container's VM has the figures), or a pod
+            // still booting.
+            continue;
+        }
+        match crate::pod_metrics::fetch(&dir) {
+            Ok(f) => figures.push(f),
+            Err(e) => {
+                log::warn!("pod {}: {e}", pod.pod_id);
+                errors += 1;
+            }
+        }
+    }
+    Ok(crate::pod_metrics::render(&figures, errors))
+}
+
+/// Checks a pod id given on the command line before it names a path: containerd's
+/// identifier rules (letters and digits, single `.`, `_` or `-` between them, at most 76).
+pub fn check_pod_id(id: &str) -> Result<(), Error> {
+    let well_formed = !id.is_empty()
+        && id.len() <= 76
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+        && id.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && id.ends_with(|c: char| c.is_ascii_alphanumeric())
+        && !id
+            .as_bytes()
+            .windows(2)
+            .any(|w| b"._-".contains(&w[0]) && b"._-".contains(&w[1]));
+    if well_formed {
+        Ok(())
+    } else {
+        Err(Error::InvalidArgument(format!(
+            "pod id {id:?}: expected a containerd id (letters, digits and single '.', '_' \
+             or '-' between them, at most 76 characters)"
+        )))
+    }
+}
+
 /// Where `ip netns` and CNI (through containerd's CRI) keep named network namespaces.
 pub const NAMED_NETNS_DIR: &str = "/run/netns";
 
@@ -305,6 +381,27 @@ mod tests {
             cmdline(&["vhost-device-vsock", "--help"]),
         ] {
             assert_eq!(helper_pod(&other, state), None);
+        }
+    }
+
+    #[test]
+    fn pod_ids_are_containerd_ids() {
+        for good in ["a", "pod-1", "0f3c.a_b", &"x".repeat(76)] {
+            check_pod_id(good).unwrap();
+        }
+        for bad in [
+            "",
+            "..",
+            "a/b",
+            "../x",
+            "-a",
+            "a-",
+            "a..b",
+            " a",
+            &"x".repeat(77),
+        ] {
+            let err = check_pod_id(bad).unwrap_err().message();
+            assert!(err.contains("pod id"), "{err}");
         }
     }
 }

@@ -26,11 +26,15 @@
 //!   operations, over [`fd_mount`] (mounts, unmounts and removal by file descriptor);
 //!   [`log_dir`]: the size-limited tmpfs for what the guest can make the host log;
 //! - [`seccomp`]: the spec's seccomp profile compiled to the BPF program the agent installs;
-//! - [`ctl`]: what `vmletctl` (ps, console, gc) does;
-//! - [`features`]: what `-info` tells containerd the runtime supports.
+//! - [`ctl`]: what `vmletctl` (ps, console, gc) does; [`host_check`]: `vmletctl check`;
+//!   [`cli`]: the programs' command lines;
+//! - [`features`]: what `-info` tells containerd the runtime supports;
+//! - [`pod_metrics`]: each pod's figures, served by its shim for `vmletctl metrics`;
+//! - [`node_install`]: `vmletctl install` and `uninstall` of a release.
 
 pub mod block_devices;
 pub mod capabilities;
+pub mod cli;
 pub mod console;
 pub mod ctl;
 pub mod domain;
@@ -41,6 +45,7 @@ pub mod features;
 pub mod guest;
 pub mod guest_text;
 pub mod hooks;
+pub mod host_check;
 pub mod host_command;
 pub mod hotplug;
 pub mod libvirt_xml;
@@ -50,9 +55,11 @@ pub mod memory;
 pub mod metrics;
 pub mod netns_holder;
 pub mod nocloud;
+pub mod node_install;
 pub mod pci_layout;
 pub mod phases;
 pub mod pod_cgroup;
+pub mod pod_metrics;
 pub mod pod_paths;
 pub mod pod_vm;
 pub mod port_forward;
@@ -78,8 +85,12 @@ pub use error::Error;
 
 /// Runs the shim (all actions containerd asks of it).
 pub async fn run() {
+    let args: Vec<_> = std::env::args_os().skip(1).collect();
+    if cli::answer_help_or_version(cli::shim_command(), &args) {
+        return;
+    }
     // containerd asks `-info` with no TTRPC_ADDRESS, which the shim crate's runner needs.
-    if std::env::args_os().skip(1).any(|a| a == "-info") {
+    if args.iter().any(|a| a == "-info") {
         if let Err(e) = features::print_info() {
             eprintln!("{}: -info: {e}", shim::RUNTIME_ID);
             std::process::exit(1);

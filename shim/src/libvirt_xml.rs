@@ -1,6 +1,7 @@
 //! What vmlet reads back from libvirt's domain XML, with an XML reader (namespaces
 //! resolved, entities unescaped), never by splitting strings: the pod a domain belongs to
-//! (vmlet's metadata) and the vsock CID libvirt gave the guest.
+//! (vmlet's metadata) and the vsock CID libvirt gave the guest; and the security drivers of
+//! its host capabilities.
 
 use quick_xml::events::{BytesStart, Event};
 use quick_xml::name::{Namespace, ResolveResult};
@@ -63,6 +64,31 @@ pub fn guest_cid(xml: &str) -> Option<u32> {
     }
 }
 
+/// The security drivers in libvirt's host capabilities XML (`<host><secmodel><model>`), in
+/// order, e.g. `["none"]` or `["apparmor", "dac"]`.
+pub fn security_models(capabilities: &str) -> Vec<String> {
+    let mut reader = NsReader::from_str(capabilities);
+    let mut open: Vec<Vec<u8>> = Vec::new();
+    let mut models = Vec::new();
+    loop {
+        match reader.read_event() {
+            Ok(Event::Start(e)) => open.push(e.name().as_ref().to_vec()),
+            Ok(Event::End(_)) => {
+                open.pop();
+            }
+            Ok(Event::Text(t))
+                if open.ends_with(&[b"host".to_vec(), b"secmodel".to_vec(), b"model".to_vec()]) =>
+            {
+                if let Ok(text) = t.unescape() {
+                    models.push(text.trim().to_owned());
+                }
+            }
+            Ok(Event::Eof) | Err(_) => return models,
+            _ => {}
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -99,5 +125,15 @@ mod tests {
         assert_eq!(pod_id_in(&other_prefix).as_deref(), Some("p&2"));
         let foreign = r#"<domain><metadata><y:pod xmlns:y="https://example.com/x" id="p3"/></metadata><pod id="p4"/></domain>"#;
         assert_eq!(pod_id_in(foreign), None);
+    }
+
+    #[test]
+    fn security_models_come_from_the_hosts_secmodels() {
+        let caps = "<capabilities><host><cpu><model>x</model></cpu>\
+            <secmodel><model>apparmor</model><doi>0</doi></secmodel>\
+            <secmodel><model>dac</model><doi>0</doi></secmodel></host>\
+            <guest><secmodel><model>no</model></secmodel></guest></capabilities>";
+        assert_eq!(security_models(caps), ["apparmor", "dac"]);
+        assert!(security_models("<capabilities/>").is_empty());
     }
 }

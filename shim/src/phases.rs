@@ -48,6 +48,21 @@ impl Phases {
         marks.done.push((phase, took));
     }
 
+    /// The time since the start.
+    pub fn elapsed(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    /// How long `phase` took, if it was marked.
+    pub fn took(&self, phase: &str) -> Option<Duration> {
+        let marks = self.marks.lock().unwrap();
+        marks
+            .done
+            .iter()
+            .find(|(p, _)| *p == phase)
+            .map(|(_, d)| *d)
+    }
+
     /// The phases so far as one line, in milliseconds, with the total since the start.
     pub fn line(&self) -> String {
         let marks = self.marks.lock().unwrap();

@@ -159,6 +159,40 @@ impl VmManager for Libvirt {
     }
 }
 
+/// What `vmletctl check` asks libvirt about the node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LibvirtHost {
+    /// libvirt's version, e.g. 9.0.0.
+    pub version: String,
+    /// The hypervisor driver's version (QEMU's, for qemu:///system).
+    pub hypervisor_version: String,
+    /// The security drivers of the host's capabilities (`<secmodel><model>`), e.g. `none`,
+    /// `apparmor`, `selinux`, `dac`.
+    pub security_models: Vec<String>,
+}
+
+impl Libvirt {
+    /// libvirt's versions and security drivers; an error when it cannot be reached.
+    pub fn host(&self) -> Result<LibvirtHost, Error> {
+        let dotted = |v: u32| format!("{}.{}.{}", v / 1_000_000, v / 1000 % 1000, v % 1000);
+        self.with_conn(|conn| {
+            let ask = |what: &str, e: virt::error::Error| Error::Libvirt(format!("{what}: {e}"));
+            let version = conn.get_lib_version().map_err(|e| ask("version", e))?;
+            let hypervisor = conn
+                .get_hyp_version()
+                .map_err(|e| ask("hypervisor version", e))?;
+            let capabilities = conn
+                .get_capabilities()
+                .map_err(|e| ask("capabilities", e))?;
+            Ok(LibvirtHost {
+                version: dotted(version),
+                hypervisor_version: dotted(hypervisor),
+                security_models: crate::libvirt_xml::security_models(&capabilities),
+            })
+        })
+    }
+}
+
 /// An in-memory VM manager for unit tests: records what was started and removed.
 #[cfg(test)]
 #[derive(Default)]

@@ -13,6 +13,7 @@
 #![forbid(unsafe_code)]
 
 mod agent;
+pub mod cli;
 mod cpio;
 mod kernel;
 pub mod lean;

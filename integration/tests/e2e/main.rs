@@ -21,6 +21,7 @@ mod guest_boundary;
 mod guest_fill;
 mod guest_privileges;
 mod leftovers;
+mod metrics;
 mod nerdctl;
 mod netns;
 mod network;

@@ -1,10 +1,12 @@
-//! End to end: `vmletctl ps`, `console` and `gc` against the stack. Orphans are made by
+//! End to end: `vmletctl ps` (and `-o json`), `console` (and `--follow`, which ends with
+//! its pod) and `gc` against the stack. Orphans are made by
 //! hand (a libvirt domain carrying vmlet's pod mark, a state directory whose shim is gone,
 //! a tap carrying the mark of a pod that has neither, held open as QEMU would, a
 //! `vhost-device-vsock` serving a pod whose `state.json` is lost) next to a
 //! live pod with a network, two domains that are not vmlet's (one of them named like
 //! vmlet's) and an unmarked `vmtap`: `gc --dry-run` removes nothing, `gc` removes exactly
-//! the orphans. Run by `make test`.
+//! the orphans. `vmletctl check` names what the node has, and fails without libvirt. Run
+//! by `make test`.
 
 use crate::support::{stack, text, vmletctl};
 use std::process::Command;
@@ -110,8 +112,41 @@ fn gc_removes_orphans_only_and_ps_and_console_show_the_pods() {
     assert!(line(&tap_pod).contains("gone"), "{ps}");
     assert!(!ps.contains(&foreign) && !ps.contains(&lookalike), "{ps}");
 
+    let json: serde_json::Value =
+        serde_json::from_str(&vmletctl(&s, &["ps", "-o", "json"])).unwrap();
+    let live_json = json
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pod"] == live.as_str())
+        .unwrap_or_else(|| panic!("{live} missing from ps -o json: {json}"));
+    assert_eq!(live_json["domain"], "running", "{live_json}");
+    assert!(live_json["shim_pid"].as_u64().is_some(), "{live_json}");
+    assert_eq!(
+        live_json["taps"].as_array().unwrap().len(),
+        1,
+        "{live_json}"
+    );
+
     let console = vmletctl(&s, &["console", &live]);
     assert!(console.contains("agent ready on vsock port"), "{console}");
+    // Following the console until the pod is gone.
+    let mut follower = Command::new(format!("{}/bin/vmletctl", s.dir))
+        .args(["console", "--follow", &live])
+        .env("VMLET_CONFIG", format!("{}/config.toml", s.dir))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut followed = follower.stdout.take().unwrap();
+    let followed = std::thread::spawn(move || {
+        let mut bytes = Vec::new();
+        std::io::Read::read_to_end(
+            &mut std::io::Read::take(&mut followed, 16 << 20),
+            &mut bytes,
+        )
+        .unwrap();
+        String::from_utf8_lossy(&bytes).into_owned()
+    });
 
     let dry = vmletctl(&s, &["gc", "--dry-run"]);
     assert!(dry.contains(&orphan_pod) && dry.contains(&gone), "{dry}");
@@ -164,11 +199,124 @@ fn gc_removes_orphans_only_and_ps_and_console_show_the_pods() {
     for d in [&foreign, &lookalike] {
         assert!(virsh(&s, &["undefine", d]).status.success());
     }
+    assert!(
+        follower.try_wait().unwrap().is_none(),
+        "console --follow waits while the pod lives"
+    );
     s.kill_and_remove(&live).unwrap();
     assert_eq!(live_net.vmlet_leftovers(), Vec::<String>::new());
     drop(held);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while follower.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = follower.kill();
+            panic!("console --follow did not end with its pod");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let followed = followed.join().unwrap();
+    assert!(followed.contains("agent ready on vsock port"), "{followed}");
 }
 
 fn links(net: &TestNet) -> String {
     ip(&["-n", &net.pod, "-brief", "link", "show"])
+}
+
+/// `vmletctl check` against the stack, with its PATH as containerd has it.
+fn check(s: &Stack, config: &str) -> std::process::Output {
+    let path = format!(
+        "{}/bin:{}",
+        s.dir,
+        std::env::var("PATH").unwrap_or_default()
+    );
+    bounded::output(
+        Command::new(format!("{}/bin/vmletctl", s.dir))
+            .args(["--config", config, "check", "--containerd-config"])
+            .arg(format!("{}/containerd/config.toml", s.dir))
+            .env("PATH", path),
+    )
+    .unwrap()
+}
+
+/// The line of `check`'s output about `subject`.
+fn check_line<'a>(out: &'a str, subject: &str) -> &'a str {
+    out.lines()
+        .find(|l| l.split_whitespace().nth(1) == Some(subject))
+        .unwrap_or_else(|| panic!("no {subject} line in:\n{out}"))
+}
+
+#[test]
+#[ignore = "needs the vmlet stack: make test"]
+fn check_names_what_the_node_has_and_fails_without_libvirt() {
+    let s = stack();
+    let config = format!("{}/config.toml", s.dir);
+    let out = check(&s, &config);
+    let report = text(&out.stdout);
+    assert!(
+        out.status.success(),
+        "vmletctl check: {report}{}",
+        text(&out.stderr)
+    );
+    assert!(!report.contains("FAIL"), "{report}");
+    // KVM is unusable on these machines (the stack's libvirtd does not see /dev/kvm either):
+    // TCG, and the reason the host shows.
+    let accel = check_line(&report, "accel");
+    assert!(
+        accel.contains("TCG fallback: KVM is not usable: "),
+        "{accel}"
+    );
+    let vsock = check_line(&report, "vsock");
+    if std::path::Path::new("/dev/vhost-vsock").exists() {
+        assert!(vsock.contains("vhost-vsock"), "{vsock}");
+    } else {
+        assert!(
+            vsock.contains("user-space backend: vhost-device-vsock"),
+            "{vsock}"
+        );
+    }
+    let vhost_net = check_line(&report, "vhost-net");
+    if !std::path::Path::new("/dev/vhost-net").exists() {
+        assert!(
+            vhost_net.starts_with("warn") && vhost_net.contains("missing"),
+            "{vhost_net}"
+        );
+    }
+    for (subject, needle) in [
+        ("libvirt", "security driver none"),
+        ("guest", "manifest.json: kernel"),
+        ("containerd", "containerd"),
+        ("runtime", "runtimes.vmlet in"),
+    ] {
+        let line = check_line(&report, subject);
+        assert!(line.starts_with("ok") && line.contains(needle), "{line}");
+    }
+
+    // The same node with libvirt gone: a socket nobody listens on.
+    let dead = format!("{}/check-no-libvirt.toml", s.dir);
+    let text_of_config = std::fs::read_to_string(&config).unwrap();
+    let without = text_of_config
+        .lines()
+        .map(|l| {
+            if l.starts_with("libvirt_uri") {
+                format!(
+                    "libvirt_uri = \"qemu:///system?socket={}/no-libvirt-sock\"",
+                    s.dir
+                )
+            } else {
+                l.to_owned()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    std::fs::write(&dead, without).unwrap();
+    let out = check(&s, &dead);
+    std::fs::remove_file(&dead).unwrap();
+    let report = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{report}");
+    let libvirt = check_line(&report, "libvirt");
+    assert!(
+        libvirt.starts_with("FAIL") && libvirt.contains("unreachable"),
+        "{libvirt}"
+    );
+    assert!(text(&out.stderr).contains("a pod cannot start"));
 }

@@ -2,10 +2,12 @@
 //! `vmlet_shim::vmm_helper`), so that the shim, alive as long as its pod, never maps
 //! libvirt's libraries. The domain XML of `start` comes on stdin; stdout gets `ok` and the
 //! answer, or `error` and the message (exit status 1), each after a newline; called wrongly,
-//! a usage line on stderr and exit status 2.
+//! usage on stderr and exit status 2 ([`vmlet_shim::cli::LibvirtHelper`]).
 
 use std::io::Read;
 
+use clap::Parser;
+use vmlet_shim::cli::LibvirtHelper;
 use vmlet_shim::vmm::Libvirt;
 use vmlet_shim::vmm_helper::serve;
 use vmlet_shim::Error;
@@ -14,12 +16,7 @@ use vmlet_shim::Error;
 const INPUT_LIMIT: u64 = 4 << 20;
 
 fn main() {
-    let mut args = std::env::args().skip(1);
-    let Some(uri) = args.next() else {
-        eprintln!("usage: vmlet-libvirt URI OPERATION [ARGS]");
-        std::process::exit(2);
-    };
-    let operation: Vec<String> = args.collect();
+    let LibvirtHelper { uri, operation } = LibvirtHelper::parse();
     let mut input = String::new();
     if operation.first().map(String::as_str) == Some("start") {
         if let Err(e) = std::io::stdin()

@@ -1,24 +1,30 @@
 //! `vmletctl`: vmlet's debug and cleanup tool, reading the node config like the shim
-//! (`VMLET_CONFIG` or `/etc/vmlet/config.toml`).
-//!
-//! - `vmletctl ps`: every pod vmlet finds (state directories, marked libvirt domains, marked
-//!   taps in `/run/netns/*`) with its shim, domain and taps;
-//! - `vmletctl console POD`: the pod's guest console so far;
-//! - `vmletctl gc [--dry-run]`: removes what pods whose shim is gone left behind.
+//! (`--config`, `VMLET_CONFIG` or `/etc/vmlet/config.toml`). Its command line is
+//! [`vmlet_shim::cli::Vmletctl`]; what it does is [`vmlet_shim::ctl`].
 
+use std::io::Write;
 use std::path::Path;
 use std::process::ExitCode;
+use std::time::Duration;
 
+use clap::{CommandFactory, Parser};
 use vmlet_config::NodeConfig;
+use vmlet_shim::cli::{ConsoleArgs, CtlCommand, InstallArgs, OutputFormat, Vmletctl};
+use vmlet_shim::console::ConsoleFollower;
 use vmlet_shim::ctl;
+use vmlet_shim::host_check::{self, HostFacts, Verdict};
+use vmlet_shim::node_install::{self, ConfigLayout};
+use vmlet_shim::pod_paths::PodPaths;
 use vmlet_shim::vmm::Libvirt;
 
-const USAGE: &str = "usage: vmletctl ps | console POD | gc [--dry-run]";
+/// How often `console --follow` looks for more.
+const FOLLOW_POLL: Duration = Duration::from_millis(200);
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    match run(&args) {
+    let cli = Vmletctl::parse();
+    // libvirt would print each error to stderr itself as well; vmletctl says what failed.
+    virt::error::clear_error_callback();
+    match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {
             eprintln!("vmletctl: {message}");
@@ -27,42 +33,48 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(args: &[&str]) -> Result<(), String> {
-    let config = NodeConfig::load().map_err(|e| format!("node config: {e}"))?;
+fn run(cli: Vmletctl) -> Result<(), String> {
+    match cli.command {
+        CtlCommand::Completion { shell } => {
+            clap_complete::generate(
+                shell,
+                &mut Vmletctl::command(),
+                "vmletctl",
+                &mut std::io::stdout(),
+            );
+            Ok(())
+        }
+        CtlCommand::Install(args) => install(&args),
+        CtlCommand::Uninstall(args) => {
+            let steps = node_install::uninstall(&args.root).map_err(|e| e.message())?;
+            report(&steps, args.restart_containerd)
+        }
+        command => run_on_node(cli.config, command),
+    }
+}
+
+fn run_on_node(config: Option<std::path::PathBuf>, command: CtlCommand) -> Result<(), String> {
+    let config = match &config {
+        Some(path) => NodeConfig::load_from(path),
+        None => NodeConfig::load(),
+    }
+    .map_err(|e| format!("node config: {}", vmlet_shim::Error::Config(e).message()))?;
     let vmm = Libvirt::new(&config.libvirt_uri);
     let netns_dir = Path::new(ctl::NAMED_NETNS_DIR);
-    match args {
-        ["ps"] => {
+    match command {
+        CtlCommand::Ps { output } => {
             let pods = ctl::survey(&config.state_dir, netns_dir, &vmm).map_err(|e| e.message())?;
-            println!(
-                "{:<66} {:>8} {:>6} {:<8} {:>4}",
-                "POD", "SHIM", "STATE", "DOMAIN", "TAPS"
-            );
-            for p in pods {
-                println!(
-                    "{:<66} {:>8} {:>6} {:<8} {:>4}",
-                    p.pod_id,
-                    p.shim_pid.map_or("gone".into(), |pid| pid.to_string()),
-                    if p.has_state { "yes" } else { "no" },
-                    match p.domain_active {
-                        Some(true) => "running",
-                        Some(false) => "defined",
-                        None => "none",
-                    },
-                    p.taps.len()
-                );
+            match output {
+                OutputFormat::Json => {
+                    let all: Vec<_> = pods.iter().map(ctl::PodView::to_json).collect();
+                    println!("{}", serde_json::Value::Array(all));
+                }
+                OutputFormat::Table => print_table(&pods),
             }
             Ok(())
         }
-        ["console", pod] => {
-            let path = vmlet_shim::pod_paths::PodPaths::new(&config.state_dir, pod).console;
-            let text =
-                std::fs::read(&path).map_err(|e| format!("pod {pod}: {}: {e}", path.display()))?;
-            print!("{}", String::from_utf8_lossy(&text));
-            Ok(())
-        }
-        ["gc", rest @ ..] if rest.is_empty() || rest == ["--dry-run"] => {
-            let dry_run = !rest.is_empty();
+        CtlCommand::Console(args) => console(&config, &args),
+        CtlCommand::Gc { dry_run } => {
             let removed = ctl::gc(&config, netns_dir, &vmm, dry_run).map_err(|e| e.message())?;
             for what in &removed {
                 println!(
@@ -72,6 +84,195 @@ fn run(args: &[&str]) -> Result<(), String> {
             }
             Ok(())
         }
-        _ => Err(USAGE.into()),
+        CtlCommand::Check(args) => {
+            let facts = HostFacts::gather(
+                &config,
+                &vmm,
+                args.containerd.as_deref(),
+                &args.containerd_config,
+            );
+            let findings = host_check::assess(&config, &facts);
+            for finding in &findings {
+                println!("{finding}");
+            }
+            match findings
+                .iter()
+                .filter(|f| f.verdict == Verdict::Fail)
+                .count()
+            {
+                0 => Ok(()),
+                n => Err(format!(
+                    "{n} check(s) failed: a pod cannot start on this node"
+                )),
+            }
+        }
+        CtlCommand::Metrics { listen: None } => {
+            print!(
+                "{}",
+                ctl::metrics(&config, netns_dir, &vmm).map_err(|e| e.message())?
+            );
+            Ok(())
+        }
+        CtlCommand::Metrics {
+            listen: Some(address),
+        } => serve_metrics(&config, &vmm, address),
+        CtlCommand::Completion { .. } | CtlCommand::Install(_) | CtlCommand::Uninstall(_) => {
+            unreachable!("answered above")
+        }
+    }
+}
+
+fn install(args: &InstallArgs) -> Result<(), String> {
+    let release = match &args.release {
+        Some(dir) => dir.clone(),
+        None => std::env::current_exe()
+            .ok()
+            .and_then(|exe| Some(exe.parent()?.parent()?.to_owned()))
+            .ok_or("cannot tell which release this vmletctl is in: give --release DIR")?,
+    };
+    let layout = match args.config_version.as_deref() {
+        Some("2") => ConfigLayout::V2,
+        Some(_) => ConfigLayout::V3,
+        None => {
+            let containerd = args.root.join("usr/bin/containerd");
+            let local = args.root.join("usr/local/bin/containerd");
+            let version = host_check::version_line(&local)
+                .or_else(|_| host_check::version_line(&containerd))
+                .unwrap_or_default();
+            // `containerd github.com/containerd/containerd v1.7.29 ...`; Debian: `1.6.20~ds1`.
+            let old = version
+                .split_whitespace()
+                .any(|w| w.trim_start_matches('v').starts_with("1."));
+            if old {
+                ConfigLayout::V2
+            } else {
+                ConfigLayout::V3
+            }
+        }
+    };
+    let steps = node_install::install(&release, &args.root, layout).map_err(|e| e.message())?;
+    report(&steps, args.restart_containerd)
+}
+
+/// Prints what install or uninstall did, and restarts containerd when asked.
+fn report(steps: &[String], restart: bool) -> Result<(), String> {
+    for step in steps {
+        println!("{step}");
+    }
+    if restart {
+        let status = std::process::Command::new("systemctl")
+            .args(["restart", "containerd"])
+            .status()
+            .map_err(|e| format!("systemctl restart containerd: {e}"))?;
+        if !status.success() {
+            return Err(format!("systemctl restart containerd: {status}"));
+        }
+        println!("restarted containerd");
+    }
+    Ok(())
+}
+
+/// How long a client may take to send its request.
+const REQUEST_DEADLINE: Duration = Duration::from_secs(5);
+
+/// A small HTTP/1.0 server of `GET /metrics`, one request at a time.
+fn serve_metrics(
+    config: &NodeConfig,
+    vmm: &Libvirt,
+    address: std::net::SocketAddr,
+) -> Result<(), String> {
+    use std::io::Read;
+    let listener =
+        std::net::TcpListener::bind(address).map_err(|e| format!("listen on {address}: {e}"))?;
+    eprintln!("vmletctl: serving http://{address}/metrics");
+    for stream in listener.incoming() {
+        let Ok(mut stream) = stream else { continue };
+        let _ = stream.set_read_timeout(Some(REQUEST_DEADLINE));
+        let _ = stream.set_write_timeout(Some(REQUEST_DEADLINE));
+        // The request line and headers, up to the blank line (at most 8 KiB).
+        let mut request = Vec::new();
+        let mut byte = [0u8; 1];
+        while request.len() < 8192 && !request.ends_with(b"\r\n\r\n") {
+            match stream.read(&mut byte) {
+                Ok(1) => request.push(byte[0]),
+                _ => break,
+            }
+        }
+        let line = String::from_utf8_lossy(&request);
+        let (status, body) = match line.split_whitespace().take(2).collect::<Vec<_>>()[..] {
+            ["GET", "/metrics"] => match ctl::metrics(config, Path::new(ctl::NAMED_NETNS_DIR), vmm)
+            {
+                Ok(text) => ("200 OK", text),
+                Err(e) => ("500 Internal Server Error", e.message() + "\n"),
+            },
+            ["GET", _] => ("404 Not Found", "only /metrics is served\n".to_owned()),
+            _ => ("400 Bad Request", "expected GET /metrics\n".to_owned()),
+        };
+        let _ = write!(
+            stream,
+            "HTTP/1.0 {status}\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+    }
+    Ok(())
+}
+
+fn print_table(pods: &[ctl::PodView]) {
+    println!(
+        "{:<66} {:>8} {:>6} {:<8} {:>4}",
+        "POD", "SHIM", "STATE", "DOMAIN", "TAPS"
+    );
+    for p in pods {
+        println!(
+            "{:<66} {:>8} {:>6} {:<8} {:>4}",
+            p.pod_id,
+            p.shim_pid.map_or("gone".into(), |pid| pid.to_string()),
+            if p.has_state { "yes" } else { "no" },
+            match p.domain_active {
+                Some(true) => "running",
+                Some(false) => "defined",
+                None => "none",
+            },
+            p.taps.len()
+        );
+    }
+}
+
+/// Prints the pod's console so far; with `--follow`, then what the guest writes until the
+/// pod's state directory is gone.
+fn console(config: &NodeConfig, args: &ConsoleArgs) -> Result<(), String> {
+    ctl::check_pod_id(&args.pod).map_err(|e| e.message())?;
+    let paths = PodPaths::new(&config.state_dir, &args.pod);
+    let mut follower = ConsoleFollower::new(&paths.console);
+    let mut out = std::io::stdout().lock();
+    let Some(text) = follower.read_new() else {
+        return Err(format!(
+            "pod {}: no console log at {} (is it a vmlet pod on this node?)",
+            args.pod,
+            paths.console.display()
+        ));
+    };
+    // Without --follow: what the log held when we looked (the guest may keep writing).
+    let end = std::fs::metadata(&paths.console).map_or(0, |m| m.len());
+    let mut text = text;
+    loop {
+        if out
+            .write_all(text.as_bytes())
+            .and_then(|()| out.flush())
+            .is_err()
+        {
+            // The reader went away (a closed pipe): nothing more to print.
+            return Ok(());
+        }
+        if !args.follow && (text.is_empty() || follower.offset() >= end) {
+            return Ok(());
+        }
+        if text.is_empty() {
+            if !paths.dir.exists() {
+                return Ok(());
+            }
+            std::thread::sleep(FOLLOW_POLL);
+        }
+        text = follower.read_new().unwrap_or_default();
     }
 }

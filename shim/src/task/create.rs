@@ -18,6 +18,7 @@ use super::process::Process;
 use super::{TaskEntry, TaskService};
 use crate::guest::ProcessId;
 use crate::phases::Phases;
+use crate::pod_metrics::PodMeter;
 use crate::pod_vm::{BootRequest, PodHold, PodVm};
 use crate::share::RootfsSource;
 use crate::spec::HostBind;
@@ -129,11 +130,14 @@ impl TaskService {
             PodTarget::Boot { pod: Some(pod), .. } => Some(pod.clone()),
             _ => None,
         };
+        // How long a VM this task boots took, and its agent within that.
+        let mut booted = None;
         // From here a failure removes what was created, then runs the poststop hooks.
         let created = async {
             let (vm, pod_id, owns_vm) = match target {
                 PodTarget::Boot { boot, pod_id, .. } => {
                     let vm = self.booter.boot(&config, *boot, &phases).await?;
+                    booted = Some((phases.elapsed(), phases.took("guest_boot")));
                     hook_state.pid = vm.holder_pid().unwrap_or(0);
                     (vm, pod_id, true)
                 }
@@ -210,6 +214,25 @@ impl TaskService {
         };
         if pod_id == req.id {
             self.vms.lock().unwrap().insert(pod_id.clone(), vm.clone());
+        }
+        if let Some((boot, agent_ready)) = booted {
+            let annotations = spec.annotations().clone().unwrap_or_default();
+            let names = crate::pod_metrics::kube_names(&annotations)
+                .unwrap_or_else(|| (req.id.clone(), self.namespace.clone()));
+            let dir = crate::pod_paths::PodPaths::new(&config.state_dir, vm.pod_id()).dir;
+            let meter = PodMeter::new(
+                &vm,
+                &dir,
+                names,
+                Some(boot.as_secs_f64()),
+                agent_ready.map(|d| d.as_secs_f64()),
+            );
+            match meter.serve() {
+                Ok(()) => {
+                    self.meters.lock().unwrap().insert(req.id.clone(), meter);
+                }
+                Err(e) => log::warn!("{}: no metrics: {}", req.id, e.message()),
+            }
         }
         // containerd is told the VM's host PID (QEMU's), never the guest's: a PID the
         // guest chose means nothing on the host (and could name a host process).

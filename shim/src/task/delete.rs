@@ -19,6 +19,11 @@ impl TaskService {
             return self.delete_exec(&task, &process).await;
         }
         let exit = exit::for_delete(&process, task.vm.has_ended())?;
+        if task.owns_vm {
+            if let Some(meter) = self.meters.lock().unwrap().remove(&task.id) {
+                meter.stop();
+            }
+        }
         if task.is_sandbox() {
             self.check_pod_is_empty(&task)?;
             task.vm.teardown().await?;

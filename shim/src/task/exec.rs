@@ -57,6 +57,9 @@ impl TaskService {
             ..Default::default()
         };
         task.vm.guest().create_exec(&request).await?;
+        if let Some(meter) = self.meters.lock().unwrap().get(&task.pod_id) {
+            meter.count_exec();
+        }
         let id = ProcessId::exec(&req.id, &req.exec_id);
         let name = ProcessName {
             container_id: &req.id,

@@ -30,6 +30,7 @@ pub use self::api::TaskApi;
 pub use self::exit::{AGENT_LOST_STATUS, KILL_GRACE, VM_ENDED_STATUS};
 use self::process::Process;
 use crate::events::EventSink;
+use crate::pod_metrics::PodMeter;
 use crate::pod_vm::{PodVm, VmBooter};
 use crate::Error;
 
@@ -93,6 +94,8 @@ pub struct TaskService {
     tasks: Mutex<HashMap<String, Arc<TaskEntry>>>,
     /// The pods' VMs, by sandbox id.
     vms: Mutex<HashMap<String, Arc<dyn PodVm>>>,
+    /// The figures of each VM this shim booted, by the id of the task that owns it.
+    meters: Mutex<HashMap<String, Arc<PodMeter>>>,
 }
 
 impl TaskService {
@@ -111,6 +114,7 @@ impl TaskService {
             booter,
             tasks: Mutex::new(HashMap::new()),
             vms: Mutex::new(HashMap::new()),
+            meters: Mutex::new(HashMap::new()),
         }
     }
 

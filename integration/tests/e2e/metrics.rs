@@ -1,0 +1,120 @@
+//! End to end: `vmletctl metrics --listen` serves every running pod's figures over HTTP as
+//! Prometheus text that a real parser (python3-prometheus-client's) reads, with each
+//! per-pod series for two pods at once and the exec one pod ran counted. Run by
+//! `make test`.
+
+use std::io::{Read, Write};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::support::{stack, text};
+use vmlet_integration::{bounded, unique_id};
+
+/// The per-pod series every running pod has.
+const POD_SERIES: &[&str] = &[
+    "vmlet_pod_vm_cpu_seconds_total",
+    "vmlet_pod_vm_memory_bytes",
+    "vmlet_pod_boot_seconds",
+    "vmlet_pod_agent_ready_seconds",
+    "vmlet_pod_agent_rtt_seconds",
+    "vmlet_pod_execs_total",
+    "vmlet_shim_resident_bytes",
+    "vmlet_shim_cpu_seconds_total",
+    "vmlet_shim_threads",
+];
+
+/// Parses the Prometheus text in the file argv[1] with prometheus_client's parser: one
+/// `name pod value` line a sample (pod label or "-").
+const PARSE: &str = r#"
+import sys
+from prometheus_client.parser import text_string_to_metric_families
+for family in text_string_to_metric_families(open(sys.argv[1]).read()):
+    for s in family.samples:
+        print(s.name, s.labels.get("pod", "-"), s.value)
+"#;
+
+/// GET /metrics from the exporter, retried while it starts.
+fn scrape(address: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Ok(mut stream) = std::net::TcpStream::connect(address) {
+            stream
+                .set_read_timeout(Some(Duration::from_secs(20)))
+                .unwrap();
+            write!(stream, "GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+            let mut answer = String::new();
+            stream.take(4 << 20).read_to_string(&mut answer).unwrap();
+            let (head, body) = answer.split_once("\r\n\r\n").unwrap();
+            assert!(head.starts_with("HTTP/1.0 200"), "{head}");
+            assert!(head.contains("text/plain; version=0.0.4"), "{head}");
+            return body.to_owned();
+        }
+        assert!(Instant::now() < deadline, "the exporter did not listen");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+#[ignore = "needs the vmlet stack: make test"]
+fn metrics_of_two_pods_are_valid_prometheus_text() {
+    let s = stack();
+    let pods = [unique_id("metrics-a"), unique_id("metrics-b")];
+    for pod in &pods {
+        s.run_detached(pod, &["sleep", "1000"]).unwrap();
+    }
+    let out = s
+        .ctr_output(&["task", "exec", "--exec-id", "m1", &pods[0], "true"])
+        .unwrap();
+    assert!(out.status.success(), "exec: {}", text(&out.stderr));
+
+    let address = {
+        let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        probe.local_addr().unwrap().to_string()
+    };
+    let mut exporter = Command::new(format!("{}/bin/vmletctl", s.dir))
+        .args(["metrics", "--listen", &address])
+        .env("VMLET_CONFIG", format!("{}/config.toml", s.dir))
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let body = scrape(&address);
+    let _ = exporter.kill();
+    let _ = exporter.wait();
+
+    let file = format!("{}/{}.prom", s.dir, pods[0]);
+    std::fs::write(&file, &body).unwrap();
+    let parsed =
+        bounded::output(Command::new("/usr/bin/python3").args(["-c", PARSE, &file])).unwrap();
+    std::fs::remove_file(&file).unwrap();
+    assert!(
+        parsed.status.success(),
+        "not valid Prometheus text: {}\n{body}",
+        text(&parsed.stderr)
+    );
+    let samples = text(&parsed.stdout);
+    let value = |name: &str, pod: &str| -> f64 {
+        samples
+            .lines()
+            .find_map(|l| {
+                let mut f = l.split_whitespace();
+                (f.next() == Some(name) && f.next() == Some(pod))
+                    .then(|| f.next().unwrap().parse().unwrap())
+            })
+            .unwrap_or_else(|| panic!("no {name} for {pod} in:\n{body}"))
+    };
+    for pod in &pods {
+        for series in POD_SERIES {
+            value(series, pod);
+        }
+        assert!(value("vmlet_pod_vm_memory_bytes", pod) > 64.0 * 1048576.0);
+        assert!(value("vmlet_pod_boot_seconds", pod) > value("vmlet_pod_agent_ready_seconds", pod));
+        assert!(value("vmlet_pod_agent_rtt_seconds", pod) < 2.0);
+    }
+    assert_eq!(value("vmlet_pod_execs_total", &pods[0]), 1.0);
+    assert_eq!(value("vmlet_pod_execs_total", &pods[1]), 0.0);
+    assert!(value("vmlet_pods", "-") >= 2.0);
+
+    for pod in &pods {
+        s.kill_and_remove(pod).unwrap();
+    }
+}

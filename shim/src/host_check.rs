@@ -1,0 +1,651 @@
+//! `vmletctl check`: what the node has and what vmlet will use, line by line. The facts are
+//! gathered by [`HostFacts::gather`] (files, `/sys`, programs' `--version`, libvirt,
+//! containerd's config) and judged by [`assess`], a pure function the unit tests drive with
+//! made-up facts. A [`Verdict::Fail`] is something that keeps a pod from starting.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use vmlet_config::{Accel, NodeConfig, VsockTransport};
+
+use crate::vmm::LibvirtHost;
+
+/// How one line of the check ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    Ok,
+    /// Works, with a cost or a limit worth knowing.
+    Warn,
+    /// A pod could not start.
+    Fail,
+}
+
+/// One line of the check.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finding {
+    pub verdict: Verdict,
+    pub subject: &'static str,
+    pub text: String,
+}
+
+impl std::fmt::Display for Finding {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let verdict = match self.verdict {
+            Verdict::Ok => "ok",
+            Verdict::Warn => "warn",
+            Verdict::Fail => "FAIL",
+        };
+        write!(f, "{verdict:<5} {:<13} {}", self.subject, self.text)
+    }
+}
+
+/// What the host has that a check needs to know about KVM.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KvmFacts {
+    pub dev_kvm: bool,
+    /// The loaded modules among kvm_intel, kvm_amd and kvm_pvm.
+    pub modules: Vec<String>,
+    /// The CPU shows vmx or svm.
+    pub cpu_virtualisation: bool,
+}
+
+/// Where containerd is and what its config says of vmlet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContainerdFacts {
+    /// `containerd --version`'s line, or why there is none.
+    pub version: Result<String, String>,
+    pub config: PathBuf,
+    /// The runtimes in the config that start vmlet's shim, as `plugin.runtimes.NAME`, or
+    /// why the config could not be read.
+    pub vmlet_runtimes: Result<Vec<String>, String>,
+    /// Where `containerd-shim-vmlet-v2` is on the PATH (containerd finds the shim of
+    /// `io.containerd.vmlet.v2` there).
+    pub shim_on_path: Option<PathBuf>,
+}
+
+/// Everything [`assess`] judges.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostFacts {
+    pub kvm: KvmFacts,
+    /// libvirt's answer to "can this QEMU run a KVM domain of this machine type".
+    pub libvirt_kvm: bool,
+    pub libvirt: Result<LibvirtHost, String>,
+    pub vhost_vsock: bool,
+    pub vhost_net: bool,
+    /// Each program's first line of `--version`, or why there is none: QEMU, the emulator
+    /// wrapper, the libvirt helper, virtiofsd, vhost-device-vsock.
+    pub qemu: Result<String, String>,
+    pub vmwrapper: Result<String, String>,
+    pub libvirt_helper: Result<String, String>,
+    pub virtiofsd: Result<String, String>,
+    pub vhost_device_vsock: Result<String, String>,
+    /// The guest kernel and initrd: what they are, or why they are not usable.
+    pub guest_image: Result<String, String>,
+    pub cgroup_v2: bool,
+    pub containerd: ContainerdFacts,
+}
+
+/// How long a program's `--version` may take.
+const VERSION_DEADLINE: Duration = Duration::from_secs(10);
+/// The most of a program's output read.
+const VERSION_OUTPUT: u64 = 4096;
+/// The largest containerd config read.
+const CONTAINERD_CONFIG_LIMIT: u64 = 1 << 20;
+
+impl HostFacts {
+    /// Looks at this host with `config`'s paths; `containerd` is the containerd binary to ask
+    /// (found on the PATH when None) and `containerd_config` its config file.
+    pub fn gather(
+        config: &NodeConfig,
+        libvirt: &crate::vmm::Libvirt,
+        containerd: Option<&Path>,
+        containerd_config: &Path,
+    ) -> Self {
+        use crate::vmm::VmManager;
+        let h = &config.helpers;
+        let libvirt_host = libvirt.host().map_err(|e| e.message());
+        let libvirt_kvm = libvirt_host.is_ok()
+            && Path::new("/dev/kvm").exists()
+            && libvirt.kvm_usable(&h.qemu.to_string_lossy(), &config.guest.machine);
+        let containerd_bin = containerd
+            .map(Path::to_owned)
+            .or_else(|| on_path("containerd"));
+        HostFacts {
+            kvm: KvmFacts::gather(),
+            libvirt_kvm,
+            libvirt: libvirt_host,
+            vhost_vsock: Path::new("/dev/vhost-vsock").exists(),
+            vhost_net: Path::new("/dev/vhost-net").exists(),
+            qemu: version_line(&h.qemu),
+            vmwrapper: version_line(&h.vmwrapper),
+            libvirt_helper: version_line(&h.libvirt),
+            virtiofsd: version_line(&h.virtiofsd),
+            vhost_device_vsock: version_line(&h.vhost_device_vsock),
+            guest_image: guest_image(&config.guest.kernel, &config.guest.initrd),
+            cgroup_v2: Path::new("/sys/fs/cgroup/cgroup.controllers").exists(),
+            containerd: ContainerdFacts {
+                version: containerd_bin
+                    .ok_or_else(|| "no containerd on the PATH".to_owned())
+                    .and_then(|bin| version_line(&bin)),
+                config: containerd_config.to_owned(),
+                vmlet_runtimes: read_bounded(containerd_config, CONTAINERD_CONFIG_LIMIT)
+                    .and_then(|text| vmlet_runtimes(&text)),
+                shim_on_path: on_path("containerd-shim-vmlet-v2"),
+            },
+        }
+    }
+}
+
+impl KvmFacts {
+    fn gather() -> Self {
+        let cpuinfo = read_bounded(Path::new("/proc/cpuinfo"), 4 << 20).unwrap_or_default();
+        KvmFacts {
+            dev_kvm: Path::new("/dev/kvm").exists(),
+            modules: ["kvm_intel", "kvm_amd", "kvm_pvm"]
+                .into_iter()
+                .filter(|m| Path::new("/sys/module").join(m).exists())
+                .map(str::to_owned)
+                .collect(),
+            cpu_virtualisation: cpuinfo
+                .lines()
+                .filter(|l| l.starts_with("flags"))
+                .any(|l| l.split_whitespace().any(|f| f == "vmx" || f == "svm")),
+        }
+    }
+
+    /// Why a KVM that libvirt does not offer is unusable, as far as the host shows.
+    fn why_unusable(&self) -> String {
+        if !self.dev_kvm {
+            return if self.cpu_virtualisation {
+                "no /dev/kvm (load kvm_intel or kvm_amd)".into()
+            } else {
+                "no /dev/kvm, and the CPU shows no vmx or svm (a VM without nested \
+                 virtualisation, or virtualisation off in the firmware)"
+                    .into()
+            };
+        }
+        if self.modules.iter().any(|m| m == "kvm_pvm") {
+            return "/dev/kvm is kvm_pvm's (paravirtual KVM of a host that is itself a VM, \
+                    whose CPU shows no vmx or svm): QEMU cannot run an ordinary guest on it"
+                .into();
+        }
+        "libvirt reports no KVM domain for this QEMU and machine type (is /dev/kvm \
+         accessible to libvirt's QEMU user, or masked for libvirtd?)"
+            .into()
+    }
+}
+
+/// Judges the facts against the node config, one finding per subject.
+pub fn assess(config: &NodeConfig, facts: &HostFacts) -> Vec<Finding> {
+    let mut out = Vec::new();
+    let mut say = |verdict, subject, text: String| {
+        out.push(Finding {
+            verdict,
+            subject,
+            text,
+        })
+    };
+    use Verdict::{Fail, Ok, Warn};
+
+    // The accelerator.
+    let kvm_why = || {
+        if facts.libvirt.is_err() {
+            "libvirt is unreachable, so its KVM support is unknown".to_owned()
+        } else {
+            facts.kvm.why_unusable()
+        }
+    };
+    match (config.accel, facts.libvirt_kvm) {
+        (Accel::Tcg, _) => say(Warn, "accel", "TCG (accel = \"tcg\" in the node config): software emulation, several times slower than KVM".into()),
+        (_, true) => say(Ok, "accel", format!("KVM (accel = {:?})", config.accel).to_lowercase()),
+        (Accel::Auto, false) => say(Warn, "accel", format!("TCG fallback: KVM is not usable: {}", kvm_why())),
+        (Accel::Kvm, false) => say(Fail, "accel", format!("accel = \"kvm\" in the node config, but KVM is not usable: {}", kvm_why())),
+    }
+
+    // vsock.
+    let user_space = |verdict_if_missing, why: &str| match &facts.vhost_device_vsock {
+        Result::Ok(version) => (
+            Ok,
+            format!(
+                "user-space backend: {version} ({}), {why}",
+                config.helpers.vhost_device_vsock.display()
+            ),
+        ),
+        Err(e) => (
+            verdict_if_missing,
+            format!("{why}, and the user-space backend is unusable: {e}"),
+        ),
+    };
+    let (verdict, text) = match (config.vsock, facts.vhost_vsock) {
+        (VsockTransport::Auto | VsockTransport::Vhost, true) => {
+            (Ok, "the kernel's vhost-vsock (/dev/vhost-vsock)".to_owned())
+        }
+        (VsockTransport::Vhost, false) => (
+            Fail,
+            "vsock = \"vhost\" in the node config, but /dev/vhost-vsock is missing (load vhost_vsock)".to_owned(),
+        ),
+        (VsockTransport::Auto, false) => user_space(Fail, "no /dev/vhost-vsock"),
+        (VsockTransport::VhostUser, _) => user_space(Fail, "vsock = \"vhost-user\" in the node config"),
+    };
+    say(verdict, "vsock", text);
+
+    // vhost-net.
+    if facts.vhost_net {
+        say(Ok, "vhost-net", "/dev/vhost-net present; vmlet's taps do not use it (vhost=off): QEMU moves their packets".into());
+    } else {
+        say(Warn, "vhost-net", "missing (/dev/vhost-net; modprobe vhost_net): vmlet's taps do not need it (vhost=off), QEMU moves their packets".into());
+    }
+
+    // libvirt.
+    match &facts.libvirt {
+        Result::Ok(host) => {
+            let models = if host.security_models.is_empty() {
+                "none".to_owned()
+            } else {
+                host.security_models.join(", ")
+            };
+            say(
+                Ok,
+                "libvirt",
+                format!(
+                    "{} reachable: libvirt {}, hypervisor {}, security driver {models}",
+                    config.libvirt_uri, host.version, host.hypervisor_version
+                ),
+            );
+        }
+        Err(e) => say(
+            Fail,
+            "libvirt",
+            format!(
+                "{} unreachable: {e} (is libvirtd running?)",
+                config.libvirt_uri
+            ),
+        ),
+    }
+
+    // Programs.
+    let h = &config.helpers;
+    let program = |subject: &'static str,
+                   path: &Path,
+                   result: &Result<String, String>,
+                   needed: bool| match result {
+        Result::Ok(version) => Finding {
+            verdict: Ok,
+            subject,
+            text: format!("{} ({version})", path.display()),
+        },
+        Err(e) => Finding {
+            verdict: if needed { Fail } else { Warn },
+            subject,
+            text: format!("{}: {e}", path.display()),
+        },
+    };
+    let mut programs = vec![
+        program("qemu", &h.qemu, &facts.qemu, true),
+        program("vmwrapper", &h.vmwrapper, &facts.vmwrapper, true),
+        program("vmlet-libvirt", &h.libvirt, &facts.libvirt_helper, true),
+        program("virtiofsd", &h.virtiofsd, &facts.virtiofsd, true),
+    ];
+    // A vmlet program of another version than this vmletctl.
+    for finding in &mut programs[1..3] {
+        if finding.verdict == Ok
+            && !finding
+                .text
+                .ends_with(&format!(" {})", crate::cli::VERSION))
+        {
+            finding.verdict = Warn;
+            finding
+                .text
+                .push_str(&format!(": not vmletctl's version {}", crate::cli::VERSION));
+        }
+    }
+    out.extend(programs);
+    let mut say = |verdict, subject, text: String| {
+        out.push(Finding {
+            verdict,
+            subject,
+            text,
+        })
+    };
+
+    // The guest image.
+    match &facts.guest_image {
+        Result::Ok(what) => say(Ok, "guest image", what.clone()),
+        Err(e) => say(Fail, "guest image", e.clone()),
+    }
+
+    // cgroups.
+    if facts.cgroup_v2 {
+        say(Ok, "cgroup", "v2 (unified)".into());
+    } else {
+        say(
+            Warn,
+            "cgroup",
+            "v1: vmlet places each pod's VM in its v1 cgroups; containerd 2.2 deprecates v1".into(),
+        );
+    }
+
+    // containerd.
+    let c = &facts.containerd;
+    match &c.version {
+        Result::Ok(version) => say(Ok, "containerd", version.clone()),
+        Err(e) => say(Fail, "containerd", e.clone()),
+    }
+    match &c.shim_on_path {
+        Some(path) => say(Ok, "shim", format!("{} (io.containerd.vmlet.v2)", path.display())),
+        None => say(Fail, "shim", "containerd-shim-vmlet-v2 is not on the PATH: containerd cannot start io.containerd.vmlet.v2".into()),
+    }
+    match &c.vmlet_runtimes {
+        Result::Ok(names) if !names.is_empty() => say(Ok, "runtime", format!("{} in {}", names.join(", "), c.config.display())),
+        Result::Ok(_) => say(Warn, "runtime", format!(
+            "no CRI runtime starts vmlet in {} (Kubernetes pods cannot use it; ctr and nerdctl can): see deploy/containerd-vmlet-v*.toml",
+            c.config.display()
+        )),
+        Err(e) => say(Warn, "runtime", format!("{}: {e}", c.config.display())),
+    }
+    out
+}
+
+/// The CRI runtimes in a containerd config (version 2 or 3) that start vmlet's shim: by
+/// runtime_type `io.containerd.vmlet.v2`, or by a runtime_path to `containerd-shim-vmlet-v2`.
+pub fn vmlet_runtimes(config_text: &str) -> Result<Vec<String>, String> {
+    let config: toml::Table = config_text
+        .parse()
+        .map_err(|e: toml::de::Error| e.message().to_owned())?;
+    let mut found = Vec::new();
+    let Some(plugins) = config.get("plugins").and_then(toml::Value::as_table) else {
+        return Ok(found);
+    };
+    for plugin in ["io.containerd.grpc.v1.cri", "io.containerd.cri.v1.runtime"] {
+        let runtimes = plugins
+            .get(plugin)
+            .and_then(|p| p.get("containerd"))
+            .and_then(|c| c.get("runtimes"))
+            .and_then(toml::Value::as_table);
+        for (name, runtime) in runtimes.into_iter().flatten() {
+            let text = |key| runtime.get(key).and_then(toml::Value::as_str).unwrap_or("");
+            if text("runtime_type") == "io.containerd.vmlet.v2"
+                || text("runtime_path").ends_with("/containerd-shim-vmlet-v2")
+            {
+                found.push(format!("{plugin}.runtimes.{name}"));
+            }
+        }
+    }
+    Ok(found)
+}
+
+/// The guest kernel and initrd, checked against the `manifest.json` beside them when there
+/// is one.
+fn guest_image(kernel: &Path, initrd: &Path) -> Result<String, String> {
+    let size = |path: &Path| {
+        std::fs::metadata(path)
+            .map_err(|e| format!("{}: {e}", path.display()))
+            .and_then(|m| {
+                if m.is_file() {
+                    Ok(m.len())
+                } else {
+                    Err(format!("{}: not a file", path.display()))
+                }
+            })
+    };
+    let (k, i) = (size(kernel)?, size(initrd)?);
+    let mut text = format!(
+        "{} ({} MiB), {} ({} MiB)",
+        kernel.display(),
+        k >> 20,
+        initrd.display(),
+        i >> 20
+    );
+    let Some(manifest_path) = kernel.parent().map(|d| d.join("manifest.json")) else {
+        return Ok(text);
+    };
+    let Ok(manifest) = read_bounded(&manifest_path, 1 << 20) else {
+        text.push_str(" (no manifest.json beside them)");
+        return Ok(text);
+    };
+    let manifest: serde_json::Value =
+        serde_json::from_str(&manifest).map_err(|e| format!("{}: {e}", manifest_path.display()))?;
+    let field = |key: &str| manifest.get(key).and_then(|v| v.as_str()).unwrap_or("");
+    for (path, key) in [(kernel, "kernel_sha256"), (initrd, "initrd_sha256")] {
+        let digest = sha256_file(path)?;
+        if digest != field(key) {
+            return Err(format!(
+                "{} does not match {} ({key}): rebuild it with vmlet-image build",
+                path.display(),
+                manifest_path.display()
+            ));
+        }
+    }
+    text.push_str(&format!(
+        ", match {}: kernel {}, agent {}",
+        manifest_path.display(),
+        field("kernel_release"),
+        field("agent_version")
+    ));
+    Ok(text)
+}
+
+fn sha256_file(path: &Path) -> Result<String, String> {
+    use sha2::Digest;
+    let mut file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut hasher = sha2::Sha256::new();
+    std::io::copy(&mut file, &mut hasher).map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(format!("{:x}", hasher.finalize()))
+}
+
+fn read_bounded(path: &Path, limit: u64) -> Result<String, String> {
+    let file = std::fs::File::open(path).map_err(|e| format!("{e}"))?;
+    let mut text = String::new();
+    file.take(limit)
+        .read_to_string(&mut text)
+        .map_err(|e| format!("{e}"))?;
+    Ok(text)
+}
+
+pub fn on_path(program: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH")
+        .map(|paths| std::env::split_paths(&paths).collect::<Vec<_>>())
+        .unwrap_or_default()
+        .into_iter()
+        .map(|dir| dir.join(program))
+        .find(|p| p.is_file())
+}
+
+/// The first line a program prints for `--version` (stdout, else stderr), run with a
+/// deadline and bounded output.
+pub fn version_line(program: &Path) -> Result<String, String> {
+    if !program.is_file() {
+        return Err("not found".into());
+    }
+    let mut child = Command::new(program)
+        .arg("--version")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot run: {e}"))?;
+    let (Some(stdout), Some(stderr)) = (child.stdout.take(), child.stderr.take()) else {
+        return Err("no output pipes".into());
+    };
+    let read = |pipe: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            let _ = pipe.take(VERSION_OUTPUT).read_to_end(&mut bytes);
+            String::from_utf8_lossy(&bytes).into_owned()
+        })
+    };
+    let (out, err) = (read(Box::new(stdout)), read(Box::new(stderr)));
+    let start = Instant::now();
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if start.elapsed() < VERSION_DEADLINE => {
+                std::thread::sleep(Duration::from_millis(20))
+            }
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!(
+                    "--version did not answer within {}s",
+                    VERSION_DEADLINE.as_secs()
+                ));
+            }
+        }
+    };
+    let (out, err) = (
+        out.join().unwrap_or_default(),
+        err.join().unwrap_or_default(),
+    );
+    let text = if out.trim().is_empty() { err } else { out };
+    let line = crate::guest_text::clean(text.lines().next().unwrap_or("").trim(), 200);
+    if !status.success() {
+        return Err(format!("--version failed ({status}): {line}"));
+    }
+    Ok(line)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn facts() -> HostFacts {
+        HostFacts {
+            kvm: KvmFacts {
+                dev_kvm: true,
+                modules: vec!["kvm_pvm".into()],
+                cpu_virtualisation: false,
+            },
+            libvirt_kvm: false,
+            libvirt: Result::Ok(LibvirtHost {
+                version: "9.0.0".into(),
+                hypervisor_version: "7.2.0".into(),
+                security_models: vec!["none".into()],
+            }),
+            vhost_vsock: false,
+            vhost_net: false,
+            qemu: Result::Ok("QEMU emulator version 7.2.15".into()),
+            vmwrapper: Result::Ok(format!("vmlet-vmwrapper {}", crate::cli::VERSION)),
+            libvirt_helper: Result::Ok(format!("vmlet-libvirt {}", crate::cli::VERSION)),
+            virtiofsd: Result::Ok("virtiofsd 1.13.2".into()),
+            vhost_device_vsock: Result::Ok("vhost-device-vsock 0.3.0".into()),
+            guest_image: Result::Ok("/usr/share/vmlet/vmlinux".into()),
+            cgroup_v2: true,
+            containerd: ContainerdFacts {
+                version: Result::Ok("containerd v2.2.0".into()),
+                config: "/etc/containerd/config.toml".into(),
+                vmlet_runtimes: Result::Ok(vec![
+                    "io.containerd.cri.v1.runtime.runtimes.vmlet".into()
+                ]),
+                shim_on_path: Some("/usr/local/bin/containerd-shim-vmlet-v2".into()),
+            },
+        }
+    }
+
+    fn line<'a>(findings: &'a [Finding], subject: &str) -> &'a Finding {
+        findings.iter().find(|f| f.subject == subject).unwrap()
+    }
+
+    #[test]
+    fn a_node_like_this_one_runs_tcg_with_the_user_space_vsock() {
+        let config = NodeConfig::default();
+        let findings = assess(&config, &facts());
+        assert!(
+            findings.iter().all(|f| f.verdict != Verdict::Fail),
+            "{findings:#?}"
+        );
+        let accel = line(&findings, "accel");
+        assert!(
+            accel.text.starts_with("TCG fallback") && accel.text.contains("kvm_pvm"),
+            "{accel}"
+        );
+        let vsock = line(&findings, "vsock");
+        assert!(
+            vsock
+                .text
+                .contains("user-space backend: vhost-device-vsock"),
+            "{vsock}"
+        );
+        assert!(line(&findings, "vhost-net").text.starts_with("missing"));
+        assert!(line(&findings, "libvirt")
+            .text
+            .contains("security driver none"));
+        let printed = accel.to_string();
+        assert!(printed.starts_with("warn  accel         TCG"), "{printed}");
+    }
+
+    #[test]
+    fn what_keeps_a_pod_from_starting_fails_by_name() {
+        let config = NodeConfig::default();
+        let mut f = facts();
+        f.libvirt = Err("connect to qemu:///system: no socket".into());
+        let findings = assess(&config, &f);
+        let libvirt = line(&findings, "libvirt");
+        assert_eq!(libvirt.verdict, Verdict::Fail);
+        assert!(
+            libvirt.text.contains("qemu:///system unreachable"),
+            "{libvirt}"
+        );
+        assert!(line(&findings, "accel")
+            .text
+            .contains("libvirt is unreachable"));
+
+        let mut f = facts();
+        f.vhost_device_vsock = Err("not found".into());
+        f.guest_image = Err("/usr/share/vmlet/vmlinux: No such file".into());
+        f.containerd.shim_on_path = None;
+        let findings = assess(&config, &f);
+        for subject in ["vsock", "guest image", "shim"] {
+            assert_eq!(line(&findings, subject).verdict, Verdict::Fail, "{subject}");
+        }
+
+        let config = NodeConfig {
+            accel: Accel::Kvm,
+            ..Default::default()
+        };
+        assert_eq!(
+            line(&assess(&config, &facts()), "accel").verdict,
+            Verdict::Fail
+        );
+    }
+
+    #[test]
+    fn a_helper_of_another_version_is_named() {
+        let mut f = facts();
+        f.vmwrapper = Result::Ok("vmlet-vmwrapper 0.0.1".into());
+        let findings = assess(&NodeConfig::default(), &f);
+        let wrapper = line(&findings, "vmwrapper");
+        assert_eq!(wrapper.verdict, Verdict::Warn);
+        assert!(wrapper.text.contains("not vmletctl's version"), "{wrapper}");
+    }
+
+    #[test]
+    fn kvm_reasons_follow_what_the_host_shows() {
+        let none = KvmFacts::default();
+        assert!(none.why_unusable().contains("no vmx or svm"));
+        let masked = KvmFacts {
+            dev_kvm: true,
+            modules: vec!["kvm_intel".into()],
+            cpu_virtualisation: true,
+        };
+        assert!(masked.why_unusable().contains("libvirt reports no KVM"));
+    }
+
+    #[test]
+    fn vmlet_runtimes_are_found_in_both_config_layouts() {
+        let v2 = include_str!("../../deploy/containerd-vmlet-v2.toml");
+        assert_eq!(
+            vmlet_runtimes(v2).unwrap(),
+            ["io.containerd.grpc.v1.cri.runtimes.vmlet"]
+        );
+        let v3 = include_str!("../../deploy/containerd-vmlet-v3.toml");
+        assert_eq!(
+            vmlet_runtimes(v3).unwrap(),
+            ["io.containerd.cri.v1.runtime.runtimes.vmlet"]
+        );
+        let runc_only = "version = 3\n[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]\nruntime_type = 'io.containerd.runc.v2'\n";
+        assert!(vmlet_runtimes(runc_only).unwrap().is_empty());
+        assert!(vmlet_runtimes("[[[").is_err());
+    }
+}

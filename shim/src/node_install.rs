@@ -1,0 +1,588 @@
+//! `vmletctl install` and `uninstall`: a release (the unpacked `make dist` tarball) put onto
+//! a node, and taken off again without a trace.
+//!
+//! - Files: the release's `bin/`, `share/vmlet/` (the guest image), man pages and
+//!   completions are copied under the root's `/usr/local` and `/usr/share/vmlet`; each is
+//!   recorded with its hash in `/var/lib/vmlet/install.json`, and uninstall removes exactly
+//!   those (a file changed since is named and kept).
+//! - containerd's config: vmlet's CRI runtime is appended as one marked block in the layout
+//!   of the config's `version` (1.6/1.7: `version = 2`, 2.x: `version = 3`), after a backup;
+//!   the result is parsed and must equal the original plus that runtime, nothing else.
+//!   Uninstall removes the block, which gives the original back byte for byte (a config
+//!   without a block as written is left as it is, named). A config that registers vmlet
+//!   already is not touched.
+//! - `/etc/vmlet/config.toml` is written only when absent, and removed by uninstall only
+//!   when it is still as written.
+//!
+//! Installing twice changes nothing: the files are the same, the runtime is registered.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::Error;
+
+/// Where the record of an installation is, under the root.
+pub const RECORD: &str = "var/lib/vmlet/install.json";
+/// containerd's config, under the root.
+pub const CONTAINERD_CONFIG: &str = "etc/containerd/config.toml";
+/// The node config, under the root.
+pub const NODE_CONFIG: &str = "etc/vmlet/config.toml";
+/// The first line of the block `install` appends to containerd's config.
+pub const BLOCK_START: &str =
+    "# vmlet: added by `vmletctl install`; `vmletctl uninstall` removes this block.";
+
+/// Where each part of a release goes, relative to the root: (release dir, root dir, mode).
+const LAYOUT: &[(&str, &str, u32)] = &[
+    ("bin", "usr/local/bin", 0o755),
+    ("share/vmlet", "usr/share/vmlet", 0o644),
+    ("share/man/man1", "usr/local/share/man/man1", 0o644),
+    (
+        "share/bash-completion/completions",
+        "usr/local/share/bash-completion/completions",
+        0o644,
+    ),
+    (
+        "share/zsh/site-functions",
+        "usr/local/share/zsh/site-functions",
+        0o644,
+    ),
+    (
+        "share/fish/vendor_completions.d",
+        "usr/local/share/fish/vendor_completions.d",
+        0o644,
+    ),
+];
+
+/// What an installation did, for its uninstall.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Record {
+    pub version: String,
+    /// Each installed file (relative to the root) and its sha256.
+    pub files: Vec<(PathBuf, String)>,
+    /// The block appended to containerd's config, when one was.
+    pub containerd_block: Option<String>,
+    /// Whether containerd's config did not exist before (uninstall removes it then).
+    pub containerd_config_created: bool,
+    /// The node config's sha256, when install wrote it.
+    pub node_config: Option<String>,
+}
+
+/// Which layout containerd's config has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConfigLayout {
+    /// `version = 2` (containerd 1.6 and 1.7): the CRI plugin `io.containerd.grpc.v1.cri`.
+    V2,
+    /// `version = 3` (containerd 2.x): the CRI runtime plugin `io.containerd.cri.v1.runtime`.
+    V3,
+}
+
+impl ConfigLayout {
+    /// The layout of a config's text; an empty config takes `default`, which comes from
+    /// containerd's major version.
+    pub fn of(text: &str, default: ConfigLayout) -> Result<Self, Error> {
+        let table: toml::Table = text.parse().map_err(|e: toml::de::Error| {
+            invalid(format!("containerd's config: {}", e.message()))
+        })?;
+        match table.get("version").and_then(toml::Value::as_integer) {
+            Some(2) => Ok(ConfigLayout::V2),
+            Some(3) => Ok(ConfigLayout::V3),
+            None if table.is_empty() => Ok(default),
+            other => Err(invalid(format!(
+                "containerd's config has version {}: vmlet registers its runtime in versions 2 (containerd 1.6, 1.7) and 3 (2.x); migrate it with `containerd config migrate`",
+                other.map_or("1 (no version key)".to_owned(), |v| v.to_string())
+            ))),
+        }
+    }
+
+    /// The runtime's table, as the deploy/ snippets have it.
+    fn snippet(self) -> &'static str {
+        match self {
+            ConfigLayout::V2 => include_str!("../../deploy/containerd-vmlet-v2.toml"),
+            ConfigLayout::V3 => include_str!("../../deploy/containerd-vmlet-v3.toml"),
+        }
+    }
+}
+
+fn invalid(message: String) -> Error {
+    Error::InvalidArgument(message)
+}
+
+/// containerd's config with vmlet's runtime: None when a runtime starts vmlet already,
+/// else the text with the block appended (checked: the parsed result is the original plus
+/// vmlet's runtime, nothing else).
+pub fn add_runtime(text: &str, layout: ConfigLayout) -> Result<Option<(String, String)>, Error> {
+    let found = crate::host_check::vmlet_runtimes(text)
+        .map_err(|e| invalid(format!("containerd's config: {e}")))?;
+    if !found.is_empty() {
+        return Ok(None);
+    }
+    let mut block = String::new();
+    if !text.is_empty() && !text.ends_with('\n') {
+        block.push('\n');
+    }
+    block.push('\n');
+    block.push_str(BLOCK_START);
+    block.push('\n');
+    if text.trim().is_empty() {
+        block.push_str(match layout {
+            ConfigLayout::V2 => "version = 2\n",
+            ConfigLayout::V3 => "version = 3\n",
+        });
+    }
+    // The snippet's table and keys, without its comments.
+    for line in layout.snippet().lines() {
+        if !line.trim_start().starts_with('#') && !line.trim().is_empty() {
+            block.push_str(line);
+            block.push('\n');
+        }
+    }
+    let merged = format!("{text}{block}");
+    check_only_runtime_added(text, &merged)?;
+    Ok(Some((merged, block)))
+}
+
+/// The parsed `merged` must be the parsed `original` plus one vmlet runtime.
+fn check_only_runtime_added(original: &str, merged: &str) -> Result<(), Error> {
+    let parse = |t: &str| {
+        t.parse::<toml::Table>()
+            .map_err(|e| invalid(format!("containerd's config with vmlet's runtime would not parse ({}): edit it by hand with deploy/containerd-vmlet-v*.toml", e.message())))
+    };
+    let (before, mut after) = (parse(original)?, parse(merged)?);
+    let names = crate::host_check::vmlet_runtimes(merged).map_err(invalid)?;
+    let [name] = &names[..] else {
+        return Err(invalid(format!(
+            "containerd's config would have {} vmlet runtimes",
+            names.len()
+        )));
+    };
+    // Take the runtime out again: the rest must be the original.
+    let plugin = name
+        .strip_suffix(".runtimes.vmlet")
+        .ok_or_else(|| invalid(format!("unexpected runtime {name}")))?;
+    let runtimes = after
+        .get_mut("plugins")
+        .and_then(|p| p.get_mut(plugin))
+        .and_then(|p| p.get_mut("containerd"))
+        .and_then(|c| c.get_mut("runtimes"))
+        .and_then(toml::Value::as_table_mut)
+        .ok_or_else(|| invalid("vmlet's runtime table went missing".into()))?;
+    runtimes.remove("vmlet");
+    if !before.contains_key("version") {
+        // An empty config gets its version line with the runtime.
+        after.remove("version");
+    }
+    prune_empty(&mut after);
+    let mut before = before;
+    prune_empty(&mut before);
+    if after != before {
+        return Err(invalid(
+            "appending vmlet's runtime would change other settings of containerd's config: edit it by hand with deploy/containerd-vmlet-v*.toml".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Removes tables left empty (the parents `[a.b.c]` makes implicitly).
+fn prune_empty(table: &mut toml::Table) {
+    table.retain(|_, value| {
+        if let toml::Value::Table(inner) = value {
+            prune_empty(inner);
+            !inner.is_empty()
+        } else {
+            true
+        }
+    });
+}
+
+/// containerd's config without the block `add_runtime` appended: None when the text does
+/// not end with it (edited since).
+pub fn remove_runtime(text: &str, block: &str) -> Option<String> {
+    text.strip_suffix(block).map(str::to_owned)
+}
+
+/// What one step of install or uninstall did, for the user.
+pub type Steps = Vec<String>;
+
+/// Installs the release unpacked at `release` under `root`. `default_layout` is the layout
+/// of a containerd config that does not exist yet.
+pub fn install(release: &Path, root: &Path, default_layout: ConfigLayout) -> Result<Steps, Error> {
+    let mut steps = Steps::new();
+    let version = std::fs::read_to_string(release.join("VERSION"))
+        .map_err(|e| {
+            Error::io(
+                format!("{}: not a vmlet release (no VERSION)", release.display()),
+                e,
+            )
+        })?
+        .trim()
+        .to_owned();
+    let record_path = root.join(RECORD);
+    let mut record = match read_record(&record_path)? {
+        Some(old) if old.version != version => {
+            return Err(Error::FailedPrecondition(format!(
+                "vmlet {} is installed under {}: `vmletctl uninstall` it first",
+                old.version,
+                root.display()
+            )))
+        }
+        Some(old) => old,
+        None => Record {
+            version: version.clone(),
+            ..Default::default()
+        },
+    };
+    // The files.
+    for (from, to, mode) in LAYOUT {
+        let dir = release.join(from);
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        let mut names: Vec<_> = entries.flatten().map(|e| e.file_name()).collect();
+        names.sort();
+        let mut new = 0;
+        for name in &names {
+            let relative = Path::new(to).join(name);
+            let hash = copy_file(&dir.join(name), &root.join(&relative), *mode)?;
+            if !record.files.iter().any(|(p, _)| p == &relative) {
+                record.files.push((relative, hash));
+                new += 1;
+            }
+        }
+        if new > 0 {
+            steps.push(format!("installed {new} files in /{to}"));
+        }
+    }
+    // containerd's config.
+    let containerd = root.join(CONTAINERD_CONFIG);
+    let (text, existed) = match std::fs::read_to_string(&containerd) {
+        Ok(text) => (text, true),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => (String::new(), false),
+        Err(e) => return Err(Error::io(format!("read {}", containerd.display()), e)),
+    };
+    let layout = ConfigLayout::of(&text, default_layout)?;
+    match add_runtime(&text, layout)? {
+        None => steps.push(format!(
+            "/{CONTAINERD_CONFIG}: a runtime starts vmlet already; left as it is"
+        )),
+        Some((merged, block)) => {
+            if existed {
+                let backup = backup_path(&containerd);
+                std::fs::write(&backup, &text)
+                    .map_err(|e| Error::io(format!("write {}", backup.display()), e))?;
+                steps.push(format!(
+                    "backed up /{CONTAINERD_CONFIG} to {}",
+                    backup.display()
+                ));
+            }
+            write_file(&containerd, merged.as_bytes(), 0o644)?;
+            record.containerd_block = Some(block);
+            record.containerd_config_created = !existed;
+            steps.push(format!(
+                "registered the CRI runtime vmlet in /{CONTAINERD_CONFIG} (config version {}); restart containerd to use it",
+                match layout {
+                    ConfigLayout::V2 => 2,
+                    ConfigLayout::V3 => 3,
+                }
+            ));
+        }
+    }
+    // The node config, only when absent.
+    let node_config = root.join(NODE_CONFIG);
+    let defaults = release.join(NODE_CONFIG);
+    if !node_config.exists() && defaults.is_file() {
+        let hash = copy_file(&defaults, &node_config, 0o644)?;
+        record.node_config = Some(hash);
+        steps.push(format!("wrote /{NODE_CONFIG}"));
+    }
+    let json = serde_json::to_vec_pretty(&record).map_err(|e| Error::Internal(e.to_string()))?;
+    write_file(&record_path, &json, 0o644)?;
+    if steps.is_empty() {
+        steps.push(format!(
+            "vmlet {version} is installed already; nothing changed"
+        ));
+    }
+    Ok(steps)
+}
+
+/// Takes off what the installation recorded under `root` did.
+pub fn uninstall(root: &Path) -> Result<Steps, Error> {
+    let record_path = root.join(RECORD);
+    let Some(record) = read_record(&record_path)? else {
+        return Err(Error::NotFound(format!(
+            "a vmlet installation under {} ({} is missing)",
+            root.display(),
+            record_path.display()
+        )));
+    };
+    let mut steps = Steps::new();
+    let mut kept = Vec::new();
+    let mut removed = 0;
+    for (relative, hash) in &record.files {
+        let path = root.join(relative);
+        match sha256_of(&path) {
+            Ok(now) if &now == hash => {
+                std::fs::remove_file(&path)
+                    .map_err(|e| Error::io(format!("remove {}", path.display()), e))?;
+                removed += 1;
+            }
+            Ok(_) => kept.push(format!(
+                "/{} (changed since the install)",
+                relative.display()
+            )),
+            Err(_) => {}
+        }
+    }
+    steps.push(format!("removed {removed} installed files"));
+    if let Some(block) = &record.containerd_block {
+        let containerd = root.join(CONTAINERD_CONFIG);
+        let text = std::fs::read_to_string(&containerd).unwrap_or_default();
+        match remove_runtime(&text, block) {
+            Some(original) if record.containerd_config_created && original.is_empty() => {
+                let _ = std::fs::remove_file(&containerd);
+                steps.push(format!("removed /{CONTAINERD_CONFIG} (install made it)"));
+            }
+            Some(original) => {
+                std::fs::write(&containerd, original.as_bytes())
+                    .map_err(|e| Error::io(format!("write {}", containerd.display()), e))?;
+                let _ = std::fs::remove_file(backup_path(&containerd));
+                steps.push(format!("removed the vmlet runtime from /{CONTAINERD_CONFIG}; restart containerd"));
+            }
+            None => kept.push(format!(
+                "/{CONTAINERD_CONFIG}: vmlet's block is no longer at its end (edited since); remove the [..runtimes.vmlet] table by hand (the config before install: {})",
+                backup_path(&containerd).display()
+            )),
+        }
+    }
+    if let Some(hash) = &record.node_config {
+        let path = root.join(NODE_CONFIG);
+        match sha256_of(&path) {
+            Ok(now) if &now == hash => {
+                let _ = std::fs::remove_file(&path);
+                steps.push(format!("removed /{NODE_CONFIG}"));
+            }
+            Ok(_) => kept.push(format!("/{NODE_CONFIG} (changed since the install)")),
+            Err(_) => {}
+        }
+    }
+    std::fs::remove_file(&record_path)
+        .map_err(|e| Error::io(format!("remove {}", record_path.display()), e))?;
+    // The directories install made, when empty.
+    for dir in ["var/lib/vmlet", "usr/share/vmlet", "etc/vmlet"] {
+        let _ = std::fs::remove_dir(root.join(dir));
+    }
+    for what in kept {
+        steps.push(format!("kept {what}"));
+    }
+    Ok(steps)
+}
+
+fn backup_path(config: &Path) -> PathBuf {
+    let mut name = config.file_name().unwrap_or_default().to_owned();
+    name.push(".before-vmlet");
+    config.with_file_name(name)
+}
+
+fn read_record(path: &Path) -> Result<Option<Record>, Error> {
+    match std::fs::read(path) {
+        Ok(json) => serde_json::from_slice(&json)
+            .map(Some)
+            .map_err(|e| Error::FailedPrecondition(format!("{}: {e}", path.display()))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(Error::io(format!("read {}", path.display()), e)),
+    }
+}
+
+/// Copies `from` to `to` (through a temporary file and a rename), returning its sha256.
+fn copy_file(from: &Path, to: &Path, mode: u32) -> Result<String, Error> {
+    let data = std::fs::read(from).map_err(|e| Error::io(format!("read {}", from.display()), e))?;
+    write_file(to, &data, mode)?;
+    Ok(sha256_hex(&data))
+}
+
+fn write_file(to: &Path, data: &[u8], mode: u32) -> Result<(), Error> {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = to
+        .parent()
+        .ok_or_else(|| Error::Internal(format!("{} has no directory", to.display())))?;
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
+    let mut temporary = to.as_os_str().to_owned();
+    temporary.push(".vmlet-new");
+    let temporary = PathBuf::from(temporary);
+    std::fs::write(&temporary, data)
+        .map_err(|e| Error::io(format!("write {}", temporary.display()), e))?;
+    std::fs::set_permissions(&temporary, std::fs::Permissions::from_mode(mode))
+        .map_err(|e| Error::io(format!("chmod {}", temporary.display()), e))?;
+    std::fs::rename(&temporary, to).map_err(|e| Error::io(format!("rename to {}", to.display()), e))
+}
+
+fn sha256_of(path: &Path) -> std::io::Result<String> {
+    Ok(sha256_hex(&std::fs::read(path)?))
+}
+
+fn sha256_hex(data: &[u8]) -> String {
+    use sha2::Digest;
+    format!("{:x}", sha2::Sha256::digest(data))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DEBIAN_16: &str = "version = 2\n\n[plugins]\n  [plugins.\"io.containerd.grpc.v1.cri\"]\n    [plugins.\"io.containerd.grpc.v1.cri\".cni]\n      bin_dir = \"/usr/lib/cni\"\n      conf_dir = \"/etc/cni/net.d\"\n  [plugins.\"io.containerd.internal.v1.opt\"]\n    path = \"/var/lib/containerd/opt\"\n";
+
+    #[test]
+    fn the_runtime_is_appended_in_the_configs_layout_and_removed_byte_for_byte() {
+        let (merged, block) = add_runtime(DEBIAN_16, ConfigLayout::V2).unwrap().unwrap();
+        assert!(merged.starts_with(DEBIAN_16));
+        assert_eq!(
+            crate::host_check::vmlet_runtimes(&merged).unwrap(),
+            ["io.containerd.grpc.v1.cri.runtimes.vmlet"]
+        );
+        assert_eq!(
+            add_runtime(&merged, ConfigLayout::V2).unwrap(),
+            None,
+            "registered once"
+        );
+        assert_eq!(remove_runtime(&merged, &block).unwrap(), DEBIAN_16);
+
+        let v3 = "version = 3\n[plugins.'io.containerd.cri.v1.runtime'.containerd]\n  default_runtime_name = 'runc'";
+        let (merged, block) = add_runtime(v3, ConfigLayout::V3).unwrap().unwrap();
+        assert!(merged.contains("runtime_path = \"/usr/local/bin/containerd-shim-vmlet-v2\""));
+        assert_eq!(remove_runtime(&merged, &block).unwrap(), v3);
+
+        let (fresh, _) = add_runtime("", ConfigLayout::V3).unwrap().unwrap();
+        assert_eq!(
+            ConfigLayout::of(&fresh, ConfigLayout::V2).unwrap(),
+            ConfigLayout::V3
+        );
+    }
+
+    #[test]
+    fn a_config_vmlet_cannot_extend_safely_is_refused_by_name() {
+        // The runtimes table written inline: a table appended under it would redefine it.
+        let inline = "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".containerd]\nruntimes = { runc = { runtime_type = \"io.containerd.runc.v2\" } }\n";
+        let err = add_runtime(inline, ConfigLayout::V2).unwrap_err().message();
+        assert!(err.contains("edit it by hand"), "{err}");
+        let v1 = "[plugins.cri]\nsandbox_image = \"x\"\n";
+        let err = ConfigLayout::of(v1, ConfigLayout::V2)
+            .unwrap_err()
+            .message();
+        assert!(err.contains("version 1"), "{err}");
+        let edited = "version = 2\n# changed after install\n";
+        assert_eq!(remove_runtime(edited, "\n# vmlet block\n"), None);
+    }
+
+    fn release(dir: &Path) -> PathBuf {
+        let r = dir.join("release");
+        for (path, text) in [
+            ("VERSION", "0.1.0\n"),
+            ("bin/vmletctl", "#!/bin/sh\n"),
+            ("bin/containerd-shim-vmlet-v2", "shim"),
+            ("share/vmlet/vmlinux", "kernel"),
+            ("share/man/man1/vmletctl.1", ".TH vmletctl"),
+            ("etc/vmlet/config.toml", "# defaults\n"),
+        ] {
+            std::fs::create_dir_all(r.join(path).parent().unwrap()).unwrap();
+            std::fs::write(r.join(path), text).unwrap();
+        }
+        r
+    }
+
+    /// Every file under `dir` with its bytes.
+    fn tree(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+        let mut all = Vec::new();
+        let mut stack = vec![dir.to_owned()];
+        while let Some(d) = stack.pop() {
+            for e in std::fs::read_dir(&d).unwrap().flatten() {
+                if e.file_type().unwrap().is_dir() {
+                    stack.push(e.path());
+                } else {
+                    all.push((e.path(), std::fs::read(e.path()).unwrap()));
+                }
+            }
+        }
+        all.sort();
+        all
+    }
+
+    #[test]
+    fn install_twice_changes_nothing_and_uninstall_restores_the_root() {
+        let dir = tempfile::tempdir().unwrap();
+        let release = release(dir.path());
+        let root = dir.path().join("root");
+        std::fs::create_dir_all(root.join("etc/containerd")).unwrap();
+        std::fs::write(root.join(CONTAINERD_CONFIG), DEBIAN_16).unwrap();
+        std::fs::create_dir_all(root.join("usr/local/bin")).unwrap();
+        std::fs::write(root.join("usr/local/bin/other"), "not vmlet's").unwrap();
+        let before = tree(&root);
+
+        let steps = install(&release, &root, ConfigLayout::V3).unwrap();
+        assert!(
+            steps
+                .iter()
+                .any(|s| s.contains("registered the CRI runtime vmlet")),
+            "{steps:?}"
+        );
+        let config = std::fs::read_to_string(root.join(CONTAINERD_CONFIG)).unwrap();
+        assert!(
+            config.contains("io.containerd.grpc.v1.cri\".containerd.runtimes.vmlet"),
+            "{config}"
+        );
+        assert_eq!(
+            std::fs::read(root.join("usr/local/bin/vmletctl")).unwrap(),
+            b"#!/bin/sh\n"
+        );
+        assert_eq!(
+            std::fs::read(root.join(NODE_CONFIG)).unwrap(),
+            b"# defaults\n"
+        );
+        let installed = tree(&root);
+
+        let again = install(&release, &root, ConfigLayout::V3).unwrap();
+        assert!(again.iter().all(|s| !s.contains("registered")), "{again:?}");
+        assert_eq!(tree(&root), installed, "installing twice changes nothing");
+
+        let steps = uninstall(&root).unwrap();
+        assert!(steps.iter().all(|s| !s.starts_with("kept")), "{steps:?}");
+        assert_eq!(
+            tree(&root),
+            before,
+            "uninstall restores every file byte for byte"
+        );
+        assert!(uninstall(&root).is_err(), "nothing left to uninstall");
+    }
+
+    #[test]
+    fn a_node_config_of_the_admins_is_kept_and_an_edited_file_stays() {
+        let dir = tempfile::tempdir().unwrap();
+        let release = release(dir.path());
+        let root = dir.path().join("root");
+        std::fs::create_dir_all(root.join("etc/vmlet")).unwrap();
+        std::fs::write(root.join(NODE_CONFIG), "state_dir = \"/x\"\n").unwrap();
+        install(&release, &root, ConfigLayout::V3).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(root.join(NODE_CONFIG)).unwrap(),
+            "state_dir = \"/x\"\n"
+        );
+        // containerd had no config: install wrote one in 2.x's layout.
+        let config = std::fs::read_to_string(root.join(CONTAINERD_CONFIG)).unwrap();
+        assert!(config.contains("version = 3"), "{config}");
+        std::fs::write(root.join("usr/local/bin/vmletctl"), "edited").unwrap();
+        let steps = uninstall(&root).unwrap();
+        assert!(
+            steps
+                .iter()
+                .any(|s| s.contains("kept /usr/local/bin/vmletctl")),
+            "{steps:?}"
+        );
+        assert!(
+            !root.join(CONTAINERD_CONFIG).exists(),
+            "install made it, uninstall removed it"
+        );
+        assert_eq!(
+            std::fs::read_to_string(root.join(NODE_CONFIG)).unwrap(),
+            "state_dir = \"/x\"\n"
+        );
+    }
+}
