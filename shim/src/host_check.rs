@@ -155,6 +155,12 @@ impl KvmFacts {
         }
     }
 
+    /// /dev/kvm is kvm_pvm's, on a CPU without vmx or svm: QEMU cannot run a guest on it,
+    /// whatever libvirt says.
+    fn is_paravirtual(&self) -> bool {
+        self.dev_kvm && !self.cpu_virtualisation && self.modules.iter().any(|m| m == "kvm_pvm")
+    }
+
     /// Why a KVM that libvirt does not offer is unusable, as far as the host shows.
     fn why_unusable(&self) -> String {
         if !self.dev_kvm {
@@ -199,6 +205,10 @@ pub fn assess(config: &NodeConfig, facts: &HostFacts) -> Vec<Finding> {
     };
     match (config.accel, facts.libvirt_kvm) {
         (Accel::Tcg, _) => say(Warn, "accel", "TCG (accel = \"tcg\" in the node config): software emulation, several times slower than KVM".into()),
+        (_, true) if facts.kvm.is_paravirtual() => say(Fail, "accel", format!(
+            "libvirt offers KVM, but {}: set accel = \"tcg\" in the node config",
+            facts.kvm.why_unusable()
+        )),
         (_, true) => say(Ok, "accel", format!("KVM (accel = {:?})", config.accel).to_lowercase()),
         (Accel::Auto, false) => say(Warn, "accel", format!("TCG fallback: KVM is not usable: {}", kvm_why())),
         (Accel::Kvm, false) => say(Fail, "accel", format!("accel = \"kvm\" in the node config, but KVM is not usable: {}", kvm_why())),
@@ -608,6 +618,19 @@ mod tests {
             line(&assess(&config, &facts()), "accel").verdict,
             Verdict::Fail
         );
+
+        // libvirt offering a KVM that cannot run guests (kvm_pvm): vmlet would pick it.
+        let mut f = facts();
+        f.libvirt_kvm = true;
+        let findings = assess(&NodeConfig::default(), &f);
+        let accel = line(&findings, "accel");
+        assert_eq!(accel.verdict, Verdict::Fail);
+        assert!(accel.text.contains("set accel = \"tcg\""), "{accel}");
+        let tcg = NodeConfig {
+            accel: Accel::Tcg,
+            ..Default::default()
+        };
+        assert_eq!(line(&assess(&tcg, &f), "accel").verdict, Verdict::Warn);
     }
 
     #[test]
