@@ -60,33 +60,27 @@ impl PodView {
 }
 
 /// The node's pods as Prometheus text: the figures of every pod whose shim lives and
-/// serves them (`vmlet_scrape_errors` counts those that did not answer).
-pub fn metrics(
-    config: &NodeConfig,
-    netns_dir: &Path,
-    vmm: &dyn VmManager,
-) -> Result<String, Error> {
+/// serves them (`vmlet_scrape_errors` counts those that did not answer). Only the state
+/// directories are read: a scrape asks neither libvirt nor the network namespaces.
+pub fn metrics(state_dir: &Path) -> String {
     let mut figures = Vec::new();
     let mut errors = 0;
-    for pod in survey(&config.state_dir, netns_dir, vmm)? {
-        if pod.shim_pid.is_none() || !pod.has_state {
-            continue;
-        }
-        let dir = crate::pod_paths::PodPaths::new(&config.state_dir, &pod.pod_id).dir;
-        if !dir.join(crate::pod_metrics::SOCKET).exists() {
-            // A VM-mode pod's sandbox (its container's VM has the figures), or a pod
-            // still booting.
+    for (pod_id, shim_pid) in state_dirs(state_dir) {
+        let dir = crate::pod_paths::PodPaths::new(state_dir, &pod_id).dir;
+        // No socket: a VM-mode pod's sandbox (its container's VM has the figures), or a
+        // pod still booting.
+        if shim_pid.is_none() || !dir.join(crate::pod_metrics::SOCKET).exists() {
             continue;
         }
         match crate::pod_metrics::fetch(&dir) {
             Ok(f) => figures.push(f),
             Err(e) => {
-                log::warn!("pod {}: {e}", pod.pod_id);
+                log::warn!("pod {pod_id}: {e}");
                 errors += 1;
             }
         }
     }
-    Ok(crate::pod_metrics::render(&figures, errors))
+    crate::pod_metrics::render(&figures, errors)
 }
 
 /// Checks a pod id given on the command line before it names a path: containerd's
@@ -132,20 +126,10 @@ pub fn survey(
         taps: Vec::new(),
         helpers: Vec::new(),
     };
-    if let Ok(entries) = std::fs::read_dir(state_dir) {
-        for entry in entries.flatten() {
-            if !entry.path().is_dir() {
-                continue;
-            }
-            let id = entry.file_name().to_string_lossy().into_owned();
-            let pod = pods.entry(id.clone()).or_insert_with(|| view(&id));
-            pod.has_state = true;
-            // A VM-mode pod's VM is served by the shim of the pod's sandbox.
-            pod.shim_pid = PodState::load(&entry.path()).ok().and_then(|s| {
-                s.shim_pid
-                    .filter(|pid| crate::reclaim::live_shim(*pid, &s.shim_id()))
-            });
-        }
+    for (id, shim_pid) in state_dirs(state_dir) {
+        let pod = pods.entry(id.clone()).or_insert_with(|| view(&id));
+        pod.has_state = true;
+        pod.shim_pid = shim_pid;
     }
     for domain in vmm.vmlet_domains()? {
         let pod = pods
@@ -166,6 +150,25 @@ pub fn survey(
             .push(tap);
     }
     Ok(pods.into_values().collect())
+}
+
+/// Every pod state directory under `state_dir` (its pod id) with the PID of the shim that
+/// serves it when that shim lives (a VM-mode pod's VM is served by its sandbox's shim).
+fn state_dirs(state_dir: &Path) -> Vec<(String, Option<u32>)> {
+    let Ok(entries) = std::fs::read_dir(state_dir) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter(|entry| entry.path().is_dir())
+        .map(|entry| {
+            let shim_pid = PodState::load(&entry.path()).ok().and_then(|s| {
+                s.shim_pid
+                    .filter(|pid| crate::reclaim::live_shim(*pid, &s.shim_id()))
+            });
+            (entry.file_name().to_string_lossy().into_owned(), shim_pid)
+        })
+        .collect()
 }
 
 /// The `vhost-device-vsock` processes (PID, pod id) whose socket lies in a pod directory

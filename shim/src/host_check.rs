@@ -9,6 +9,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use vmlet_config::{Accel, NodeConfig, VsockTransport};
+use vmlet_vm_image::{sha256_file, Manifest};
 
 use crate::vmm::LibvirtHost;
 
@@ -105,15 +106,16 @@ impl HostFacts {
     ) -> Self {
         use crate::vmm::VmManager;
         let h = &config.helpers;
+        let kvm = KvmFacts::gather();
         let libvirt_host = libvirt.host().map_err(|e| e.message());
         let libvirt_kvm = libvirt_host.is_ok()
-            && Path::new("/dev/kvm").exists()
+            && kvm.dev_kvm
             && libvirt.kvm_usable(&h.qemu.to_string_lossy(), &config.guest.machine);
         let containerd_bin = containerd
             .map(Path::to_owned)
             .or_else(|| on_path("containerd"));
         HostFacts {
-            kvm: KvmFacts::gather(),
+            kvm,
             libvirt_kvm,
             libvirt: libvirt_host,
             vhost_vsock: Path::new("/dev/vhost-vsock").exists(),
@@ -131,7 +133,7 @@ impl HostFacts {
                     .and_then(|bin| version_line(&bin)),
                 config: containerd_config.to_owned(),
                 vmlet_runtimes: read_bounded(containerd_config, CONTAINERD_CONFIG_LIMIT)
-                    .and_then(|text| vmlet_runtimes(&text)),
+                    .and_then(|text| crate::node_install::vmlet_runtimes(&text)),
                 shim_on_path: on_path("containerd-shim-vmlet-v2"),
             },
         }
@@ -275,50 +277,32 @@ pub fn assess(config: &NodeConfig, facts: &HostFacts) -> Vec<Finding> {
         ),
     }
 
-    // Programs.
+    // Programs: vmlet's own must be of this vmletctl's version.
     let h = &config.helpers;
-    let program = |subject: &'static str,
-                   path: &Path,
-                   result: &Result<String, String>,
-                   needed: bool| match result {
-        Result::Ok(version) => Finding {
-            verdict: Ok,
-            subject,
-            text: format!("{} ({version})", path.display()),
-        },
-        Err(e) => Finding {
-            verdict: if needed { Fail } else { Warn },
-            subject,
-            text: format!("{}: {e}", path.display()),
-        },
-    };
-    let mut programs = vec![
-        program("qemu", &h.qemu, &facts.qemu, true),
-        program("vmwrapper", &h.vmwrapper, &facts.vmwrapper, true),
-        program("vmlet-libvirt", &h.libvirt, &facts.libvirt_helper, true),
-        program("virtiofsd", &h.virtiofsd, &facts.virtiofsd, true),
-    ];
-    // A vmlet program of another version than this vmletctl.
-    for finding in &mut programs[1..3] {
-        if finding.verdict == Ok
-            && !finding
-                .text
-                .ends_with(&format!(" {})", crate::cli::VERSION))
-        {
-            finding.verdict = Warn;
-            finding
-                .text
-                .push_str(&format!(": not vmletctl's version {}", crate::cli::VERSION));
-        }
+    for (subject, path, result, ours) in [
+        ("qemu", &h.qemu, &facts.qemu, false),
+        ("vmwrapper", &h.vmwrapper, &facts.vmwrapper, true),
+        ("vmlet-libvirt", &h.libvirt, &facts.libvirt_helper, true),
+        ("virtiofsd", &h.virtiofsd, &facts.virtiofsd, false),
+    ] {
+        let (verdict, text) = match result {
+            Result::Ok(version)
+                if ours && !version.ends_with(&format!(" {}", crate::cli::VERSION)) =>
+            {
+                let mine = crate::cli::VERSION;
+                (
+                    Warn,
+                    format!(
+                        "{} ({version}): not vmletctl's version {mine}",
+                        path.display()
+                    ),
+                )
+            }
+            Result::Ok(version) => (Ok, format!("{} ({version})", path.display())),
+            Err(e) => (Fail, format!("{}: {e}", path.display())),
+        };
+        say(verdict, subject, text);
     }
-    out.extend(programs);
-    let mut say = |verdict, subject, text: String| {
-        out.push(Finding {
-            verdict,
-            subject,
-            text,
-        })
-    };
 
     // The guest image.
     match &facts.guest_image {
@@ -358,34 +342,6 @@ pub fn assess(config: &NodeConfig, facts: &HostFacts) -> Vec<Finding> {
     out
 }
 
-/// The CRI runtimes in a containerd config (version 2 or 3) that start vmlet's shim: by
-/// runtime_type `io.containerd.vmlet.v2`, or by a runtime_path to `containerd-shim-vmlet-v2`.
-pub fn vmlet_runtimes(config_text: &str) -> Result<Vec<String>, String> {
-    let config: toml::Table = config_text
-        .parse()
-        .map_err(|e: toml::de::Error| e.message().to_owned())?;
-    let mut found = Vec::new();
-    let Some(plugins) = config.get("plugins").and_then(toml::Value::as_table) else {
-        return Ok(found);
-    };
-    for plugin in ["io.containerd.grpc.v1.cri", "io.containerd.cri.v1.runtime"] {
-        let runtimes = plugins
-            .get(plugin)
-            .and_then(|p| p.get("containerd"))
-            .and_then(|c| c.get("runtimes"))
-            .and_then(toml::Value::as_table);
-        for (name, runtime) in runtimes.into_iter().flatten() {
-            let text = |key| runtime.get(key).and_then(toml::Value::as_str).unwrap_or("");
-            if text("runtime_type") == "io.containerd.vmlet.v2"
-                || text("runtime_path").ends_with("/containerd-shim-vmlet-v2")
-            {
-                found.push(format!("{plugin}.runtimes.{name}"));
-            }
-        }
-    }
-    Ok(found)
-}
-
 /// The guest kernel and initrd, checked against the `manifest.json` beside them when there
 /// is one.
 fn guest_image(kernel: &Path, initrd: &Path) -> Result<String, String> {
@@ -408,19 +364,21 @@ fn guest_image(kernel: &Path, initrd: &Path) -> Result<String, String> {
         initrd.display(),
         i >> 20
     );
-    let Some(manifest_path) = kernel.parent().map(|d| d.join("manifest.json")) else {
+    let Some(dir) = kernel.parent() else {
         return Ok(text);
     };
-    let Ok(manifest) = read_bounded(&manifest_path, 1 << 20) else {
+    let manifest_path = dir.join("manifest.json");
+    if !manifest_path.exists() {
         text.push_str(" (no manifest.json beside them)");
         return Ok(text);
-    };
-    let manifest: serde_json::Value =
-        serde_json::from_str(&manifest).map_err(|e| format!("{}: {e}", manifest_path.display()))?;
-    let field = |key: &str| manifest.get(key).and_then(|v| v.as_str()).unwrap_or("");
-    for (path, key) in [(kernel, "kernel_sha256"), (initrd, "initrd_sha256")] {
-        let digest = sha256_file(path)?;
-        if digest != field(key) {
+    }
+    let manifest = Manifest::load(dir).map_err(|e| format!("{}: {e}", manifest_path.display()))?;
+    for (path, key, want) in [
+        (kernel, "kernel_sha256", &manifest.kernel_sha256),
+        (initrd, "initrd_sha256", &manifest.initrd_sha256),
+    ] {
+        let digest = sha256_file(path).map_err(|e| e.to_string())?;
+        if &digest != want {
             return Err(format!(
                 "{} does not match {} ({key}): rebuild it with vmlet-image build",
                 path.display(),
@@ -431,18 +389,10 @@ fn guest_image(kernel: &Path, initrd: &Path) -> Result<String, String> {
     text.push_str(&format!(
         ", match {}: kernel {}, agent {}",
         manifest_path.display(),
-        field("kernel_release"),
-        field("agent_version")
+        manifest.kernel_release,
+        manifest.agent_version
     ));
     Ok(text)
-}
-
-fn sha256_file(path: &Path) -> Result<String, String> {
-    use sha2::Digest;
-    let mut file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let mut hasher = sha2::Sha256::new();
-    std::io::copy(&mut file, &mut hasher).map_err(|e| format!("{}: {e}", path.display()))?;
-    Ok(format!("{:x}", hasher.finalize()))
 }
 
 fn read_bounded(path: &Path, limit: u64) -> Result<String, String> {
@@ -653,22 +603,5 @@ mod tests {
             cpu_virtualisation: true,
         };
         assert!(masked.why_unusable().contains("libvirt reports no KVM"));
-    }
-
-    #[test]
-    fn vmlet_runtimes_are_found_in_both_config_layouts() {
-        let v2 = include_str!("../../deploy/containerd-vmlet-v2.toml");
-        assert_eq!(
-            vmlet_runtimes(v2).unwrap(),
-            ["io.containerd.grpc.v1.cri.runtimes.vmlet"]
-        );
-        let v3 = include_str!("../../deploy/containerd-vmlet-v3.toml");
-        assert_eq!(
-            vmlet_runtimes(v3).unwrap(),
-            ["io.containerd.cri.v1.runtime.runtimes.vmlet"]
-        );
-        let runc_only = "version = 3\n[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]\nruntime_type = 'io.containerd.runc.v2'\n";
-        assert!(vmlet_runtimes(runc_only).unwrap().is_empty());
-        assert!(vmlet_runtimes("[[[").is_err());
     }
 }

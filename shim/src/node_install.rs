@@ -19,6 +19,7 @@
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
+use vmlet_vm_image::{sha256_file, sha256_hex};
 
 use crate::Error;
 
@@ -95,6 +96,22 @@ impl ConfigLayout {
         }
     }
 
+    /// The config's `version`.
+    pub fn version(self) -> u8 {
+        match self {
+            ConfigLayout::V2 => 2,
+            ConfigLayout::V3 => 3,
+        }
+    }
+
+    /// The plugin whose `containerd.runtimes` table holds the CRI runtimes.
+    pub fn plugin(self) -> &'static str {
+        match self {
+            ConfigLayout::V2 => "io.containerd.grpc.v1.cri",
+            ConfigLayout::V3 => "io.containerd.cri.v1.runtime",
+        }
+    }
+
     /// The runtime's table, as the deploy/ snippets have it.
     fn snippet(self) -> &'static str {
         match self {
@@ -108,12 +125,40 @@ fn invalid(message: String) -> Error {
     Error::InvalidArgument(message)
 }
 
+/// The CRI runtimes in a containerd config (version 2 or 3) that start vmlet's shim: by
+/// runtime_type `io.containerd.vmlet.v2`, or by a runtime_path to `containerd-shim-vmlet-v2`.
+pub fn vmlet_runtimes(config_text: &str) -> Result<Vec<String>, String> {
+    let config: toml::Table = config_text
+        .parse()
+        .map_err(|e: toml::de::Error| e.message().to_owned())?;
+    let mut found = Vec::new();
+    let Some(plugins) = config.get("plugins").and_then(toml::Value::as_table) else {
+        return Ok(found);
+    };
+    for layout in [ConfigLayout::V2, ConfigLayout::V3] {
+        let plugin = layout.plugin();
+        let runtimes = plugins
+            .get(plugin)
+            .and_then(|p| p.get("containerd"))
+            .and_then(|c| c.get("runtimes"))
+            .and_then(toml::Value::as_table);
+        for (name, runtime) in runtimes.into_iter().flatten() {
+            let text = |key| runtime.get(key).and_then(toml::Value::as_str).unwrap_or("");
+            if text("runtime_type") == "io.containerd.vmlet.v2"
+                || text("runtime_path").ends_with("/containerd-shim-vmlet-v2")
+            {
+                found.push(format!("{plugin}.runtimes.{name}"));
+            }
+        }
+    }
+    Ok(found)
+}
+
 /// containerd's config with vmlet's runtime: None when a runtime starts vmlet already,
 /// else the text with the block appended (checked: the parsed result is the original plus
 /// vmlet's runtime, nothing else).
 pub fn add_runtime(text: &str, layout: ConfigLayout) -> Result<Option<(String, String)>, Error> {
-    let found = crate::host_check::vmlet_runtimes(text)
-        .map_err(|e| invalid(format!("containerd's config: {e}")))?;
+    let found = vmlet_runtimes(text).map_err(|e| invalid(format!("containerd's config: {e}")))?;
     if !found.is_empty() {
         return Ok(None);
     }
@@ -125,10 +170,7 @@ pub fn add_runtime(text: &str, layout: ConfigLayout) -> Result<Option<(String, S
     block.push_str(BLOCK_START);
     block.push('\n');
     if text.trim().is_empty() {
-        block.push_str(match layout {
-            ConfigLayout::V2 => "version = 2\n",
-            ConfigLayout::V3 => "version = 3\n",
-        });
+        block.push_str(&format!("version = {}\n", layout.version()));
     }
     // The snippet's table and keys, without its comments.
     for line in layout.snippet().lines() {
@@ -138,36 +180,32 @@ pub fn add_runtime(text: &str, layout: ConfigLayout) -> Result<Option<(String, S
         }
     }
     let merged = format!("{text}{block}");
-    check_only_runtime_added(text, &merged)?;
+    check_only_runtime_added(text, &merged, layout)?;
     Ok(Some((merged, block)))
 }
 
-/// The parsed `merged` must be the parsed `original` plus one vmlet runtime.
-fn check_only_runtime_added(original: &str, merged: &str) -> Result<(), Error> {
+/// The parsed `merged` must be the parsed `original` plus vmlet's runtime in `layout`.
+fn check_only_runtime_added(
+    original: &str,
+    merged: &str,
+    layout: ConfigLayout,
+) -> Result<(), Error> {
     let parse = |t: &str| {
         t.parse::<toml::Table>()
             .map_err(|e| invalid(format!("containerd's config with vmlet's runtime would not parse ({}): edit it by hand with deploy/containerd-vmlet-v*.toml", e.message())))
     };
     let (before, mut after) = (parse(original)?, parse(merged)?);
-    let names = crate::host_check::vmlet_runtimes(merged).map_err(invalid)?;
-    let [name] = &names[..] else {
-        return Err(invalid(format!(
-            "containerd's config would have {} vmlet runtimes",
-            names.len()
-        )));
-    };
     // Take the runtime out again: the rest must be the original.
-    let plugin = name
-        .strip_suffix(".runtimes.vmlet")
-        .ok_or_else(|| invalid(format!("unexpected runtime {name}")))?;
     let runtimes = after
         .get_mut("plugins")
-        .and_then(|p| p.get_mut(plugin))
+        .and_then(|p| p.get_mut(layout.plugin()))
         .and_then(|p| p.get_mut("containerd"))
         .and_then(|c| c.get_mut("runtimes"))
         .and_then(toml::Value::as_table_mut)
         .ok_or_else(|| invalid("vmlet's runtime table went missing".into()))?;
-    runtimes.remove("vmlet");
+    if runtimes.remove("vmlet").is_none() {
+        return Err(invalid("vmlet's runtime table went missing".into()));
+    }
     if !before.contains_key("version") {
         // An empty config gets its version line with the runtime.
         after.remove("version");
@@ -280,10 +318,7 @@ pub fn install(release: &Path, root: &Path, default_layout: ConfigLayout) -> Res
             record.containerd_config_created = !existed;
             steps.push(format!(
                 "registered the CRI runtime vmlet in /{CONTAINERD_CONFIG} (config version {}); restart containerd to use it",
-                match layout {
-                    ConfigLayout::V2 => 2,
-                    ConfigLayout::V3 => 3,
-                }
+                layout.version()
             ));
         }
     }
@@ -319,18 +354,10 @@ pub fn uninstall(root: &Path) -> Result<Steps, Error> {
     let mut kept = Vec::new();
     let mut removed = 0;
     for (relative, hash) in &record.files {
-        let path = root.join(relative);
-        match sha256_of(&path) {
-            Ok(now) if &now == hash => {
-                std::fs::remove_file(&path)
-                    .map_err(|e| Error::io(format!("remove {}", path.display()), e))?;
-                removed += 1;
-            }
-            Ok(_) => kept.push(format!(
-                "/{} (changed since the install)",
-                relative.display()
-            )),
-            Err(_) => {}
+        match remove_if_unchanged(root, relative, hash)? {
+            Removal::Removed => removed += 1,
+            Removal::Changed(what) => kept.push(what),
+            Removal::Gone => {}
         }
     }
     steps.push(format!("removed {removed} installed files"));
@@ -355,14 +382,10 @@ pub fn uninstall(root: &Path) -> Result<Steps, Error> {
         }
     }
     if let Some(hash) = &record.node_config {
-        let path = root.join(NODE_CONFIG);
-        match sha256_of(&path) {
-            Ok(now) if &now == hash => {
-                let _ = std::fs::remove_file(&path);
-                steps.push(format!("removed /{NODE_CONFIG}"));
-            }
-            Ok(_) => kept.push(format!("/{NODE_CONFIG} (changed since the install)")),
-            Err(_) => {}
+        match remove_if_unchanged(root, Path::new(NODE_CONFIG), hash)? {
+            Removal::Removed => steps.push(format!("removed /{NODE_CONFIG}")),
+            Removal::Changed(what) => kept.push(what),
+            Removal::Gone => {}
         }
     }
     std::fs::remove_file(&record_path)
@@ -416,13 +439,30 @@ fn write_file(to: &Path, data: &[u8], mode: u32) -> Result<(), Error> {
     std::fs::rename(&temporary, to).map_err(|e| Error::io(format!("rename to {}", to.display()), e))
 }
 
-fn sha256_of(path: &Path) -> std::io::Result<String> {
-    Ok(sha256_hex(&std::fs::read(path)?))
+/// What became of an installed file at uninstall.
+enum Removal {
+    Removed,
+    /// Changed since the install, so kept: this names it.
+    Changed(String),
+    /// Not there any more.
+    Gone,
 }
 
-fn sha256_hex(data: &[u8]) -> String {
-    use sha2::Digest;
-    format!("{:x}", sha2::Sha256::digest(data))
+/// Removes the file at `relative` under `root` if its sha256 is still `hash`.
+fn remove_if_unchanged(root: &Path, relative: &Path, hash: &str) -> Result<Removal, Error> {
+    let path = root.join(relative);
+    match sha256_file(&path) {
+        Ok(now) if now == hash => {
+            std::fs::remove_file(&path)
+                .map_err(|e| Error::io(format!("remove {}", path.display()), e))?;
+            Ok(Removal::Removed)
+        }
+        Ok(_) => Ok(Removal::Changed(format!(
+            "/{} (changed since the install)",
+            relative.display()
+        ))),
+        Err(_) => Ok(Removal::Gone),
+    }
 }
 
 #[cfg(test)]
@@ -436,7 +476,7 @@ mod tests {
         let (merged, block) = add_runtime(DEBIAN_16, ConfigLayout::V2).unwrap().unwrap();
         assert!(merged.starts_with(DEBIAN_16));
         assert_eq!(
-            crate::host_check::vmlet_runtimes(&merged).unwrap(),
+            vmlet_runtimes(&merged).unwrap(),
             ["io.containerd.grpc.v1.cri.runtimes.vmlet"]
         );
         assert_eq!(
@@ -584,5 +624,22 @@ mod tests {
             std::fs::read_to_string(root.join(NODE_CONFIG)).unwrap(),
             "state_dir = \"/x\"\n"
         );
+    }
+
+    #[test]
+    fn vmlet_runtimes_are_found_in_both_config_layouts() {
+        let v2 = include_str!("../../deploy/containerd-vmlet-v2.toml");
+        assert_eq!(
+            vmlet_runtimes(v2).unwrap(),
+            ["io.containerd.grpc.v1.cri.runtimes.vmlet"]
+        );
+        let v3 = include_str!("../../deploy/containerd-vmlet-v3.toml");
+        assert_eq!(
+            vmlet_runtimes(v3).unwrap(),
+            ["io.containerd.cri.v1.runtime.runtimes.vmlet"]
+        );
+        let runc_only = "version = 3\n[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]\nruntime_type = 'io.containerd.runc.v2'\n";
+        assert!(vmlet_runtimes(runc_only).unwrap().is_empty());
+        assert!(vmlet_runtimes("[[[").is_err());
     }
 }

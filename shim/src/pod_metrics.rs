@@ -9,7 +9,6 @@
 //! memory, CPU and threads. Labels: `pod` and `namespace` (Kubernetes' for a CRI pod,
 //! containerd's task id and namespace otherwise) and `pod_id` (the sandbox id).
 
-use std::collections::HashMap;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -56,7 +55,9 @@ pub struct PodMeter {
     pod: String,
     namespace: String,
     dir: PathBuf,
-    boot_seconds: Option<f64>,
+    /// The pod's host cgroup (its state's), where its VM's figures are.
+    cgroup: Option<PathBuf>,
+    boot_seconds: f64,
     agent_ready_seconds: Option<f64>,
     execs: AtomicU64,
     /// The pod's VM, for the agent's round trip (not kept alive by the meter).
@@ -64,36 +65,38 @@ pub struct PodMeter {
     server: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
-/// The Kubernetes labels of a CRI pod's annotations, if there are.
-pub fn kube_names(annotations: &HashMap<String, String>) -> Option<(String, String)> {
-    Some((
-        annotations.get("io.kubernetes.cri.sandbox-name")?.clone(),
-        annotations
-            .get("io.kubernetes.cri.sandbox-namespace")?
-            .clone(),
-    ))
-}
-
 impl PodMeter {
-    /// A pod's meter: `dir` its state directory, `names` its (pod, namespace) labels.
-    pub fn new(
+    /// Serves the figures of `vm`, booted in `boot` (its agent answering `agent_ready`
+    /// after the VM started), from its state directory `dir`; `names` are its (pod,
+    /// namespace) labels. None, logged, when the socket cannot be made: the pod runs on.
+    pub fn start(
         vm: &Arc<dyn PodVm>,
         dir: &Path,
         names: (String, String),
-        boot_seconds: Option<f64>,
-        agent_ready_seconds: Option<f64>,
-    ) -> Arc<Self> {
-        Arc::new(Self {
+        boot: Duration,
+        agent_ready: Option<Duration>,
+    ) -> Option<Arc<Self>> {
+        let meter = Arc::new(Self {
             pod_id: vm.pod_id().to_owned(),
             pod: names.0,
             namespace: names.1,
             dir: dir.to_owned(),
-            boot_seconds,
-            agent_ready_seconds,
+            cgroup: crate::state::PodState::load(dir)
+                .ok()
+                .and_then(|s| s.cgroup),
+            boot_seconds: boot.as_secs_f64(),
+            agent_ready_seconds: agent_ready.map(|d| d.as_secs_f64()),
             execs: AtomicU64::new(0),
             vm: Arc::downgrade(vm),
             server: std::sync::Mutex::new(None),
-        })
+        });
+        match meter.serve() {
+            Ok(()) => Some(meter),
+            Err(e) => {
+                log::warn!("{}: no metrics: {}", meter.pod_id, e.message());
+                None
+            }
+        }
     }
 
     pub fn count_exec(&self) {
@@ -102,7 +105,7 @@ impl PodMeter {
 
     /// Serves the figures on [`SOCKET`] in the pod's directory (mode 0600) until
     /// [`PodMeter::stop`].
-    pub fn serve(self: &Arc<Self>) -> Result<(), Error> {
+    fn serve(self: &Arc<Self>) -> Result<(), Error> {
         let path = self.dir.join(SOCKET);
         let _ = std::fs::remove_file(&path);
         let listener = tokio::net::UnixListener::bind(&path)
@@ -136,10 +139,8 @@ impl PodMeter {
 
     /// The figures now.
     pub async fn figures(&self) -> PodFigures {
-        let (vm_cpu_seconds, vm_memory_bytes) = crate::state::PodState::load(&self.dir)
-            .ok()
-            .and_then(|s| s.cgroup)
-            .map_or((None, None), |path| cgroup_usage(&path));
+        let (vm_cpu_seconds, vm_memory_bytes) =
+            self.cgroup.as_deref().map_or((None, None), cgroup_usage);
         let shim = ProcessFigures::of_self();
         PodFigures {
             pod_id: self.pod_id.clone(),
@@ -147,7 +148,7 @@ impl PodMeter {
             namespace: self.namespace.clone(),
             vm_cpu_seconds,
             vm_memory_bytes,
-            boot_seconds: self.boot_seconds,
+            boot_seconds: Some(self.boot_seconds),
             agent_ready_seconds: self.agent_ready_seconds,
             agent_rtt_seconds: self.agent_round_trip().await,
             execs: self.execs.load(Ordering::Relaxed),
@@ -427,20 +428,5 @@ mod tests {
         assert!(me.resident_bytes.unwrap() > 0);
         assert!(me.threads.unwrap() >= 1);
         assert!(me.cpu_seconds.is_some());
-    }
-
-    #[test]
-    fn kube_names_need_both_annotations() {
-        let mut a = HashMap::new();
-        a.insert(
-            "io.kubernetes.cri.sandbox-name".to_owned(),
-            "web".to_owned(),
-        );
-        assert_eq!(kube_names(&a), None);
-        a.insert(
-            "io.kubernetes.cri.sandbox-namespace".to_owned(),
-            "prod".to_owned(),
-        );
-        assert_eq!(kube_names(&a), Some(("web".into(), "prod".into())));
     }
 }

@@ -23,7 +23,7 @@ mod modules;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-pub use manifest::Manifest;
+pub use manifest::{sha256_file, sha256_hex, Manifest};
 pub use modules::{resolve as resolve_modules, DRIVER_MODULES, GUEST_MODULES};
 
 /// Errors of the image builder.

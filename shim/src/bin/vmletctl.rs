@@ -34,35 +34,33 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Vmletctl) -> Result<(), String> {
-    match cli.command {
+    // The node config, for the commands that look at the node's pods.
+    let node = || {
+        match &cli.config {
+            Some(path) => NodeConfig::load_from(path),
+            None => NodeConfig::load(),
+        }
+        .map_err(|e| format!("node config: {}", vmlet_shim::Error::Config(e).message()))
+    };
+    let netns_dir = Path::new(ctl::NAMED_NETNS_DIR);
+    match &cli.command {
         CtlCommand::Completion { shell } => {
             clap_complete::generate(
-                shell,
+                *shell,
                 &mut Vmletctl::command(),
                 "vmletctl",
                 &mut std::io::stdout(),
             );
             Ok(())
         }
-        CtlCommand::Install(args) => install(&args),
+        CtlCommand::Install(args) => install(args),
         CtlCommand::Uninstall(args) => {
             let steps = node_install::uninstall(&args.root).map_err(|e| e.message())?;
             report(&steps, args.restart_containerd)
         }
-        command => run_on_node(cli.config, command),
-    }
-}
-
-fn run_on_node(config: Option<std::path::PathBuf>, command: CtlCommand) -> Result<(), String> {
-    let config = match &config {
-        Some(path) => NodeConfig::load_from(path),
-        None => NodeConfig::load(),
-    }
-    .map_err(|e| format!("node config: {}", vmlet_shim::Error::Config(e).message()))?;
-    let vmm = Libvirt::new(&config.libvirt_uri);
-    let netns_dir = Path::new(ctl::NAMED_NETNS_DIR);
-    match command {
         CtlCommand::Ps { output } => {
+            let config = node()?;
+            let vmm = Libvirt::new(&config.libvirt_uri);
             let pods = ctl::survey(&config.state_dir, netns_dir, &vmm).map_err(|e| e.message())?;
             match output {
                 OutputFormat::Json => {
@@ -73,21 +71,28 @@ fn run_on_node(config: Option<std::path::PathBuf>, command: CtlCommand) -> Resul
             }
             Ok(())
         }
-        CtlCommand::Console(args) => console(&config, &args),
+        CtlCommand::Console(args) => console(&node()?, args),
         CtlCommand::Gc { dry_run } => {
-            let removed = ctl::gc(&config, netns_dir, &vmm, dry_run).map_err(|e| e.message())?;
+            let config = node()?;
+            let vmm = Libvirt::new(&config.libvirt_uri);
+            let removed = ctl::gc(&config, netns_dir, &vmm, *dry_run).map_err(|e| e.message())?;
             for what in &removed {
                 println!(
                     "{}{what}",
-                    if dry_run { "would remove " } else { "removed " }
+                    if *dry_run {
+                        "would remove "
+                    } else {
+                        "removed "
+                    }
                 );
             }
             Ok(())
         }
         CtlCommand::Check(args) => {
+            let config = node()?;
             let facts = HostFacts::gather(
                 &config,
-                &vmm,
+                &Libvirt::new(&config.libvirt_uri),
                 args.containerd.as_deref(),
                 &args.containerd_config,
             );
@@ -107,18 +112,12 @@ fn run_on_node(config: Option<std::path::PathBuf>, command: CtlCommand) -> Resul
             }
         }
         CtlCommand::Metrics { listen: None } => {
-            print!(
-                "{}",
-                ctl::metrics(&config, netns_dir, &vmm).map_err(|e| e.message())?
-            );
+            print!("{}", ctl::metrics(&node()?.state_dir));
             Ok(())
         }
         CtlCommand::Metrics {
             listen: Some(address),
-        } => serve_metrics(&config, &vmm, address),
-        CtlCommand::Completion { .. } | CtlCommand::Install(_) | CtlCommand::Uninstall(_) => {
-            unreachable!("answered above")
-        }
+        } => serve_metrics(&node()?.state_dir, *address),
     }
 }
 
@@ -176,11 +175,7 @@ fn report(steps: &[String], restart: bool) -> Result<(), String> {
 const REQUEST_DEADLINE: Duration = Duration::from_secs(5);
 
 /// A small HTTP/1.0 server of `GET /metrics`, one request at a time.
-fn serve_metrics(
-    config: &NodeConfig,
-    vmm: &Libvirt,
-    address: std::net::SocketAddr,
-) -> Result<(), String> {
+fn serve_metrics(state_dir: &Path, address: std::net::SocketAddr) -> Result<(), String> {
     use std::io::Read;
     let listener =
         std::net::TcpListener::bind(address).map_err(|e| format!("listen on {address}: {e}"))?;
@@ -200,11 +195,7 @@ fn serve_metrics(
         }
         let line = String::from_utf8_lossy(&request);
         let (status, body) = match line.split_whitespace().take(2).collect::<Vec<_>>()[..] {
-            ["GET", "/metrics"] => match ctl::metrics(config, Path::new(ctl::NAMED_NETNS_DIR), vmm)
-            {
-                Ok(text) => ("200 OK", text),
-                Err(e) => ("500 Internal Server Error", e.message() + "\n"),
-            },
+            ["GET", "/metrics"] => ("200 OK", ctl::metrics(state_dir)),
             ["GET", _] => ("404 Not Found", "only /metrics is served\n".to_owned()),
             _ => ("400 Bad Request", "expected GET /metrics\n".to_owned()),
         };

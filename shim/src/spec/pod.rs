@@ -131,6 +131,15 @@ pub const SANDBOX_ID_ANNOTATION: &str = "io.kubernetes.cri.sandbox-id";
 /// CRI's annotations on a sandbox naming the pod: its UID and name.
 pub const SANDBOX_UID_ANNOTATION: &str = "io.kubernetes.cri.sandbox-uid";
 pub const SANDBOX_NAME_ANNOTATION: &str = "io.kubernetes.cri.sandbox-name";
+pub const SANDBOX_NAMESPACE_ANNOTATION: &str = "io.kubernetes.cri.sandbox-namespace";
+
+/// A CRI pod's Kubernetes name and namespace, from its sandbox's annotations.
+pub fn kube_names(annotations: &HashMap<String, String>) -> Option<(String, String)> {
+    Some((
+        annotations.get(SANDBOX_NAME_ANNOTATION)?.clone(),
+        annotations.get(SANDBOX_NAMESPACE_ANNOTATION)?.clone(),
+    ))
+}
 
 /// Whether a task brings up its pod's VM or joins an existing one.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -286,5 +295,20 @@ mod tests {
         assert_eq!(grouping(&map(&[]), "t1"), "t1");
         assert!(pod_role(&map(&[(CONTAINER_TYPE_ANNOTATION, "container")])).is_err());
         assert!(pod_role(&map(&[(CONTAINER_TYPE_ANNOTATION, "weird")])).is_err());
+    }
+
+    #[test]
+    fn kube_names_need_both_annotations() {
+        let mut a = HashMap::new();
+        a.insert(
+            "io.kubernetes.cri.sandbox-name".to_owned(),
+            "web".to_owned(),
+        );
+        assert_eq!(kube_names(&a), None);
+        a.insert(
+            "io.kubernetes.cri.sandbox-namespace".to_owned(),
+            "prod".to_owned(),
+        );
+        assert_eq!(kube_names(&a), Some(("web".into(), "prod".into())));
     }
 }

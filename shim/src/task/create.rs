@@ -217,21 +217,11 @@ impl TaskService {
         }
         if let Some((boot, agent_ready)) = booted {
             let annotations = spec.annotations().clone().unwrap_or_default();
-            let names = crate::pod_metrics::kube_names(&annotations)
+            let names = crate::spec::kube_names(&annotations)
                 .unwrap_or_else(|| (req.id.clone(), self.namespace.clone()));
             let dir = crate::pod_paths::PodPaths::new(&config.state_dir, vm.pod_id()).dir;
-            let meter = PodMeter::new(
-                &vm,
-                &dir,
-                names,
-                Some(boot.as_secs_f64()),
-                agent_ready.map(|d| d.as_secs_f64()),
-            );
-            match meter.serve() {
-                Ok(()) => {
-                    self.meters.lock().unwrap().insert(req.id.clone(), meter);
-                }
-                Err(e) => log::warn!("{}: no metrics: {}", req.id, e.message()),
+            if let Some(meter) = PodMeter::start(&vm, &dir, names, boot, agent_ready) {
+                self.meters.lock().unwrap().insert(req.id.clone(), meter);
             }
         }
         // containerd is told the VM's host PID (QEMU's), never the guest's: a PID the
