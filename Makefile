@@ -2,16 +2,21 @@
 # and `make test`; .ci/run calls `make test`.
 SHELL := /bin/bash
 
-.PHONY: demo dist test test-matrix unit mutants fuzz e2e smoke critest bench bench-start bench-exec bench-net bench-density lint stack-up stack-down
+.PHONY: demo dist manifests test test-matrix unit mutants fuzz e2e smoke critest bench bench-start bench-exec bench-net bench-density lint stack-up stack-down
 
 ## demo: boot a container in a VM with ctr against the embedded defaults, then tear down.
 demo:
 	scripts/demo
 
 ## dist: the release tarball dist/vmlet-VERSION-x86_64.tar.gz (programs, guest image, man
-## pages, completions, containerd snippets, RuntimeClass; MANIFEST.json, SHA256SUMS).
+## pages, completions, containerd snippets, RuntimeClass, DaemonSet; MANIFEST.json, SHA256SUMS)
+## and the installer image dist/vmlet-installer-VERSION.oci.tar.
 dist:
 	scripts/dist
+
+## manifests: deploy/*.yaml against the Kubernetes API types (scripts/check-manifests).
+manifests:
+	scripts/check-manifests
 
 ## test: everything: lint, unit tests, the private stack, end-to-end tests, critest,
 ## benchmarks on containerd 2.2, then the smoke tests on containerd 1.7 and 1.6.

@@ -111,9 +111,31 @@ pub struct InstallArgs {
     /// (2.x) (default: from `containerd --version` under the root, else 3).
     #[arg(long, value_name = "VERSION", value_parser = ["2", "3"])]
     pub config_version: Option<String>,
-    /// Restart containerd (systemctl) once its config has vmlet's runtime.
+    /// Restart containerd (systemctl, in the mount namespace of the host's init when
+    /// vmletctl runs in a container with the host's PIDs) once its config has vmlet's runtime.
     #[arg(long)]
     pub restart_containerd: bool,
+    #[command(flatten)]
+    pub node: NodeArgs,
+    /// Stay running once installed, until SIGTERM or SIGINT (a DaemonSet's pod stays up).
+    #[arg(long)]
+    pub wait: bool,
+}
+
+/// The Kubernetes node whose `vmlet.io/runtime` label install sets and uninstall removes.
+#[derive(Debug, Args)]
+pub struct NodeArgs {
+    /// Label (install) or unlabel (uninstall) this Kubernetes node `vmlet.io/runtime=true`,
+    /// with the pod's service account (vmletctl runs in the installer DaemonSet's pod).
+    #[arg(long, value_name = "NAME")]
+    pub node: Option<String>,
+    /// Where the service account's token and ca.crt are.
+    #[arg(
+        long,
+        value_name = "DIR",
+        default_value = crate::node_label::SERVICE_ACCOUNT_DIR
+    )]
+    pub service_account: PathBuf,
 }
 
 #[derive(Debug, Args)]
@@ -121,9 +143,12 @@ pub struct UninstallArgs {
     /// The root `install` was given.
     #[arg(long, value_name = "DIR", default_value = "/")]
     pub root: PathBuf,
-    /// Restart containerd (systemctl) once vmlet's runtime is out of its config.
+    /// Restart containerd (systemctl, as for install) once vmlet's runtime is out of its
+    /// config.
     #[arg(long)]
     pub restart_containerd: bool,
+    #[command(flatten)]
+    pub node: NodeArgs,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -416,10 +416,34 @@ pub fn on_path(program: &str) -> Option<PathBuf> {
 /// The first line a program prints for `--version` (stdout, else stderr), run with a
 /// deadline and bounded output.
 pub fn version_line(program: &Path) -> Result<String, String> {
-    if !program.is_file() {
+    version_line_under(Path::new("/"), program)
+}
+
+/// [`version_line`] of `program` (a path inside `root`) run chrooted into `root`, so that a
+/// node's program runs with the node's libraries when vmletctl runs in a container or a
+/// chroot's host.
+pub fn version_line_under(root: &Path, program: &Path) -> Result<String, String> {
+    let inside = program.strip_prefix("/").unwrap_or(program);
+    if !root.join(inside).is_file() {
         return Err("not found".into());
     }
-    let mut child = Command::new(program)
+    let mut command = Command::new(program);
+    if root != Path::new("/") {
+        let root = std::ffi::CString::new(root.as_os_str().as_encoded_bytes())
+            .map_err(|_| format!("{}: a NUL in the path", root.display()))?;
+        // SAFETY: chroot and chdir are async-signal-safe system calls on memory owned by
+        // the closure; nothing is allocated between fork and exec.
+        unsafe {
+            use std::os::unix::process::CommandExt;
+            command.pre_exec(move || {
+                if libc::chroot(root.as_ptr()) != 0 || libc::chdir(c"/".as_ptr()) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+    let mut child = command
         .arg("--version")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())

@@ -56,6 +56,7 @@ pub mod metrics;
 pub mod netns_holder;
 pub mod nocloud;
 pub mod node_install;
+pub mod node_label;
 pub mod pci_layout;
 pub mod phases;
 pub mod pod_cgroup;

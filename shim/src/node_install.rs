@@ -239,13 +239,28 @@ pub fn remove_runtime(text: &str, block: &str) -> Option<String> {
     text.strip_suffix(block).map(str::to_owned)
 }
 
-/// What one step of install or uninstall did, for the user.
-pub type Steps = Vec<String>;
+/// What install or uninstall did: each step for the user, and whether containerd's config
+/// changed (so that containerd is restarted only then).
+#[derive(Debug, Default)]
+pub struct Steps {
+    pub done: Vec<String>,
+    pub containerd_config_changed: bool,
+}
+
+impl Steps {
+    fn push(&mut self, step: String) {
+        self.done.push(step);
+    }
+
+    pub fn iter(&self) -> std::slice::Iter<'_, String> {
+        self.done.iter()
+    }
+}
 
 /// Installs the release unpacked at `release` under `root`. `default_layout` is the layout
 /// of a containerd config that does not exist yet.
 pub fn install(release: &Path, root: &Path, default_layout: ConfigLayout) -> Result<Steps, Error> {
-    let mut steps = Steps::new();
+    let mut steps = Steps::default();
     let version = std::fs::read_to_string(release.join("VERSION"))
         .map_err(|e| {
             Error::io(
@@ -314,6 +329,7 @@ pub fn install(release: &Path, root: &Path, default_layout: ConfigLayout) -> Res
                 ));
             }
             write_file(&containerd, merged.as_bytes(), 0o644)?;
+            steps.containerd_config_changed = true;
             record.containerd_block = Some(block);
             record.containerd_config_created = !existed;
             steps.push(format!(
@@ -332,7 +348,7 @@ pub fn install(release: &Path, root: &Path, default_layout: ConfigLayout) -> Res
     }
     let json = serde_json::to_vec_pretty(&record).map_err(|e| Error::Internal(e.to_string()))?;
     write_file(&record_path, &json, 0o644)?;
-    if steps.is_empty() {
+    if steps.done.is_empty() {
         steps.push(format!(
             "vmlet {version} is installed already; nothing changed"
         ));
@@ -350,7 +366,7 @@ pub fn uninstall(root: &Path) -> Result<Steps, Error> {
             record_path.display()
         )));
     };
-    let mut steps = Steps::new();
+    let mut steps = Steps::default();
     let mut kept = Vec::new();
     let mut removed = 0;
     for (relative, hash) in &record.files {
@@ -367,12 +383,14 @@ pub fn uninstall(root: &Path) -> Result<Steps, Error> {
         match remove_runtime(&text, block) {
             Some(original) if record.containerd_config_created && original.is_empty() => {
                 let _ = std::fs::remove_file(&containerd);
+                steps.containerd_config_changed = true;
                 steps.push(format!("removed /{CONTAINERD_CONFIG} (install made it)"));
             }
             Some(original) => {
                 std::fs::write(&containerd, original.as_bytes())
                     .map_err(|e| Error::io(format!("write {}", containerd.display()), e))?;
                 let _ = std::fs::remove_file(backup_path(&containerd));
+                steps.containerd_config_changed = true;
                 steps.push(format!("removed the vmlet runtime from /{CONTAINERD_CONFIG}; restart containerd"));
             }
             None => kept.push(format!(
@@ -398,6 +416,58 @@ pub fn uninstall(root: &Path) -> Result<Steps, Error> {
         steps.push(format!("kept {what}"));
     }
     Ok(steps)
+}
+
+/// How long `systemctl restart containerd` may take.
+const RESTART_DEADLINE: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// Restarts containerd with systemctl. In a container that sees the host's PIDs (the
+/// installer DaemonSet's pod: `hostPID`, privileged), systemctl runs in the mount namespace
+/// of the host's init, so that it is the host's systemctl talking to the host's systemd.
+pub fn restart_containerd() -> Result<(), Error> {
+    use std::os::unix::fs::MetadataExt;
+    use std::os::unix::process::CommandExt;
+    let what = "systemctl restart containerd";
+    let mut command = std::process::Command::new("/bin/systemctl");
+    command.args(["restart", "containerd"]);
+    let ours = std::fs::metadata("/proc/self/ns/mnt").map(|m| m.ino());
+    let init = std::fs::metadata("/proc/1/ns/mnt").map(|m| m.ino());
+    if let (Ok(ours), Ok(init)) = (ours, init) {
+        if ours != init {
+            let namespace = std::fs::File::open("/proc/1/ns/mnt")
+                .map_err(|e| Error::io("open /proc/1/ns/mnt (the host's init)", e))?;
+            // SAFETY: setns is an async-signal-safe system call on an fd the closure owns.
+            unsafe {
+                command.pre_exec(move || {
+                    use std::os::fd::AsRawFd;
+                    if libc::setns(namespace.as_raw_fd(), libc::CLONE_NEWNS) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+    }
+    let mut child = command
+        .stdin(std::process::Stdio::null())
+        .spawn()
+        .map_err(|e| Error::io(what, e))?;
+    let start = std::time::Instant::now();
+    loop {
+        match child.try_wait().map_err(|e| Error::io(what, e))? {
+            Some(status) if status.success() => return Ok(()),
+            Some(status) => return Err(Error::FailedPrecondition(format!("{what}: {status}"))),
+            None if start.elapsed() > RESTART_DEADLINE => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(Error::Timeout(format!(
+                    "{what} did not finish within {}s",
+                    RESTART_DEADLINE.as_secs()
+                )));
+            }
+            None => std::thread::sleep(std::time::Duration::from_millis(100)),
+        }
+    }
 }
 
 fn backup_path(config: &Path) -> PathBuf {
@@ -564,6 +634,7 @@ mod tests {
                 .any(|s| s.contains("registered the CRI runtime vmlet")),
             "{steps:?}"
         );
+        assert!(steps.containerd_config_changed);
         let config = std::fs::read_to_string(root.join(CONTAINERD_CONFIG)).unwrap();
         assert!(
             config.contains("io.containerd.grpc.v1.cri\".containerd.runtimes.vmlet"),
@@ -581,10 +652,15 @@ mod tests {
 
         let again = install(&release, &root, ConfigLayout::V3).unwrap();
         assert!(again.iter().all(|s| !s.contains("registered")), "{again:?}");
+        assert!(
+            !again.containerd_config_changed,
+            "containerd needs no restart"
+        );
         assert_eq!(tree(&root), installed, "installing twice changes nothing");
 
         let steps = uninstall(&root).unwrap();
         assert!(steps.iter().all(|s| !s.starts_with("kept")), "{steps:?}");
+        assert!(steps.containerd_config_changed);
         assert_eq!(
             tree(&root),
             before,

@@ -9,11 +9,12 @@ use std::time::Duration;
 
 use clap::{CommandFactory, Parser};
 use vmlet_config::NodeConfig;
-use vmlet_shim::cli::{ConsoleArgs, CtlCommand, InstallArgs, OutputFormat, Vmletctl};
+use vmlet_shim::cli::{ConsoleArgs, CtlCommand, InstallArgs, NodeArgs, OutputFormat, Vmletctl};
 use vmlet_shim::console::ConsoleFollower;
 use vmlet_shim::ctl;
 use vmlet_shim::host_check::{self, HostFacts, Verdict};
-use vmlet_shim::node_install::{self, ConfigLayout};
+use vmlet_shim::node_install::{self, ConfigLayout, Steps};
+use vmlet_shim::node_label::{self, InCluster, NodeApi};
 use vmlet_shim::pod_paths::PodPaths;
 use vmlet_shim::vmm::Libvirt;
 
@@ -55,6 +56,8 @@ fn run(cli: Vmletctl) -> Result<(), String> {
         }
         CtlCommand::Install(args) => install(args),
         CtlCommand::Uninstall(args) => {
+            // The label first: no pod is scheduled here for vmlet from now on.
+            label(&args.node, None)?;
             let steps = node_install::uninstall(&args.root).map_err(|e| e.message())?;
             report(&steps, args.restart_containerd)
         }
@@ -133,10 +136,10 @@ fn install(args: &InstallArgs) -> Result<(), String> {
         Some("2") => ConfigLayout::V2,
         Some(_) => ConfigLayout::V3,
         None => {
-            let containerd = args.root.join("usr/bin/containerd");
-            let local = args.root.join("usr/local/bin/containerd");
-            let version = host_check::version_line(&local)
-                .or_else(|_| host_check::version_line(&containerd))
+            let under =
+                |program: &str| host_check::version_line_under(&args.root, Path::new(program));
+            let version = under("/usr/local/bin/containerd")
+                .or_else(|_| under("/usr/bin/containerd"))
                 .unwrap_or_default();
             // `containerd github.com/containerd/containerd v1.7.29 ...`; Debian: `1.6.20~ds1`.
             let old = version
@@ -150,24 +153,63 @@ fn install(args: &InstallArgs) -> Result<(), String> {
         }
     };
     let steps = node_install::install(&release, &args.root, layout).map_err(|e| e.message())?;
-    report(&steps, args.restart_containerd)
+    report(&steps, args.restart_containerd)?;
+    // The label last: pods come once containerd can start them.
+    label(&args.node, Some(node_label::LABEL_VALUE))?;
+    if args.wait {
+        wait_for_termination()?;
+    }
+    Ok(())
 }
 
-/// Prints what install or uninstall did, and restarts containerd when asked.
-fn report(steps: &[String], restart: bool) -> Result<(), String> {
-    for step in steps {
+/// Prints what install or uninstall did, and restarts containerd when asked and its config
+/// changed.
+fn report(steps: &Steps, restart: bool) -> Result<(), String> {
+    for step in steps.iter() {
         println!("{step}");
     }
-    if restart {
-        let status = std::process::Command::new("systemctl")
-            .args(["restart", "containerd"])
-            .status()
-            .map_err(|e| format!("systemctl restart containerd: {e}"))?;
-        if !status.success() {
-            return Err(format!("systemctl restart containerd: {status}"));
+    match (restart, steps.containerd_config_changed) {
+        (true, true) => {
+            node_install::restart_containerd().map_err(|e| e.message())?;
+            println!("restarted containerd");
         }
-        println!("restarted containerd");
+        (true, false) => println!("containerd's config is as it was: containerd not restarted"),
+        (false, _) => {}
     }
+    Ok(())
+}
+
+/// Sets (`Some`) or removes the node's `vmlet.io/runtime` label, when a node is named.
+fn label(args: &NodeArgs, value: Option<&str>) -> Result<(), String> {
+    let Some(node) = &args.node else {
+        return Ok(());
+    };
+    let api = InCluster::new(|k| std::env::var(k).ok(), &args.service_account)
+        .map_err(|e| e.message())?;
+    api.label(node, node_label::LABEL, value)
+        .map_err(|e| e.message())?;
+    match value {
+        Some(v) => println!("labelled node {node} {}={v}", node_label::LABEL),
+        None => println!("removed the label {} of node {node}", node_label::LABEL),
+    }
+    Ok(())
+}
+
+/// Blocks until SIGTERM or SIGINT.
+fn wait_for_termination() -> Result<(), String> {
+    use nix::sys::signal::{SigSet, Signal};
+    let mut signals = SigSet::empty();
+    signals.add(Signal::SIGTERM);
+    signals.add(Signal::SIGINT);
+    signals
+        .thread_block()
+        .map_err(|e| format!("block SIGTERM: {e}"))?;
+    println!("installed; waiting for SIGTERM");
+    let _ = std::io::stdout().flush();
+    let signal = signals
+        .wait()
+        .map_err(|e| format!("wait for SIGTERM: {e}"))?;
+    println!("{signal}: leaving vmlet installed (`vmletctl uninstall` takes it off)");
     Ok(())
 }
 

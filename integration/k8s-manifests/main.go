@@ -1,0 +1,312 @@
+// check-manifests: vmlet's Kubernetes manifests (deploy/*.yaml) against the Kubernetes API
+// types they name, as the API server would decode them: each YAML document strictly decoded
+// into its kind (k8s.io/api at the version in go.mod): an unknown or misspelt field, a wrong
+// type or a bad quantity is an error; then the checks the API server's validation makes that
+// matter here (names, labels, selectors), and what ties the files together (the DaemonSet's
+// and Job's service accounts bound to roles that may patch nodes, the image, the label the
+// installer sets and the RuntimeClass selects).
+//
+// Usage: check-manifests -image NAME -label KEY=VALUE FILE...
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	nodev1 "k8s.io/api/node/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/serializer/json"
+	"k8s.io/apimachinery/pkg/util/validation"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+)
+
+type checker struct {
+	errs []string
+	// Where the document being checked is: FILE (document N).
+	where string
+}
+
+func (c *checker) fail(format string, args ...any) {
+	c.errs = append(c.errs, fmt.Sprintf("%s: %s", c.where, fmt.Sprintf(format, args...)))
+}
+
+func (c *checker) name(what, name string, subdomain bool) {
+	var problems []string
+	if subdomain {
+		problems = validation.IsDNS1123Subdomain(name)
+	} else {
+		problems = validation.IsDNS1123Label(name)
+	}
+	for _, p := range problems {
+		c.fail("%s %q: %s", what, name, p)
+	}
+}
+
+func (c *checker) labelSet(what string, set map[string]string) {
+	for k, v := range set {
+		for _, p := range validation.IsQualifiedName(k) {
+			c.fail("%s key %q: %s", what, k, p)
+		}
+		for _, p := range validation.IsValidLabelValue(v) {
+			c.fail("%s %q value %q: %s", what, k, v, p)
+		}
+	}
+}
+
+func (c *checker) meta(kind string, m metav1.ObjectMeta, namespaced bool) {
+	c.name(kind+" name", m.Name, true)
+	if namespaced {
+		if m.Namespace == "" {
+			c.fail("%s %s has no namespace", kind, m.Name)
+		} else {
+			c.name(kind+" namespace", m.Namespace, false)
+		}
+	} else if m.Namespace != "" {
+		c.fail("%s %s is cluster-scoped but names namespace %s", kind, m.Name, m.Namespace)
+	}
+	c.labelSet(kind+" label", m.Labels)
+}
+
+// A pod template: the installer's needs (the host's root, its PIDs, the node's name for the
+// label, the image).
+func (c *checker) podTemplate(owner string, t corev1.PodTemplateSpec, image string, accounts map[string]bool) {
+	c.labelSet(owner+" pod label", t.Labels)
+	c.labelSet(owner+" nodeSelector", t.Spec.NodeSelector)
+	s := t.Spec
+	if !accounts[s.ServiceAccountName] {
+		c.fail("%s runs as service account %q, which no ServiceAccount here is", owner, s.ServiceAccountName)
+	}
+	if !s.HostPID {
+		c.fail("%s: hostPID is needed to restart the host's containerd", owner)
+	}
+	hostRoot := map[string]bool{}
+	for _, v := range s.Volumes {
+		if v.HostPath != nil && v.HostPath.Path == "/" {
+			hostRoot[v.Name] = true
+		}
+	}
+	if len(s.Containers) != 1 {
+		c.fail("%s has %d containers, expected the installer's one", owner, len(s.Containers))
+		return
+	}
+	k := s.Containers[0]
+	c.name(owner+" container name", k.Name, false)
+	if k.Image != image {
+		c.fail("%s runs image %q, not the installer %q", owner, k.Image, image)
+	}
+	if k.SecurityContext == nil || k.SecurityContext.Privileged == nil || !*k.SecurityContext.Privileged {
+		c.fail("%s's container must be privileged (chroot, setns into the host's init)", owner)
+	}
+	mounted := false
+	for _, m := range k.VolumeMounts {
+		if hostRoot[m.Name] && m.MountPath == "/host" {
+			mounted = true
+		}
+	}
+	if !mounted {
+		c.fail("%s does not mount the host's / at /host", owner)
+	}
+	args := strings.Join(k.Command, " ")
+	if !strings.Contains(args, "--root=/host") || !strings.Contains(args, "--node=$(NODE_NAME)") {
+		c.fail("%s's command %q lacks --root=/host or --node=$(NODE_NAME)", owner, args)
+	}
+	nodeName := false
+	for _, e := range k.Env {
+		if e.Name == "NODE_NAME" && e.ValueFrom != nil && e.ValueFrom.FieldRef != nil &&
+			e.ValueFrom.FieldRef.FieldPath == "spec.nodeName" {
+			nodeName = true
+		}
+	}
+	if !nodeName {
+		c.fail("%s's container has no NODE_NAME from spec.nodeName", owner)
+	}
+}
+
+func main() {
+	image := flag.String("image", "", "the installer image the pods must run")
+	label := flag.String("label", "", "KEY=VALUE: the label vmletctl install sets")
+	flag.Parse()
+	key, value, ok := strings.Cut(*label, "=")
+	if *image == "" || !ok || flag.NArg() == 0 {
+		fmt.Fprintln(os.Stderr, "usage: check-manifests -image NAME -label KEY=VALUE FILE...")
+		os.Exit(2)
+	}
+
+	scheme := runtime.NewScheme()
+	for _, add := range []func(*runtime.Scheme) error{corev1.AddToScheme, appsv1.AddToScheme,
+		batchv1.AddToScheme, rbacv1.AddToScheme, nodev1.AddToScheme} {
+		if err := add(scheme); err != nil {
+			panic(err)
+		}
+	}
+	decoder := json.NewSerializerWithOptions(json.DefaultMetaFactory, scheme, scheme,
+		json.SerializerOptions{Yaml: true, Strict: true})
+
+	c := &checker{}
+	var objects []runtime.Object
+	files := map[runtime.Object]string{}
+	fileOf := map[runtime.Object]string{}
+	for _, file := range flag.Args() {
+		c.where = file
+		data, err := os.ReadFile(file)
+		if err != nil {
+			c.fail("%v", err)
+			continue
+		}
+		reader := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
+		n := 0
+		for {
+			doc, err := reader.Read()
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				c.fail("%v", err)
+				break
+			}
+			if len(bytes.TrimSpace(stripComments(doc))) == 0 {
+				continue
+			}
+			n++
+			c.where = fmt.Sprintf("%s (document %d)", file, n)
+			obj, gvk, err := decoder.Decode(doc, nil, nil)
+			if err != nil {
+				c.fail("%v", err)
+				continue
+			}
+			fmt.Printf("%s: %s %s\n", file, gvk.Kind, obj.(metav1.Object).GetName())
+			objects = append(objects, obj)
+			files[obj] = c.where
+			fileOf[obj] = file
+		}
+	}
+
+	// Each file on its own must stand: the cleanup runs after the installer's file is deleted.
+	byFile := map[string][]runtime.Object{}
+	for _, o := range objects {
+		byFile[fileOf[o]] = append(byFile[fileOf[o]], o)
+	}
+	for _, file := range flag.Args() {
+		objs := byFile[file]
+		accounts := map[string]bool{}
+		rolesPatchingNodes := map[string]bool{}
+		for _, o := range objs {
+			switch v := o.(type) {
+			case *corev1.ServiceAccount:
+				accounts[v.Name] = true
+			case *rbacv1.ClusterRole:
+				get, patch := false, false
+				for _, r := range v.Rules {
+					if contains(r.APIGroups, "") && contains(r.Resources, "nodes") {
+						get = get || contains(r.Verbs, "get")
+						patch = patch || contains(r.Verbs, "patch")
+					}
+				}
+				rolesPatchingNodes[v.Name] = get && patch
+			}
+		}
+		bound := map[string]bool{}
+		for _, o := range objs {
+			if b, ok := o.(*rbacv1.ClusterRoleBinding); ok {
+				if b.RoleRef.Kind != "ClusterRole" || b.RoleRef.APIGroup != rbacv1.GroupName {
+					c.fail("ClusterRoleBinding %s: roleRef must be a ClusterRole of %s", b.Name, rbacv1.GroupName)
+				}
+				for _, s := range b.Subjects {
+					if s.Kind == rbacv1.ServiceAccountKind && rolesPatchingNodes[b.RoleRef.Name] {
+						bound[s.Name] = true
+					}
+				}
+			}
+		}
+		for _, o := range objs {
+			c.where = files[o]
+			switch v := o.(type) {
+			case *corev1.ServiceAccount:
+				c.meta("ServiceAccount", v.ObjectMeta, true)
+			case *rbacv1.ClusterRole:
+				c.meta("ClusterRole", v.ObjectMeta, false)
+			case *rbacv1.ClusterRoleBinding:
+				c.meta("ClusterRoleBinding", v.ObjectMeta, false)
+			case *nodev1.RuntimeClass:
+				c.meta("RuntimeClass", v.ObjectMeta, false)
+				c.name("RuntimeClass handler", v.Handler, false)
+				if v.Scheduling == nil || v.Scheduling.NodeSelector[key] != value {
+					c.fail("RuntimeClass %s does not select nodes labelled %s=%s", v.Name, key, value)
+				} else {
+					c.labelSet("RuntimeClass nodeSelector", v.Scheduling.NodeSelector)
+				}
+				if v.Overhead == nil || v.Overhead.PodFixed.Memory().IsZero() || v.Overhead.PodFixed.Cpu().IsZero() {
+					c.fail("RuntimeClass %s has no overhead.podFixed memory and cpu", v.Name)
+				}
+			case *appsv1.DaemonSet:
+				c.meta("DaemonSet", v.ObjectMeta, true)
+				selector, err := metav1.LabelSelectorAsSelector(v.Spec.Selector)
+				if err != nil {
+					c.fail("DaemonSet %s selector: %v", v.Name, err)
+				} else if selector.Empty() || !selector.Matches(labels.Set(v.Spec.Template.Labels)) {
+					c.fail("DaemonSet %s: its selector does not match its pods' labels", v.Name)
+				}
+				c.podTemplate("DaemonSet "+v.Name, v.Spec.Template, *image, accounts)
+				if !bound[v.Spec.Template.Spec.ServiceAccountName] {
+					c.fail("DaemonSet %s's service account may not get and patch nodes", v.Name)
+				}
+				if v.Spec.Template.Spec.RestartPolicy != "" && v.Spec.Template.Spec.RestartPolicy != corev1.RestartPolicyAlways {
+					c.fail("DaemonSet %s: a DaemonSet's pods restart Always", v.Name)
+				}
+			case *batchv1.Job:
+				c.meta("Job", v.ObjectMeta, true)
+				c.podTemplate("Job "+v.Name, v.Spec.Template, *image, accounts)
+				if !bound[v.Spec.Template.Spec.ServiceAccountName] {
+					c.fail("Job %s's service account may not get and patch nodes", v.Name)
+				}
+				p := v.Spec.Template.Spec.RestartPolicy
+				if p != corev1.RestartPolicyNever && p != corev1.RestartPolicyOnFailure {
+					c.fail("Job %s: restartPolicy must be Never or OnFailure, not %q", v.Name, p)
+				}
+				if v.Spec.Template.Spec.NodeSelector[key] != value {
+					c.fail("Job %s does not go to nodes labelled %s=%s", v.Name, key, value)
+				}
+			default:
+				c.fail("unexpected kind %T", o)
+			}
+		}
+	}
+	if len(c.errs) > 0 {
+		for _, e := range c.errs {
+			fmt.Fprintln(os.Stderr, "check-manifests:", e)
+		}
+		os.Exit(1)
+	}
+	fmt.Printf("check-manifests: %d objects in %d files valid\n", len(objects), flag.NArg())
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s || x == "*" {
+			return true
+		}
+	}
+	return false
+}
+
+func stripComments(doc []byte) []byte {
+	var out [][]byte
+	for _, line := range bytes.Split(doc, []byte("\n")) {
+		if !bytes.HasPrefix(bytes.TrimSpace(line), []byte("#")) {
+			out = append(out, line)
+		}
+	}
+	return bytes.Join(out, []byte("\n"))
+}
