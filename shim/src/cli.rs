@@ -64,7 +64,8 @@ pub enum CtlCommand {
     },
     /// Install the release this vmletctl belongs to (an unpacked `make dist` tarball) onto
     /// the node: its programs, guest image, man pages and completions, vmlet's CRI runtime in
-    /// containerd's config (after a backup), /etc/vmlet/config.toml when absent.
+    /// containerd's config (after a backup), /etc/vmlet/config.toml when absent. Another
+    /// installed version is taken off first.
     Install(InstallArgs),
     /// Take off what `install` put on the node; containerd's config gets its bytes back.
     Uninstall(UninstallArgs),

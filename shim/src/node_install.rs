@@ -15,6 +15,9 @@
 //!   when it is still as written.
 //!
 //! Installing twice changes nothing: the files are the same, the runtime is registered.
+//! Installing another version (the DaemonSet with a newer image) takes the installed one off
+//! first, as uninstall does, then installs; containerd needs a restart only when its config's
+//! bytes changed ([`Steps::containerd_config_changed`]).
 
 use std::path::{Path, PathBuf};
 
@@ -271,13 +274,22 @@ pub fn install(release: &Path, root: &Path, default_layout: ConfigLayout) -> Res
         .trim()
         .to_owned();
     let record_path = root.join(RECORD);
+    let containerd = root.join(CONTAINERD_CONFIG);
+    let config_before = std::fs::read(&containerd).ok();
     let mut record = match read_record(&record_path)? {
         Some(old) if old.version != version => {
-            return Err(Error::FailedPrecondition(format!(
-                "vmlet {} is installed under {}: `vmletctl uninstall` it first",
-                old.version,
-                root.display()
-            )))
+            // Another version (an upgrade, or back): it comes off first, as uninstall takes
+            // it off (containerd's config as before it, its files, its unchanged node config).
+            steps.push(format!(
+                "vmlet {} is installed: replacing it with {version}",
+                old.version
+            ));
+            let old_steps = uninstall(root)?;
+            steps.done.extend(old_steps.done);
+            Record {
+                version: version.clone(),
+                ..Default::default()
+            }
         }
         Some(old) => old,
         None => Record {
@@ -307,7 +319,6 @@ pub fn install(release: &Path, root: &Path, default_layout: ConfigLayout) -> Res
         }
     }
     // containerd's config.
-    let containerd = root.join(CONTAINERD_CONFIG);
     let (text, existed) = match std::fs::read_to_string(&containerd) {
         Ok(text) => (text, true),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => (String::new(), false),
@@ -329,7 +340,6 @@ pub fn install(release: &Path, root: &Path, default_layout: ConfigLayout) -> Res
                 ));
             }
             write_file(&containerd, merged.as_bytes(), 0o644)?;
-            steps.containerd_config_changed = true;
             record.containerd_block = Some(block);
             record.containerd_config_created = !existed;
             steps.push(format!(
@@ -348,6 +358,7 @@ pub fn install(release: &Path, root: &Path, default_layout: ConfigLayout) -> Res
     }
     let json = serde_json::to_vec_pretty(&record).map_err(|e| Error::Internal(e.to_string()))?;
     write_file(&record_path, &json, 0o644)?;
+    steps.containerd_config_changed = std::fs::read(&containerd).ok() != config_before;
     if steps.done.is_empty() {
         steps.push(format!(
             "vmlet {version} is installed already; nothing changed"
@@ -667,6 +678,49 @@ mod tests {
             "uninstall restores every file byte for byte"
         );
         assert!(uninstall(&root).is_err(), "nothing left to uninstall");
+    }
+
+    #[test]
+    fn another_version_is_replaced_and_containerd_restarted_only_when_its_config_changed() {
+        let dir = tempfile::tempdir().unwrap();
+        let old = release(dir.path());
+        std::fs::write(old.join("bin/vmlet-old-only"), "gone in the next version").unwrap();
+        let root = dir.path().join("root");
+        std::fs::create_dir_all(root.join("etc/containerd")).unwrap();
+        std::fs::write(root.join(CONTAINERD_CONFIG), DEBIAN_16).unwrap();
+        let before = tree(&root);
+        install(&old, &root, ConfigLayout::V3).unwrap();
+
+        let new = dir.path().join("new");
+        for (path, bytes) in tree(&old) {
+            let target = new.join(path.strip_prefix(&old).unwrap());
+            std::fs::create_dir_all(target.parent().unwrap()).unwrap();
+            std::fs::write(target, bytes).unwrap();
+        }
+        std::fs::remove_file(new.join("bin/vmlet-old-only")).unwrap();
+        std::fs::write(new.join("VERSION"), "0.2.0\n").unwrap();
+        std::fs::write(new.join("bin/vmletctl"), "#!/bin/sh\n# 0.2.0\n").unwrap();
+
+        let steps = install(&new, &root, ConfigLayout::V3).unwrap();
+        assert!(
+            steps.iter().any(|s| s.contains("replacing it with 0.2.0")),
+            "{steps:?}"
+        );
+        // The same block: containerd's config bytes are as they were, no restart.
+        assert!(!steps.containerd_config_changed, "{steps:?}");
+        assert!(!root.join("usr/local/bin/vmlet-old-only").exists());
+        assert_eq!(
+            std::fs::read(root.join("usr/local/bin/vmletctl")).unwrap(),
+            b"#!/bin/sh\n# 0.2.0\n"
+        );
+        let record = read_record(&root.join(RECORD)).unwrap().unwrap();
+        assert_eq!(record.version, "0.2.0");
+        uninstall(&root).unwrap();
+        assert_eq!(
+            tree(&root),
+            before,
+            "the new version's uninstall restores the root"
+        );
     }
 
     #[test]
