@@ -72,6 +72,9 @@ pub struct HostFacts {
     pub kvm: KvmFacts,
     /// libvirt's answer to "can this QEMU run a KVM domain of this machine type".
     pub libvirt_kvm: bool,
+    /// Where libvirt offers KVM and the config may use it: whether a guest booted on it (its
+    /// boot time in ms) or why not ([`crate::kvm_probe`]); None where not probed.
+    pub kvm_probe: Option<Result<u64, String>>,
     pub libvirt: Result<LibvirtHost, String>,
     pub vhost_vsock: bool,
     pub vhost_net: bool,
@@ -111,12 +114,31 @@ impl HostFacts {
         let libvirt_kvm = libvirt_host.is_ok()
             && kvm.dev_kvm
             && libvirt.kvm_usable(&h.qemu.to_string_lossy(), &config.guest.machine);
+        let kvm_probe = (libvirt_kvm && config.accel != Accel::Tcg).then(|| {
+            let state_dir = config
+                .state_dir
+                .is_dir()
+                .then_some(config.state_dir.as_path());
+            let probe = crate::kvm_probe::guest_boots_on_kvm(
+                &h.qemu,
+                &config.guest.kernel,
+                &config.guest.machine,
+                state_dir,
+            );
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| format!("a runtime for the probe: {e}"))
+                .and_then(|runtime| runtime.block_on(probe))
+                .map(|took| took.as_millis() as u64)
+        });
         let containerd_bin = containerd
             .map(Path::to_owned)
             .or_else(|| on_path("containerd"));
         HostFacts {
             kvm,
             libvirt_kvm,
+            kvm_probe,
             libvirt: libvirt_host,
             vhost_vsock: Path::new("/dev/vhost-vsock").exists(),
             vhost_net: Path::new("/dev/vhost-net").exists(),
@@ -186,6 +208,15 @@ impl KvmFacts {
 }
 
 /// Judges the facts against the node config, one finding per subject.
+/// Why a probe guest would not boot, where the host shows it.
+fn paravirtual_note(kvm: &KvmFacts) -> &'static str {
+    if kvm.is_paravirtual() {
+        " (/dev/kvm is kvm_pvm's: this host is itself a VM with a paravirtual KVM)"
+    } else {
+        ""
+    }
+}
+
 pub fn assess(config: &NodeConfig, facts: &HostFacts) -> Vec<Finding> {
     let mut out = Vec::new();
     let mut say = |verdict, subject, text: String| {
@@ -205,15 +236,21 @@ pub fn assess(config: &NodeConfig, facts: &HostFacts) -> Vec<Finding> {
             facts.kvm.why_unusable()
         }
     };
-    match (config.accel, facts.libvirt_kvm) {
-        (Accel::Tcg, _) => say(Warn, "accel", "TCG (accel = \"tcg\" in the node config): software emulation, several times slower than KVM".into()),
-        (_, true) if facts.kvm.is_paravirtual() => say(Fail, "accel", format!(
-            "libvirt offers KVM, but {}: set accel = \"tcg\" in the node config",
-            facts.kvm.why_unusable()
+    let accel = format!("{:?}", config.accel).to_lowercase();
+    match (config.accel, facts.libvirt_kvm, &facts.kvm_probe) {
+        (Accel::Tcg, _, _) => say(Warn, "accel", "TCG (accel = \"tcg\" in the node config): software emulation, several times slower than KVM".into()),
+        (Accel::Auto, true, Some(Err(why))) => say(Warn, "accel", format!(
+            "TCG fallback: libvirt offers KVM, but {why}{}",
+            paravirtual_note(&facts.kvm)
         )),
-        (_, true) => say(Ok, "accel", format!("KVM (accel = {:?})", config.accel).to_lowercase()),
-        (Accel::Auto, false) => say(Warn, "accel", format!("TCG fallback: KVM is not usable: {}", kvm_why())),
-        (Accel::Kvm, false) => say(Fail, "accel", format!("accel = \"kvm\" in the node config, but KVM is not usable: {}", kvm_why())),
+        (_, true, Some(Err(why))) => say(Fail, "accel", format!(
+            "accel = \"{accel}\" in the node config, but {why}{}: set accel = \"auto\" or \"tcg\"",
+            paravirtual_note(&facts.kvm)
+        )),
+        (_, true, Some(Result::Ok(ms))) => say(Ok, "accel", format!("KVM (accel = \"{accel}\"): a probe guest booted on it in {ms} ms")),
+        (_, true, None) => say(Ok, "accel", format!("KVM (accel = \"{accel}\")")),
+        (Accel::Auto, false, _) => say(Warn, "accel", format!("TCG fallback: KVM is not usable: {}", kvm_why())),
+        (Accel::Kvm, false, _) => say(Fail, "accel", format!("accel = \"kvm\" in the node config, but KVM is not usable: {}", kvm_why())),
     }
 
     // vsock.
@@ -266,6 +303,18 @@ pub fn assess(config: &NodeConfig, facts: &HostFacts) -> Vec<Finding> {
                     config.libvirt_uri, host.version, host.hypervisor_version
                 ),
             );
+            for confining in ["apparmor", "selinux"] {
+                if host.security_models.iter().any(|m| m == confining) {
+                    say(
+                        Warn,
+                        "confinement",
+                        format!(
+                            "libvirt confines QEMU with {confining}; vmlet's own QEMU arguments (the vsock and QMP sockets and the root overlay under {}) are not in the per-VM rules libvirt writes, and vmlet adds none yet: pods may fail to start (untested: docs/design.md, \"Status\")",
+                            config.state_dir.display()
+                        ),
+                    );
+                }
+            }
         }
         Err(e) => say(
             Fail,
@@ -502,6 +551,7 @@ mod tests {
                 cpu_virtualisation: false,
             },
             libvirt_kvm: false,
+            kvm_probe: None,
             libvirt: Result::Ok(LibvirtHost {
                 version: "9.0.0".into(),
                 hypervisor_version: "7.2.0".into(),
@@ -555,8 +605,27 @@ mod tests {
         assert!(line(&findings, "libvirt")
             .text
             .contains("security driver none"));
+        assert!(findings.iter().all(|f| f.subject != "confinement"));
         let printed = accel.to_string();
         assert!(printed.starts_with("warn  accel         TCG"), "{printed}");
+    }
+
+    #[test]
+    fn a_confining_security_driver_is_named_as_untested() {
+        let mut f = facts();
+        if let Result::Ok(host) = &mut f.libvirt {
+            host.security_models = vec!["apparmor".into(), "dac".into()];
+        }
+        let findings = assess(&NodeConfig::default(), &f);
+        let confinement = line(&findings, "confinement");
+        assert_eq!(confinement.verdict, Verdict::Warn);
+        assert!(
+            confinement
+                .text
+                .starts_with("libvirt confines QEMU with apparmor")
+                && confinement.text.contains("/run/vmlet"),
+            "{confinement}"
+        );
     }
 
     #[test]
@@ -593,18 +662,40 @@ mod tests {
             Verdict::Fail
         );
 
-        // libvirt offering a KVM that cannot run guests (kvm_pvm): vmlet would pick it.
+        // libvirt offering a KVM that cannot run guests (kvm_pvm): the probe guest hangs,
+        // auto falls back to TCG, accel = "kvm" cannot start a pod.
         let mut f = facts();
         f.libvirt_kvm = true;
-        let findings = assess(&NodeConfig::default(), &f);
-        let accel = line(&findings, "accel");
+        f.kvm_probe = Some(Err("a probe guest did not boot on KVM within 10 s".into()));
+        let accel = line(&assess(&NodeConfig::default(), &f), "accel").clone();
+        assert_eq!(accel.verdict, Verdict::Warn);
+        assert!(
+            accel
+                .text
+                .starts_with("TCG fallback: libvirt offers KVM, but a probe guest")
+                && accel.text.contains("kvm_pvm"),
+            "{accel}"
+        );
+        let kvm = NodeConfig {
+            accel: Accel::Kvm,
+            ..Default::default()
+        };
+        let accel = line(&assess(&kvm, &f), "accel").clone();
         assert_eq!(accel.verdict, Verdict::Fail);
-        assert!(accel.text.contains("set accel = \"tcg\""), "{accel}");
+        assert!(
+            accel.text.contains("set accel = \"auto\" or \"tcg\""),
+            "{accel}"
+        );
         let tcg = NodeConfig {
             accel: Accel::Tcg,
             ..Default::default()
         };
         assert_eq!(line(&assess(&tcg, &f), "accel").verdict, Verdict::Warn);
+        // Where the probe guest boots, KVM it is.
+        f.kvm_probe = Some(Result::Ok(420));
+        let accel = line(&assess(&NodeConfig::default(), &f), "accel").clone();
+        assert_eq!(accel.verdict, Verdict::Ok);
+        assert!(accel.text.contains("booted on it in 420 ms"), "{accel}");
     }
 
     #[test]

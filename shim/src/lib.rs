@@ -48,6 +48,7 @@ pub mod hooks;
 pub mod host_check;
 pub mod host_command;
 pub mod hotplug;
+pub mod kvm_probe;
 pub mod libvirt_xml;
 pub mod log_dir;
 pub mod log_uri;

@@ -320,3 +320,38 @@ fn check_names_what_the_node_has_and_fails_without_libvirt() {
     );
     assert!(text(&out.stderr).contains("a pod cannot start"));
 }
+
+/// `accel = "auto"` boots the guest kernel to its panic to learn whether KVM runs guests
+/// (`vmlet_shim::kvm_probe`): under TCG that boot ends, with the kernel's panic on its
+/// console, well within the probe's deadline; a kernel that is none is named. (Whether KVM
+/// itself passes is this host's: `scripts/check-clean-root` checks the fallback where
+/// libvirt offers a KVM that cannot run guests.)
+#[test]
+fn the_kvm_probes_guest_boots_to_its_end() {
+    let s = stack();
+    let qemu = std::path::Path::new("/usr/bin/qemu-system-x86_64");
+    let kernel = std::path::PathBuf::from(&s.guest_dir).join("vmlinux");
+    let dir = std::path::PathBuf::from(&s.dir).join(unique_id("kvmprobe"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let boot = |kernel: &std::path::Path| {
+        runtime.block_on(vmlet_shim::kvm_probe::boot_to_panic(
+            qemu, kernel, "q35", "tcg", &dir,
+        ))
+    };
+    let (answer, keep) = boot(&kernel);
+    let took = answer.expect("the probe guest boots to its panic under TCG");
+    assert!(keep);
+    assert!(took < vmlet_shim::kvm_probe::DEADLINE, "{took:?}");
+    eprintln!("probe guest under TCG: {} ms", took.as_millis());
+
+    let not_a_kernel = dir.join("not-a-kernel");
+    std::fs::write(&not_a_kernel, "text").unwrap();
+    let (answer, _) = boot(&not_a_kernel);
+    let why = answer.unwrap_err();
+    assert!(why.contains("QEMU exited with status"), "{why}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

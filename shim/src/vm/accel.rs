@@ -1,4 +1,5 @@
-//! KVM or TCG: `accel` in the node config, `auto` by whether QEMU can use `/dev/kvm`. A CPU
+//! KVM or TCG: `accel` in the node config, `auto` by whether libvirt offers KVM for the
+//! config's QEMU and machine type and a guest boots on it ([`kvm_probe`]). A CPU
 //! model that passes the host's CPU through needs KVM and is refused under TCG, by name.
 
 use std::path::Path;
@@ -7,6 +8,7 @@ use std::sync::Arc;
 use vmlet_config::{Accel, CpuModel, NodeConfig, VmOptions};
 
 use super::block;
+use crate::kvm_probe;
 use crate::vmm::VmManager;
 use crate::Error;
 
@@ -25,7 +27,9 @@ pub(super) async fn use_kvm(
                 config.helpers.qemu.to_string_lossy().into_owned(),
                 config.guest.machine.clone(),
             );
-            Path::new("/dev/kvm").exists() && block(move || vmm.kvm_usable(&qemu, &machine)).await?
+            let offered = Path::new("/dev/kvm").exists()
+                && block(move || vmm.kvm_usable(&qemu, &machine)).await?;
+            offered && guest_boots(config).await
         }
     };
     let host_cpu = options.cpu_model.as_ref().and_then(CpuModel::host_mode);
@@ -35,4 +39,22 @@ pub(super) async fn use_kvm(
         )));
     }
     Ok(kvm)
+}
+
+/// Whether a guest boots on the KVM libvirt offers ([`kvm_probe`]: once per host boot).
+async fn guest_boots(config: &NodeConfig) -> bool {
+    let answer = kvm_probe::guest_boots_on_kvm(
+        &config.helpers.qemu,
+        &config.guest.kernel,
+        &config.guest.machine,
+        Some(&config.state_dir),
+    )
+    .await;
+    match answer {
+        Ok(_) => true,
+        Err(why) => {
+            log::warn!("accel = \"auto\": TCG, since libvirt offers KVM but {why}");
+            false
+        }
+    }
 }
