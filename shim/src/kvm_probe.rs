@@ -112,8 +112,8 @@ pub async fn guest_boots_on_kvm(
 }
 
 /// Boots the guest kernel on KVM once; its console goes to a file in `dir`. Also says
-/// whether the answer may be kept: not when QEMU was killed by a signal (the OOM killer of a
-/// small pod's cgroup says nothing about KVM).
+/// whether the answer may be kept: not when QEMU was killed (SIGKILL: the OOM killer of a
+/// small pod's cgroup says nothing about KVM; QEMU's own abort on KVM is an answer).
 async fn probe(key: &ProbeKey, dir: &Path) -> (Result<Duration, String>, bool) {
     boot_to_panic(&key.qemu, &key.kernel, &key.machine, "kvm", dir).await
 }
@@ -175,7 +175,7 @@ pub async fn boot_to_panic(
         Ok(out) => out,
         Err(e) => return (Err(format!("run {}: {e}", qemu.display())), false),
     };
-    let keep = !matches!(out.finished, Finished::Exited(code) if code >= 128);
+    let keep = out.finished != Finished::Exited(128 + libc::SIGKILL);
     let answer = match out.finished {
         Finished::Exited(0) if said.contains(PANIC_LINE) => Ok(took),
         Finished::Exited(0) => Err(format!(
