@@ -76,8 +76,8 @@ pub struct GuestConfig {
 impl Default for GuestConfig {
     fn default() -> Self {
         Self {
-            kernel: PathBuf::from("/usr/share/vmlet/vmlinux"),
-            initrd: PathBuf::from("/usr/share/vmlet/initrd.img"),
+            kernel: PathBuf::from("/usr/local/share/vmlet/vmlinux"),
+            initrd: PathBuf::from("/usr/local/share/vmlet/initrd.img"),
             machine: "q35".into(),
             vcpus: 1,
             memory_mib: 256,

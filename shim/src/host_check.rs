@@ -75,6 +75,8 @@ pub struct HostFacts {
     /// Where libvirt offers KVM and the config may use it: whether a guest booted on it (its
     /// boot time in ms) or why not ([`crate::kvm_probe`]); None where not probed.
     pub kvm_probe: Option<Result<u64, String>>,
+    /// vmlet's blocks are in both of AppArmor's local files for libvirt.
+    pub apparmor_rules: bool,
     pub libvirt: Result<LibvirtHost, String>,
     pub vhost_vsock: bool,
     pub vhost_net: bool,
@@ -135,10 +137,20 @@ impl HostFacts {
         let containerd_bin = containerd
             .map(Path::to_owned)
             .or_else(|| on_path("containerd"));
+        let apparmor_rules = [
+            crate::node_apparmor::LOCAL_LIBVIRTD,
+            crate::node_apparmor::LOCAL_QEMU,
+        ]
+        .iter()
+        .all(|file| {
+            read_bounded(&Path::new("/").join(file), CONTAINERD_CONFIG_LIMIT)
+                .is_ok_and(|text| text.contains(crate::node_install::BLOCK_START))
+        });
         HostFacts {
             kvm,
             libvirt_kvm,
             kvm_probe,
+            apparmor_rules,
             libvirt: libvirt_host,
             vhost_vsock: Path::new("/dev/vhost-vsock").exists(),
             vhost_net: Path::new("/dev/vhost-net").exists(),
@@ -303,17 +315,20 @@ pub fn assess(config: &NodeConfig, facts: &HostFacts) -> Vec<Finding> {
                     config.libvirt_uri, host.version, host.hypervisor_version
                 ),
             );
-            for confining in ["apparmor", "selinux"] {
-                if host.security_models.iter().any(|m| m == confining) {
-                    say(
-                        Warn,
-                        "confinement",
-                        format!(
-                            "libvirt confines QEMU with {confining}; vmlet's own QEMU arguments (the vsock and QMP sockets and the root overlay under {}) are not in the per-VM rules libvirt writes, and vmlet adds none yet: pods may fail to start (untested: docs/design.md, \"Status\")",
-                            config.state_dir.display()
-                        ),
-                    );
+            let local = format!(
+                "/{}, /{}",
+                crate::node_apparmor::LOCAL_LIBVIRTD,
+                crate::node_apparmor::LOCAL_QEMU
+            );
+            if host.security_models.iter().any(|m| m == "apparmor") {
+                if facts.apparmor_rules {
+                    say(Ok, "confinement", format!("libvirt confines QEMU with AppArmor; vmlet's rules are in its profiles ({local})"));
+                } else {
+                    say(Fail, "confinement", format!("libvirt confines QEMU with AppArmor, and vmlet's rules are not in its profiles ({local}): libvirtd cannot start vmlet's wrapper; `vmletctl install` adds them"));
                 }
+            }
+            if host.security_models.iter().any(|m| m == "selinux") {
+                say(Warn, "confinement", "libvirt confines QEMU with SELinux: vmlet's own QEMU arguments (the vsock and QMP sockets in the state directory) have no labels from vmlet; untested".into());
             }
         }
         Err(e) => say(
@@ -472,6 +487,23 @@ pub fn version_line(program: &Path) -> Result<String, String> {
 /// node's program runs with the node's libraries when vmletctl runs in a container or a
 /// chroot's host.
 pub fn version_line_under(root: &Path, program: &Path) -> Result<String, String> {
+    let text = run_under(root, program, &["--version".as_ref()], VERSION_DEADLINE)
+        .map_err(|e| e.replace("the program", "--version"))?;
+    Ok(crate::guest_text::clean(
+        text.lines().next().unwrap_or("").trim(),
+        200,
+    ))
+}
+
+/// Runs `program` (a path inside `root`) with `args`, chrooted into `root` unless that is
+/// `/`, within `deadline`; its stdout (or its stderr where stdout is empty), at most
+/// 4 KiB of each. An error says why, with the first line of what it printed.
+pub fn run_under(
+    root: &Path,
+    program: &Path,
+    args: &[&std::ffi::OsStr],
+    deadline: Duration,
+) -> Result<String, String> {
     let inside = program.strip_prefix("/").unwrap_or(program);
     if !root.join(inside).is_file() {
         return Err("not found".into());
@@ -493,7 +525,7 @@ pub fn version_line_under(root: &Path, program: &Path) -> Result<String, String>
         }
     }
     let mut child = command
-        .arg("--version")
+        .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -514,15 +546,13 @@ pub fn version_line_under(root: &Path, program: &Path) -> Result<String, String>
     let status = loop {
         match child.try_wait() {
             Ok(Some(status)) => break status,
-            Ok(None) if start.elapsed() < VERSION_DEADLINE => {
-                std::thread::sleep(Duration::from_millis(20))
-            }
+            Ok(None) if start.elapsed() < deadline => std::thread::sleep(Duration::from_millis(20)),
             _ => {
                 let _ = child.kill();
                 let _ = child.wait();
                 return Err(format!(
-                    "--version did not answer within {}s",
-                    VERSION_DEADLINE.as_secs()
+                    "the program did not answer within {}s",
+                    deadline.as_secs()
                 ));
             }
         }
@@ -532,11 +562,11 @@ pub fn version_line_under(root: &Path, program: &Path) -> Result<String, String>
         err.join().unwrap_or_default(),
     );
     let text = if out.trim().is_empty() { err } else { out };
-    let line = crate::guest_text::clean(text.lines().next().unwrap_or("").trim(), 200);
     if !status.success() {
-        return Err(format!("--version failed ({status}): {line}"));
+        let line = crate::guest_text::clean(text.lines().next().unwrap_or("").trim(), 200);
+        return Err(format!("the program failed ({status}): {line}"));
     }
-    Ok(line)
+    Ok(text)
 }
 
 #[cfg(test)]
@@ -552,6 +582,7 @@ mod tests {
             },
             libvirt_kvm: false,
             kvm_probe: None,
+            apparmor_rules: false,
             libvirt: Result::Ok(LibvirtHost {
                 version: "9.0.0".into(),
                 hypervisor_version: "7.2.0".into(),
@@ -564,7 +595,7 @@ mod tests {
             libvirt_helper: Result::Ok(format!("vmlet-libvirt {}", crate::cli::VERSION)),
             virtiofsd: Result::Ok("virtiofsd 1.13.2".into()),
             vhost_device_vsock: Result::Ok("vhost-device-vsock 0.3.0".into()),
-            guest_image: Result::Ok("/usr/share/vmlet/vmlinux".into()),
+            guest_image: Result::Ok("/usr/local/share/vmlet/vmlinux".into()),
             cgroup_v2: true,
             containerd: ContainerdFacts {
                 version: Result::Ok("containerd v2.2.0".into()),
@@ -611,21 +642,24 @@ mod tests {
     }
 
     #[test]
-    fn a_confining_security_driver_is_named_as_untested() {
+    fn apparmor_needs_vmlets_rules_in_libvirts_profiles() {
         let mut f = facts();
         if let Result::Ok(host) = &mut f.libvirt {
             host.security_models = vec!["apparmor".into(), "dac".into()];
         }
         let findings = assess(&NodeConfig::default(), &f);
         let confinement = line(&findings, "confinement");
-        assert_eq!(confinement.verdict, Verdict::Warn);
+        assert_eq!(confinement.verdict, Verdict::Fail);
         assert!(
             confinement
                 .text
-                .starts_with("libvirt confines QEMU with apparmor")
-                && confinement.text.contains("/run/vmlet"),
+                .contains("vmlet's rules are not in its profiles")
+                && confinement.text.contains("vmletctl install"),
             "{confinement}"
         );
+        f.apparmor_rules = true;
+        let findings = assess(&NodeConfig::default(), &f);
+        assert_eq!(line(&findings, "confinement").verdict, Verdict::Ok);
     }
 
     #[test]
@@ -646,7 +680,7 @@ mod tests {
 
         let mut f = facts();
         f.vhost_device_vsock = Err("not found".into());
-        f.guest_image = Err("/usr/share/vmlet/vmlinux: No such file".into());
+        f.guest_image = Err("/usr/local/share/vmlet/vmlinux: No such file".into());
         f.containerd.shim_on_path = None;
         let findings = assess(&config, &f);
         for subject in ["vsock", "guest image", "shim"] {

@@ -279,7 +279,7 @@ mod tests {
             boot_id: "b".into(),
             qemu: "/usr/bin/qemu-system-x86_64".into(),
             qemu_modified: 1,
-            kernel: "/usr/share/vmlet/vmlinux".into(),
+            kernel: "/usr/local/share/vmlet/vmlinux".into(),
             kernel_modified: 2,
             machine: "q35".into(),
         }

@@ -56,6 +56,7 @@ pub mod memory;
 pub mod metrics;
 pub mod netns_holder;
 pub mod nocloud;
+pub mod node_apparmor;
 pub mod node_install;
 pub mod node_label;
 pub mod pci_layout;

@@ -2,7 +2,8 @@
 //! a node, and taken off again without a trace.
 //!
 //! - Files: the release's `bin/`, `share/vmlet/` (the guest image), man pages and
-//!   completions are copied under the root's `/usr/local` and `/usr/share/vmlet`; each is
+//!   completions are copied under the root's `/usr/local` (the guest image to
+//!   `/usr/local/share/vmlet`); each is
 //!   recorded with its hash in `/var/lib/vmlet/install.json`, and uninstall removes exactly
 //!   those (a file changed since is named and kept).
 //! - containerd's config: vmlet's CRI runtime is appended as one marked block in the layout
@@ -13,6 +14,9 @@
 //!   already is not touched.
 //! - `/etc/vmlet/config.toml` is written only when absent, and removed by uninstall only
 //!   when it is still as written.
+//! - Where libvirt has its AppArmor profiles, vmlet's rules ([`crate::node_apparmor`]) are
+//!   appended to their site-local files as marked blocks, libvirtd's profile is reloaded, and
+//!   uninstall takes the blocks off again (byte for byte).
 //!
 //! Installing twice changes nothing: the files are the same, the runtime is registered.
 //! Installing another version (the DaemonSet with a newer image) takes the installed one off
@@ -24,7 +28,8 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use vmlet_vm_image::{sha256_file, sha256_hex};
 
-use crate::Error;
+use crate::{node_apparmor, Error};
+use vmlet_config::NodeConfig;
 
 /// Where the record of an installation is, under the root.
 pub const RECORD: &str = "var/lib/vmlet/install.json";
@@ -39,7 +44,8 @@ pub const BLOCK_START: &str =
 /// Where each part of a release goes, relative to the root: (release dir, root dir, mode).
 const LAYOUT: &[(&str, &str, u32)] = &[
     ("bin", "usr/local/bin", 0o755),
-    ("share/vmlet", "usr/share/vmlet", 0o644),
+    // Not under /usr/share: libvirt's AppArmor helper refuses kernels there.
+    ("share/vmlet", "usr/local/share/vmlet", 0o644),
     ("share/man/man1", "usr/local/share/man/man1", 0o644),
     (
         "share/bash-completion/completions",
@@ -70,6 +76,19 @@ pub struct Record {
     pub containerd_config_created: bool,
     /// The node config's sha256, when install wrote it.
     pub node_config: Option<String>,
+    /// The blocks appended to AppArmor's site-local files.
+    #[serde(default)]
+    pub apparmor: Vec<AppendedBlock>,
+}
+
+/// A block appended to a file under the root.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AppendedBlock {
+    /// The file, relative to the root.
+    pub file: PathBuf,
+    pub block: String,
+    /// Whether install made the file (uninstall removes it then, when it is left empty).
+    pub created: bool,
 }
 
 /// Which layout containerd's config has.
@@ -356,6 +375,24 @@ pub fn install(release: &Path, root: &Path, default_layout: ConfigLayout) -> Res
         record.node_config = Some(hash);
         steps.push(format!("wrote /{NODE_CONFIG}"));
     }
+    // libvirt's AppArmor profiles, where they are.
+    if record.apparmor.is_empty() && root.join(node_apparmor::LIBVIRTD_PROFILE).is_file() {
+        let config = match std::fs::read_to_string(&node_config) {
+            Ok(text) => NodeConfig::from_toml(&text, &node_config).map_err(Error::Config)?,
+            Err(_) => NodeConfig::default(),
+        };
+        for (file, rules) in node_apparmor::rules(&config)? {
+            record
+                .apparmor
+                .push(append_block(root, Path::new(file), &rules)?);
+        }
+        steps.push(format!(
+            "allowed vmlet's wrapper, virtiofsd and sockets in libvirt's AppArmor profiles (/{}, /{})",
+            node_apparmor::LOCAL_LIBVIRTD,
+            node_apparmor::LOCAL_QEMU
+        ));
+        steps.push(node_apparmor::reload(root)?);
+    }
     let json = serde_json::to_vec_pretty(&record).map_err(|e| Error::Internal(e.to_string()))?;
     write_file(&record_path, &json, 0o644)?;
     steps.containerd_config_changed = std::fs::read(&containerd).ok() != config_before;
@@ -417,10 +454,22 @@ pub fn uninstall(root: &Path) -> Result<Steps, Error> {
             Removal::Gone => {}
         }
     }
+    if !record.apparmor.is_empty() {
+        for appended in &record.apparmor {
+            match remove_block(root, appended)? {
+                Some(step) => steps.push(step),
+                None => kept.push(format!(
+                    "/{}: vmlet's block is no longer at its end (edited since); remove it by hand",
+                    appended.file.display()
+                )),
+            }
+        }
+        steps.push(node_apparmor::reload(root)?);
+    }
     std::fs::remove_file(&record_path)
         .map_err(|e| Error::io(format!("remove {}", record_path.display()), e))?;
     // The directories install made, when empty.
-    for dir in ["var/lib/vmlet", "usr/share/vmlet", "etc/vmlet"] {
+    for dir in ["var/lib/vmlet", "usr/local/share/vmlet", "etc/vmlet"] {
         let _ = std::fs::remove_dir(root.join(dir));
     }
     for what in kept {
@@ -479,6 +528,47 @@ pub fn restart_containerd() -> Result<(), Error> {
             None => std::thread::sleep(std::time::Duration::from_millis(100)),
         }
     }
+}
+
+/// Appends `rules` as a marked block to `file` (relative to `root`), making it if missing.
+fn append_block(root: &Path, file: &Path, rules: &str) -> Result<AppendedBlock, Error> {
+    let path = root.join(file);
+    let (text, created) = match std::fs::read_to_string(&path) {
+        Ok(text) => (text, false),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => (String::new(), true),
+        Err(e) => return Err(Error::io(format!("read {}", path.display()), e)),
+    };
+    let mut block = String::new();
+    if !text.is_empty() && !text.ends_with('\n') {
+        block.push('\n');
+    }
+    block.push_str(&format!("  {BLOCK_START}\n{rules}"));
+    write_file(&path, format!("{text}{block}").as_bytes(), 0o644)?;
+    Ok(AppendedBlock {
+        file: file.to_owned(),
+        block,
+        created,
+    })
+}
+
+/// Takes an appended block off its file again: what it did, or None when the file no longer
+/// ends with the block.
+fn remove_block(root: &Path, appended: &AppendedBlock) -> Result<Option<String>, Error> {
+    let path = root.join(&appended.file);
+    let text = std::fs::read_to_string(&path).unwrap_or_default();
+    let Some(original) = text.strip_suffix(&appended.block) else {
+        return Ok(None);
+    };
+    if appended.created && original.is_empty() {
+        std::fs::remove_file(&path)
+            .map_err(|e| Error::io(format!("remove {}", path.display()), e))?;
+    } else {
+        write_file(&path, original.as_bytes(), 0o644)?;
+    }
+    Ok(Some(format!(
+        "removed vmlet's rules from /{}",
+        appended.file.display()
+    )))
 }
 
 fn backup_path(config: &Path) -> PathBuf {
@@ -721,6 +811,46 @@ mod tests {
             before,
             "the new version's uninstall restores the root"
         );
+    }
+
+    #[test]
+    fn apparmor_rules_are_appended_where_libvirt_has_its_profiles_and_taken_off_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let release = release(dir.path());
+        let root = dir.path().join("root");
+        std::fs::create_dir_all(root.join("etc/apparmor.d/local")).unwrap();
+        std::fs::write(
+            root.join(node_apparmor::LIBVIRTD_PROFILE),
+            "profile libvirtd {}\n",
+        )
+        .unwrap();
+        std::fs::write(
+            root.join(node_apparmor::LOCAL_LIBVIRTD),
+            "# Site-specific additions\n  /opt/admins r,",
+        )
+        .unwrap();
+        let before = tree(&root);
+
+        let steps = install(&release, &root, ConfigLayout::V3).unwrap();
+        assert!(
+            steps.iter().any(|s| s.contains("AppArmor is off here")),
+            "{steps:?}"
+        );
+        let libvirtd = std::fs::read_to_string(root.join(node_apparmor::LOCAL_LIBVIRTD)).unwrap();
+        assert!(
+            libvirtd.starts_with("# Site-specific additions\n  /opt/admins r,\n  # vmlet:")
+                && libvirtd.contains("\"/usr/local/bin/virtiofsd\" PUx,"),
+            "{libvirtd}"
+        );
+        let qemu = std::fs::read_to_string(root.join(node_apparmor::LOCAL_QEMU)).unwrap();
+        assert!(qemu.contains("\"/run/vmlet/*/qmp.sock\" rw,"), "{qemu}");
+        // Again: nothing more.
+        let installed = tree(&root);
+        install(&release, &root, ConfigLayout::V3).unwrap();
+        assert_eq!(tree(&root), installed);
+
+        uninstall(&root).unwrap();
+        assert_eq!(tree(&root), before, "the local files are as they were");
     }
 
     #[test]
