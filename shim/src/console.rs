@@ -13,16 +13,18 @@ const READ_PER_CHECK: u64 = 1 << 20;
 
 /// The last [`CONSOLE_TAIL`] bytes of the console log (empty when there is none).
 pub fn tail(path: &Path) -> String {
+    tail_of(path, CONSOLE_TAIL)
+}
+
+/// The last `max` bytes of a console log (empty when there is none).
+pub fn tail_of(path: &Path, max: u64) -> String {
     let Ok(mut file) = std::fs::File::open(path) else {
         return String::new();
     };
     let len = file.metadata().map(|m| m.len()).unwrap_or(0);
     let mut bytes = Vec::new();
-    if file
-        .seek(SeekFrom::Start(len.saturating_sub(CONSOLE_TAIL)))
-        .is_ok()
-    {
-        let _ = file.take(CONSOLE_TAIL).read_to_end(&mut bytes);
+    if file.seek(SeekFrom::Start(len.saturating_sub(max))).is_ok() {
+        let _ = file.take(max).read_to_end(&mut bytes);
     }
     // The guest wrote it: no control characters (terminal escapes) pass on.
     crate::guest_text::clean(&String::from_utf8_lossy(&bytes), 3 * bytes.len())

@@ -167,7 +167,7 @@ impl HostFacts {
                     .and_then(|bin| version_line(&bin)),
                 config: containerd_config.to_owned(),
                 vmlet_runtimes: read_bounded(containerd_config, CONTAINERD_CONFIG_LIMIT)
-                    .and_then(|text| crate::node_install::vmlet_runtimes(&text)),
+                    .and_then(|text| crate::containerd_config::vmlet_runtimes(&text)),
                 shim_on_path: on_path("containerd-shim-vmlet-v2"),
             },
         }

@@ -162,7 +162,7 @@ pub async fn boot_to_panic(
     let start = Instant::now();
     let ran = host_command::output(&qemu.to_string_lossy(), &args, DEADLINE, 4096).await;
     let took = start.elapsed();
-    let said = read_tail(&console);
+    let said = crate::console::tail_of(&console, MAX_READ);
     let _ = std::fs::remove_file(&console);
     let last_line = || {
         said.lines()
@@ -247,21 +247,6 @@ fn write_answer(dir: &Path, answer: &ProbeAnswer) {
         let _ = std::fs::remove_file(&temporary);
         log::warn!("could not keep the KVM probe's answer in {}", dir.display());
     }
-}
-
-/// The end of the probe guest's console.
-fn read_tail(path: &Path) -> String {
-    let Ok(mut file) = std::fs::File::open(path) else {
-        return String::new();
-    };
-    let length = file.metadata().map(|m| m.len()).unwrap_or(0);
-    let _ = std::io::Seek::seek(
-        &mut file,
-        std::io::SeekFrom::Start(length.saturating_sub(MAX_READ)),
-    );
-    let mut bytes = Vec::new();
-    let _ = file.take(MAX_READ).read_to_end(&mut bytes);
-    String::from_utf8_lossy(&bytes).into_owned()
 }
 
 fn tempfile_dir() -> Result<PathBuf, String> {

@@ -36,6 +36,7 @@ pub mod block_devices;
 pub mod capabilities;
 pub mod cli;
 pub mod console;
+pub mod containerd_config;
 pub mod ctl;
 pub mod domain;
 mod error;

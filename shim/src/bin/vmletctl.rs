@@ -11,9 +11,10 @@ use clap::{CommandFactory, Parser};
 use vmlet_config::NodeConfig;
 use vmlet_shim::cli::{ConsoleArgs, CtlCommand, InstallArgs, NodeArgs, OutputFormat, Vmletctl};
 use vmlet_shim::console::ConsoleFollower;
+use vmlet_shim::containerd_config::{self, ConfigLayout};
 use vmlet_shim::ctl;
 use vmlet_shim::host_check::{self, HostFacts, Verdict};
-use vmlet_shim::node_install::{self, ConfigLayout, Steps};
+use vmlet_shim::node_install::{self, Steps};
 use vmlet_shim::node_label::{self, InCluster, NodeApi};
 use vmlet_shim::pod_paths::PodPaths;
 use vmlet_shim::vmm::Libvirt;
@@ -170,7 +171,7 @@ fn report(steps: &Steps, restart: bool) -> Result<(), String> {
     }
     match (restart, steps.containerd_config_changed) {
         (true, true) => {
-            node_install::restart_containerd().map_err(|e| e.message())?;
+            containerd_config::restart_containerd().map_err(|e| e.message())?;
             println!("restarted containerd");
         }
         (true, false) => println!("containerd's config is as it was: containerd not restarted"),
