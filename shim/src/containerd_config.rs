@@ -116,16 +116,54 @@ pub fn add_runtime(text: &str, layout: ConfigLayout) -> Result<Option<(String, S
             block.push('\n');
         }
     }
+    let mut added = vec!["vmlet"];
+    if keeps_runc(text, layout)? {
+        block.push_str(&format!(
+            "# containerd 1.6 and 1.7 take a config's runtimes instead of their own: runc, the default,\n\
+             # as they define it.\n\
+             [plugins.\"{}\".containerd.runtimes.runc]\n  runtime_type = \"io.containerd.runc.v2\"\n",
+            layout.plugin()
+        ));
+        added.push("runc");
+    }
     let merged = format!("{text}{block}");
-    check_only_runtime_added(text, &merged, layout)?;
+    check_only_runtimes_added(text, &merged, layout, &added)?;
     Ok(Some((merged, block)))
 }
 
-/// The parsed `merged` must be the parsed `original` plus vmlet's runtime in `layout`.
-fn check_only_runtime_added(
+/// Whether vmlet's block must define runc: in the `version = 2` layout, containerd 1.6 and
+/// 1.7 replace their default runtimes (runc) with the config's runtimes table, so a config
+/// that uses runc, the default runtime, without defining it (Debian's own) would lose it
+/// once vmlet's runtime is there, and with it every CRI pod but vmlet's. (containerd 2.x
+/// merges the tables.)
+fn keeps_runc(text: &str, layout: ConfigLayout) -> Result<bool, Error> {
+    if layout != ConfigLayout::V2 {
+        return Ok(false);
+    }
+    let config: toml::Table = text
+        .parse()
+        .map_err(|e: toml::de::Error| invalid(format!("containerd's config: {}", e.message())))?;
+    let cri = config
+        .get("plugins")
+        .and_then(|p| p.get(layout.plugin()))
+        .and_then(|p| p.get("containerd"));
+    let default = cri
+        .and_then(|c| c.get("default_runtime_name"))
+        .and_then(toml::Value::as_str)
+        .unwrap_or("runc");
+    let defined = cri
+        .and_then(|c| c.get("runtimes"))
+        .and_then(|r| r.get("runc"))
+        .is_some();
+    Ok(default == "runc" && !defined)
+}
+
+/// The parsed `merged` must be the parsed `original` plus the runtimes `added` in `layout`.
+fn check_only_runtimes_added(
     original: &str,
     merged: &str,
     layout: ConfigLayout,
+    added: &[&str],
 ) -> Result<(), Error> {
     let parse = |t: &str| {
         t.parse::<toml::Table>()
@@ -140,8 +178,10 @@ fn check_only_runtime_added(
         .and_then(|c| c.get_mut("runtimes"))
         .and_then(toml::Value::as_table_mut)
         .ok_or_else(|| invalid("vmlet's runtime table went missing".into()))?;
-    if runtimes.remove("vmlet").is_none() {
-        return Err(invalid("vmlet's runtime table went missing".into()));
+    for name in added {
+        if runtimes.remove(*name).is_none() {
+            return Err(invalid(format!("the runtime table {name} went missing")));
+        }
     }
     if !before.contains_key("version") {
         // An empty config gets its version line with the runtime.
@@ -259,6 +299,42 @@ pub(crate) mod tests {
             ConfigLayout::of(&fresh, ConfigLayout::V2).unwrap(),
             ConfigLayout::V3
         );
+    }
+
+    #[test]
+    fn a_version_2_config_that_relies_on_the_default_runc_keeps_it() {
+        let runtimes = |text: &str| -> Vec<String> {
+            let table: toml::Table = text.parse().unwrap();
+            table["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]
+                .as_table()
+                .unwrap()
+                .keys()
+                .cloned()
+                .collect()
+        };
+        // Debian's config names no runtime: containerd 1.6 would drop its runc for vmlet's.
+        let (merged, block) = add_runtime(DEBIAN_16, ConfigLayout::V2).unwrap().unwrap();
+        assert_eq!(runtimes(&merged), ["runc", "vmlet"]);
+        assert!(
+            block.contains("runtime_type = \"io.containerd.runc.v2\""),
+            "{block}"
+        );
+        assert_eq!(remove_runtime(&merged, &block).unwrap(), DEBIAN_16);
+        let (fresh, _) = add_runtime("", ConfigLayout::V2).unwrap().unwrap();
+        assert_eq!(runtimes(&fresh), ["runc", "vmlet"]);
+        // A config that defines runc, or whose default is another runtime, is left as it is.
+        let with_runc = "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc]\n  runtime_type = \"io.containerd.runc.v2\"\n  [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc.options]\n    SystemdCgroup = true\n";
+        let (merged, _) = add_runtime(with_runc, ConfigLayout::V2).unwrap().unwrap();
+        assert_eq!(runtimes(&merged), ["runc", "vmlet"]);
+        assert_eq!(merged.matches("runtimes.runc]").count(), 1, "{merged}");
+        let crun = "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".containerd]\n  default_runtime_name = \"crun\"\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.crun]\n  runtime_type = \"io.containerd.runc.v2\"\n";
+        let (merged, _) = add_runtime(crun, ConfigLayout::V2).unwrap().unwrap();
+        assert_eq!(runtimes(&merged), ["crun", "vmlet"]);
+        // containerd 2.x merges its default runtimes with the config's.
+        let (merged, _) = add_runtime("version = 3\n", ConfigLayout::V3)
+            .unwrap()
+            .unwrap();
+        assert!(!merged.contains("runtimes.runc"), "{merged}");
     }
 
     #[test]

@@ -89,6 +89,10 @@ pub struct HostFacts {
     pub vhost_device_vsock: Result<String, String>,
     /// The guest kernel and initrd: what they are, or why they are not usable.
     pub guest_image: Result<String, String>,
+    /// Where the programs a VM-mode pod's boot runs are on the PATH: `qemu-img` (its root
+    /// disk's overlay) and `xorrisofs` (its cloud-init seed).
+    pub qemu_img: Option<PathBuf>,
+    pub xorrisofs: Option<PathBuf>,
     pub cgroup_v2: bool,
     pub containerd: ContainerdFacts,
 }
@@ -137,14 +141,13 @@ impl HostFacts {
         let containerd_bin = containerd
             .map(Path::to_owned)
             .or_else(|| on_path("containerd"));
-        let apparmor_rules = [
-            crate::node_apparmor::LOCAL_LIBVIRTD,
-            crate::node_apparmor::LOCAL_QEMU,
-        ]
-        .iter()
-        .all(|file| {
-            read_bounded(&Path::new("/").join(file), CONTAINERD_CONFIG_LIMIT)
-                .is_ok_and(|text| text.contains(crate::node_install::BLOCK_START))
+        // This config's rules, as this version writes them, each in its file.
+        let apparmor_rules = crate::node_apparmor::rules(config).is_ok_and(|rules| {
+            rules.iter().all(|(file, rules)| {
+                read_bounded(&Path::new("/").join(file), CONTAINERD_CONFIG_LIMIT).is_ok_and(
+                    |text| text.contains(crate::node_install::BLOCK_START) && text.contains(rules),
+                )
+            })
         });
         HostFacts {
             kvm,
@@ -160,6 +163,8 @@ impl HostFacts {
             virtiofsd: version_line(&h.virtiofsd),
             vhost_device_vsock: version_line(&h.vhost_device_vsock),
             guest_image: guest_image(&config.guest.kernel, &config.guest.initrd),
+            qemu_img: on_path("qemu-img"),
+            xorrisofs: on_path("xorrisofs"),
             cgroup_v2: Path::new("/sys/fs/cgroup/cgroup.controllers").exists(),
             containerd: ContainerdFacts {
                 version: containerd_bin
@@ -324,7 +329,7 @@ pub fn assess(config: &NodeConfig, facts: &HostFacts) -> Vec<Finding> {
                 if facts.apparmor_rules {
                     say(Ok, "confinement", format!("libvirt confines QEMU with AppArmor; vmlet's rules are in its profiles ({local})"));
                 } else {
-                    say(Fail, "confinement", format!("libvirt confines QEMU with AppArmor, and vmlet's rules are not in its profiles ({local}): libvirtd cannot start vmlet's wrapper; `vmletctl install` adds them"));
+                    say(Fail, "confinement", format!("libvirt confines QEMU with AppArmor, and vmlet's rules (of this version and config) are not in its profiles ({local}): libvirtd cannot start vmlet's wrapper, or QEMU its sockets and disks; `vmletctl install` adds them"));
                 }
             }
             if host.security_models.iter().any(|m| m == "selinux") {
@@ -372,6 +377,43 @@ pub fn assess(config: &NodeConfig, facts: &HostFacts) -> Vec<Finding> {
     match &facts.guest_image {
         Result::Ok(what) => say(Ok, "guest image", what.clone()),
         Err(e) => say(Fail, "guest image", e.clone()),
+    }
+
+    // What a VM-mode pod's boot runs besides QEMU.
+    let missing: Vec<&str> = [
+        (&facts.qemu_img, "qemu-img (Debian: qemu-utils)"),
+        (&facts.xorrisofs, "xorrisofs (Debian: xorriso)"),
+    ]
+    .into_iter()
+    .filter(|(found, _)| found.is_none())
+    .map(|(_, what)| what)
+    .collect();
+    let vm_mode = "vmlet.io/image-type";
+    let image_type_allowed = vmlet_config::ANNOTATION_KEYS
+        .iter()
+        .filter(|(_, key)| *key == vmlet_config::AnnotationKey::ImageType)
+        .any(|(name, _)| config.annotations.allowed.iter().any(|a| a == name));
+    if !image_type_allowed {
+        say(
+            Ok,
+            "vm mode",
+            format!("off ({vm_mode} is not in annotations.allowed)"),
+        );
+    } else if missing.is_empty() {
+        say(
+            Ok,
+            "vm mode",
+            "qemu-img and xorrisofs are on the PATH".into(),
+        );
+    } else {
+        say(
+            Warn,
+            "vm mode",
+            format!(
+                "VM-mode pods ({vm_mode}: vm) cannot start: {} not on the PATH; other pods can",
+                missing.join(" and ")
+            ),
+        );
     }
 
     // cgroups.
@@ -596,6 +638,8 @@ mod tests {
             virtiofsd: Result::Ok("virtiofsd 1.13.2".into()),
             vhost_device_vsock: Result::Ok("vhost-device-vsock 0.3.0".into()),
             guest_image: Result::Ok("/usr/local/share/vmlet/vmlinux".into()),
+            qemu_img: Some("/usr/bin/qemu-img".into()),
+            xorrisofs: Some("/usr/bin/xorrisofs".into()),
             cgroup_v2: true,
             containerd: ContainerdFacts {
                 version: Result::Ok("containerd v2.2.0".into()),
@@ -651,15 +695,37 @@ mod tests {
         let confinement = line(&findings, "confinement");
         assert_eq!(confinement.verdict, Verdict::Fail);
         assert!(
-            confinement
-                .text
-                .contains("vmlet's rules are not in its profiles")
+            confinement.text.contains("are not in its profiles")
                 && confinement.text.contains("vmletctl install"),
             "{confinement}"
         );
         f.apparmor_rules = true;
         let findings = assess(&NodeConfig::default(), &f);
         assert_eq!(line(&findings, "confinement").verdict, Verdict::Ok);
+    }
+
+    #[test]
+    fn vm_mode_names_the_programs_it_lacks_unless_the_node_does_not_allow_it() {
+        let mut f = facts();
+        let config = NodeConfig::default();
+        assert_eq!(line(&assess(&config, &f), "vm mode").verdict, Verdict::Ok);
+        f.xorrisofs = None;
+        let findings = assess(&config, &f);
+        let vm_mode = line(&findings, "vm mode");
+        assert_eq!(vm_mode.verdict, Verdict::Warn);
+        assert!(
+            vm_mode.text.contains("xorrisofs (Debian: xorriso)")
+                && !vm_mode.text.contains("qemu-img"),
+            "{vm_mode}"
+        );
+        let mut off = NodeConfig::default();
+        off.annotations
+            .allowed
+            .retain(|a| a != "vmlet.io/image-type");
+        let findings = assess(&off, &f);
+        let vm_mode = line(&findings, "vm mode");
+        assert_eq!(vm_mode.verdict, Verdict::Ok);
+        assert!(vm_mode.text.starts_with("off"), "{vm_mode}");
     }
 
     #[test]

@@ -7,8 +7,12 @@
 //! - libvirtd: to run vmlet's emulator wrapper (it probes it, then starts it as each pod's
 //!   QEMU under the VM's profile) and vmlet's virtiofsd;
 //! - each VM (the `libvirt-qemu` abstraction every VM profile includes): to run as the
-//!   wrapper, and to open the vsock and QMP sockets vmlet passes beside libvirt's model
-//!   (`<qemu:commandline>`) in the pod's state directory.
+//!   wrapper (which fetches the pod's taps from the shim's socket), and to open what vmlet
+//!   passes beside libvirt's model (`<qemu:commandline>`) in the pod's state directory: the
+//!   vsock and QMP sockets, and a VM image's root disk on NVMe with its backing file.
+//!
+//! Files the shim opens and hands to QEMU (taps, hot-plugged block devices) need no rule:
+//! AppArmor does not revalidate a file an unconfined task opened.
 //!
 //! Both go into the site-local files the profiles include (`/etc/apparmor.d/local/...`), as
 //! blocks `vmletctl install` appends and `uninstall` takes off again; libvirtd's profile is
@@ -20,6 +24,7 @@ use std::path::Path;
 
 use vmlet_config::NodeConfig;
 
+use crate::pod_paths::PodPaths;
 use crate::Error;
 
 /// libvirt's profile of libvirtd: where it is there, libvirt may confine QEMU with AppArmor.
@@ -31,37 +36,54 @@ pub const LOCAL_QEMU: &str = "etc/apparmor.d/local/abstractions/libvirt-qemu";
 /// How long reloading a profile may take.
 const RELOAD_DEADLINE: std::time::Duration = std::time::Duration::from_secs(60);
 
+/// Characters AppArmor reads as a glob, a variable or an alternation in a path.
+const APPARMOR_SPECIAL: &[char] = &['*', '?', '[', ']', '{', '}', '^', '@', ','];
+
+/// A path of the node config as an AppArmor rule's quoted path.
+fn quoted(path: &Path) -> Result<String, Error> {
+    let text = path.to_string_lossy();
+    if text.contains(['"', '\n', '\0']) || text.contains(APPARMOR_SPECIAL) || !path.is_absolute() {
+        return Err(Error::InvalidArgument(format!(
+            "{text:?}: not a path vmlet can name in an AppArmor rule (absolute, without \
+             quotes, newlines or any of {APPARMOR_SPECIAL:?})"
+        )));
+    }
+    Ok(format!("\"{text}\""))
+}
+
 /// The rules for each local file: (file under the root, rules).
+///
+/// A VM's files in its pod's state directory are named as [`PodPaths`] names them, for any
+/// pod (`STATE_DIR/*/`): the profile is libvirt's, written from the domain XML, and vmlet's
+/// own QEMU arguments are not in that XML.
 pub fn rules(config: &NodeConfig) -> Result<Vec<(&'static str, String)>, Error> {
-    let quoted = |path: &Path| {
-        let text = path.to_string_lossy();
-        if text.contains(['"', '\n', '\0']) || !path.is_absolute() {
-            return Err(Error::InvalidArgument(format!(
-                "{text:?}: not a path vmlet can name in an AppArmor rule"
-            )));
-        }
-        Ok(format!("\"{text}\""))
-    };
     let h = &config.helpers;
-    let state = quoted(&config.state_dir)?;
-    let state = state.trim_end_matches('"').trim_end_matches('/');
-    Ok(vec![
-        (
-            LOCAL_LIBVIRTD,
-            format!(
-                "  # libvirtd probes vmlet's emulator wrapper and starts it as each pod's QEMU\n  # (under the VM's profile), and starts vmlet's virtiofsd.\n  {} PUx,\n  {} PUx,\n",
-                quoted(&h.vmwrapper)?,
-                quoted(&h.virtiofsd)?
-            ),
+    // Checked before the glob goes in.
+    quoted(&config.state_dir)?;
+    let any_pod = PodPaths::new(&config.state_dir, "*");
+    let pod_file = |path: &Path, access: &str| format!("  \"{}\" {access},\n", path.display());
+    let libvirtd = format!(
+        "  # libvirtd probes vmlet's emulator wrapper and starts it as each pod's QEMU\n  \
+         # (under the VM's profile), and starts vmlet's virtiofsd.\n  {} PUx,\n  {} PUx,\n",
+        quoted(&h.vmwrapper)?,
+        quoted(&h.virtiofsd)?
+    );
+    let qemu = [
+        format!(
+            "  # Each pod's QEMU starts as vmlet's emulator wrapper, which fetches the pod's taps;\n  \
+             # QEMU opens the vsock and QMP sockets vmlet passes beside libvirt's model, and a VM\n  \
+             # image's root disk on NVMe (QEMU's own device), in the pod's state directory.\n  \
+             {} rmix,\n",
+            quoted(&h.vmwrapper)?
         ),
-        (
-            LOCAL_QEMU,
-            format!(
-                "  # Each pod's QEMU starts as vmlet's emulator wrapper, and opens the vsock and QMP\n  # sockets vmlet passes beside libvirt's model, in the pod's state directory.\n  {} rmix,\n  {state}/*/vhost.sock\" rw,\n  {state}/*/qmp.sock\" rw,\n",
-                quoted(&h.vmwrapper)?
-            ),
-        ),
-    ])
+        pod_file(&any_pod.tap_socket, "rw"),
+        pod_file(&any_pod.vhost_socket, "rw"),
+        pod_file(&any_pod.qmp_socket, "rw"),
+        pod_file(&any_pod.root_disk, "rwk"),
+        pod_file(&any_pod.image_disk, "rk"),
+    ]
+    .concat();
+    Ok(vec![(LOCAL_LIBVIRTD, libvirtd), (LOCAL_QEMU, qemu)])
 }
 
 /// Reloads libvirtd's profile under `root` (its local file changed), chrooted there, where
@@ -112,13 +134,26 @@ mod tests {
         assert!(all[1]
             .1
             .contains("  \"/usr/local/bin/vmlet-vmwrapper\" rmix,\n"));
-        assert!(all[1].1.contains("  \"/run/vmlet/*/vhost.sock\" rw,\n"));
-        assert!(all[1].1.contains("  \"/run/vmlet/*/qmp.sock\" rw,\n"));
-        let odd = NodeConfig {
-            state_dir: "/run/vm\"let".into(),
-            ..Default::default()
-        };
-        let e = rules(&odd).unwrap_err();
-        assert!(e.to_string().contains("not a path vmlet can name"), "{e}");
+        for rule in [
+            "\"/run/vmlet/*/taps.sock\" rw,",
+            "\"/run/vmlet/*/vhost-vsock.sock\" rw,",
+            "\"/run/vmlet/*/qmp.sock\" rw,",
+            "\"/run/vmlet/*/root.qcow2\" rwk,",
+            "\"/run/vmlet/*/image-disk\" rk,",
+        ] {
+            assert!(
+                all[1].1.contains(&format!("  {rule}\n")),
+                "{rule} in {}",
+                all[1].1
+            );
+        }
+        for odd in ["/run/vm\"let", "/run/vmlet*", "/run/{a,b}", "run/vmlet"] {
+            let config = NodeConfig {
+                state_dir: odd.into(),
+                ..Default::default()
+            };
+            let e = rules(&config).unwrap_err();
+            assert!(e.to_string().contains("not a path vmlet can name"), "{e}");
+        }
     }
 }

@@ -21,7 +21,18 @@ pub struct PodPaths {
     pub qmp_socket: PathBuf,
     /// A VM image's serial console, which QEMU connects.
     pub console_socket: PathBuf,
+    /// A VM image's root disk: the qcow2 overlay QEMU writes.
+    pub root_disk: PathBuf,
+    /// A VM image's disk (the overlay's backing file), bound read-only here, where QEMU's
+    /// user can reach it.
+    pub image_disk: PathBuf,
+    /// A VM image's cloud-init seed: its files, and their ISO 9660 volume.
+    pub seed_dir: PathBuf,
+    pub seed_iso: PathBuf,
 }
+
+/// The name of [`PodPaths::image_disk`] in the pod's directory.
+pub const IMAGE_DISK: &str = "image-disk";
 
 impl PodPaths {
     pub fn new(state_dir: &Path, pod_id: &str) -> Self {
@@ -36,6 +47,10 @@ impl PodPaths {
             tap_socket: dir.join("taps.sock"),
             qmp_socket: dir.join("qmp.sock"),
             console_socket: dir.join("console.sock"),
+            root_disk: dir.join("root.qcow2"),
+            image_disk: dir.join(IMAGE_DISK),
+            seed_dir: dir.join("seed"),
+            seed_iso: dir.join("seed.iso"),
             dir,
         }
     }

@@ -151,7 +151,10 @@ pub(super) async fn run_image(
     let rootfs = crate::share::container_rootfs(&paths.dir, &req.container_id)?;
     let (mut disk, file) = crate::vm_disk::find(&rootfs)?;
     let size = crate::vm_disk::overlay_size(&disk, image.root_volume_mib)?;
-    disk.path = crate::vm_disk::bind_for_qemu(&file, &paths.dir, IMAGE_DISK, &|t| rec.mount(t))?;
+    disk.path =
+        crate::vm_disk::bind_for_qemu(&file, &paths.dir, crate::pod_paths::IMAGE_DISK, &|t| {
+            rec.mount(t)
+        })?;
     let (netns, net) = host_process_and_network(config, req, paths, rec, phases).await?;
     let mut dhcp = Vec::new();
     if let Some(netns) = &netns {
@@ -179,15 +182,15 @@ pub(super) async fn run_image(
         }
     }
     phases.mark("dhcp");
-    let overlay = paths.dir.join(ROOT_DISK);
+    let overlay = paths.root_disk.clone();
     crate::vm_disk::create_overlay(&disk, &overlay, size).await?;
     if image.root_bus == crate::domain::RootBus::Nvme {
         // QEMU opens it itself (libvirt, which would give it to QEMU's user, has no NVMe
         // disk): its backing file is world-readable already.
         super::chown_to_user(&overlay, &config.qemu_user)?;
     }
-    let seed_dir = paths.dir.join(SEED_DIR);
-    std::fs::create_dir(&seed_dir)
+    let seed_dir = &paths.seed_dir;
+    std::fs::create_dir(seed_dir)
         .map_err(|e| Error::io(format!("create {}", seed_dir.display()), e))?;
     let seed = crate::nocloud::Seed::build(&crate::nocloud::SeedInput {
         instance_id: &image.instance_id,
@@ -199,8 +202,8 @@ pub(super) async fn run_image(
         dns: &dns,
         network_config: image.network_config,
     })?;
-    let seed_iso = paths.dir.join(SEED_ISO);
-    seed.write_iso(&seed_dir, &seed_iso).await?;
+    let seed_iso = &paths.seed_iso;
+    seed.write_iso(seed_dir, seed_iso).await?;
     phases.mark("disks");
     let guest = crate::domain::GuestBoot::Image(crate::domain::ImageDisks {
         overlay: overlay.to_string_lossy().into_owned(),
@@ -222,11 +225,3 @@ pub(super) async fn run_image(
             .ok_or_else(|| Error::Internal("a VM image launched without its console".into()))?,
     })
 }
-
-/// A VM image's root disk (the overlay) and cloud-init seed, in the pod's state directory
-/// (removed with it).
-pub const ROOT_DISK: &str = "root.qcow2";
-/// The image's disk, bound read-only where QEMU's user can reach it.
-pub const IMAGE_DISK: &str = "image-disk";
-pub const SEED_DIR: &str = "seed";
-pub const SEED_ISO: &str = "seed.iso";
