@@ -84,6 +84,11 @@ pub struct ConsoleArgs {
     /// Keep printing what the guest writes until the pod is gone (or Ctrl-C).
     #[arg(short, long)]
     pub follow: bool,
+    /// Type into the console too (a VM image's: vmlet's own guest has no login there): the
+    /// console's last lines, then what the guest writes, and your keys to the guest's
+    /// serial input, until Ctrl-], the end of input, or the pod's end.
+    #[arg(short, long, conflicts_with = "follow")]
+    pub interactive: bool,
 }
 
 #[derive(Debug, Args)]
@@ -303,8 +308,18 @@ mod tests {
         ));
         let ctl = Vmletctl::try_parse_from(["vmletctl", "console", "p1", "--follow"]).unwrap();
         assert!(
-            matches!(ctl.command, CtlCommand::Console(ConsoleArgs { follow: true, ref pod }) if pod == "p1")
+            matches!(ctl.command, CtlCommand::Console(ConsoleArgs { follow: true, interactive: false, ref pod }) if pod == "p1")
         );
+        let ctl = Vmletctl::try_parse_from(["vmletctl", "console", "-i", "p1"]).unwrap();
+        assert!(matches!(
+            ctl.command,
+            CtlCommand::Console(ConsoleArgs {
+                interactive: true,
+                follow: false,
+                ..
+            })
+        ));
+        assert!(Vmletctl::try_parse_from(["vmletctl", "console", "-i", "-f", "p1"]).is_err());
         let ctl = Vmletctl::try_parse_from(["vmletctl", "--config", "/c.toml", "gc", "--dry-run"])
             .unwrap();
         assert_eq!(ctl.config, Some(PathBuf::from("/c.toml")));

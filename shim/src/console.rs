@@ -104,6 +104,13 @@ impl ConsoleFollower {
         self.offset
     }
 
+    /// Reads on from the log's last `keep` bytes (what is there now).
+    pub fn start_near_end(&mut self, keep: u64) {
+        let len = std::fs::symlink_metadata(&self.path).map_or(0, |m| m.len());
+        self.offset = len.saturating_sub(keep);
+        self.partial.clear();
+    }
+
     /// What the guest wrote since the last call: None when the log does not exist (yet, or
     /// any more). The file is opened without following a symbolic link.
     pub fn read_new(&mut self) -> Option<String> {

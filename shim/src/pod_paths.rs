@@ -21,6 +21,8 @@ pub struct PodPaths {
     pub qmp_socket: PathBuf,
     /// A VM image's serial console, which QEMU connects.
     pub console_socket: PathBuf,
+    /// Where the node's operator types into a VM image's console (`vmletctl console -i`).
+    pub console_input: PathBuf,
     /// A VM image's root disk: the qcow2 overlay QEMU writes.
     pub root_disk: PathBuf,
     /// A VM image's disk (the overlay's backing file), bound read-only here, where QEMU's
@@ -47,6 +49,7 @@ impl PodPaths {
             tap_socket: dir.join("taps.sock"),
             qmp_socket: dir.join("qmp.sock"),
             console_socket: dir.join("console.sock"),
+            console_input: dir.join("console-input.sock"),
             root_disk: dir.join("root.qcow2"),
             image_disk: dir.join(IMAGE_DISK),
             seed_dir: dir.join("seed"),

@@ -3,12 +3,15 @@
 //! writes, into the console log (`vmletctl console`, diagnostics), restarted at
 //! [`LOG_CAP`], and into the task's stdout once it is attached; what came before that is
 //! kept, up to [`BACKLOG_CAP`]. The task's stdin goes to the console's input (the guest's
-//! `ttyS0`). The guest writes as fast as it likes: every read is bounded, and a stdout that
-//! does not take its output holds the console up, not the shim's memory.
+//! `ttyS0`), and so does what the node's operator types in `vmletctl console --interactive`
+//! ([`SerialConsole::serve_operator`]: a root-only socket in the pod's directory, one
+//! session at a time). The guest writes as fast as it likes: every read is bounded, and a
+//! stdout that does not take its output holds the console up, not the shim's memory.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
@@ -25,12 +28,27 @@ pub const LOG_CAP: u64 = 2 << 20;
 pub const BACKLOG_CAP: usize = 1 << 20;
 /// Bytes moved per read.
 const READ_BUFFER: usize = 64 * 1024;
+/// The most bytes of one write to the console's input, and how many such writes may wait
+/// for the guest to read: a writer that outpaces the guest waits, nothing piles up.
+const INPUT_CHUNK: usize = 4096;
+const INPUT_QUEUE: usize = 16;
+/// What an operator's second session is told before it is closed.
+const BUSY: &[u8] = b"vmlet: the console has an operator already\r\n";
 
 /// The console of a running VM image.
 pub struct SerialConsole {
     attach: mpsc::UnboundedSender<Attach>,
-    /// The console's input, until a stdin takes it.
-    input: Mutex<Option<OwnedWriteHalf>>,
+    /// The console's input: one task writes what is sent here to QEMU.
+    input: mpsc::Sender<Vec<u8>>,
+    /// A stdin took the console (one stdin, for its one process).
+    stdin_taken: AtomicBool,
+    /// The operator's socket, while it is served.
+    operator: Mutex<Option<Operator>>,
+}
+
+struct Operator {
+    server: tokio::task::JoinHandle<()>,
+    path: PathBuf,
 }
 
 /// A stdout for the console's output, and who to tell when it has all of it.
@@ -45,11 +63,66 @@ impl SerialConsole {
         let log = ConsoleLog::create(log)?;
         let (read, write) = stream.into_split();
         let (attach, attached) = mpsc::unbounded_channel();
+        let (input, typed) = mpsc::channel(INPUT_QUEUE);
         tokio::spawn(pump(read, log, attached));
+        tokio::spawn(write_input(write, typed));
         Ok(SerialConsole {
             attach,
-            input: Mutex::new(Some(write)),
+            input,
+            stdin_taken: AtomicBool::new(false),
+            operator: Mutex::new(None),
         })
+    }
+
+    /// Takes the node operator's input at `path` (`vmletctl console --interactive`) until
+    /// the console is dropped: a socket of mode 0600, and a peer that is not root is
+    /// refused (the pod's directory lets QEMU's user through to its own sockets); one
+    /// session at a time, a second is told so and closed.
+    pub fn serve_operator(&self, path: &Path) -> Result<(), Error> {
+        let _ = std::fs::remove_file(path);
+        let listener = tokio::net::UnixListener::bind(path)
+            .map_err(|e| Error::io(format!("listen on {}", path.display()), e))?;
+        std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .map_err(|e| Error::io(format!("chmod {}", path.display()), e))?;
+        let input = self.input.clone();
+        let session = Arc::new(tokio::sync::Mutex::new(()));
+        let server = tokio::spawn(async move {
+            // The sessions end with the server (dropped with the console).
+            let mut sessions = tokio::task::JoinSet::new();
+            while let Ok((mut stream, _)) = listener.accept().await {
+                while sessions.try_join_next().is_some() {}
+                match stream.peer_cred() {
+                    Ok(cred) if cred.uid() == 0 => {}
+                    other => {
+                        log::warn!("console input: refused a connection by {other:?}");
+                        continue;
+                    }
+                }
+                let Ok(held) = session.clone().try_lock_owned() else {
+                    let _ = tokio::time::timeout(
+                        std::time::Duration::from_secs(1),
+                        stream.write_all(BUSY),
+                    )
+                    .await;
+                    continue;
+                };
+                let input = input.clone();
+                sessions.spawn(async move {
+                    let _held = held;
+                    let mut buf = vec![0u8; INPUT_CHUNK];
+                    while let Ok(n) = stream.read(&mut buf).await {
+                        if n == 0 || input.send(buf[..n].to_vec()).await.is_err() {
+                            break;
+                        }
+                    }
+                });
+            }
+        });
+        *self.operator.lock().unwrap() = Some(Operator {
+            server,
+            path: path.to_owned(),
+        });
+        Ok(())
     }
 
     /// Sends the console's output (from its first byte, as far as [`BACKLOG_CAP`] kept it)
@@ -71,20 +144,44 @@ impl SerialConsole {
             }));
         }
         if let Some(fifo) = stdin {
-            let input = self.input.lock().unwrap().take().ok_or_else(|| {
-                Error::FailedPrecondition("the VM's console has a stdin already".into())
-            })?;
-            copies.copy_stdin_to(fifo, ConsoleInput(Some(input)));
+            if self.stdin_taken.swap(true, Ordering::SeqCst) {
+                return Err(Error::FailedPrecondition(
+                    "the VM's console has a stdin already".into(),
+                ));
+            }
+            let input = ConsoleInput(tokio_util::sync::PollSender::new(self.input.clone()));
+            copies.copy_stdin_to(fifo, input);
         }
         Ok(copies)
     }
 }
 
-/// The console's input as a stdin copy writes it. The end of stdin is not the console's:
-/// QEMU takes a half-closed socket for a hang-up and drops the console (its output too), so
-/// neither a shutdown nor a drop closes the socket's write side; it closes with the
-/// console's reader.
-struct ConsoleInput(Option<OwnedWriteHalf>);
+impl Drop for SerialConsole {
+    fn drop(&mut self) {
+        if let Some(operator) = self.operator.lock().unwrap().take() {
+            operator.server.abort();
+            let _ = std::fs::remove_file(&operator.path);
+        }
+    }
+}
+
+/// Writes what the stdin and the operator send to the console's input, until both are
+/// gone or QEMU takes no more. The socket's write side is never shut down: QEMU takes a
+/// half-closed socket for a hang-up and drops the console (its output too); it closes with
+/// the console's reader.
+async fn write_input(mut input: OwnedWriteHalf, mut typed: mpsc::Receiver<Vec<u8>>) {
+    while let Some(bytes) = typed.recv().await {
+        if let Err(e) = input.write_all(&bytes).await {
+            log::warn!("console: write its input: {e}");
+            break;
+        }
+    }
+    input.forget();
+}
+
+/// The console's input as a stdin copy writes it: chunks to [`write_input`]. Its shutdown
+/// (the end of stdin) is not the console's.
+struct ConsoleInput(tokio_util::sync::PollSender<Vec<u8>>);
 
 impl tokio::io::AsyncWrite for ConsoleInput {
     fn poll_write(
@@ -92,36 +189,31 @@ impl tokio::io::AsyncWrite for ConsoleInput {
         cx: &mut std::task::Context<'_>,
         buf: &[u8],
     ) -> std::task::Poll<std::io::Result<usize>> {
-        match self.0.as_mut() {
-            Some(input) => std::pin::Pin::new(input).poll_write(cx, buf),
-            None => std::task::Poll::Ready(Err(std::io::ErrorKind::BrokenPipe.into())),
+        let gone = || std::io::Error::from(std::io::ErrorKind::BrokenPipe);
+        match self.0.poll_reserve(cx) {
+            std::task::Poll::Pending => std::task::Poll::Pending,
+            std::task::Poll::Ready(Err(_)) => std::task::Poll::Ready(Err(gone())),
+            std::task::Poll::Ready(Ok(())) => {
+                let n = buf.len().min(INPUT_CHUNK);
+                self.0.send_item(buf[..n].to_vec()).map_err(|_| gone())?;
+                std::task::Poll::Ready(Ok(n))
+            }
         }
     }
 
     fn poll_flush(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        match self.0.as_mut() {
-            Some(input) => std::pin::Pin::new(input).poll_flush(cx),
-            None => std::task::Poll::Ready(Ok(())),
-        }
-    }
-
-    /// Stops writing; the socket stays open.
-    fn poll_shutdown(
         self: std::pin::Pin<&mut Self>,
         _cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<std::io::Result<()>> {
         std::task::Poll::Ready(Ok(()))
     }
-}
 
-impl Drop for ConsoleInput {
-    fn drop(&mut self) {
-        if let Some(input) = self.0.take() {
-            input.forget();
-        }
+    /// Stops writing; the console stays open.
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
     }
 }
 
@@ -325,6 +417,44 @@ mod tests {
         let open =
             tokio::time::timeout(std::time::Duration::from_millis(200), qemu.read(&mut byte)).await;
         assert!(open.is_err(), "the console's input was closed: {open:?}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[tokio::test]
+    async fn the_operator_types_into_the_console_beside_stdin_one_session_at_a_time() {
+        let dir = scratch("operator");
+        let (console, qemu) = console(&dir);
+        let socket = dir.join("console-input.sock");
+        console.serve_operator(&socket).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&socket).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let mut operator = UnixStream::connect(&socket).await.unwrap();
+        operator.write_all(b"root\n").await.unwrap();
+        let mut reader = tokio::io::BufReader::new(qemu);
+        let mut line = String::new();
+        reader.read_line(&mut line).await.unwrap();
+        assert_eq!(line, "root\n");
+        // A second session is told the console is taken.
+        let mut second = UnixStream::connect(&socket).await.unwrap();
+        let mut busy = Vec::new();
+        second.read_to_end(&mut busy).await.unwrap();
+        assert_eq!(busy, BUSY);
+        // The first goes on; once it leaves, the next session is taken.
+        operator.write_all(b"ls\n").await.unwrap();
+        line.clear();
+        reader.read_line(&mut line).await.unwrap();
+        assert_eq!(line, "ls\n");
+        drop(operator);
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        let mut next = UnixStream::connect(&socket).await.unwrap();
+        next.write_all(b"exit\n").await.unwrap();
+        line.clear();
+        reader.read_line(&mut line).await.unwrap();
+        assert_eq!(line, "exit\n");
+        // The console's end takes the socket with it.
+        drop(console);
+        assert!(!socket.exists());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -30,7 +30,7 @@ fn disk_hashes(s: &Stack) -> Vec<String> {
 
 #[test]
 #[ignore = "needs the vmlet stack: make test"]
-fn a_vm_image_runs_its_user_data_shows_its_console_takes_stdin_and_powers_off() {
+fn a_vm_image_runs_its_user_data_shows_its_console_takes_stdin_and_the_operator_and_powers_off() {
     use std::io::{Read, Write};
     use std::sync::{Arc, Mutex};
     let s = stack();
@@ -41,8 +41,8 @@ fn a_vm_image_runs_its_user_data_shows_its_console_takes_stdin_and_powers_off() 
         "the test image's disk is not in containerd's snapshots"
     );
     // The guest reads a line from its console (nothing else does: its getty is stopped),
-    // then powers off.
-    let user_data = "runcmd:\n  - systemctl mask --now serial-getty@ttyS0.service\n  - echo \"vmlet-marker $(hostname) $(grep GREETING /etc/cloud/environment)\"\n  - read line < /dev/ttyS0; echo \"vmlet-got $line\"\npower_state:\n  mode: poweroff\n  condition: true\n";
+    // then the operator's line (`vmletctl console -i`), then powers off.
+    let user_data = "runcmd:\n  - systemctl mask --now serial-getty@ttyS0.service\n  - echo \"vmlet-marker $(hostname) $(grep GREETING /etc/cloud/environment)\"\n  - read line < /dev/ttyS0; echo \"vmlet-got $line\"\n  - while read op < /dev/ttyS0; do [ \"$op\" = vmlet-operator ] && break; done; echo \"vmlet-operator-got $op\"\npower_state:\n  mode: poweroff\n  condition: true\n";
     let annotations = [
         "--annotation".to_string(),
         "vmlet.io/image-type=vm".to_string(),
@@ -91,6 +91,45 @@ fn a_vm_image_runs_its_user_data_shows_its_console_takes_stdin_and_powers_off() 
         }
         std::thread::sleep(std::time::Duration::from_secs(2));
     }
+    // The node's operator types into the same console, until the guest took the line,
+    // then leaves with Ctrl-].
+    let operator_got = "vmlet-operator-got vmlet-operator";
+    let mut operator = std::process::Command::new(format!("{}/bin/vmletctl", s.dir))
+        .args(["console", "--interactive", &id])
+        .env("VMLET_CONFIG", format!("{}/config.toml", s.dir))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut keys = operator.stdin.take().unwrap();
+    while !text(&console.lock().unwrap()).contains(operator_got)
+        && started.elapsed() < BOOT_DEADLINE
+    {
+        if keys.write_all(b"vmlet-operator\n").is_err() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_secs(2));
+    }
+    keys.write_all(&[vmlet_shim::operator_console::ESCAPE])
+        .unwrap();
+    let session = bounded::output_within(
+        operator,
+        std::time::Duration::from_secs(30),
+        "vmletctl console -i",
+    )
+    .unwrap();
+    let shown = text(&session.stdout);
+    assert!(
+        session.status.success(),
+        "vmletctl console -i: {:?} {}\n{shown}",
+        session.status,
+        text(&session.stderr)
+    );
+    assert!(
+        shown.contains(operator_got),
+        "the operator's session does not show the guest's answer:\n{shown}"
+    );
     // ctr's stdin ends here: the console goes on (its output, the power-off).
     drop(stdin);
     let left = BOOT_DEADLINE.saturating_sub(started.elapsed());
@@ -111,6 +150,10 @@ fn a_vm_image_runs_its_user_data_shows_its_console_takes_stdin_and_powers_off() 
     assert!(
         stdout.contains(got),
         "stdin did not reach the console:\n{stdout}"
+    );
+    assert!(
+        stdout.contains(operator_got),
+        "the operator's keys did not reach the console:\n{stdout}"
     );
     assert!(
         stdout.contains("Linux version"),

@@ -273,10 +273,13 @@ fn print_table(pods: &[ctl::PodView]) {
 }
 
 /// Prints the pod's console so far; with `--follow`, then what the guest writes until the
-/// pod's state directory is gone.
+/// pod's state directory is gone; with `--interactive`, a session at it.
 fn console(config: &NodeConfig, args: &ConsoleArgs) -> Result<(), String> {
     ctl::check_pod_id(&args.pod).map_err(|e| e.message())?;
     let paths = PodPaths::new(&config.state_dir, &args.pod);
+    if args.interactive {
+        return vmlet_shim::operator_console::run(&paths, &args.pod);
+    }
     let mut follower = ConsoleFollower::new(&paths.console);
     let mut out = std::io::stdout().lock();
     let Some(text) = follower.read_new() else {

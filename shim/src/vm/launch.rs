@@ -139,7 +139,9 @@ pub(super) async fn start(
     let console = match console_listener {
         Some(listener) => {
             let (stream, _) = accept_qemu(&listener, qemu_uid, "the serial console").await?;
-            Some(SerialConsole::start(stream, &paths.console)?)
+            let console = SerialConsole::start(stream, &paths.console)?;
+            console.serve_operator(&paths.console_input)?;
+            Some(console)
         }
         None => None,
     };
