@@ -110,6 +110,10 @@ fn connect(paths: &PodPaths, pod: &str) -> Result<UnixStream, String> {
     }
     match UnixStream::connect(&paths.console_input) {
         Ok(stream) => Ok(stream),
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => Err(format!(
+            "pod {pod}: {}: only root may type into a pod's console",
+            paths.console_input.display()
+        )),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(format!(
             "pod {pod} has no console input: only a VM image's console takes keys (vmlet's own \
              guest has no login on its console: use `ctr task exec` or `kubectl exec`)"
