@@ -65,18 +65,27 @@ fn invalid(message: String) -> Error {
 /// The CRI runtimes in a containerd config (version 2 or 3) that start vmlet's shim: by
 /// runtime_type `io.containerd.vmlet.v2`, or by a runtime_path to `containerd-shim-vmlet-v2`.
 pub fn vmlet_runtimes(config_text: &str) -> Result<Vec<String>, String> {
-    let config: toml::Table = config_text
-        .parse()
-        .map_err(|e: toml::de::Error| e.message().to_owned())?;
+    Ok(vmlet_runtimes_in(&parse(config_text)?))
+}
+
+fn parse(text: &str) -> Result<toml::Table, String> {
+    text.parse()
+        .map_err(|e: toml::de::Error| e.message().to_owned())
+}
+
+/// The CRI plugin's `containerd` table in `layout`, in a parsed config.
+fn cri_containerd(config: &toml::Table, layout: ConfigLayout) -> Option<&toml::Value> {
+    config
+        .get("plugins")?
+        .get(layout.plugin())?
+        .get("containerd")
+}
+
+/// [`vmlet_runtimes`] of a parsed config.
+fn vmlet_runtimes_in(config: &toml::Table) -> Vec<String> {
     let mut found = Vec::new();
-    let Some(plugins) = config.get("plugins").and_then(toml::Value::as_table) else {
-        return Ok(found);
-    };
     for layout in [ConfigLayout::V2, ConfigLayout::V3] {
-        let plugin = layout.plugin();
-        let runtimes = plugins
-            .get(plugin)
-            .and_then(|p| p.get("containerd"))
+        let runtimes = cri_containerd(config, layout)
             .and_then(|c| c.get("runtimes"))
             .and_then(toml::Value::as_table);
         for (name, runtime) in runtimes.into_iter().flatten() {
@@ -84,19 +93,19 @@ pub fn vmlet_runtimes(config_text: &str) -> Result<Vec<String>, String> {
             if text("runtime_type") == "io.containerd.vmlet.v2"
                 || text("runtime_path").ends_with("/containerd-shim-vmlet-v2")
             {
-                found.push(format!("{plugin}.runtimes.{name}"));
+                found.push(format!("{}.runtimes.{name}", layout.plugin()));
             }
         }
     }
-    Ok(found)
+    found
 }
 
 /// containerd's config with vmlet's runtime: None when a runtime starts vmlet already,
 /// else the text with the block appended (checked: the parsed result is the original plus
 /// vmlet's runtime, nothing else).
 pub fn add_runtime(text: &str, layout: ConfigLayout) -> Result<Option<(String, String)>, Error> {
-    let found = vmlet_runtimes(text).map_err(|e| invalid(format!("containerd's config: {e}")))?;
-    if !found.is_empty() {
+    let config = parse(text).map_err(|e| invalid(format!("containerd's config: {e}")))?;
+    if !vmlet_runtimes_in(&config).is_empty() {
         return Ok(None);
     }
     let mut block = String::new();
@@ -117,7 +126,7 @@ pub fn add_runtime(text: &str, layout: ConfigLayout) -> Result<Option<(String, S
         }
     }
     let mut added = vec!["vmlet"];
-    if keeps_runc(text, layout)? {
+    if keeps_runc(&config, layout) {
         block.push_str(&format!(
             "# containerd 1.6 and 1.7 take a config's runtimes instead of their own: runc, the default,\n\
              # as they define it.\n\
@@ -136,17 +145,11 @@ pub fn add_runtime(text: &str, layout: ConfigLayout) -> Result<Option<(String, S
 /// that uses runc, the default runtime, without defining it (Debian's own) would lose it
 /// once vmlet's runtime is there, and with it every CRI pod but vmlet's. (containerd 2.x
 /// merges the tables.)
-fn keeps_runc(text: &str, layout: ConfigLayout) -> Result<bool, Error> {
+fn keeps_runc(config: &toml::Table, layout: ConfigLayout) -> bool {
     if layout != ConfigLayout::V2 {
-        return Ok(false);
+        return false;
     }
-    let config: toml::Table = text
-        .parse()
-        .map_err(|e: toml::de::Error| invalid(format!("containerd's config: {}", e.message())))?;
-    let cri = config
-        .get("plugins")
-        .and_then(|p| p.get(layout.plugin()))
-        .and_then(|p| p.get("containerd"));
+    let cri = cri_containerd(config, layout);
     let default = cri
         .and_then(|c| c.get("default_runtime_name"))
         .and_then(toml::Value::as_str)
@@ -155,7 +158,7 @@ fn keeps_runc(text: &str, layout: ConfigLayout) -> Result<bool, Error> {
         .and_then(|c| c.get("runtimes"))
         .and_then(|r| r.get("runc"))
         .is_some();
-    Ok(default == "runc" && !defined)
+    default == "runc" && !defined
 }
 
 /// The parsed `merged` must be the parsed `original` plus the runtimes `added` in `layout`.

@@ -5,12 +5,11 @@
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
 use vmlet_config::{Accel, NodeConfig, VsockTransport};
 use vmlet_vm_image::{sha256_file, Manifest};
 
+use crate::node_program::{on_path, version_line};
 use crate::vmm::LibvirtHost;
 
 /// How one line of the check ends.
@@ -75,7 +74,8 @@ pub struct HostFacts {
     /// Where libvirt offers KVM and the config may use it: whether a guest booted on it (its
     /// boot time in ms) or why not ([`crate::kvm_probe`]); None where not probed.
     pub kvm_probe: Option<Result<u64, String>>,
-    /// vmlet's blocks are in both of AppArmor's local files for libvirt.
+    /// vmlet's rules for this config, as this version writes them, are in AppArmor's local
+    /// files for libvirt.
     pub apparmor_rules: bool,
     pub libvirt: Result<LibvirtHost, String>,
     pub vhost_vsock: bool,
@@ -97,12 +97,8 @@ pub struct HostFacts {
     pub containerd: ContainerdFacts,
 }
 
-/// How long a program's `--version` may take.
-const VERSION_DEADLINE: Duration = Duration::from_secs(10);
-/// The most of a program's output read.
-const VERSION_OUTPUT: u64 = 4096;
-/// The largest containerd config read.
-const CONTAINERD_CONFIG_LIMIT: u64 = 1 << 20;
+/// The largest config file read (containerd's, AppArmor's local files).
+const CONFIG_FILE_LIMIT: u64 = 1 << 20;
 
 impl HostFacts {
     /// Looks at this host with `config`'s paths; `containerd` is the containerd binary to ask
@@ -141,14 +137,11 @@ impl HostFacts {
         let containerd_bin = containerd
             .map(Path::to_owned)
             .or_else(|| on_path("containerd"));
-        // This config's rules, as this version writes them, each in its file.
-        let apparmor_rules = crate::node_apparmor::rules(config).is_ok_and(|rules| {
-            rules.iter().all(|(file, rules)| {
-                read_bounded(&Path::new("/").join(file), CONTAINERD_CONFIG_LIMIT).is_ok_and(
-                    |text| text.contains(crate::node_install::BLOCK_START) && text.contains(rules),
-                )
-            })
-        });
+        let apparmor_rules = crate::node_install::apparmor_rules_installed(
+            Path::new("/"),
+            config,
+            CONFIG_FILE_LIMIT,
+        );
         HostFacts {
             kvm,
             libvirt_kvm,
@@ -171,7 +164,7 @@ impl HostFacts {
                     .ok_or_else(|| "no containerd on the PATH".to_owned())
                     .and_then(|bin| version_line(&bin)),
                 config: containerd_config.to_owned(),
-                vmlet_runtimes: read_bounded(containerd_config, CONTAINERD_CONFIG_LIMIT)
+                vmlet_runtimes: read_bounded(containerd_config, CONFIG_FILE_LIMIT)
                     .and_then(|text| crate::containerd_config::vmlet_runtimes(&text)),
                 shim_on_path: on_path("containerd-shim-vmlet-v2"),
             },
@@ -388,12 +381,12 @@ pub fn assess(config: &NodeConfig, facts: &HostFacts) -> Vec<Finding> {
     .filter(|(found, _)| found.is_none())
     .map(|(_, what)| what)
     .collect();
-    let vm_mode = "vmlet.io/image-type";
-    let image_type_allowed = vmlet_config::ANNOTATION_KEYS
+    let mut image_type = vmlet_config::ANNOTATION_KEYS
         .iter()
         .filter(|(_, key)| *key == vmlet_config::AnnotationKey::ImageType)
-        .any(|(name, _)| config.annotations.allowed.iter().any(|a| a == name));
-    if !image_type_allowed {
+        .map(|(name, _)| *name);
+    let vm_mode = image_type.clone().next().unwrap_or_default();
+    if !image_type.any(|name| config.annotations.allowed.iter().any(|a| a == name)) {
         say(
             Ok,
             "vm mode",
@@ -507,107 +500,6 @@ fn read_bounded(path: &Path, limit: u64) -> Result<String, String> {
     file.take(limit)
         .read_to_string(&mut text)
         .map_err(|e| format!("{e}"))?;
-    Ok(text)
-}
-
-pub fn on_path(program: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH")
-        .map(|paths| std::env::split_paths(&paths).collect::<Vec<_>>())
-        .unwrap_or_default()
-        .into_iter()
-        .map(|dir| dir.join(program))
-        .find(|p| p.is_file())
-}
-
-/// The first line a program prints for `--version` (stdout, else stderr), run with a
-/// deadline and bounded output.
-pub fn version_line(program: &Path) -> Result<String, String> {
-    version_line_under(Path::new("/"), program)
-}
-
-/// [`version_line`] of `program` (a path inside `root`) run chrooted into `root`, so that a
-/// node's program runs with the node's libraries when vmletctl runs in a container or a
-/// chroot's host.
-pub fn version_line_under(root: &Path, program: &Path) -> Result<String, String> {
-    let text = run_under(root, program, &["--version".as_ref()], VERSION_DEADLINE)
-        .map_err(|e| e.replace("the program", "--version"))?;
-    Ok(crate::guest_text::clean(
-        text.lines().next().unwrap_or("").trim(),
-        200,
-    ))
-}
-
-/// Runs `program` (a path inside `root`) with `args`, chrooted into `root` unless that is
-/// `/`, within `deadline`; its stdout (or its stderr where stdout is empty), at most
-/// 4 KiB of each. An error says why, with the first line of what it printed.
-pub fn run_under(
-    root: &Path,
-    program: &Path,
-    args: &[&std::ffi::OsStr],
-    deadline: Duration,
-) -> Result<String, String> {
-    let inside = program.strip_prefix("/").unwrap_or(program);
-    if !root.join(inside).is_file() {
-        return Err("not found".into());
-    }
-    let mut command = Command::new(program);
-    if root != Path::new("/") {
-        let root = std::ffi::CString::new(root.as_os_str().as_encoded_bytes())
-            .map_err(|_| format!("{}: a NUL in the path", root.display()))?;
-        // SAFETY: chroot and chdir are async-signal-safe system calls on memory owned by
-        // the closure; nothing is allocated between fork and exec.
-        unsafe {
-            use std::os::unix::process::CommandExt;
-            command.pre_exec(move || {
-                if libc::chroot(root.as_ptr()) != 0 || libc::chdir(c"/".as_ptr()) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-    }
-    let mut child = command
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("cannot run: {e}"))?;
-    let (Some(stdout), Some(stderr)) = (child.stdout.take(), child.stderr.take()) else {
-        return Err("no output pipes".into());
-    };
-    let read = |pipe: Box<dyn Read + Send>| {
-        std::thread::spawn(move || {
-            let mut bytes = Vec::new();
-            let _ = pipe.take(VERSION_OUTPUT).read_to_end(&mut bytes);
-            String::from_utf8_lossy(&bytes).into_owned()
-        })
-    };
-    let (out, err) = (read(Box::new(stdout)), read(Box::new(stderr)));
-    let start = Instant::now();
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(status)) => break status,
-            Ok(None) if start.elapsed() < deadline => std::thread::sleep(Duration::from_millis(20)),
-            _ => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(format!(
-                    "the program did not answer within {}s",
-                    deadline.as_secs()
-                ));
-            }
-        }
-    };
-    let (out, err) = (
-        out.join().unwrap_or_default(),
-        err.join().unwrap_or_default(),
-    );
-    let text = if out.trim().is_empty() { err } else { out };
-    if !status.success() {
-        let line = crate::guest_text::clean(text.lines().next().unwrap_or("").trim(), 200);
-        return Err(format!("the program failed ({status}): {line}"));
-    }
     Ok(text)
 }
 

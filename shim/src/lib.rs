@@ -60,6 +60,7 @@ pub mod nocloud;
 pub mod node_apparmor;
 pub mod node_install;
 pub mod node_label;
+pub mod node_program;
 pub mod operator_console;
 pub mod pci_layout;
 pub mod phases;

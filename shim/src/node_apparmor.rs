@@ -104,7 +104,7 @@ pub fn reload(root: &Path) -> Result<String, Error> {
             ))
         })?;
     let profile = Path::new("/").join(LIBVIRTD_PROFILE);
-    crate::host_check::run_under(
+    crate::node_program::run_under(
         root,
         &program,
         &["-r".as_ref(), profile.as_os_str()],

@@ -218,7 +218,7 @@ pub fn install(release: &Path, root: &Path, default_layout: ConfigLayout) -> Res
                 .push(append_block(root, Path::new(file), &rules)?);
         }
         steps.push(format!(
-            "allowed vmlet's wrapper, virtiofsd and sockets in libvirt's AppArmor profiles (/{}, /{})",
+            "allowed vmlet's wrapper, virtiofsd, sockets and disks in libvirt's AppArmor profiles (/{}, /{})",
             node_apparmor::LOCAL_LIBVIRTD,
             node_apparmor::LOCAL_QEMU
         ));
@@ -313,6 +313,26 @@ pub fn uninstall(root: &Path) -> Result<Steps, Error> {
     Ok(steps)
 }
 
+/// `rules` as the marked block [`append_block`] appends (after a newline where the file
+/// does not end with one).
+fn marked(rules: &str) -> String {
+    format!("  {BLOCK_START}\n{rules}")
+}
+
+/// Whether AppArmor's local files under `root` hold vmlet's rules for `config` as this
+/// version writes them (`vmletctl check`); each file is read up to `limit` bytes.
+pub fn apparmor_rules_installed(root: &Path, config: &NodeConfig, limit: u64) -> bool {
+    use std::io::Read;
+    node_apparmor::rules(config).is_ok_and(|rules| {
+        rules.iter().all(|(file, rules)| {
+            let mut text = String::new();
+            std::fs::File::open(root.join(file))
+                .and_then(|f| f.take(limit).read_to_string(&mut text))
+                .is_ok_and(|_| text.contains(&marked(rules)))
+        })
+    })
+}
+
 /// Appends `rules` as a marked block to `file` (relative to `root`), making it if missing.
 fn append_block(root: &Path, file: &Path, rules: &str) -> Result<AppendedBlock, Error> {
     let path = root.join(file);
@@ -325,7 +345,7 @@ fn append_block(root: &Path, file: &Path, rules: &str) -> Result<AppendedBlock, 
     if !text.is_empty() && !text.ends_with('\n') {
         block.push('\n');
     }
-    block.push_str(&format!("  {BLOCK_START}\n{rules}"));
+    block.push_str(&marked(rules));
     write_file(&path, format!("{text}{block}").as_bytes(), 0o644)?;
     Ok(AppendedBlock {
         file: file.to_owned(),

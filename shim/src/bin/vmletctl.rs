@@ -137,8 +137,9 @@ fn install(args: &InstallArgs) -> Result<(), String> {
         Some("2") => ConfigLayout::V2,
         Some(_) => ConfigLayout::V3,
         None => {
-            let under =
-                |program: &str| host_check::version_line_under(&args.root, Path::new(program));
+            let under = |program: &str| {
+                vmlet_shim::node_program::version_line_under(&args.root, Path::new(program))
+            };
             let version = under("/usr/local/bin/containerd")
                 .or_else(|_| under("/usr/bin/containerd"))
                 .unwrap_or_default();
