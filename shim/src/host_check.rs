@@ -313,16 +313,12 @@ pub fn assess(config: &NodeConfig, facts: &HostFacts) -> Vec<Finding> {
                     config.libvirt_uri, host.version, host.hypervisor_version
                 ),
             );
-            let local = format!(
-                "/{}, /{}",
-                crate::node_apparmor::LOCAL_LIBVIRTD,
-                crate::node_apparmor::LOCAL_QEMU
-            );
+            let local = format!("/{}", crate::node_apparmor::LOCAL_LIBVIRTD);
             if host.security_models.iter().any(|m| m == "apparmor") {
                 if facts.apparmor_rules {
-                    say(Ok, "confinement", format!("libvirt confines QEMU with AppArmor; vmlet's rules are in its profiles ({local})"));
+                    say(Ok, "confinement", format!("libvirt confines QEMU with AppArmor; vmlet's rules are in libvirtd's profile ({local}), and each pod's QEMU gets a profile of its own ({})", crate::pod_apparmor::PROFILE_DIR));
                 } else {
-                    say(Fail, "confinement", format!("libvirt confines QEMU with AppArmor, and vmlet's rules (of this version and config) are not in its profiles ({local}): libvirtd cannot start vmlet's wrapper, or QEMU its sockets and disks; `vmletctl install` adds them"));
+                    say(Fail, "confinement", format!("libvirt confines QEMU with AppArmor, and vmlet's rules (of this version and config) are not in libvirtd's profile ({local}): libvirtd cannot start vmlet's wrapper or virtiofsd; `vmletctl install` adds them"));
                 }
             }
             if host.security_models.iter().any(|m| m == "selinux") {
@@ -587,7 +583,7 @@ mod tests {
         let confinement = line(&findings, "confinement");
         assert_eq!(confinement.verdict, Verdict::Fail);
         assert!(
-            confinement.text.contains("are not in its profiles")
+            confinement.text.contains("are not in libvirtd's profile")
                 && confinement.text.contains("vmletctl install"),
             "{confinement}"
         );

@@ -64,6 +64,7 @@ pub mod node_program;
 pub mod operator_console;
 pub mod pci_layout;
 pub mod phases;
+pub mod pod_apparmor;
 pub mod pod_cgroup;
 pub mod pod_metrics;
 pub mod pod_paths;

@@ -14,9 +14,10 @@
 //!   already is not touched.
 //! - `/etc/vmlet/config.toml` is written only when absent, and removed by uninstall only
 //!   when it is still as written.
-//! - Where libvirt has its AppArmor profiles, vmlet's rules ([`crate::node_apparmor`]) are
-//!   appended to their site-local files as marked blocks, libvirtd's profile is reloaded, and
-//!   uninstall takes the blocks off again (byte for byte).
+//! - Where libvirt has its AppArmor profiles, vmlet's rules for libvirtd
+//!   ([`crate::node_apparmor`]) are appended to its site-local file as a marked block,
+//!   libvirtd's profile is reloaded, and uninstall takes the block off again (byte for byte).
+//!   Each pod's QEMU gets a profile of its own when it starts ([`crate::pod_apparmor`]).
 //!
 //! Installing twice changes nothing: the files are the same, the runtime is registered.
 //! Installing another version (the DaemonSet with a newer image) takes the installed one off
@@ -218,9 +219,8 @@ pub fn install(release: &Path, root: &Path, default_layout: ConfigLayout) -> Res
                 .push(append_block(root, Path::new(file), &rules)?);
         }
         steps.push(format!(
-            "allowed vmlet's wrapper, virtiofsd, sockets and disks in libvirt's AppArmor profiles (/{}, /{})",
+            "allowed libvirtd to start vmlet's wrapper and virtiofsd in its AppArmor profile (/{}); each pod's QEMU gets a profile of its own",
             node_apparmor::LOCAL_LIBVIRTD,
-            node_apparmor::LOCAL_QEMU
         ));
         steps.push(node_apparmor::reload(root)?);
     }
@@ -608,8 +608,8 @@ mod tests {
                 && libvirtd.contains("\"/usr/local/bin/virtiofsd\" PUx,"),
             "{libvirtd}"
         );
-        let qemu = std::fs::read_to_string(root.join(node_apparmor::LOCAL_QEMU)).unwrap();
-        assert!(qemu.contains("\"/run/vmlet/*/qmp.sock\" rw,"), "{qemu}");
+        // Each pod's QEMU has its own profile: nothing for every VM.
+        assert!(!root.join("etc/apparmor.d/local/abstractions").exists());
         // Again: nothing more.
         let installed = tree(&root);
         install(&release, &root, ConfigLayout::V3).unwrap();

@@ -8,6 +8,7 @@ use std::sync::Mutex;
 use virt::connect::Connect;
 use virt::domain::Domain;
 
+use crate::pod_apparmor::ProfileDir;
 use crate::Error;
 
 /// An undefine removes the domain's UEFI variables too (a VM image booted with OVMF has a
@@ -40,14 +41,47 @@ pub struct VmletDomain {
     pub active: bool,
 }
 
-/// libvirt through the `virt` crate; one connection per call, opened from the URI.
+/// libvirt through the `virt` crate; one connection per call, opened from the URI. Where
+/// libvirt confines QEMU with AppArmor, each domain it starts gets the pod's own profile
+/// ([`crate::pod_apparmor`]), removed with the domain.
 pub struct Libvirt {
     uri: String,
+    profiles: ProfileDir,
 }
 
 impl Libvirt {
     pub fn new(uri: &str) -> Self {
-        Self { uri: uri.into() }
+        Self {
+            uri: uri.into(),
+            profiles: ProfileDir::default(),
+        }
+    }
+
+    /// Where libvirt confines QEMU with AppArmor, writes the pod's own profile for the
+    /// defined `domain` from the files `xml`'s metadata names; the domain's UUID then.
+    fn write_profile(
+        &self,
+        conn: &Connect,
+        domain: &Domain,
+        xml: &str,
+    ) -> Result<Option<String>, Error> {
+        let capabilities = conn
+            .get_capabilities()
+            .map_err(|e| Error::Libvirt(format!("capabilities: {e}")))?;
+        if !crate::libvirt_xml::security_models(&capabilities)
+            .iter()
+            .any(|m| m == "apparmor")
+        {
+            return Ok(None);
+        }
+        let uuid = domain
+            .get_uuid_string()
+            .map_err(|e| Error::Libvirt(format!("the domain's UUID: {e}")))?;
+        let pod_id = crate::libvirt_xml::pod_id_in(xml).unwrap_or_default();
+        let files = crate::libvirt_xml::pod_files_in(xml)?;
+        let profile = crate::pod_apparmor::profile(&uuid, &pod_id, &files)?;
+        self.profiles.write(&uuid, &profile)?;
+        Ok(Some(uuid))
     }
 
     fn with_conn<T>(&self, f: impl FnOnce(&Connect) -> Result<T, Error>) -> Result<T, Error> {
@@ -83,8 +117,18 @@ impl VmManager for Libvirt {
         self.with_conn(|conn| {
             let domain = Domain::define_xml(conn, xml)
                 .map_err(|e| Error::Libvirt(format!("define domain: {e}")))?;
+            let profile = match self.write_profile(conn, &domain, xml) {
+                Ok(profile) => profile,
+                Err(e) => {
+                    let _ = domain.undefine_flags(UNDEFINE_WITH_NVRAM);
+                    return Err(e);
+                }
+            };
             if let Err(e) = domain.create() {
                 let _ = domain.undefine_flags(UNDEFINE_WITH_NVRAM);
+                if let Some(uuid) = profile {
+                    let _ = self.profiles.remove(&uuid);
+                }
                 return Err(Error::Libvirt(format!("start domain: {e}")));
             }
             Ok(())
@@ -98,6 +142,11 @@ impl VmManager for Libvirt {
                 Err(e) if is_no_domain(&e) => return Ok(()),
                 Err(e) => return Err(Error::Libvirt(format!("look up {name}: {e}"))),
             };
+            // Its profile (if vmlet wrote one) goes with it: libvirt unloads it but leaves
+            // the file.
+            let uuid = domain
+                .get_uuid_string()
+                .map_err(|e| Error::Libvirt(format!("the UUID of {name}: {e}")))?;
             if domain.is_active().unwrap_or(false) {
                 if let Err(e) = domain.destroy() {
                     // A concurrent removal (a kill of the pod) may have ended it first, and
@@ -111,10 +160,11 @@ impl VmManager for Libvirt {
                 }
             }
             match domain.undefine_flags(UNDEFINE_WITH_NVRAM) {
-                Ok(()) => Ok(()),
-                Err(e) if is_no_domain(&e) => Ok(()),
-                Err(e) => Err(Error::Libvirt(format!("undefine {name}: {e}"))),
+                Ok(()) => {}
+                Err(e) if is_no_domain(&e) => {}
+                Err(e) => return Err(Error::Libvirt(format!("undefine {name}: {e}"))),
             }
+            self.profiles.remove(&uuid)
         })
     }
 

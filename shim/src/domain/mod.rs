@@ -106,6 +106,36 @@ pub struct DomainParams {
     pub qmp_socket: String,
 }
 
+impl DomainParams {
+    /// What the VM's QEMU opens that its command line beside libvirt's model names
+    /// (`<qemu:commandline>`, and the wrapper as its emulator): libvirt's AppArmor helper
+    /// sees none of it, so the pod's profile names it ([`crate::pod_apparmor`]).
+    pub fn qemu_files(&self) -> Vec<crate::pod_apparmor::PodFile> {
+        use crate::pod_apparmor::{Access, PodFile};
+        let file = |path: &str, access| PodFile {
+            path: path.to_owned(),
+            access,
+        };
+        let mut files = vec![file(&self.emulator, Access::Exec)];
+        if let Some(socket) = &self.tap_socket {
+            files.push(file(socket, Access::ReadWrite));
+        }
+        match &self.guest {
+            GuestBoot::Agent(AgentGuest {
+                vsock: VsockDevice::VhostUser { socket },
+                ..
+            }) => files.push(file(socket, Access::ReadWrite)),
+            GuestBoot::Image(image) if image.root_bus == RootBus::Nvme => {
+                files.push(file(&image.overlay, Access::ReadWriteLock));
+                files.push(file(&image.backing, Access::ReadLock));
+            }
+            _ => {}
+        }
+        files.push(file(&self.qmp_socket, Access::ReadWrite));
+        files
+    }
+}
+
 /// Where the serial console (the guest's `ttyS0`) goes.
 #[derive(Debug, Clone)]
 pub enum ConsoleTarget {
@@ -423,6 +453,14 @@ impl Domain {
                 pod: VmletPod {
                     ns: VMLET_METADATA_NS,
                     id: p.pod_id.clone(),
+                    files: p
+                        .qemu_files()
+                        .into_iter()
+                        .map(|f| VmletFile {
+                            path: f.path,
+                            access: f.access.as_str(),
+                        })
+                        .collect(),
                 },
             },
             max_memory: (p.hotplug_mib > 0).then(|| MaxMemory {
@@ -572,7 +610,7 @@ mod tests {
             "<qemu:arg value=\"socket,id=vmlet-qmp,path=/run/vmlet/t1/qmp.sock\"/>",
             "<qemu:arg value=\"chardev=vmlet-qmp,mode=control\"/>",
             "<qemu:arg value=\"pcie-root-port,id=vmlet-hp3,bus=pcie.0,addr=0x1d,chassis=203,port=0x23\"/>",
-            "<vmlet:pod xmlns:vmlet=\"https://vmlet.io/xmlns/domain/1\" id=\"t1\"/>",
+            "<vmlet:pod xmlns:vmlet=\"https://vmlet.io/xmlns/domain/1\" id=\"t1\"><vmlet:file path=\"/usr/local/bin/vmlet-vmwrapper\" access=\"rmix\"/><vmlet:file path=\"/run/vmlet/t1/taps.sock\" access=\"rw\"/><vmlet:file path=\"/run/vmlet/t1/vhost.sock\" access=\"rw\"/><vmlet:file path=\"/run/vmlet/t1/qmp.sock\" access=\"rw\"/></vmlet:pod>",
             "<features><acpi/><tcg><tb-cache unit=\"MiB\">16</tb-cache></tcg></features>",
             "<memballoon model=\"virtio\" freePageReporting=\"on\"><address type=\"pci\" domain=\"0x0000\" bus=\"0x00\" slot=\"0x1e\" function=\"0x0\"/></memballoon>",
         ] {
@@ -654,6 +692,23 @@ mod tests {
         assert!(
             !xml.contains("root.qcow2\"/>"),
             "no libvirt disk for it: {xml}"
+        );
+        // libvirt's AppArmor helper does not see it: the pod's profile names it and the
+        // image's disk behind it.
+        let files: Vec<_> = crate::libvirt_xml::pod_files_in(&xml)
+            .unwrap()
+            .into_iter()
+            .map(|f| format!("{} {}", f.path, f.access.as_str()))
+            .collect();
+        assert_eq!(
+            files,
+            [
+                "/usr/local/bin/vmlet-vmwrapper rmix",
+                "/run/vmlet/t1/taps.sock rw",
+                "/run/vmlet/t1/root.qcow2 rwk",
+                "/run/vmlet/t1/rootfs/disk/debian.qcow2 rk",
+                "/run/vmlet/t1/qmp.sock rw",
+            ]
         );
         assert!(!xml.contains("<boot dev="), "{xml}");
     }

@@ -44,6 +44,18 @@ pub struct VmletPod {
     pub ns: &'static str,
     #[serde(rename = "@id")]
     pub id: String,
+    /// What the pod's QEMU opens beside libvirt's model, for its AppArmor profile
+    /// ([`crate::pod_apparmor`]).
+    #[serde(rename = "vmlet:file")]
+    pub files: Vec<VmletFile>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct VmletFile {
+    #[serde(rename = "@path")]
+    pub path: String,
+    #[serde(rename = "@access")]
+    pub access: &'static str,
 }
 
 #[derive(Debug, Serialize)]
