@@ -163,20 +163,13 @@ impl Drop for RawInput {
 mod tests {
     use super::*;
 
-    fn scratch(name: &str) -> std::path::PathBuf {
-        let dir =
-            std::env::temp_dir().join(format!("vmlet-opconsole-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        dir
-    }
-
     #[test]
     fn a_pod_without_console_input_is_named_with_what_to_use_instead() {
-        let state = scratch("none");
-        let err = connect(&PodPaths::new(&state, "gone"), "gone").unwrap_err();
+        let scratch = tempfile::tempdir().unwrap();
+        let state = scratch.path();
+        let err = connect(&PodPaths::new(state, "gone"), "gone").unwrap_err();
         assert!(err.contains("is it a vmlet pod"), "{err}");
-        let paths = PodPaths::new(&state, "agent-pod");
+        let paths = PodPaths::new(state, "agent-pod");
         std::fs::create_dir_all(&paths.dir).unwrap();
         let err = connect(&paths, "agent-pod").unwrap_err();
         assert!(
@@ -187,6 +180,5 @@ mod tests {
         drop(std::os::unix::net::UnixListener::bind(&paths.console_input).unwrap());
         let err = connect(&paths, "agent-pod").unwrap_err();
         assert!(err.contains("is its shim running"), "{err}");
-        std::fs::remove_dir_all(&state).unwrap();
     }
 }

@@ -24,6 +24,8 @@ use crate::Error;
 
 /// Where libvirt keeps its VMs' profiles (its `APPARMOR_DIR/libvirt`).
 pub const PROFILE_DIR: &str = "/etc/apparmor.d/libvirt";
+/// libvirt's template for the profiles of its QEMU VMs.
+const TEMPLATE: &str = "TEMPLATE.qemu";
 /// The element of vmlet's metadata that names one file of the pod's profile.
 pub const FILE_ELEMENT: &str = "file";
 /// The first line of every profile vmlet writes: only such files are vmlet's to remove.
@@ -138,6 +140,12 @@ impl Default for ProfileDir {
 }
 
 impl ProfileDir {
+    /// Whether libvirt's template for its VMs' profiles is here: libvirt's AppArmor driver
+    /// does not start without it.
+    pub fn has_libvirts_template(&self) -> bool {
+        self.dir.join(TEMPLATE).is_file()
+    }
+
     fn path(&self, uuid: &str) -> Result<PathBuf, Error> {
         Ok(self.dir.join(format!("libvirt-{}", checked_uuid(uuid)?)))
     }
@@ -214,14 +222,6 @@ mod tests {
         ]
     }
 
-    fn temp_dir(name: &str) -> ProfileDir {
-        let dir =
-            std::env::temp_dir().join(format!("vmlet-pod-apparmor-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        ProfileDir { dir }
-    }
-
     #[test]
     fn the_profile_is_libvirts_template_with_the_pods_own_files() {
         let text = profile(UUID, "p1", &files()).unwrap();
@@ -276,7 +276,10 @@ mod tests {
 
     #[test]
     fn written_profiles_are_removed_and_libvirts_are_left() {
-        let dir = temp_dir("remove");
+        let scratch = tempfile::tempdir().unwrap();
+        let dir = ProfileDir {
+            dir: scratch.path().to_owned(),
+        };
         let text = profile(UUID, "p1", &files()).unwrap();
         dir.write(UUID, &text).unwrap();
         let path = dir.dir.join(format!("libvirt-{UUID}"));
@@ -289,6 +292,9 @@ mod tests {
         dir.remove(UUID).unwrap();
         assert_eq!(std::fs::read_to_string(&path).unwrap(), libvirts);
         assert_eq!(std::fs::read_dir(&dir.dir).unwrap().count(), 1);
-        std::fs::remove_dir_all(&dir.dir).unwrap();
+        // libvirt's AppArmor driver is there only with its template.
+        assert!(!dir.has_libvirts_template());
+        std::fs::write(dir.dir.join(TEMPLATE), "profile LIBVIRT_TEMPLATE {}\n").unwrap();
+        assert!(dir.has_libvirts_template());
     }
 }

@@ -65,6 +65,10 @@ impl Libvirt {
         domain: &Domain,
         xml: &str,
     ) -> Result<Option<String>, Error> {
+        // Without its template libvirt has no AppArmor driver: no need to ask it.
+        if !self.profiles.has_libvirts_template() {
+            return Ok(None);
+        }
         let capabilities = conn
             .get_capabilities()
             .map_err(|e| Error::Libvirt(format!("capabilities: {e}")))?;
@@ -144,9 +148,7 @@ impl VmManager for Libvirt {
             };
             // Its profile (if vmlet wrote one) goes with it: libvirt unloads it but leaves
             // the file.
-            let uuid = domain
-                .get_uuid_string()
-                .map_err(|e| Error::Libvirt(format!("the UUID of {name}: {e}")))?;
+            let uuid = domain.get_uuid_string().ok();
             if domain.is_active().unwrap_or(false) {
                 if let Err(e) = domain.destroy() {
                     // A concurrent removal (a kill of the pod) may have ended it first, and
@@ -164,7 +166,7 @@ impl VmManager for Libvirt {
                 Err(e) if is_no_domain(&e) => {}
                 Err(e) => return Err(Error::Libvirt(format!("undefine {name}: {e}"))),
             }
-            self.profiles.remove(&uuid)
+            uuid.map_or(Ok(()), |uuid| self.profiles.remove(&uuid))
         })
     }
 
