@@ -69,6 +69,8 @@ impl Faults {
 pub struct Boot {
     pub share: Option<PathBuf>,
     pub faults: Faults,
+    /// What every host connection must prove it holds ([`crate::host_gate`]).
+    pub key: vmlet_protocol::auth::AgentKey,
 }
 
 /// Kernel settings of a Kubernetes node, which kubelet sets on its hosts: a container sees
@@ -85,6 +87,8 @@ pub fn boot() -> Result<Boot, Error> {
         std::fs::write(path, value).map_err(|e| Error::io(format!("write {path}"), e))?;
     }
     load_modules(MODULE_LIST)?;
+    // Fatal without it: the agent would have no way to tell its shim from anyone else.
+    let key = crate::host_gate::read_key()?;
     let cmdline =
         std::fs::read_to_string("/proc/cmdline").map_err(|e| Error::io("read /proc/cmdline", e))?;
     let share = match cmdline
@@ -102,7 +106,7 @@ pub fn boot() -> Result<Boot, Error> {
     if faults != Faults::default() {
         log::warn!("test faults on: {faults:?}");
     }
-    Ok(Boot { share, faults })
+    Ok(Boot { share, faults, key })
 }
 
 fn mount_fs(

@@ -11,15 +11,18 @@
 //! namespace, so its `/proc` mount shows the pod's processes), reports `P<pid>\n` and
 //! exits; the init carries on with the same handshake.
 
+use std::ffi::OsStr;
 use std::fs::File;
-use std::os::unix::fs::symlink;
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 
+use nix::fcntl::AtFlags;
 use nix::mount::{mount, MsFlags};
 use nix::unistd::{chdir, chroot, sethostname};
 
 use crate::become_process::become_process;
 use crate::helper_fds::Handshake;
+use crate::in_rootfs::{proc_path, Rootfs};
 use crate::init_spec::{parse_mount_options, DeviceNode, InitSpec};
 
 /// Device nodes every container gets, bind-mounted from the guest's devtmpfs.
@@ -66,21 +69,25 @@ fn prepare(spec: &InitSpec) -> Result<(), String> {
         None::<&str>,
     )
     .map_err(|e| format!("bind rootfs {}: {e}", rootfs.display()))?;
+    // Every path below is the image's and the spec's: resolved beneath the rootfs, as the
+    // container will see it, never through a link out of it.
+    let root =
+        Rootfs::open(&rootfs).map_err(|e| format!("open rootfs {}: {e}", rootfs.display()))?;
     for m in &spec.mounts {
-        mount_one(&rootfs, m)?;
+        mount_one(&root, m)?;
     }
-    populate_dev(&rootfs)?;
+    populate_dev(&root)?;
     if spec.all_guest_devices {
-        copy_guest_devices(Path::new("/dev"), &rootfs.join("dev"))?;
+        copy_guest_devices(Path::new("/dev"), &root, "/dev")?;
     }
     for node in &spec.devices {
-        make_device_node(&rootfs, node)?;
+        make_device_node(&root, node)?;
     }
     for path in &spec.readonly_paths {
-        readonly_path(&rootfs, path)?;
+        readonly_path(&root, path)?;
     }
     for path in &spec.masked_paths {
-        mask_path(&rootfs, path)?;
+        mask_path(&root, path)?;
     }
     let shares_uts = spec.join_namespaces.iter().any(|n| n == "uts");
     if !spec.hostname.is_empty() && !shares_uts {
@@ -126,12 +133,13 @@ fn join_namespaces(spec: &InitSpec) -> Result<(), String> {
     Ok(())
 }
 
-fn mount_one(rootfs: &Path, m: &crate::init_spec::MountSpec) -> Result<(), String> {
-    let target = rootfs.join(m.destination.trim_start_matches('/'));
+fn mount_one(root: &Rootfs, m: &crate::init_spec::MountSpec) -> Result<(), String> {
     if m.fstype == "bind" {
-        return bind_one(&target, m);
+        return bind_one(root, m);
     }
-    std::fs::create_dir_all(&target).map_err(|e| format!("mkdir {}: {e}", m.destination))?;
+    let target = root
+        .make_dir(&m.destination)
+        .map_err(|e| format!("mkdir {}: {e}", m.destination))?;
     let (flags, data) = parse_mount_options(&m.options);
     // The guest runs cgroup v2 only; a v1 "cgroup" mount means the unified hierarchy.
     let (fstype, source) = match m.fstype.as_str() {
@@ -139,26 +147,35 @@ fn mount_one(rootfs: &Path, m: &crate::init_spec::MountSpec) -> Result<(), Strin
         other => (other, m.source.as_str()),
     };
     let data = (!data.is_empty()).then_some(data.as_str());
-    mount(Some(source), &target, Some(fstype), flags, data)
+    mount(Some(source), &proc_path(&target), Some(fstype), flags, data)
         .map_err(|e| format!("mount {} on {}: {e}", fstype, m.destination))
 }
 
-/// The spec's path inside the rootfs; `None` when it does not exist there (nothing to do,
-/// as runc does).
-fn in_rootfs(rootfs: &Path, path: &str) -> Option<PathBuf> {
-    let target = rootfs.join(path.trim_start_matches('/'));
-    target.symlink_metadata().is_ok().then_some(target)
+/// The spec's `path` in the rootfs (as the container sees it), or `None` when it does not
+/// exist there (nothing to do, as runc does).
+fn in_rootfs(root: &Rootfs, path: &str) -> Result<Option<OwnedFd>, String> {
+    root.find(path).map_err(|e| format!("look up {path}: {e}"))
+}
+
+/// What is mounted at `path` now (the file a descriptor taken before the mount holds is
+/// the one beneath it).
+fn mounted_at(root: &Rootfs, path: &str) -> Result<OwnedFd, String> {
+    in_rootfs(root, path)?.ok_or_else(|| format!("{path} is gone after its mount"))
 }
 
 /// A readonlyPaths entry: bound onto itself, then remounted read-only keeping its flags.
-fn readonly_path(rootfs: &Path, path: &str) -> Result<(), String> {
-    let Some(target) = in_rootfs(rootfs, path) else {
+fn readonly_path(root: &Rootfs, path: &str) -> Result<(), String> {
+    let Some(target) = in_rootfs(root, path)? else {
         return Ok(());
     };
     let bind = MsFlags::MS_BIND | MsFlags::MS_REC;
-    mount(Some(&target), &target, None::<&str>, bind, None::<&str>)
+    let at = proc_path(&target);
+    mount(Some(&at), &at, None::<&str>, bind, None::<&str>)
         .map_err(|e| format!("bind read-only path {path}: {e}"))?;
-    let kept = nix::sys::statvfs::statvfs(&target)
+    // Held until the remount: its /proc/self/fd path is what names the mount.
+    let mounted = mounted_at(root, path)?;
+    let at = proc_path(&mounted);
+    let kept = nix::sys::statvfs::statvfs(&at)
         .map(|v| {
             let f = v.flags();
             let mut kept = MsFlags::empty();
@@ -175,20 +192,21 @@ fn readonly_path(rootfs: &Path, path: &str) -> Result<(), String> {
         })
         .unwrap_or(MsFlags::empty());
     let remount = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | kept;
-    mount(None::<&str>, &target, None::<&str>, remount, None::<&str>)
+    mount(None::<&str>, &at, None::<&str>, remount, None::<&str>)
         .map_err(|e| format!("make {path} read-only: {e}"))
 }
 
 /// A maskedPaths entry: a directory gets an empty read-only tmpfs over it, anything else
 /// the guest's `/dev/null`.
-fn mask_path(rootfs: &Path, path: &str) -> Result<(), String> {
-    let Some(target) = in_rootfs(rootfs, path) else {
+fn mask_path(root: &Rootfs, path: &str) -> Result<(), String> {
+    let Some(target) = in_rootfs(root, path)? else {
         return Ok(());
     };
-    let masked = if target.is_dir() {
+    let at = proc_path(&target);
+    let masked = if at.is_dir() {
         mount(
             Some("tmpfs"),
-            &target,
+            &at,
             Some("tmpfs"),
             MsFlags::MS_RDONLY,
             None::<&str>,
@@ -196,7 +214,7 @@ fn mask_path(rootfs: &Path, path: &str) -> Result<(), String> {
     } else {
         mount(
             Some("/dev/null"),
-            &target,
+            &at,
             None::<&str>,
             MsFlags::MS_BIND,
             None::<&str>,
@@ -208,47 +226,42 @@ fn mask_path(rootfs: &Path, path: &str) -> Result<(), String> {
 /// A bind from the share: the mount point is a file or a directory like its source; `ro`
 /// needs a second, remounting call (the kernel ignores MS_RDONLY on the first), `rro` a
 /// `mount_setattr(2)` over the bind and every mount below it.
-fn bind_one(target: &Path, m: &crate::init_spec::MountSpec) -> Result<(), String> {
+fn bind_one(root: &Rootfs, m: &crate::init_spec::MountSpec) -> Result<(), String> {
     let source = Path::new(&m.source);
-    let made = if source.is_dir() {
-        std::fs::create_dir_all(target)
+    let target = if source.is_dir() {
+        root.make_dir(&m.destination)
     } else {
-        target
-            .parent()
-            .map_or(Ok(()), std::fs::create_dir_all)
-            .and_then(|()| {
-                if target.exists() {
-                    Ok(())
-                } else {
-                    File::create(target).map(drop)
-                }
-            })
-    };
-    made.map_err(|e| format!("create mount point {}: {e}", m.destination))?;
+        root.make_file(&m.destination)
+    }
+    .map_err(|e| format!("create mount point {}: {e}", m.destination))?;
     let (flags, _) = parse_mount_options(&m.options);
     mount(
         Some(source),
-        target,
+        &proc_path(&target),
         None::<&str>,
         MsFlags::MS_BIND | MsFlags::MS_REC,
         None::<&str>,
     )
     .map_err(|e| format!("bind {}: {e}", m.destination))?;
-    if m.options.iter().any(|o| o == "rro") {
-        return readonly_recursively(target)
+    let rro = m.options.iter().any(|o| o == "rro");
+    if !rro && !flags.contains(MsFlags::MS_RDONLY) {
+        return Ok(());
+    }
+    // Held until the remount: its /proc/self/fd path is what names the mount.
+    let mounted = mounted_at(root, &m.destination)?;
+    let at = proc_path(&mounted);
+    if rro {
+        return readonly_recursively(&at)
             .map_err(|e| format!("make {} read-only with its submounts: {e}", m.destination));
     }
-    if flags.contains(MsFlags::MS_RDONLY) {
-        mount(
-            None::<&str>,
-            target,
-            None::<&str>,
-            MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY,
-            None::<&str>,
-        )
-        .map_err(|e| format!("make {} read-only: {e}", m.destination))?;
-    }
-    Ok(())
+    mount(
+        None::<&str>,
+        &at,
+        None::<&str>,
+        MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY,
+        None::<&str>,
+    )
+    .map_err(|e| format!("make {} read-only: {e}", m.destination))
 }
 
 /// `mount_setattr(target, AT_RECURSIVE, MOUNT_ATTR_RDONLY)` (Linux 5.12).
@@ -281,38 +294,61 @@ fn readonly_recursively(target: &Path) -> std::io::Result<()> {
 }
 
 /// A block device node at the spec's path, as runc makes one: mknod with the spec's mode
-/// and owner (whatever was at the path is replaced).
-fn make_device_node(rootfs: &Path, node: &DeviceNode) -> Result<(), String> {
-    use nix::sys::stat::{makedev, mknod, Mode, SFlag};
-    let target = rootfs.join(node.path.trim_start_matches('/'));
+/// and owner (whatever was at the path is replaced), in the directory the path resolves to
+/// beneath the rootfs.
+fn make_device_node(root: &Rootfs, node: &DeviceNode) -> Result<(), String> {
+    use nix::sys::stat::{makedev, Mode, SFlag};
     let what = format!("device {} at {}", node.guest_name, node.path);
-    if let Some(parent) = target.parent() {
-        std::fs::create_dir_all(parent).map_err(|e| format!("{what}: mkdir: {e}"))?;
+    let (dir, name) = root
+        .parent_of(&node.path)
+        .map_err(|e| format!("{what}: mkdir: {e}"))?
+        .ok_or_else(|| format!("{what}: not a file's path"))?;
+    if nix::sys::stat::fstatat(&dir, name, AtFlags::AT_SYMLINK_NOFOLLOW).is_ok() {
+        nix::unistd::unlinkat(&dir, name, nix::unistd::UnlinkatFlags::NoRemoveDir)
+            .map_err(|e| format!("{what}: remove old: {e}"))?;
     }
-    if target.symlink_metadata().is_ok() {
-        std::fs::remove_file(&target).map_err(|e| format!("{what}: remove old: {e}"))?;
-    }
-    mknod(
-        &target,
-        SFlag::S_IFBLK,
-        Mode::from_bits_truncate(node.file_mode),
-        makedev(node.major.into(), node.minor.into()),
-    )
-    .map_err(|e| format!("{what}: mknod: {e}"))?;
-    // mknod applies the umask: set the mode the spec asked for.
+    let mode = Mode::from_bits_truncate(node.file_mode);
+    let device = makedev(node.major.into(), node.minor.into());
+    make_node(&dir, name, SFlag::S_IFBLK, mode, device, node.uid, node.gid)
+        .map_err(|e| format!("{what}: {e}"))
+}
+
+/// `mknodat` in `dir`, then the mode (mknod applies the umask) and the owner.
+fn make_node(
+    dir: &OwnedFd,
+    name: &OsStr,
+    kind: nix::sys::stat::SFlag,
+    mode: nix::sys::stat::Mode,
+    device: libc::dev_t,
+    uid: u32,
+    gid: u32,
+) -> Result<(), String> {
+    nix::sys::stat::mknodat(dir, name, kind, mode, device).map_err(|e| format!("mknod: {e}"))?;
     nix::sys::stat::fchmodat(
-        nix::fcntl::AT_FDCWD,
-        &target,
-        Mode::from_bits_truncate(node.file_mode),
-        nix::sys::stat::FchmodatFlags::FollowSymlink,
+        dir,
+        name,
+        mode,
+        nix::sys::stat::FchmodatFlags::NoFollowSymlink,
     )
-    .map_err(|e| format!("{what}: chmod: {e}"))?;
-    nix::unistd::chown(
-        &target,
-        Some(nix::unistd::Uid::from_raw(node.uid)),
-        Some(nix::unistd::Gid::from_raw(node.gid)),
+    .or_else(|e| match e {
+        // Linux before 6.6 takes no flag here; the name is the node just made.
+        nix::errno::Errno::EOPNOTSUPP | nix::errno::Errno::EINVAL => nix::sys::stat::fchmodat(
+            dir,
+            name,
+            mode,
+            nix::sys::stat::FchmodatFlags::FollowSymlink,
+        ),
+        other => Err(other),
+    })
+    .map_err(|e| format!("chmod: {e}"))?;
+    nix::unistd::fchownat(
+        dir,
+        name,
+        Some(nix::unistd::Uid::from_raw(uid)),
+        Some(nix::unistd::Gid::from_raw(gid)),
+        AtFlags::AT_SYMLINK_NOFOLLOW,
     )
-    .map_err(|e| format!("{what}: chown: {e}"))
+    .map_err(|e| format!("chown: {e}"))
 }
 
 /// Writes one sysctl (`net.ipv4.ip_forward` is `/proc/sys/net/ipv4/ip_forward`, as runc
@@ -334,34 +370,42 @@ fn write_sysctl(key: &str, value: &str) -> Result<(), String> {
 const NOT_DEVICES: &[&str] = &["pts", "shm", "mqueue", "fd"];
 
 /// A privileged container's /dev: a node for every character and block device of the
-/// guest's `/dev` (recursively), with its mode and owner, as runc gives one the host's.
-/// The console stays the container's own; what the container's /dev already has is kept.
-fn copy_guest_devices(from: &Path, to: &Path) -> Result<(), String> {
-    use nix::sys::stat::{mknod, Mode, SFlag};
+/// guest's `/dev` (`from`, recursively), with its mode and owner, as runc gives one the
+/// host's, at `to` beneath the rootfs. The console stays the container's own; what the
+/// container's /dev already has is kept, and a link there is not followed.
+fn copy_guest_devices(from: &Path, root: &Rootfs, to: &str) -> Result<(), String> {
+    use nix::sys::stat::{Mode, SFlag};
     use std::os::unix::fs::{FileTypeExt, MetadataExt};
-    if !to.is_dir() {
+    let Some(dir) = in_rootfs(root, to)?.filter(|d| proc_path(d).is_dir()) else {
         return Ok(());
-    }
+    };
     let entries = std::fs::read_dir(from).map_err(|e| format!("read {}: {e}", from.display()))?;
     for entry in entries {
         let entry = entry.map_err(|e| format!("read {}: {e}", from.display()))?;
         let name = entry.file_name();
-        let (source, target) = (entry.path(), to.join(&name));
+        let source = entry.path();
         let meta = entry
             .metadata()
             .map_err(|e| format!("stat {}: {e}", source.display()))?;
         let kind = meta.file_type();
+        let there = nix::sys::stat::fstatat(&dir, name.as_os_str(), AtFlags::AT_SYMLINK_NOFOLLOW)
+            .ok()
+            .map(|st| SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits()));
+        let target = format!("{to}/{}", name.to_string_lossy());
         if kind.is_dir() {
             if NOT_DEVICES.iter().any(|n| name == *n) {
                 continue;
             }
-            if target.symlink_metadata().is_err() {
-                std::fs::create_dir(&target)
-                    .map_err(|e| format!("mkdir {}: {e}", target.display()))?;
+            match there {
+                None => {
+                    nix::sys::stat::mkdirat(&dir, name.as_os_str(), Mode::from_bits_truncate(0o755))
+                        .map_err(|e| format!("mkdir {target}: {e}"))?
+                }
+                Some(SFlag::S_IFDIR) => {}
+                // A file or a link of the image's: left as it is.
+                Some(_) => continue,
             }
-            if target.symlink_metadata().is_ok_and(|m| m.is_dir()) {
-                copy_guest_devices(&source, &target)?;
-            }
+            copy_guest_devices(&source, root, &target)?;
             continue;
         }
         let flag = if kind.is_char_device() {
@@ -371,44 +415,28 @@ fn copy_guest_devices(from: &Path, to: &Path) -> Result<(), String> {
         } else {
             continue;
         };
-        if name == "console" || target.symlink_metadata().is_ok() {
+        if name == "console" || there.is_some() {
             continue;
         }
         let mode = Mode::from_bits_truncate(meta.mode());
-        mknod(&target, flag, mode, meta.rdev())
-            .map_err(|e| format!("mknod {}: {e}", target.display()))?;
-        // mknod applies the umask.
-        nix::sys::stat::fchmodat(
-            nix::fcntl::AT_FDCWD,
-            &target,
-            mode,
-            nix::sys::stat::FchmodatFlags::FollowSymlink,
-        )
-        .map_err(|e| format!("chmod {}: {e}", target.display()))?;
-        nix::unistd::chown(
-            &target,
-            Some(nix::unistd::Uid::from_raw(meta.uid())),
-            Some(nix::unistd::Gid::from_raw(meta.gid())),
-        )
-        .map_err(|e| format!("chown {}: {e}", target.display()))?;
+        make_node(&dir, &name, flag, mode, meta.rdev(), meta.uid(), meta.gid())
+            .map_err(|e| format!("{target}: {e}"))?;
     }
     Ok(())
 }
 
-fn populate_dev(rootfs: &Path) -> Result<(), String> {
-    let dev = rootfs.join("dev");
-    if !dev.is_dir() {
+fn populate_dev(root: &Rootfs) -> Result<(), String> {
+    let Some(dev) = in_rootfs(root, "/dev")?.filter(|d| proc_path(d).is_dir()) else {
         return Ok(());
-    }
+    };
     for name in DEVICES {
-        let target = dev.join(name);
-        if !target.exists() {
-            File::create(&target).map_err(|e| format!("create /dev/{name}: {e}"))?;
-        }
+        let target = root
+            .make_file(&format!("/dev/{name}"))
+            .map_err(|e| format!("create /dev/{name}: {e}"))?;
         let source = Path::new("/dev").join(name);
         mount(
             Some(&source),
-            &target,
+            &proc_path(&target),
             None::<&str>,
             MsFlags::MS_BIND,
             None::<&str>,
@@ -423,9 +451,9 @@ fn populate_dev(rootfs: &Path) -> Result<(), String> {
         ("pts/ptmx", "ptmx"),
     ];
     for (to, name) in links {
-        let link = dev.join(name);
-        if link.symlink_metadata().is_err() {
-            symlink(to, &link).map_err(|e| format!("symlink /dev/{name}: {e}"))?;
+        if nix::sys::stat::fstatat(&dev, name, AtFlags::AT_SYMLINK_NOFOLLOW).is_err() {
+            nix::unistd::symlinkat(to, &dev, name)
+                .map_err(|e| format!("symlink /dev/{name}: {e}"))?;
         }
     }
     Ok(())
@@ -448,7 +476,7 @@ mod tests {
         use nix::sys::stat::{makedev, mknod, Mode, SFlag};
         use std::os::unix::fs::{FileTypeExt, MetadataExt};
         let dir = std::env::temp_dir().join(format!("vmlet-agent-devs-{}", std::process::id()));
-        let (from, to) = (dir.join("guest-dev"), dir.join("rootfs-dev"));
+        let (from, to) = (dir.join("guest-dev"), dir.join("rootfs/dev"));
         for d in [&from.join("snd"), &from.join("pts"), &to] {
             std::fs::create_dir_all(d).unwrap();
         }
@@ -472,7 +500,8 @@ mod tests {
         // What the container's /dev has (the spec's, the defaults) stays.
         std::fs::write(to.join("kmsg"), "").unwrap();
 
-        copy_guest_devices(&from, &to).unwrap();
+        let root = Rootfs::open(&dir.join("rootfs")).unwrap();
+        copy_guest_devices(&from, &root, "/dev").unwrap();
 
         let meta = std::fs::metadata(to.join("vda")).unwrap();
         assert!(meta.file_type().is_block_device());
@@ -487,5 +516,49 @@ mod tests {
             assert!(to.join(absent).symlink_metadata().is_err(), "{absent}");
         }
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// An image whose `/dev` is a link out of the rootfs (`../outside`) gets its devices
+    /// beneath the rootfs or not at all, never beside it.
+    #[test]
+    fn devices_are_made_beneath_the_rootfs_whatever_its_links() {
+        use nix::sys::stat::{makedev, mknod, Mode, SFlag};
+        let dir = tempfile::tempdir().unwrap();
+        let (from, rootfs, outside) = (
+            dir.path().join("guest-dev"),
+            dir.path().join("rootfs"),
+            dir.path().join("outside"),
+        );
+        for d in [&from, &rootfs, &outside] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        mknod(
+            &from.join("vdb"),
+            SFlag::S_IFBLK,
+            Mode::from_bits_truncate(0o660),
+            makedev(254, 16),
+        )
+        .unwrap();
+        std::os::unix::fs::symlink("../outside", rootfs.join("dev")).unwrap();
+        let root = Rootfs::open(&rootfs).unwrap();
+        copy_guest_devices(&from, &root, "/dev").unwrap();
+        populate_dev(&root).unwrap();
+        let node = DeviceNode {
+            path: "/dev/../../outside/vdc".into(),
+            guest_name: "vdc".into(),
+            major: 254,
+            minor: 32,
+            file_mode: 0o600,
+            uid: 0,
+            gid: 0,
+        };
+        make_device_node(&root, &node).unwrap();
+        assert_eq!(
+            std::fs::read_dir(&outside).unwrap().count(),
+            0,
+            "made outside the rootfs"
+        );
+        // `/dev/../../outside/vdc` is `/outside/vdc` of the rootfs.
+        assert!(rootfs.join("outside/vdc").symlink_metadata().is_ok());
     }
 }

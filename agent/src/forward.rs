@@ -1,9 +1,10 @@
-//! Port-forward connections: the host connects to [`vmlet_protocol::FORWARD_PORT`] with a
-//! [`ForwardRequest`]; the agent dials that port on the guest's loopback (the pod's
+//! Port-forward connections: the host connects to [`vmlet_protocol::FORWARD_PORT`], passes
+//! the [`Gate`] and sends a [`ForwardRequest`]; the agent dials that port on the guest's loopback (the pod's
 //! containers share the guest's network namespace), answers, and copies both ways until
 //! either side closes.
 
 use std::net::{Ipv4Addr, SocketAddrV4};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::AsyncWriteExt;
@@ -11,13 +12,19 @@ use tokio::net::TcpStream;
 use tokio_vsock::VsockStream;
 use vmlet_protocol::{ForwardReply, ForwardRequest, FORWARD_PORT};
 
+use crate::host_gate::{Gate, Listening};
 use crate::Error;
 
 /// How long dialling the guest's port may take (a listening port answers at once).
 const DIAL_TIMEOUT: Duration = Duration::from_secs(5);
 
-pub async fn serve() -> Result<(), Error> {
-    crate::streams::serve_port(FORWARD_PORT, "port-forward", forward).await
+/// Binds the port-forward port (before the agent reports ready).
+pub fn listen() -> Result<Listening, Error> {
+    crate::host_gate::listen(FORWARD_PORT, "port-forward")
+}
+
+pub async fn serve(gate: Arc<Gate>, port: Listening) -> Result<(), Error> {
+    gate.serve(port, forward).await
 }
 
 async fn forward(mut host: VsockStream) -> Result<(), Error> {

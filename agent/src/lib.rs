@@ -4,7 +4,9 @@
 //! modules listed by the image builder, mounts the virtio-fs share, reaps every child, and
 //! serves the `vmlet.agent.v1.Agent` ttrpc service on vsock port 1024, raw stdio stream
 //! connections on port 1025 and port-forward connections to the guest's loopback on port
-//! 1026 ([`forward`]).
+//! 1026 ([`forward`]). Every connection first proves that it comes from the pod's shim, with
+//! the key QEMU's fw_cfg device carries ([`host_gate`]); the agent serves nothing without
+//! that key.
 //!
 //! Containers are started by re-executing this binary as [`CONTAINER_INIT_ARG`] in fresh
 //! mount, PID, UTS and IPC namespaces ([`launch`]; a container sharing the pod's PID
@@ -31,6 +33,8 @@ pub mod exec_server;
 mod exec_server_handle;
 pub mod forward;
 mod helper_fds;
+pub mod host_gate;
+mod in_rootfs;
 pub mod init_spec;
 pub mod launch;
 mod logger;

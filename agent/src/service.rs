@@ -6,7 +6,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
-use ttrpc::r#async::{Server, TtrpcContext};
+use ttrpc::r#async::TtrpcContext;
 use vmlet_protocol::agent::{
     self as proto, ConfigureNetworkRequest, ContainerRequest, CreateContainerRequest,
     CreateContainerResponse, CreateExecRequest, Empty, ListProcessesRequest, ListProcessesResponse,
@@ -63,21 +63,23 @@ pub async fn serve(boot: Boot) -> Result<(), Error> {
         containers: containers.clone(),
         reaper,
     });
-    let mut server = Server::new()
-        .bind(&format!("vsock://-1:{AGENT_PORT}"))
-        .map_err(|e| Error::Boot(format!("bind ttrpc on vsock port {AGENT_PORT}: {e}")))?
-        .register_service(agent_ttrpc::create_agent(service));
-    server
-        .start()
-        .await
-        .map_err(|e| Error::Boot(format!("start ttrpc server: {e}")))?;
-    log::info!("{} {AGENT_PORT}", vmlet_protocol::READY_LINE);
-    tokio::spawn(async {
-        if let Err(e) = crate::forward::serve().await {
+    let gate = crate::host_gate::Gate::new(boot.key);
+    // Every port is bound before the agent reports ready.
+    let ttrpc_port = crate::host_gate::listen(AGENT_PORT, "ttrpc")?;
+    let stream_port = crate::streams::listen()?;
+    let forward_port = crate::forward::listen()?;
+    // Kept for the agent's life: dropping the server stops it.
+    let _server =
+        crate::host_gate::start_ttrpc(gate.clone(), ttrpc_port, agent_ttrpc::create_agent(service))
+            .await?;
+    let forward = crate::forward::serve(gate.clone(), forward_port);
+    tokio::spawn(async move {
+        if let Err(e) = forward.await {
             log::error!("port-forward: {e}");
         }
     });
-    crate::streams::serve(containers).await
+    log::info!("{} {AGENT_PORT}", vmlet_protocol::READY_LINE);
+    crate::streams::serve(gate, stream_port, containers).await
 }
 
 impl AgentService {

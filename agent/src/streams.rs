@@ -1,5 +1,5 @@
 //! Raw stdio stream connections: the host connects to [`vmlet_protocol::STREAM_PORT`],
-//! writes a [`StreamHeader`] line, and from then on the connection carries the bytes of
+//! passes the [`Gate`], writes a [`StreamHeader`] line, and from then on the connection carries the bytes of
 //! one stream of one process.
 
 use std::os::fd::OwnedFd;
@@ -7,46 +7,32 @@ use std::sync::Arc;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::unix::pipe;
-use tokio_vsock::{VsockAddr, VsockListener, VsockStream, VMADDR_CID_ANY};
+use tokio_vsock::VsockStream;
 use vmlet_protocol::{StreamHeader, StreamKind, MAX_HEADER_LEN, STREAM_PORT};
 
 use crate::containers::Containers;
+use crate::host_gate::{Gate, Listening};
 use crate::pty::Master;
 use crate::Error;
 
 /// Bytes moved per read on output streams.
 const COPY_BUFFER: usize = 256 * 1024;
 
-pub async fn serve(containers: Arc<Containers>) -> Result<(), Error> {
-    serve_port(STREAM_PORT, "stream", move |stream| {
+/// Binds the stream port (before the agent reports ready).
+pub fn listen() -> Result<Listening, Error> {
+    crate::host_gate::listen(STREAM_PORT, "stream")
+}
+
+pub async fn serve(
+    gate: Arc<Gate>,
+    port: Listening,
+    containers: Arc<Containers>,
+) -> Result<(), Error> {
+    gate.serve(port, move |stream| {
         let containers = containers.clone();
         async move { attach(stream, &containers).await }
     })
     .await
-}
-
-/// Accepts host connections on vsock `port` for ever, each handled by `handle` in a task
-/// of its own (a failure is logged, named by `what`).
-pub(crate) async fn serve_port<F, Fut>(port: u32, what: &str, handle: F) -> Result<(), Error>
-where
-    F: Fn(VsockStream) -> Fut,
-    Fut: std::future::Future<Output = Result<(), Error>> + Send + 'static,
-{
-    let listener = VsockListener::bind(VsockAddr::new(VMADDR_CID_ANY, port))
-        .map_err(|e| Error::io(format!("listen on the {what} port"), e))?;
-    loop {
-        let (stream, _) = listener
-            .accept()
-            .await
-            .map_err(|e| Error::io(format!("accept {what} connection"), e))?;
-        let connection = handle(stream);
-        let what = what.to_owned();
-        tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                log::warn!("{what} connection: {e}");
-            }
-        });
-    }
 }
 
 async fn read_header(stream: &mut VsockStream) -> Result<StreamHeader, Error> {

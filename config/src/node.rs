@@ -120,6 +120,29 @@ impl Default for HelperPaths {
     }
 }
 
+/// VM-image pods (`vmlet.io/image-type: vm`): where their root disks are written, and how
+/// large one may be.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct VmImagesConfig {
+    /// A disk-backed directory for each VM-image pod's root disk overlay (the copy-on-write
+    /// file its guest writes): not the state directory, which is a tmpfs on a node.
+    pub disk_dir: PathBuf,
+    /// The largest root disk (MiB) a VM-image pod may have: its image's disk, or the size
+    /// `vmlet.io/root-volume-size` grows it to. A guest writes its overlay up to that size
+    /// and no more; a larger disk is refused by name.
+    pub max_root_disk_mib: u64,
+}
+
+impl Default for VmImagesConfig {
+    fn default() -> Self {
+        Self {
+            disk_dir: PathBuf::from("/var/lib/vmlet/disks"),
+            max_root_disk_mib: 20 * 1024,
+        }
+    }
+}
+
 /// Which pod annotations this node honours.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -171,6 +194,8 @@ pub struct NodeConfig {
     pub helpers: HelperPaths,
     /// Pod annotations the node honours.
     pub annotations: AnnotationsConfig,
+    /// VM-image pods' root disks.
+    pub vm_images: VmImagesConfig,
 }
 
 impl Default for NodeConfig {
@@ -186,6 +211,7 @@ impl Default for NodeConfig {
             guest: GuestConfig::default(),
             helpers: HelperPaths::default(),
             annotations: AnnotationsConfig::default(),
+            vm_images: VmImagesConfig::default(),
         }
     }
 }
@@ -269,6 +295,23 @@ impl NodeConfig {
         if !self.state_dir.is_absolute() {
             return invalid("state_dir", "must be an absolute path".into());
         }
+        let disks = &self.vm_images.disk_dir;
+        if !disks.is_absolute() {
+            return invalid("vm_images.disk_dir", "must be an absolute path".into());
+        }
+        if disks.starts_with(&self.state_dir) || self.state_dir.starts_with(disks) {
+            return invalid(
+                "vm_images.disk_dir",
+                format!(
+                    "{} must lie apart from state_dir ({}): guests write their disks there",
+                    disks.display(),
+                    self.state_dir.display()
+                ),
+            );
+        }
+        if self.vm_images.max_root_disk_mib == 0 {
+            return invalid("vm_images.max_root_disk_mib", "must be at least 1".into());
+        }
         if let Some(unknown) = self
             .annotations
             .allowed
@@ -350,6 +393,23 @@ mod tests {
         let capped = parse("[guest]\ntcg_translation_cache_mib = 16\n").unwrap();
         assert_eq!(capped.guest.tcg_translation_cache_mib, Some(16));
         assert_eq!(parse("").unwrap().guest.tcg_translation_cache_mib, None);
+    }
+
+    #[test]
+    fn vm_image_disks_live_apart_from_the_state_directory() {
+        let c =
+            parse("[vm_images]\ndisk_dir = \"/srv/disks\"\nmax_root_disk_mib = 4096\n").unwrap();
+        assert_eq!(c.vm_images.disk_dir, PathBuf::from("/srv/disks"));
+        assert_eq!(c.vm_images.max_root_disk_mib, 4096);
+        for bad in [
+            "[vm_images]\ndisk_dir = \"/run/vmlet/disks\"\n",
+            "state_dir = \"/var/lib/vmlet/disks/state\"\n",
+            "[vm_images]\ndisk_dir = \"disks\"\n",
+            "[vm_images]\nmax_root_disk_mib = 0\n",
+        ] {
+            let err = parse(bad).unwrap_err().to_string();
+            assert!(err.contains("vm_images."), "{bad}: {err}");
+        }
     }
 
     #[test]

@@ -57,9 +57,9 @@ pub enum CtlCommand {
     /// Print every pod's figures (VM CPU and memory on the host, boot and agent times, agent
     /// round trip, execs, the shim's own) as Prometheus text, or serve them over HTTP.
     Metrics {
-        /// Serve GET /metrics on this address (e.g. 127.0.0.1:9464) instead of printing
-        /// once.
-        #[arg(long, value_name = "ADDR")]
+        /// Serve GET /metrics on this address instead of printing once (without one:
+        /// 127.0.0.1:9464, loopback only).
+        #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = crate::metrics_server::DEFAULT_ADDRESS)]
         listen: Option<std::net::SocketAddr>,
     },
     /// Install the release this vmletctl belongs to (an unpacked `make dist` tarball) onto

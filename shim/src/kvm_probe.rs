@@ -84,9 +84,13 @@ pub async fn guest_boots_on_kvm(
 ) -> Result<Duration, String> {
     let key = ProbeKey::of(qemu, kernel, machine)?;
     let Some(dir) = state_dir else {
-        let scratch = tempfile_dir()?;
-        let (answer, _) = probe(&key, &scratch).await;
-        let _ = std::fs::remove_dir_all(&scratch);
+        // A directory made new (mode 0700, a random name): nothing a local user planted
+        // in the temporary directory is where QEMU writes the probe's console.
+        let scratch = tempfile::Builder::new()
+            .prefix("vmlet-kvm-probe-")
+            .tempdir()
+            .map_err(|e| format!("a temporary directory for the KVM probe: {e}"))?;
+        let (answer, _) = probe(&key, scratch.path()).await;
         return answer;
     };
     let lock = lock(dir).await?;
@@ -247,12 +251,6 @@ fn write_answer(dir: &Path, answer: &ProbeAnswer) {
         let _ = std::fs::remove_file(&temporary);
         log::warn!("could not keep the KVM probe's answer in {}", dir.display());
     }
-}
-
-fn tempfile_dir() -> Result<PathBuf, String> {
-    let dir = std::env::temp_dir().join(format!("vmlet-kvm-probe-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    Ok(dir)
 }
 
 #[cfg(test)]

@@ -38,6 +38,8 @@ const MARK_READ_LIMIT: u64 = 4096;
 pub enum Access {
     /// Run it in the same profile (the emulator wrapper).
     Exec,
+    /// Read (the agent's key, as QEMU starts).
+    Read,
     /// Read and lock (a VM image's disk, behind its overlay).
     ReadLock,
     /// Read and write (a socket it connects).
@@ -50,6 +52,7 @@ impl Access {
     pub fn as_str(self) -> &'static str {
         match self {
             Access::Exec => "rmix",
+            Access::Read => "r",
             Access::ReadLock => "rk",
             Access::ReadWrite => "rw",
             Access::ReadWriteLock => "rwk",
@@ -59,6 +62,7 @@ impl Access {
     pub fn parse(text: &str) -> Result<Self, Error> {
         [
             Access::Exec,
+            Access::Read,
             Access::ReadLock,
             Access::ReadWrite,
             Access::ReadWriteLock,
@@ -67,7 +71,7 @@ impl Access {
         .find(|a| a.as_str() == text)
         .ok_or_else(|| {
             Error::InvalidArgument(format!(
-                "{text:?}: not an access vmlet grants a pod's QEMU (rmix, rk, rw, rwk)"
+                "{text:?}: not an access vmlet grants a pod's QEMU (rmix, r, rk, rw, rwk)"
             ))
         })
     }

@@ -19,18 +19,27 @@ pub struct PodPaths {
     pub vsock_log: PathBuf,
     pub tap_socket: PathBuf,
     pub qmp_socket: PathBuf,
+    /// The agent's key, for QEMU to read as it starts (removed once it has).
+    pub agent_key: PathBuf,
     /// A VM image's serial console, which QEMU connects.
     pub console_socket: PathBuf,
     /// Where the node's operator types into a VM image's console (`vmletctl console -i`).
     pub console_input: PathBuf,
-    /// A VM image's root disk: the qcow2 overlay QEMU writes.
-    pub root_disk: PathBuf,
     /// A VM image's disk (the overlay's backing file), bound read-only here, where QEMU's
     /// user can reach it.
     pub image_disk: PathBuf,
     /// A VM image's cloud-init seed: its files, and their ISO 9660 volume.
     pub seed_dir: PathBuf,
     pub seed_iso: PathBuf,
+}
+
+/// A VM image's root disk, the qcow2 overlay its guest writes, in the pod's directory under
+/// the node's `vm_images.disk_dir` ([`disk_dir`]), never the state directory.
+pub const ROOT_DISK: &str = "root.qcow2";
+
+/// The directory of a VM-image pod's root disk under the node's `vm_images.disk_dir`.
+pub fn disk_dir(disks: &Path, pod_id: &str) -> PathBuf {
+    disks.join(pod_id)
 }
 
 /// The name of [`PodPaths::image_disk`] in the pod's directory.
@@ -48,9 +57,9 @@ impl PodPaths {
             vsock_log: log.join("vhost-device-vsock.log"),
             tap_socket: dir.join("taps.sock"),
             qmp_socket: dir.join("qmp.sock"),
+            agent_key: dir.join("agent.key"),
             console_socket: dir.join("console.sock"),
             console_input: dir.join("console-input.sock"),
-            root_disk: dir.join("root.qcow2"),
             image_disk: dir.join(IMAGE_DISK),
             seed_dir: dir.join("seed"),
             seed_iso: dir.join("seed.iso"),

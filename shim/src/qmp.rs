@@ -21,14 +21,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::StreamExt;
+use crate::qmp_lines::{LineError, Lines};
 use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags, UnixAddr};
 use serde_json::{json, Value};
 use tokio::io::Interest;
 use tokio::net::unix::OwnedWriteHalf;
 use tokio::net::UnixStream;
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
-use tokio_util::codec::{FramedRead, LinesCodec, LinesCodecError};
 
 use crate::Error;
 
@@ -73,7 +72,7 @@ impl Qmp {
     /// capabilities negotiation mode.
     pub async fn handshake(stream: UnixStream) -> Result<Self, Error> {
         let (read, write) = stream.into_split();
-        let mut lines = FramedRead::new(read, LinesCodec::new_with_max_length(MAX_LINE));
+        let mut lines = Lines::new(read, MAX_LINE);
         let greeting = tokio::time::timeout(REPLY_TIMEOUT, lines.next())
             .await
             .map_err(|_| Error::Timeout(format!("no QMP greeting within {REPLY_TIMEOUT:?}")))?;
@@ -243,7 +242,7 @@ async fn send(stream: &UnixStream, line: &[u8], fds: &[OwnedFd]) -> std::io::Res
 /// The reader: routes replies by id, broadcasts events; at the end of the stream fails
 /// every waiter and reports QEMU's end.
 async fn read_messages(
-    mut lines: FramedRead<tokio::net::unix::OwnedReadHalf, LinesCodec>,
+    mut lines: Lines<tokio::net::unix::OwnedReadHalf>,
     waiting: Waiting,
     events: broadcast::Sender<Value>,
     ended: watch::Sender<bool>,
@@ -251,10 +250,11 @@ async fn read_messages(
     loop {
         let message = match lines.next().await {
             Some(Ok(line)) => parse(&line),
-            Some(Err(LinesCodecError::MaxLineLengthExceeded)) => Err(Error::Internal(format!(
-                "QMP sent a line longer than {MAX_LINE} bytes"
+            // Skipped to its newline; the monitor reads on.
+            Some(Err(LineError::TooLong)) => Err(Error::Internal(format!(
+                "QMP sent a line longer than {MAX_LINE} bytes (skipped)"
             ))),
-            Some(Err(LinesCodecError::Io(e))) => {
+            Some(Err(LineError::Io(e))) => {
                 log::warn!("QMP: read failed: {e}");
                 break;
             }
@@ -308,12 +308,12 @@ fn shown(message: &Value) -> String {
     message.to_string().chars().take(200).collect()
 }
 
-fn read_error(e: LinesCodecError) -> Error {
+fn read_error(e: LineError) -> Error {
     match e {
-        LinesCodecError::MaxLineLengthExceeded => {
+        LineError::TooLong => {
             Error::Internal(format!("QMP sent a line longer than {MAX_LINE} bytes"))
         }
-        LinesCodecError::Io(e) => Error::io("read QMP", e),
+        LineError::Io(e) => Error::io("read QMP", e),
     }
 }
 
@@ -471,6 +471,27 @@ pub(crate) mod tests {
             format!("QMP sent a line longer than {MAX_LINE} bytes")
         );
         writer.join().unwrap();
+    }
+
+    #[tokio::test]
+    async fn an_over_long_line_is_skipped_and_the_monitor_goes_on() {
+        let (stream, _server) = fake_qemu(|c| {
+            if c["execute"] == "noisy" {
+                // An event the guest made longer than the bound, then the reply.
+                let big = "x".repeat(2 * MAX_LINE);
+                vec![
+                    json!({"event": "BIG", "data": {"s": big}}),
+                    json!({"return": {"n": 1}}),
+                ]
+            } else {
+                vec![json!({"return": {}})]
+            }
+        });
+        let qmp = Qmp::handshake(stream).await.unwrap();
+        let reply = qmp.execute("noisy", json!({}), Vec::new()).await.unwrap();
+        assert_eq!(reply["n"], 1);
+        assert!(!*qmp.ended().borrow(), "the monitor's reader ended");
+        qmp.execute("after", json!({}), Vec::new()).await.unwrap();
     }
 
     #[tokio::test]

@@ -40,6 +40,10 @@ pub fn teardown(vmm: &dyn VmManager, state: &PodState) -> Result<(), Error> {
             let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
         }
     }
+    // After the domain: QEMU has closed the disk.
+    if let Some(dir) = &state.disk_dir {
+        note(crate::vm_disk::remove_disk_dir(dir));
+    }
     note(share::unmount_recorded(&state.dir, &state.mounts));
     if let Some(path) = &state.cgroup {
         note(crate::pod_cgroup::PodCgroup { path: path.clone() }.remove());
@@ -85,6 +89,10 @@ pub fn cleanup_after_shim(
     let state = crate::state::PodState::load(&dir).unwrap_or(crate::state::PodState {
         dir: dir.clone(),
         domain: Some(crate::pod_paths::domain_name(pod_id)),
+        disk_dir: Some(crate::pod_paths::disk_dir(
+            &config.vm_images.disk_dir,
+            pod_id,
+        )),
         ..Default::default()
     });
     if let Some(pid) = state.shim_pid.filter(|p| *p != std::process::id()) {

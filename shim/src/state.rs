@@ -40,6 +40,10 @@ pub struct PodState {
     /// The pod's host cgroup (below each hierarchy's root), once it was made.
     #[serde(default)]
     pub cgroup: Option<PathBuf>,
+    /// A VM image's directory under the node's `vm_images.disk_dir` (its root disk), once
+    /// making it was attempted.
+    #[serde(default)]
+    pub disk_dir: Option<PathBuf>,
 }
 
 impl PodState {
@@ -88,6 +92,7 @@ mod tests {
             shim_pid: Some(44),
             shim_id: Some("p".into()),
             cgroup: Some(PathBuf::from("/kubepods/pod1/p")),
+            disk_dir: Some(PathBuf::from("/var/lib/vmlet/disks/p")),
         };
         state.save().unwrap();
         assert_eq!(PodState::load(&dir).unwrap(), state);

@@ -311,8 +311,20 @@ fn the_one_file(dir: &OwnedFd) -> Result<std::ffi::OsString, Error> {
 }
 
 /// The size (bytes) of the overlay for `disk`: the disk's own, or `root_volume_mib` when
-/// given, which may not be smaller.
-pub fn overlay_size(disk: &DiskImage, root_volume_mib: Option<u64>) -> Result<u64, Error> {
+/// given, which may not be smaller; neither may be larger than the node's
+/// `vm_images.max_root_disk_mib` (`max_mib`): the guest writes its overlay up to that size.
+pub fn overlay_size(
+    disk: &DiskImage,
+    root_volume_mib: Option<u64>,
+    max_mib: u64,
+) -> Result<u64, Error> {
+    let max = max_mib.saturating_mul(1 << 20);
+    let disk_mib = disk.virtual_size.div_ceil(1 << 20);
+    if disk.virtual_size > max {
+        return Err(Error::InvalidArgument(format!(
+            "vmlet.io/image-type: vm: the image's disk is {disk_mib} MiB, more than this node allows a root disk (vm_images.max_root_disk_mib = {max_mib})"
+        )));
+    }
     let Some(mib) = root_volume_mib else {
         return Ok(disk.virtual_size);
     };
@@ -321,11 +333,58 @@ pub fn overlay_size(disk: &DiskImage, root_volume_mib: Option<u64>) -> Result<u6
     })?;
     if wanted < disk.virtual_size {
         return Err(Error::InvalidArgument(format!(
-            "vmlet.io/root-volume-size: {mib} MiB is smaller than the image's disk ({} MiB); the root volume can grow the disk, not shrink it",
-            disk.virtual_size.div_ceil(1 << 20)
+            "vmlet.io/root-volume-size: {mib} MiB is smaller than the image's disk ({disk_mib} MiB); the root volume can grow the disk, not shrink it"
+        )));
+    }
+    if wanted > max {
+        return Err(Error::InvalidArgument(format!(
+            "vmlet.io/root-volume-size: {mib} MiB is more than this node allows a root disk (vm_images.max_root_disk_mib = {max_mib})"
         )));
     }
     Ok(wanted)
+}
+
+/// Makes `dir`, a VM-image pod's directory for its root disk under the node's `disks`
+/// (made root's, mode 0711, where missing: QEMU's user reaches its own disk by name, nobody
+/// lists them). `dir` is made new: a directory already there is an error, never reused.
+pub fn make_disk_dir(disks: &Path, dir: &Path) -> Result<(), Error> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    let mut builder = std::fs::DirBuilder::new();
+    builder.recursive(true).mode(0o711);
+    builder
+        .create(disks)
+        .map_err(|e| Error::io(format!("create {}", disks.display()), e))?;
+    match std::fs::symlink_metadata(disks) {
+        Ok(m) if m.is_dir() => {}
+        _ => {
+            return Err(Error::FailedPrecondition(format!(
+                "vm_images.disk_dir {} is not a directory",
+                disks.display()
+            )))
+        }
+    }
+    builder
+        .recursive(false)
+        .create(dir)
+        .map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
+    // The umask is no part of it.
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711))
+        .map_err(|e| Error::io(format!("chmod {}", dir.display()), e))
+}
+
+/// Removes a VM-image pod's disk directory: its root disk, then the directory. What is
+/// gone already is no error; nothing in it is followed (only the guest's QEMU writes the
+/// disk's contents, never a name there).
+pub fn remove_disk_dir(dir: &Path) -> Result<(), Error> {
+    let ignore_gone = |r: std::io::Result<()>| match r {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        other => other,
+    };
+    let disk = dir.join(crate::pod_paths::ROOT_DISK);
+    ignore_gone(std::fs::remove_file(&disk))
+        .map_err(|e| Error::io(format!("remove {}", disk.display()), e))?;
+    ignore_gone(std::fs::remove_dir(dir))
+        .map_err(|e| Error::io(format!("remove {}", dir.display()), e))
 }
 
 /// Creates `overlay` (qcow2, `size` bytes) over `disk` with `qemu-img create`, which is
@@ -512,13 +571,58 @@ mod tests {
             format: DiskFormat::Qcow2,
             virtual_size: 2 << 30,
         };
-        assert_eq!(overlay_size(&disk, None).unwrap(), 2 << 30);
-        assert_eq!(overlay_size(&disk, Some(4096)).unwrap(), 4 << 30);
-        let err = overlay_size(&disk, Some(1024)).unwrap_err().to_string();
+        let max = 8192;
+        assert_eq!(overlay_size(&disk, None, max).unwrap(), 2 << 30);
+        assert_eq!(overlay_size(&disk, Some(4096), max).unwrap(), 4 << 30);
+        assert_eq!(overlay_size(&disk, Some(8192), max).unwrap(), 8 << 30);
+        let err = overlay_size(&disk, Some(1024), max)
+            .unwrap_err()
+            .to_string();
         assert!(
             err.contains("1024 MiB is smaller than the image's disk (2048 MiB)"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn the_root_disk_is_capped_by_the_node() {
+        let disk = DiskImage {
+            path: "/x".into(),
+            format: DiskFormat::Qcow2,
+            virtual_size: 2 << 30,
+        };
+        let err = overlay_size(&disk, Some(8193), 8192).unwrap_err();
+        assert!(matches!(err, Error::InvalidArgument(_)), "{err:?}");
+        assert!(
+            err.to_string().contains(
+                "vmlet.io/root-volume-size: 8193 MiB is more than this node allows a root disk (vm_images.max_root_disk_mib = 8192)"
+            ),
+            "{err}"
+        );
+        let err = overlay_size(&disk, None, 1024).unwrap_err().to_string();
+        assert!(
+            err.contains("the image's disk is 2048 MiB, more than this node allows a root disk (vm_images.max_root_disk_mib = 1024)"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_pods_disk_directory_is_made_new_and_removed_with_its_disk() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let disks = tmp.path().join("var/lib/vmlet/disks");
+        let dir = disks.join("p1");
+        make_disk_dir(&disks, &dir).unwrap();
+        let mode = std::fs::metadata(&dir).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode, 0o711);
+        assert!(
+            make_disk_dir(&disks, &dir).is_err(),
+            "a directory there is not reused"
+        );
+        std::fs::write(dir.join(crate::pod_paths::ROOT_DISK), "qcow2").unwrap();
+        remove_disk_dir(&dir).unwrap();
+        assert!(!dir.exists());
+        remove_disk_dir(&dir).unwrap();
     }
 
     /// With `qemu-img` (installed by scripts/install-deps): the overlay records the disk

@@ -1,5 +1,6 @@
 //! Reaching guest vsock ports: kernel vhost-vsock (AF_VSOCK to the guest CID) or hybrid
-//! vsock through `vhost-device-vsock` (a unix socket and a `CONNECT <port>` handshake).
+//! vsock through `vhost-device-vsock` (a unix socket and a `CONNECT <port>` handshake),
+//! then on either the agent's handshake ([`vmlet_protocol::auth`]).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -8,6 +9,7 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::UnixStream;
 
+use vmlet_protocol::auth::{self, AgentKey};
 use vmlet_protocol::hybrid;
 
 use crate::Error;
@@ -20,17 +22,53 @@ impl<T: AsyncRead + AsyncWrite + Send + Sync + Unpin + 'static> Stream for T {}
 
 /// Where the guest's vsock ports are reached from the host.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Endpoint {
+pub enum Route {
     /// Kernel vhost-vsock: the guest's CID.
     Vhost { cid: u32 },
     /// `vhost-device-vsock`'s host-side unix socket.
     Hybrid { uds: PathBuf },
 }
 
+impl Route {
+    /// Opens a connection to guest port `port`, before the agent's handshake.
+    async fn open(&self, port: u32) -> Result<Box<dyn Stream>, Error> {
+        match self {
+            Route::Vhost { cid } => {
+                let stream =
+                    tokio_vsock::VsockStream::connect(tokio_vsock::VsockAddr::new(*cid, port))
+                        .await
+                        .map_err(|e| Error::io(format!("connect vsock {cid}:{port}"), e))?;
+                Ok(Box::new(stream))
+            }
+            Route::Hybrid { uds } => Ok(Box::new(hybrid_connect(uds, port).await?)),
+        }
+    }
+}
+
+/// One VM's agent: the route to it and the key every connection proves it holds
+/// ([`vmlet_protocol::auth`]), on either route.
+#[derive(Debug, Clone)]
+pub struct Endpoint {
+    pub route: Route,
+    key: AgentKey,
+}
+
 impl Endpoint {
-    /// Opens a stream connection to guest port `port`.
+    pub fn new(route: Route, key: AgentKey) -> Self {
+        Endpoint { route, key }
+    }
+
+    /// Opens a stream connection to guest port `port`: the route, then the handshake in
+    /// which the shim proves it holds the VM's key and the agent proves it back (a VM
+    /// without the key, such as another pod's behind a CID libvirt gave again, gets
+    /// nothing and is not taken for the pod's).
     pub async fn connect(&self, port: u32) -> Result<Box<dyn Stream>, Error> {
-        tokio::time::timeout(CONNECT_TIMEOUT, self.connect_unbounded(port))
+        let connect = async {
+            let mut stream = self.route.open(port).await?;
+            authenticate(&mut stream, &self.key, port).await?;
+            Ok(stream)
+        };
+        tokio::time::timeout(CONNECT_TIMEOUT, connect)
             .await
             .map_err(|_| {
                 Error::Timeout(format!(
@@ -38,19 +76,30 @@ impl Endpoint {
                 ))
             })?
     }
+}
 
-    async fn connect_unbounded(&self, port: u32) -> Result<Box<dyn Stream>, Error> {
-        match self {
-            Endpoint::Vhost { cid } => {
-                let stream =
-                    tokio_vsock::VsockStream::connect(tokio_vsock::VsockAddr::new(*cid, port))
-                        .await
-                        .map_err(|e| Error::io(format!("connect vsock {cid}:{port}"), e))?;
-                Ok(Box::new(stream))
-            }
-            Endpoint::Hybrid { uds } => Ok(Box::new(hybrid_connect(uds, port).await?)),
-        }
-    }
+/// A new random key for a VM.
+pub fn new_agent_key() -> Result<AgentKey, Error> {
+    let mut bytes = [0u8; auth::KEY_LEN];
+    getrandom::getrandom(&mut bytes)
+        .map_err(|e| Error::Internal(format!("random bytes for the agent key: {e}")))?;
+    AgentKey::from_bytes(&bytes).map_err(|e| Error::Internal(e.to_string()))
+}
+
+/// The shim's side of the handshake on a connection to guest `port`.
+async fn authenticate<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    key: &AgentKey,
+    port: u32,
+) -> Result<(), Error> {
+    let mut nonce = [0u8; auth::NONCE_LEN];
+    getrandom::getrandom(&mut nonce)
+        .map_err(|e| Error::Internal(format!("random bytes for a nonce: {e}")))?;
+    auth::connect(stream, key, port, nonce).await.map_err(|e| {
+        Error::AgentLost(format!(
+            "vsock port {port}: the guest did not prove it is this pod's agent: {e}"
+        ))
+    })
 }
 
 /// How long a vsock connection (with vhost-device-vsock's handshake) may take: a CONNECT
@@ -80,8 +129,9 @@ async fn hybrid_connect(uds: &Path, port: u32) -> Result<UnixStream, Error> {
     }
 }
 
-/// Starts `vhost-device-vsock` for one VM and waits until its vhost-user socket exists.
-/// Returns its PID. The shim's reaper collects it when it exits.
+/// Starts `vhost-device-vsock` for one VM and waits until its vhost-user socket exists;
+/// both its sockets are root's, mode 0600 (the caller gives the vhost-user one to QEMU's
+/// user). Returns its PID. The shim's reaper collects it when it exits.
 pub fn start_vhost_device_vsock(
     binary: &Path,
     vhost_socket: &Path,
@@ -90,7 +140,18 @@ pub fn start_vhost_device_vsock(
 ) -> Result<u32, Error> {
     let log = std::fs::File::create(log).map_err(|e| Error::io("create vsock log", e))?;
     let log2 = log.try_clone().map_err(|e| Error::io("dup vsock log", e))?;
-    let child = Command::new(binary)
+    let mut command = Command::new(binary);
+    // SAFETY: umask is an async-signal-safe system call; nothing is allocated between fork
+    // and exec.
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        // Its sockets are born 0600 (root's): the shim gives the vhost-user one to QEMU.
+        command.pre_exec(|| {
+            libc::umask(0o077);
+            Ok(())
+        });
+    }
+    let child = command
         .arg("--vm")
         .arg(format!(
             "guest-cid={HYBRID_GUEST_CID},socket={},uds-path={}",
@@ -118,6 +179,16 @@ pub fn start_vhost_device_vsock(
         }
         std::thread::sleep(Duration::from_millis(5));
     }
+    // It binds the shim's socket before the vhost-user one. Only the shim connects there.
+    if let Err(e) =
+        std::fs::set_permissions(uds, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+    {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+        return Err(Error::io(format!("chmod {}", uds.display()), e));
+    }
     Ok(pid)
 }
 
@@ -125,25 +196,60 @@ pub fn start_vhost_device_vsock(
 mod tests {
     use super::*;
 
-    #[tokio::test]
-    async fn hybrid_handshake_keeps_following_bytes() {
-        let dir = std::env::temp_dir().join(format!("vmlet-vsock-test-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("v.sock");
-        let listener = tokio::net::UnixListener::bind(&path).unwrap();
-        let server = tokio::spawn(async move {
+    /// vhost-device-vsock's side for one connection: the CONNECT, then an agent holding
+    /// `key` (which closes the connection unless the host proves that key), then `payload`.
+    async fn fake_vm(
+        path: &Path,
+        key: AgentKey,
+        payload: &'static [u8],
+    ) -> tokio::task::JoinHandle<()> {
+        let listener = tokio::net::UnixListener::bind(path).unwrap();
+        tokio::spawn(async move {
             let (mut s, _) = listener.accept().await.unwrap();
             let mut buf = [0u8; 13];
             s.read_exact(&mut buf).await.unwrap();
             assert_eq!(&buf, b"CONNECT 1024\n");
-            s.write_all(b"OK 5\nhello").await.unwrap();
-        });
-        let endpoint = Endpoint::Hybrid { uds: path.clone() };
+            s.write_all(b"OK 5\n").await.unwrap();
+            if auth::accept(&mut s, &key, 1024, key.guest_nonce(0))
+                .await
+                .is_ok()
+            {
+                s.write_all(payload).await.unwrap();
+            }
+        })
+    }
+
+    #[tokio::test]
+    async fn hybrid_handshakes_keep_following_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("v.sock");
+        let key = new_agent_key().unwrap();
+        let server = fake_vm(&path, key.clone(), b"hello").await;
+        let endpoint = Endpoint::new(Route::Hybrid { uds: path.clone() }, key);
         let mut stream = endpoint.connect(1024).await.unwrap();
         let mut rest = String::new();
         stream.read_to_string(&mut rest).await.unwrap();
         assert_eq!(rest, "hello");
         server.await.unwrap();
-        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_vm_with_another_key_is_not_the_pods_agent() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("v.sock");
+        let server = fake_vm(&path, new_agent_key().unwrap(), b"secret").await;
+        let endpoint = Endpoint::new(
+            Route::Hybrid { uds: path.clone() },
+            new_agent_key().unwrap(),
+        );
+        let err = endpoint.connect(1024).await.err().expect("refused");
+        assert!(matches!(err, Error::AgentLost(_)), "{err:?}");
+        assert!(err.message().contains("did not prove"), "{}", err.message());
+        server.await.unwrap();
+    }
+
+    #[test]
+    fn keys_are_new_each_time() {
+        assert_ne!(new_agent_key().unwrap(), new_agent_key().unwrap());
     }
 }

@@ -13,6 +13,8 @@ pub const GUEST_MODULES: &[&str] = &[
     "virtio_net",
     "virtio_blk",
     "virtio_console",
+    // The fw_cfg device in sysfs: the agent's key, which the shim gives each VM.
+    "qemu_fw_cfg",
     // The region a pod's VM grows by when its containers' memory limits need it.
     "virtio_mem",
     // A privileged container (or one with CAP_NET_ADMIN) may make bridges, as on a node.

@@ -8,10 +8,13 @@
 //!   [`FORWARD_PORT`], opened by the host with a [`ForwardRequest`] line, answered with a
 //!   [`ForwardReply`] line; after an `OK` the connection carries the bytes.
 //! - [`hybrid`]: the `CONNECT` handshake of hybrid vsock (`vhost-device-vsock`).
+//! - [`auth`]: what opens every connection on every port, before any of the above: the
+//!   host proves it holds the VM's key, the agent proves it back.
 //!
 //! Everything the host reads from the guest is untrusted: `fuzz/` has cargo-fuzz targets
 //! for decoding the agent's messages, the handshake reply and the port-forward reply.
 
+pub mod auth;
 mod forward;
 pub mod hybrid;
 mod stream;

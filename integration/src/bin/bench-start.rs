@@ -23,8 +23,9 @@ use anyhow::{bail, Context};
 use vmlet_integration::figures::figure;
 use vmlet_integration::{unique_id, Stack};
 use vmlet_protocol::agent::ShutdownRequest;
+use vmlet_protocol::auth::FW_CFG_NAME;
 use vmlet_shim::vm::connect_agent;
-use vmlet_shim::vsock::Endpoint;
+use vmlet_shim::vsock::{new_agent_key, Endpoint, Route};
 
 const RUNS: usize = 5;
 
@@ -173,6 +174,10 @@ async fn floor_in(
         last = now;
     };
     mark("vsock_backend");
+    // The agent serves only a host that holds the key QEMU hands it, as the shim does.
+    let key = new_agent_key().map_err(|e| anyhow::anyhow!(e.message()))?;
+    let key_file = dir.join("agent.key");
+    std::fs::write(&key_file, key.as_bytes()).context("write the agent key")?;
     let mut vm = Command::new(qemu)
         .args([
             "-machine",
@@ -197,6 +202,8 @@ async fn floor_in(
         .args(["-device", "vhost-user-vsock-pci,chardev=vs"])
         .arg("-serial")
         .arg(format!("file:{}", dir.join("console.log").display()))
+        .arg("-fw_cfg")
+        .arg(format!("name={FW_CFG_NAME},file={}", key_file.display()))
         .arg("-kernel")
         .arg(&guest.kernel)
         .arg("-initrd")
@@ -206,7 +213,7 @@ async fn floor_in(
         .stderr(Stdio::null())
         .spawn()
         .context("start qemu")?;
-    let endpoint = Endpoint::Hybrid { uds };
+    let endpoint = Endpoint::new(Route::Hybrid { uds }, key);
     let console = dir.join("console.log");
     let client = match connect_agent(&endpoint, Duration::from_secs(60), Some(&console)).await {
         Ok((client, _)) => client,

@@ -456,7 +456,12 @@ async fn a_cri_pods_vm_runs_in_the_pods_cgroup() {
 fn containerd_is_told_host_pids_not_the_guests() {
     let s = stack();
     let pod = unique_id("hostpid");
-    s.run_detached(&pod, &["sleep", "1000"]).unwrap();
+    // Processes in the guest with PIDs that are the host's init and a host process.
+    s.run_detached(
+        &pod,
+        &["sh", "-c", "sleep 1000 & sleep 1001 & exec sleep 1002"],
+    )
+    .unwrap();
     let qemu = pids_of(&s, &["qemu-system", &format!("guest=vmlet-{pod},")]);
     let listed = s.ctr_output(&["task", "ls"]).unwrap();
     let pid = text(&listed.stdout)
@@ -464,7 +469,21 @@ fn containerd_is_told_host_pids_not_the_guests() {
         .find(|l| l.split_whitespace().next() == Some(pod.as_str()))
         .and_then(|l| l.split_whitespace().nth(1).map(str::to_owned))
         .unwrap_or_default();
+    // `ctr task ps` (containerd's Pids, what `nerdctl top` looks up on the host).
+    let ps = s.ctr_output(&["task", "ps", &pod]).unwrap();
+    let ps_pids: Vec<String> = text(&ps.stdout)
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
+        .collect();
     s.kill_and_remove(&pod).unwrap();
     assert_eq!(qemu.len(), 1, "one QEMU for {pod}");
     assert_eq!(pid, qemu[0].to_string(), "the task's PID is not its QEMU's");
+    assert!(ps.status.success(), "ctr task ps: {}", text(&ps.stderr));
+    assert_eq!(
+        ps_pids,
+        vec![qemu[0].to_string()],
+        "ctr task ps shows PIDs other than the pod's QEMU's:\n{}",
+        text(&ps.stdout)
+    );
 }

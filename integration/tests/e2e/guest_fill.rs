@@ -1,7 +1,9 @@
 //! The guest filling what it can make the host write: a root container floods the serial
 //! console (what QEMU writes into the pod's state). The pod's `log/` tmpfs takes the node's
 //! `pod_log_mib` and no more; the state directory's file system does not grow; the pod runs
-//! on and is removed without a trace. Run by `make test`.
+//! on and is removed without a trace. And a VM image's guest that writes its whole root
+//! disk: the disk is capped by the node, lives on the node's disk directory (never the
+//! state directory), and the guest's own file system is what fills. Run by `make test`.
 
 use crate::support::text;
 use std::path::Path;
@@ -100,5 +102,179 @@ fn a_guest_flooding_its_console_fills_only_the_pods_log_tmpfs() {
         .filter(|m| m.contains(&pod))
         .collect();
     assert_eq!(mounts, Vec::<String>::new(), "mounts left");
+    assert_eq!(s.pod_processes(&pod), Vec::new(), "processes left");
+}
+
+/// How long a VM image's boot, its fill of the disk and its power-off may take under TCG.
+const VM_FILL_DEADLINE: Duration = Duration::from_secs(420);
+
+/// The test image's disk size (MiB), from its copy in containerd's snapshots.
+fn vm_image_disk_mib(s: &Stack) -> u64 {
+    let find = format!(
+        "find {}/containerd -path '*/fs/disk/*.qcow2' -type f | head -1",
+        s.dir
+    );
+    let out = std::process::Command::new("sh")
+        .args(["-c", &find])
+        .output()
+        .unwrap();
+    let disk = text(&out.stdout).trim().to_owned();
+    assert!(
+        !disk.is_empty(),
+        "the test image's disk is not in containerd's snapshots"
+    );
+    let info = std::process::Command::new("qemu-img")
+        .args(["info", "--output=json", "-U", &disk])
+        .output()
+        .unwrap();
+    let info: serde_json::Value = serde_json::from_slice(&info.stdout).unwrap();
+    info["virtual-size"].as_u64().unwrap().div_ceil(1 << 20)
+}
+
+/// A VM image's root disk is capped by the node (`vm_images.max_root_disk_mib`): a larger
+/// `vmlet.io/root-volume-size` is refused by name; a guest given the cap that writes until
+/// its file system is full gets ENOSPC inside, its overlay stays within the cap on the
+/// node's disk directory, the state directory's file system keeps its free space, and the
+/// pod ends and goes leaving no directory behind.
+#[test]
+#[ignore = "needs the vmlet stack: make test"]
+fn a_vm_images_guest_fills_its_own_disk_and_nothing_of_the_node() {
+    let s = Stack::from_env().expect("the vmlet stack");
+    let image = std::env::var("VMLET_VM_IMAGE").expect("VMLET_VM_IMAGE (scripts/stack env)");
+    let disks = std::env::var("VMLET_DISK_DIR").expect("VMLET_DISK_DIR (scripts/stack env)");
+    let cap = vm_image_disk_mib(&s) + 160;
+    let _capped = ConfigSwap::edited(|original| {
+        assert!(original.contains("[vm_images]\n"), "{original}");
+        original.replacen(
+            "[vm_images]\n",
+            &format!("[vm_images]\nmax_root_disk_mib = {cap}\n"),
+            1,
+        )
+    });
+    let run = |id: &str, size_mib: u64, user_data: &str| {
+        let size = format!("vmlet.io/root-volume-size={size_mib}Mi");
+        let user_data = format!("vmlet.io/cloud-init-user-data={user_data}");
+        let args = [
+            "run",
+            "--rm",
+            "--runtime",
+            vmlet_integration::RUNTIME,
+            "--annotation",
+            "vmlet.io/image-type=vm",
+            "--annotation",
+            &size,
+            "--annotation",
+            &user_data,
+            "--annotation",
+            "vmlet.io/memory=256Mi",
+            &image,
+            id,
+        ];
+        vmlet_integration::bounded::output_within(
+            s.ctr()
+                .args(args)
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap(),
+            VM_FILL_DEADLINE,
+            "ctr run of a VM image",
+        )
+        .unwrap()
+    };
+
+    let over = unique_id("vmcap");
+    let out = run(&over, cap + 1, "{}");
+    assert!(
+        !out.status.success(),
+        "a root volume above the cap was accepted"
+    );
+    let said = text(&out.stderr);
+    assert!(
+        said.contains(&format!(
+            "vmlet.io/root-volume-size: {} MiB is more than this node allows a root disk (vm_images.max_root_disk_mib = {cap})",
+            cap + 1
+        )),
+        "{said}"
+    );
+    let _ = s.ctr_output(&["container", "rm", &over]);
+
+    let state = Path::new(&s.dir).join("state");
+    let (_, free_before) = space(&state);
+    let pod = unique_id("vmfill");
+    // Writes until its root file system is full, says how that ended (dd's report goes to
+    // /run: / is full), gives the space back (cloud-init itself needs some to power off)
+    // and powers off.
+    let fill = "runcmd:\n  - dd if=/dev/zero of=/fill bs=1M conv=fsync 2>/run/dd; echo \"vmlet-filled $(grep -m1 -o 'No space left on device' /run/dd)\"; rm -f /fill; sync\npower_state:\n  mode: poweroff\n  condition: true\n";
+    let watcher = {
+        let (disk, cap_bytes) = (
+            Path::new(&disks).join(&pod).join("root.qcow2"),
+            (cap + 16) << 20,
+        );
+        std::thread::spawn(move || {
+            // The overlay's blocks on the node's disk while the guest writes.
+            let mut largest = 0u64;
+            let started = Instant::now();
+            let mut seen = false;
+            while started.elapsed() < VM_FILL_DEADLINE {
+                match std::fs::metadata(&disk) {
+                    Ok(m) => {
+                        use std::os::unix::fs::MetadataExt;
+                        largest = largest.max(m.blocks() * 512);
+                        seen = true;
+                    }
+                    // Removed with the pod.
+                    Err(_) if seen => break,
+                    Err(_) => {}
+                }
+                std::thread::sleep(Duration::from_millis(500));
+                if largest > cap_bytes {
+                    break;
+                }
+            }
+            largest
+        })
+    };
+    let out = run(&pod, cap, fill);
+    let (_, free_after) = space(&state);
+    let console = text(&out.stdout);
+    let kept = format!("{}/{pod}.console", s.dir);
+    std::fs::write(&kept, &console).unwrap();
+    println!("the guest's console: {kept}");
+    let largest = watcher.join().unwrap();
+    println!(
+        "the overlay held at most {} MiB (cap {cap} MiB)",
+        largest >> 20
+    );
+    assert!(
+        console.contains("vmlet-filled No space left on device"),
+        "the guest did not fill its own file system:\n{}\n{}",
+        console
+            .lines()
+            .rev()
+            .take(30)
+            .collect::<Vec<_>>()
+            .join("\n"),
+        text(&out.stderr)
+    );
+    assert!(
+        largest > 64 << 20,
+        "the overlay never grew: {largest} bytes (not on the disk directory?)"
+    );
+    assert!(
+        largest <= (cap + 16) << 20,
+        "the overlay took {largest} bytes, past the cap"
+    );
+    let lost = free_before.saturating_sub(free_after);
+    assert!(
+        lost <= SLACK_BYTES,
+        "the state directory's file system lost {lost} bytes"
+    );
+    assert!(!state.join(&pod).exists(), "the pod's state is left");
+    assert!(
+        !Path::new(&disks).join(&pod).exists(),
+        "the pod's disk directory is left"
+    );
     assert_eq!(s.pod_processes(&pod), Vec::new(), "processes left");
 }

@@ -240,3 +240,42 @@ async fn a_cri_container_runs_under_the_runtime_default_profile() {
     cri.remove_pod(&pod).await.unwrap();
     let _ = std::fs::remove_dir_all(&logs);
 }
+
+/// The spec's paths are resolved beneath the container's rootfs, as runc resolves them: a
+/// volume whose destination goes through the image's `/vmlet-root-link -> /` lands in the
+/// container's own `/etc` (where the container sees it), not in the guest's (where the
+/// agent would otherwise make its mount point and mount it).
+#[test]
+#[ignore = "needs the vmlet stack: make test"]
+fn spec_paths_through_the_images_links_stay_in_the_rootfs() {
+    let s = stack();
+    let volume = std::path::PathBuf::from(&s.dir).join(unique_id("linkvol"));
+    std::fs::create_dir_all(&volume).unwrap();
+    std::fs::write(volume.join("canary"), "through-the-link\n").unwrap();
+    let mount = format!(
+        "type=bind,src={},dst=/vmlet-root-link/etc/vmlet-through-link,options=rbind:ro",
+        volume.display()
+    );
+    let out = s
+        .run(
+            &unique_id("links"),
+            &["--mount", &mount],
+            &[
+                "sh",
+                "-c",
+                "cat /etc/vmlet-through-link/canary; cat /proc/self/mountinfo",
+            ],
+        )
+        .unwrap();
+    std::fs::remove_dir_all(&volume).unwrap();
+    let said = text(&out.stdout);
+    assert!(out.status.success(), "{said}{}", text(&out.stderr));
+    assert!(
+        said.starts_with("through-the-link\n"),
+        "the volume is not at the container's /etc/vmlet-through-link:\n{said}"
+    );
+    assert!(
+        said.contains(" /etc/vmlet-through-link "),
+        "mounted elsewhere:\n{said}"
+    );
+}

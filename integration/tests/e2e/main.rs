@@ -10,6 +10,7 @@
 
 mod support;
 
+mod agent_gate;
 mod block_devices;
 mod cni;
 mod cri;

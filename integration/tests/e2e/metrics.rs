@@ -78,6 +78,20 @@ fn metrics_of_two_pods_are_valid_prometheus_text() {
         .spawn()
         .unwrap();
     let body = scrape(&address);
+    // Clients that connect and never finish a request hold nothing: another scrape is
+    // answered at once, not after their deadline.
+    let idle: Vec<_> = (0..3)
+        .map(|_| std::net::TcpStream::connect(&address).unwrap())
+        .collect();
+    let started = Instant::now();
+    let again = scrape(&address);
+    let took = started.elapsed();
+    drop(idle);
+    assert!(again.contains("vmlet_pod_"), "{again}");
+    assert!(
+        took < vmlet_shim::metrics_server::REQUEST_DEADLINE / 2,
+        "a scrape beside idle clients took {took:?}"
+    );
     let _ = exporter.kill();
     let _ = exporter.wait();
 

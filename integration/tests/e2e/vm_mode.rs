@@ -173,20 +173,23 @@ fn a_vm_image_runs_its_user_data_shows_its_console_takes_stdin_and_the_operator_
 
 /// A VM-mode `ctr run` of `image` fails with `expected` in its error and leaves nothing.
 fn assert_refused(s: &Stack, image: &str, expected: &str) {
+    assert_refused_with(s, image, &[], expected)
+}
+
+/// [`assert_refused`] with `extra` options of `ctr run`.
+fn assert_refused_with(s: &Stack, image: &str, extra: &[&str], expected: &str) {
     let id = unique_id("vmimg");
-    let out = s
-        .ctr_output(&[
-            "run",
-            "--rm",
-            "--runtime",
-            vmlet_integration::RUNTIME,
-            "--annotation",
-            "vmlet.io/image-type=vm",
-            image,
-            &id,
-            "true",
-        ])
-        .unwrap();
+    let mut args = vec![
+        "run",
+        "--rm",
+        "--runtime",
+        vmlet_integration::RUNTIME,
+        "--annotation",
+        "vmlet.io/image-type=vm",
+    ];
+    args.extend_from_slice(extra);
+    args.extend([image, &id, "true"]);
+    let out = s.ctr_output(&args).unwrap();
     assert!(
         !out.status.success(),
         "a VM-mode run of {image} was accepted"
@@ -216,6 +219,43 @@ fn an_image_without_one_disk_is_refused_by_name_and_leaves_nothing() {
         &two,
         "/disk/ in the image holds 2 files (a.qcow2, b.img)",
     );
+}
+
+/// A pod's volume bound at `/etc/resolv.conf` (where the CRI plugin binds the pod's DNS,
+/// which vmlet reads as root into the seed) that is a FIFO or a device node is refused by
+/// name at once: never opened (a FIFO's reader would wait for ever; a device such as the
+/// watchdog acts when opened), and nothing is left.
+#[test]
+#[ignore = "needs the vmlet stack: make test"]
+fn a_fifo_or_a_device_at_resolv_conf_is_refused_by_name_without_blocking() {
+    let s = stack();
+    let dir = std::path::PathBuf::from(&s.dir).join(unique_id("resolv"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let fifo = dir.join("fifo");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o644)).unwrap();
+    // A character device as the watchdog is one, but one that does nothing when opened.
+    let device = dir.join("device");
+    nix::sys::stat::mknod(
+        &device,
+        nix::sys::stat::SFlag::S_IFCHR,
+        nix::sys::stat::Mode::from_bits_truncate(0o644),
+        nix::sys::stat::makedev(1, 3),
+    )
+    .unwrap();
+    for (source, named) in [(&fifo, "is a FIFO"), (&device, "is a device node")] {
+        let mount = format!(
+            "type=bind,src={},dst=/etc/resolv.conf,options=rbind:ro",
+            source.display()
+        );
+        let started = std::time::Instant::now();
+        assert_refused_with(&s, &vm_image(), &["--mount", &mount], named);
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(60),
+            "refused only after {:?}",
+            started.elapsed()
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// A VM-mode CRI pod's user-data: it serves its host name over HTTP on port 8080 and

@@ -356,3 +356,44 @@ fn the_kvm_probes_guest_boots_to_its_end() {
     assert!(why.contains("QEMU exited with status"), "{why}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `vmletctl check` on a node without a state directory probes KVM in a scratch directory:
+/// a local user who planted `/tmp/vmlet-kvm-probe-<pid>` with a link where the probe's
+/// console used to go (a file root would then have truncated) gets nothing: the directory
+/// is made new, with a random name, and the planted one and the link's target are as they
+/// were. (The probe itself fails on this host's KVM or passes; either is beside the point.)
+#[test]
+#[ignore = "needs the vmlet stack: make test"]
+fn a_planted_kvm_probe_directory_is_not_used() {
+    let s = stack();
+    let qemu = std::path::Path::new("/usr/bin/qemu-system-x86_64");
+    let kernel = std::path::PathBuf::from(&s.guest_dir).join("vmlinux");
+    let pid = std::process::id();
+    // What the old name would have been for this process (the probe runs in it).
+    let planted = std::env::temp_dir().join(format!("vmlet-kvm-probe-{pid}"));
+    let victim = std::path::PathBuf::from("/var/tmp").join(unique_id("kvm-probe-victim"));
+    std::fs::write(&victim, "root must not truncate this\n").unwrap();
+    let _ = std::fs::remove_dir_all(&planted);
+    std::fs::create_dir(&planted).unwrap();
+    let link = planted.join(format!("kvm-probe-{pid}.console"));
+    std::os::unix::fs::symlink(&victim, &link).unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let answer = runtime.block_on(vmlet_shim::kvm_probe::guest_boots_on_kvm(
+        qemu, &kernel, "q35", None,
+    ));
+    eprintln!("the probe on this host's KVM: {answer:?}");
+    let victim_after = std::fs::read_to_string(&victim).unwrap();
+    let planted_after: Vec<_> = std::fs::read_dir(&planted)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    let link_after = std::fs::read_link(&link).unwrap();
+    std::fs::remove_dir_all(&planted).unwrap();
+    std::fs::remove_file(&victim).unwrap();
+    assert_eq!(victim_after, "root must not truncate this\n");
+    assert_eq!(planted_after.len(), 1, "{planted_after:?}");
+    assert_eq!(link_after, victim);
+}

@@ -121,7 +121,10 @@ fn run(cli: Vmletctl) -> Result<(), String> {
         }
         CtlCommand::Metrics {
             listen: Some(address),
-        } => serve_metrics(&node()?.state_dir, *address),
+        } => {
+            let state_dir = node()?.state_dir;
+            vmlet_shim::metrics_server::listen(*address, move || ctl::metrics(&state_dir))
+        }
     }
 }
 
@@ -212,43 +215,6 @@ fn wait_for_termination() -> Result<(), String> {
         .wait()
         .map_err(|e| format!("wait for SIGTERM: {e}"))?;
     println!("{signal}: leaving vmlet installed (`vmletctl uninstall` takes it off)");
-    Ok(())
-}
-
-/// How long a client may take to send its request.
-const REQUEST_DEADLINE: Duration = Duration::from_secs(5);
-
-/// A small HTTP/1.0 server of `GET /metrics`, one request at a time.
-fn serve_metrics(state_dir: &Path, address: std::net::SocketAddr) -> Result<(), String> {
-    use std::io::Read;
-    let listener =
-        std::net::TcpListener::bind(address).map_err(|e| format!("listen on {address}: {e}"))?;
-    eprintln!("vmletctl: serving http://{address}/metrics");
-    for stream in listener.incoming() {
-        let Ok(mut stream) = stream else { continue };
-        let _ = stream.set_read_timeout(Some(REQUEST_DEADLINE));
-        let _ = stream.set_write_timeout(Some(REQUEST_DEADLINE));
-        // The request line and headers, up to the blank line (at most 8 KiB).
-        let mut request = Vec::new();
-        let mut byte = [0u8; 1];
-        while request.len() < 8192 && !request.ends_with(b"\r\n\r\n") {
-            match stream.read(&mut byte) {
-                Ok(1) => request.push(byte[0]),
-                _ => break,
-            }
-        }
-        let line = String::from_utf8_lossy(&request);
-        let (status, body) = match line.split_whitespace().take(2).collect::<Vec<_>>()[..] {
-            ["GET", "/metrics"] => ("200 OK", ctl::metrics(state_dir)),
-            ["GET", _] => ("404 Not Found", "only /metrics is served\n".to_owned()),
-            _ => ("400 Bad Request", "expected GET /metrics\n".to_owned()),
-        };
-        let _ = write!(
-            stream,
-            "HTTP/1.0 {status}\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\nContent-Length: {}\r\n\r\n{body}",
-            body.len()
-        );
-    }
     Ok(())
 }
 

@@ -120,6 +120,9 @@ impl DomainParams {
         if let Some(socket) = &self.tap_socket {
             files.push(file(socket, Access::ReadWrite));
         }
+        if let GuestBoot::Agent(agent) = &self.guest {
+            files.push(file(&agent.key_file, Access::Read));
+        }
         match &self.guest {
             GuestBoot::Agent(AgentGuest {
                 vsock: VsockDevice::VhostUser { socket },
@@ -188,6 +191,9 @@ pub struct AgentGuest {
     pub share_dir: String,
     pub share_tag: String,
     pub vsock: VsockDevice,
+    /// The file QEMU reads the agent's key from, into the fw_cfg entry the agent reads
+    /// ([`vmlet_protocol::auth::FW_CFG_NAME`]).
+    pub key_file: String,
 }
 
 #[derive(Debug, Clone)]
@@ -437,6 +443,18 @@ impl Domain {
                 None
             }
         };
+        if let GuestBoot::Agent(agent) = &p.guest {
+            commandline.args.push(QemuArg {
+                value: "-fw_cfg".into(),
+            });
+            commandline.args.push(QemuArg {
+                value: format!(
+                    "name={},file={}",
+                    vmlet_protocol::auth::FW_CFG_NAME,
+                    agent.key_file
+                ),
+            });
+        }
         if let GuestBoot::Image(image) = &p.guest {
             for arg in image.nvme_root_args() {
                 commandline.args.push(QemuArg { value: arg });
@@ -574,6 +592,7 @@ mod tests {
                 share_dir: "/run/vmlet/t1/share".into(),
                 share_tag: "vmlet".into(),
                 vsock,
+                key_file: "/run/vmlet/t1/agent.key".into(),
             }),
             emulator: "/usr/local/bin/vmlet-vmwrapper".into(),
             qemu: "/usr/bin/qemu-system-x86_64".into(),
@@ -610,7 +629,8 @@ mod tests {
             "<qemu:arg value=\"socket,id=vmlet-qmp,path=/run/vmlet/t1/qmp.sock\"/>",
             "<qemu:arg value=\"chardev=vmlet-qmp,mode=control\"/>",
             "<qemu:arg value=\"pcie-root-port,id=vmlet-hp3,bus=pcie.0,addr=0x1d,chassis=203,port=0x23\"/>",
-            "<vmlet:pod xmlns:vmlet=\"https://vmlet.io/xmlns/domain/1\" id=\"t1\"><vmlet:file path=\"/usr/local/bin/vmlet-vmwrapper\" access=\"rmix\"/><vmlet:file path=\"/run/vmlet/t1/taps.sock\" access=\"rw\"/><vmlet:file path=\"/run/vmlet/t1/vhost.sock\" access=\"rw\"/><vmlet:file path=\"/run/vmlet/t1/qmp.sock\" access=\"rw\"/></vmlet:pod>",
+            "<qemu:arg value=\"-fw_cfg\"/><qemu:arg value=\"name=opt/vmlet/agent-key,file=/run/vmlet/t1/agent.key\"/>",
+            "<vmlet:pod xmlns:vmlet=\"https://vmlet.io/xmlns/domain/1\" id=\"t1\"><vmlet:file path=\"/usr/local/bin/vmlet-vmwrapper\" access=\"rmix\"/><vmlet:file path=\"/run/vmlet/t1/taps.sock\" access=\"rw\"/><vmlet:file path=\"/run/vmlet/t1/agent.key\" access=\"r\"/><vmlet:file path=\"/run/vmlet/t1/vhost.sock\" access=\"rw\"/><vmlet:file path=\"/run/vmlet/t1/qmp.sock\" access=\"rw\"/></vmlet:pod>",
             "<features><acpi/><tcg><tb-cache unit=\"MiB\">16</tb-cache></tcg></features>",
             "<memballoon model=\"virtio\" freePageReporting=\"on\"><address type=\"pci\" domain=\"0x0000\" bus=\"0x00\" slot=\"0x1e\" function=\"0x0\"/></memballoon>",
         ] {

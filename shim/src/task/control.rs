@@ -96,18 +96,23 @@ impl TaskService {
         })
     }
 
-    /// The guest PIDs of the task's processes.
+    /// The task's processes as the host sees them: the pod's QEMU, once (as Kata answers).
+    /// A guest PID means nothing on the host, and one the guest chose could name any host
+    /// process to whoever looks it up there (`nerdctl top` reads `/proc/PID`); the guest's
+    /// PIDs are in the shim's log.
     pub(super) async fn pids(&self, id: &str) -> Result<api::PidsResponse, Error> {
         let task = self.task(id)?;
-        let pids = task.vm.guest().list_processes(&task.id).await?;
+        let guest_pids = task.vm.guest().list_processes(&task.id).await?;
+        log::info!(
+            "{}: {} process(es) in the guest, PIDs {guest_pids:?}",
+            task.id,
+            guest_pids.len()
+        );
         Ok(api::PidsResponse {
-            processes: pids
-                .into_iter()
-                .map(|pid| containerd_shim_protos::api::ProcessInfo {
-                    pid,
-                    ..Default::default()
-                })
-                .collect(),
+            processes: vec![containerd_shim_protos::api::ProcessInfo {
+                pid: task.vm.host_pid(),
+                ..Default::default()
+            }],
             ..Default::default()
         })
     }

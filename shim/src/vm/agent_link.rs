@@ -1,5 +1,6 @@
-//! The agent: its endpoint (the vhost-user socket, or the CID libvirt gave the guest),
-//! the first connection (waiting for the guest's console to show the agent listening, and
+//! The agent: its key (made for each VM, given to QEMU in a file it reads as it starts),
+//! its endpoint (the vhost-user socket, or the CID libvirt gave the guest), the first
+//! connection (waiting for the guest's console to show the agent listening, and
 //! giving up at once when QEMU ends first), and the pod network configured in the guest.
 
 use std::path::Path;
@@ -18,9 +19,40 @@ use crate::pod_paths::PodPaths;
 use crate::vmm::VmManager;
 use crate::vsock::Endpoint;
 use crate::Error;
+use vmlet_protocol::auth::AgentKey;
 
-/// Connects to the booting VM's agent within the node's `agent_timeout_secs`; returns the
-/// endpoint, the client and the guest's boot id. A failure carries the console's tail.
+/// Makes the VM's agent key and the file QEMU reads it from (`-fw_cfg`, see
+/// [`vmlet_protocol::auth`]): created new, not following a link, readable by QEMU's user
+/// only. [`key_given`] removes the file once QEMU has read it.
+pub(super) fn give_key(config: &NodeConfig, paths: &PodPaths) -> Result<AgentKey, Error> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let key = crate::vsock::new_agent_key()?;
+    let path = &paths.agent_key;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o400)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|e| Error::io(format!("create {}", path.display()), e))?;
+    file.write_all(key.as_bytes())
+        .map_err(|e| Error::io(format!("write {}", path.display()), e))?;
+    super::give_to_user(&file, path, &config.qemu_user)?;
+    Ok(key)
+}
+
+/// Removes the key's file: QEMU read it when it started (fw_cfg files are read as the
+/// command line is parsed), and nothing else needs it.
+pub(super) fn key_given(paths: &PodPaths) -> Result<(), Error> {
+    std::fs::remove_file(&paths.agent_key)
+        .map_err(|e| Error::io(format!("remove {}", paths.agent_key.display()), e))
+}
+
+/// Connects to the booting VM's agent, which must prove it holds `key`, within the node's
+/// `agent_timeout_secs`; returns the endpoint, the client and the guest's boot id. A
+/// failure carries the console's tail.
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn connect(
     config: &NodeConfig,
     vmm: &Arc<dyn VmManager>,
@@ -28,20 +60,22 @@ pub(super) async fn connect(
     paths: &PodPaths,
     vsock: &VsockDevice,
     launched: &Launched,
+    key: AgentKey,
 ) -> Result<(Endpoint, AgentClient, String), Error> {
-    let endpoint = match vsock {
-        VsockDevice::VhostUser { .. } => Endpoint::Hybrid {
+    let route = match vsock {
+        VsockDevice::VhostUser { .. } => crate::vsock::Route::Hybrid {
             uds: paths.vsock_uds.clone(),
         },
         VsockDevice::Vhost => {
             let (vmm, name) = (vmm.clone(), launched.name.clone());
             let xml = block(move || vmm.live_xml(&name)).await??;
-            Endpoint::Vhost {
+            crate::vsock::Route::Vhost {
                 cid: crate::libvirt_xml::guest_cid(&xml)
                     .ok_or_else(|| Error::Libvirt(format!("{} has no vsock CID", launched.name)))?,
             }
         }
     };
+    let endpoint = Endpoint::new(route, key);
     let deadline = Duration::from_secs(config.agent_timeout_secs);
     let mut end = launched.ended.clone();
     let connected = tokio::select! {
@@ -192,7 +226,10 @@ mod tests {
                 held.push(conn);
             }
         });
-        let endpoint = Endpoint::Hybrid { uds: uds.clone() };
+        let endpoint = Endpoint::new(
+            crate::vsock::Route::Hybrid { uds: uds.clone() },
+            crate::vsock::new_agent_key().unwrap(),
+        );
         let started = Instant::now();
         let result = connect_agent(&endpoint, Duration::from_secs(3), None).await;
         let took = started.elapsed();

@@ -43,10 +43,12 @@ pub(super) async fn run(
     let (netns, net) = host_process_and_network(config, req, paths, rec, phases).await?;
     let vsock = vsock_backend::start(config, paths, rec).await?;
     phases.mark("vsock_backend");
+    let key = agent_link::give_key(config, paths)?;
     let guest = launch::agent_guest(config, req, paths, &vsock);
     let launched = launch_domain(config, &vmm, req, paths, rec, phases, guest, &net).await?;
+    agent_link::key_given(paths)?;
     let (endpoint, agent, boot_id) =
-        agent_link::connect(config, &vmm, &req.pod_id, paths, &vsock, &launched).await?;
+        agent_link::connect(config, &vmm, &req.pod_id, paths, &vsock, &launched, key).await?;
     phases.mark("guest_boot");
     agent_link::configure_network(&agent, &net.interfaces).await?;
     phases.mark("guest_network");
@@ -143,14 +145,18 @@ pub(super) async fn run_image(
     phases: &Phases,
 ) -> Result<BootedImage, Error> {
     let dns = match &image.resolv_conf {
-        Some(path) => crate::nocloud::Dns::read(path)?,
+        Some(path) => crate::nocloud::Dns::read(path).await?,
         None => crate::nocloud::Dns::default(),
     };
     host_side::prepare(config, req, paths, rec)?;
     phases.mark("host_side");
     let rootfs = crate::share::container_rootfs(&paths.dir, &req.container_id)?;
     let (mut disk, file) = crate::vm_disk::find(&rootfs)?;
-    let size = crate::vm_disk::overlay_size(&disk, image.root_volume_mib)?;
+    let size = crate::vm_disk::overlay_size(
+        &disk,
+        image.root_volume_mib,
+        config.vm_images.max_root_disk_mib,
+    )?;
     disk.path =
         crate::vm_disk::bind_for_qemu(&file, &paths.dir, crate::pod_paths::IMAGE_DISK, &|t| {
             rec.mount(t)
@@ -182,7 +188,12 @@ pub(super) async fn run_image(
         }
     }
     phases.mark("dhcp");
-    let overlay = paths.root_disk.clone();
+    // On the node's disk, not the state directory (a tmpfs): the guest writes it, up to
+    // `size`, which the node caps.
+    let disk_dir = crate::pod_paths::disk_dir(&config.vm_images.disk_dir, &req.pod_id);
+    rec.save(|s| s.disk_dir = Some(disk_dir.clone()))?;
+    crate::vm_disk::make_disk_dir(&config.vm_images.disk_dir, &disk_dir)?;
+    let overlay = disk_dir.join(crate::pod_paths::ROOT_DISK);
     crate::vm_disk::create_overlay(&disk, &overlay, size).await?;
     if image.root_bus == crate::domain::RootBus::Nvme {
         // QEMU opens it itself (libvirt, which would give it to QEMU's user, has no NVMe

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use vmlet_config::NodeConfig;
 
-use super::{block, chown_to_user, BootRequest, Recorder};
+use super::{block, give_socket, BootRequest, Recorder};
 use crate::domain::{AgentGuest, ConsoleTarget, Domain, DomainParams, GuestBoot, VsockDevice};
 use crate::hotplug::Hotplug;
 use crate::pod_paths::{domain_name, PodPaths};
@@ -31,7 +31,7 @@ pub(super) struct Devices {
 }
 
 /// vmlet's guest: the node's kernel and initrd with the pod's kernel parameters, the
-/// share over virtio-fs, the agent over `vsock`.
+/// share over virtio-fs, the agent over `vsock`, its key in fw_cfg.
 pub(super) fn agent_guest(
     config: &NodeConfig,
     req: &BootRequest,
@@ -54,6 +54,7 @@ pub(super) fn agent_guest(
         share_dir: paths.share.to_string_lossy().into_owned(),
         share_tag: SHARE_TAG.into(),
         vsock: vsock.clone(),
+        key_file: paths.agent_key.to_string_lossy().into_owned(),
     })
 }
 
@@ -83,13 +84,13 @@ pub(super) async fn start(
     // vmlet's QMP monitor connects here when QEMU starts.
     let qmp_listener = tokio::net::UnixListener::bind(&paths.qmp_socket)
         .map_err(|e| Error::io(format!("bind {}", paths.qmp_socket.display()), e))?;
-    let qemu_uid = chown_to_user(&paths.qmp_socket, &config.qemu_user)?;
+    let qemu_uid = give_socket(&paths.qmp_socket, &config.qemu_user)?;
     // A VM image's console is its task's stdio: QEMU connects it here.
     let console_listener = match &devices.guest {
         GuestBoot::Image(_) => {
             let listener = tokio::net::UnixListener::bind(&paths.console_socket)
                 .map_err(|e| Error::io(format!("bind {}", paths.console_socket.display()), e))?;
-            chown_to_user(&paths.console_socket, &config.qemu_user)?;
+            give_socket(&paths.console_socket, &config.qemu_user)?;
             Some(listener)
         }
         GuestBoot::Agent(_) => None,
@@ -149,8 +150,22 @@ pub(super) async fn start(
     // cgroup takes it, and virtiofsd, from here on.
     if req.cgroup.is_some() {
         rec.place(qemu_pid, "QEMU")?;
-        for pid in crate::pod_cgroup::virtiofsd_pids(&paths.share) {
-            rec.place(pid, "virtiofsd")?;
+        let virtiofsd = crate::pod_cgroup::virtiofsd_pids(&paths.share, &config.helpers.virtiofsd);
+        if virtiofsd.is_empty() {
+            log::warn!("pod {pod_id}: no virtiofsd of the node's serves the share; it stays in libvirt's cgroup");
+        }
+        for pid in virtiofsd {
+            match rec.place(pid, "virtiofsd") {
+                // Gone between the look and the move: nothing of it to place.
+                Err(crate::Error::Io { source, .. })
+                    if source.raw_os_error() == Some(libc::ESRCH) =>
+                {
+                    log::warn!(
+                        "pod {pod_id}: virtiofsd {pid} ended before it joined the pod's cgroup"
+                    );
+                }
+                other => other?,
+            }
         }
     }
     Ok(Launched {

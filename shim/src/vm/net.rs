@@ -5,7 +5,7 @@
 use vmlet_config::NodeConfig;
 
 use super::host_side::PodNetns;
-use super::{block, chown_to_user, Recorder};
+use super::{block, give_socket, Recorder};
 use crate::pod_paths::PodPaths;
 use crate::taps::TapDescription;
 use crate::Error;
@@ -86,7 +86,7 @@ pub(super) async fn wire(
     }
     let listener = tokio::net::UnixListener::bind(&paths.tap_socket)
         .map_err(|e| Error::io(format!("bind {}", paths.tap_socket.display()), e))?;
-    let qemu_uid = chown_to_user(&paths.tap_socket, &config.qemu_user)?;
+    let qemu_uid = give_socket(&paths.tap_socket, &config.qemu_user)?;
     Ok(PodNet {
         interfaces,
         tap_names,

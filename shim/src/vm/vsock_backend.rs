@@ -6,7 +6,7 @@ use std::path::Path;
 
 use vmlet_config::{NodeConfig, VsockTransport};
 
-use super::{block, chown_to_user, Recorder};
+use super::{block, give_socket, Recorder};
 use crate::domain::VsockDevice;
 use crate::pod_paths::PodPaths;
 use crate::vsock;
@@ -37,7 +37,7 @@ pub(super) async fn start(
         block(move || vsock::start_vhost_device_vsock(&binary, &socket, &uds, &log)).await??;
     rec.save(|s| s.vsock_pid = Some(pid))?;
     rec.place(pid, "vhost-device-vsock")?;
-    chown_to_user(&paths.vhost_socket, &config.qemu_user)?;
+    give_socket(&paths.vhost_socket, &config.qemu_user)?;
     Ok(VsockDevice::VhostUser {
         socket: paths.vhost_socket.to_string_lossy().into_owned(),
     })
