@@ -7,7 +7,10 @@
 //!
 //! A connection that does not prove it within [`HANDSHAKE_DEADLINE`] is closed and logged;
 //! at most [`MAX_PENDING`] connections may be in their handshake at once (the rest are
-//! closed at once), so a flood of them holds no more of the agent than that.
+//! closed at once), so a flood of them holds no more of the agent than that. Connections
+//! from a reserved port (below 1024, which only a process with `CAP_NET_BIND_SERVICE` may
+//! bind: the shim binds one on the kernel's vhost-vsock) have slots of their own, so that an
+//! unprivileged flood cannot keep the shim out.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -22,8 +25,12 @@ use crate::Error;
 
 /// How long a host connection has to prove it holds the key.
 pub const HANDSHAKE_DEADLINE: Duration = Duration::from_secs(5);
-/// Connections in their handshake at once.
+/// Connections in their handshake at once, for each of: reserved source ports, the rest.
 pub const MAX_PENDING: usize = 16;
+/// Host ports below this one are reserved (`CAP_NET_BIND_SERVICE`).
+pub const RESERVED_PORTS_BELOW: u32 = 1024;
+/// How long to wait before accepting again after `accept` failed (out of descriptors).
+const ACCEPT_RETRY: Duration = Duration::from_millis(100);
 
 /// A bound vsock port, not yet served.
 pub struct Listening {
@@ -49,7 +56,9 @@ pub struct Gate {
     key: AgentKey,
     /// Numbers the guest's nonces ([`AgentKey::guest_nonce`]).
     nonces: AtomicU64,
-    pending: Arc<Semaphore>,
+    /// Handshake slots of peers on a reserved port, and of the others.
+    reserved: Arc<Semaphore>,
+    others: Arc<Semaphore>,
 }
 
 impl Gate {
@@ -57,7 +66,8 @@ impl Gate {
         Arc::new(Gate {
             key,
             nonces: AtomicU64::new(0),
-            pending: Arc::new(Semaphore::new(MAX_PENDING)),
+            reserved: Arc::new(Semaphore::new(MAX_PENDING)),
+            others: Arc::new(Semaphore::new(MAX_PENDING)),
         })
     }
 
@@ -76,11 +86,22 @@ impl Gate {
         } = port;
         let handle = Arc::new(handle);
         loop {
-            let (mut stream, peer) = listener
-                .accept()
-                .await
-                .map_err(|e| Error::io(format!("accept {what} connection"), e))?;
-            let Ok(permit) = self.pending.clone().try_acquire_owned() else {
+            let (mut stream, peer) = match listener.accept().await {
+                Ok(accepted) => accepted,
+                // Out of descriptors, or a connection gone before it was taken: the port
+                // stays served.
+                Err(e) => {
+                    log::warn!("{what}: accept: {e}");
+                    tokio::time::sleep(ACCEPT_RETRY).await;
+                    continue;
+                }
+            };
+            let slots = if peer.port() < RESERVED_PORTS_BELOW {
+                &self.reserved
+            } else {
+                &self.others
+            };
+            let Ok(permit) = slots.clone().try_acquire_owned() else {
                 log::warn!(
                     "{what}: refused a connection from {peer:?}: {MAX_PENDING} others are in their handshake"
                 );

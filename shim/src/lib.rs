@@ -12,7 +12,8 @@
 //!   pod, its shim or a failed boot (used by the shim, `vmletctl gc` and failed boots);
 //! - [`domain`]: the libvirt domain XML from typed structs;
 //! - [`vmm`]: the VM manager seam (libvirt; a fake in unit tests);
-//! - [`vsock`]: reaching guest ports (vhost-vsock or hybrid vsock);
+//! - [`vsock`]: reaching guest ports (vhost-vsock or hybrid vsock), each connection
+//!   opened by the agent's handshake (the VM's key);
 //! - [`stdio`]: containerd FIFOs <-> raw vsock stream connections (or a VM image's
 //!   [`serial_console`]);
 //! - [`state`]: what a pod created, persisted for `shim delete`;
@@ -20,7 +21,7 @@
 //! - [`hooks`]: OCI hooks run on the host; [`netns_holder`]: the pod's host process whose
 //!   PID they are given;
 //! - [`block_devices`]: the spec's raw block devices, hot-plugged through vmlet's own QMP
-//!   monitor ([`qmp`]); [`memory`]: growing the VM (virtio-mem) to hold its containers'
+//!   monitor ([`qmp`], its lines bounded); [`memory`]: growing the VM (virtio-mem) to hold its containers'
 //!   memory limits;
 //! - [`share`]: the pod's shared directory, laid out so the guest cannot steer host path
 //!   operations, over [`fd_mount`] (mounts, unmounts and removal by file descriptor);
@@ -30,6 +31,9 @@
 //!   [`cli`]: the programs' command lines;
 //! - [`features`]: what `-info` tells containerd the runtime supports;
 //! - [`pod_metrics`]: each pod's figures, served by its shim for `vmletctl metrics`;
+//!   [`metrics_server`]: `vmletctl metrics --listen`;
+//! - [`vm_disk`]: a VM image's disk and its overlay; [`disk_dir`]: where the overlays
+//!   live on the node's disk, and room for them;
 //! - [`node_install`]: `vmletctl install` and `uninstall` of a release.
 
 pub mod block_devices;
@@ -38,6 +42,7 @@ pub mod cli;
 pub mod console;
 pub mod containerd_config;
 pub mod ctl;
+pub mod disk_dir;
 pub mod domain;
 mod error;
 pub mod events;

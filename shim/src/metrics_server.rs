@@ -36,27 +36,51 @@ fn serve_within(
     let render = Arc::new(render);
     let busy = Arc::new(AtomicUsize::new(0));
     for stream in listener.incoming() {
-        let Ok(mut stream) = stream else { continue };
-        if busy.fetch_add(1, Ordering::SeqCst) >= MAX_CONNECTIONS {
-            busy.fetch_sub(1, Ordering::SeqCst);
-            let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
+        let mut stream = match stream {
+            Ok(stream) => stream,
+            // Out of descriptors: not a loop that spins.
+            Err(_) => {
+                std::thread::sleep(Duration::from_millis(100));
+                continue;
+            }
+        };
+        let Some(slot) = Slot::take(&busy) else {
             let _ = answer(
                 &mut stream,
                 "503 Service Unavailable",
                 "too many scrapes at once\n",
+                Instant::now() + Duration::from_secs(1),
             );
             continue;
-        }
-        let (render, done) = (render.clone(), busy.clone());
-        let spawned = std::thread::Builder::new()
+        };
+        let render = render.clone();
+        // A thread that could not start drops its slot with the closure.
+        let _ = std::thread::Builder::new()
             .name("metrics-client".into())
             .spawn(move || {
+                let _slot = slot;
                 serve_one(stream, deadline, &*render);
-                done.fetch_sub(1, Ordering::SeqCst);
             });
-        if spawned.is_err() {
+    }
+}
+
+/// One of the [`MAX_CONNECTIONS`] clients served at once, given back when dropped (also
+/// when serving it panicked).
+struct Slot(Arc<AtomicUsize>);
+
+impl Slot {
+    fn take(busy: &Arc<AtomicUsize>) -> Option<Slot> {
+        if busy.fetch_add(1, Ordering::SeqCst) >= MAX_CONNECTIONS {
             busy.fetch_sub(1, Ordering::SeqCst);
+            return None;
         }
+        Some(Slot(busy.clone()))
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -83,11 +107,7 @@ fn serve_one(mut stream: TcpStream, deadline: Duration, render: &dyn Fn() -> Str
         ["GET", _] => ("404 Not Found", "only /metrics is served\n".to_owned()),
         _ => ("400 Bad Request", "expected GET /metrics\n".to_owned()),
     };
-    let left = deadline.saturating_duration_since(Instant::now());
-    if left.is_zero() || stream.set_write_timeout(Some(left)).is_err() {
-        return;
-    }
-    let _ = answer(&mut stream, status, &body);
+    let _ = answer(&mut stream, status, &body, deadline);
 }
 
 /// The request line and headers, up to the blank line; `None` when the deadline passed or
@@ -111,12 +131,31 @@ fn read_request(stream: &mut TcpStream, deadline: Instant) -> Option<Vec<u8>> {
     Some(request)
 }
 
-fn answer(stream: &mut TcpStream, status: &str, body: &str) -> std::io::Result<()> {
-    write!(
-        stream,
+/// Writes the answer by `deadline`: each write may take only what is left of it, so a
+/// client that reads slowly is cut there.
+fn answer(
+    stream: &mut TcpStream,
+    status: &str,
+    body: &str,
+    deadline: Instant,
+) -> std::io::Result<()> {
+    let text = format!(
         "HTTP/1.0 {status}\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
-    )
+    );
+    let mut rest = text.as_bytes();
+    while !rest.is_empty() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::ErrorKind::TimedOut.into());
+        }
+        stream.set_write_timeout(Some(left))?;
+        match stream.write(rest)? {
+            0 => return Err(std::io::ErrorKind::WriteZero.into()),
+            n => rest = &rest[n..],
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

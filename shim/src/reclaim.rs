@@ -40,9 +40,11 @@ pub fn teardown(vmm: &dyn VmManager, state: &PodState) -> Result<(), Error> {
             let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
         }
     }
-    // After the domain: QEMU has closed the disk.
+    // After the domain, which QEMU wrote it for. Were that left running (its removal
+    // failed), the disk's space comes back when `vmletctl gc` removes the marked domain;
+    // the name goes now, with the state that records it.
     if let Some(dir) = &state.disk_dir {
-        note(crate::vm_disk::remove_disk_dir(dir));
+        note(crate::disk_dir::remove(dir));
     }
     note(share::unmount_recorded(&state.dir, &state.mounts));
     if let Some(path) = &state.cgroup {

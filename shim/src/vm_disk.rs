@@ -344,49 +344,6 @@ pub fn overlay_size(
     Ok(wanted)
 }
 
-/// Makes `dir`, a VM-image pod's directory for its root disk under the node's `disks`
-/// (made root's, mode 0711, where missing: QEMU's user reaches its own disk by name, nobody
-/// lists them). `dir` is made new: a directory already there is an error, never reused.
-pub fn make_disk_dir(disks: &Path, dir: &Path) -> Result<(), Error> {
-    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-    let mut builder = std::fs::DirBuilder::new();
-    builder.recursive(true).mode(0o711);
-    builder
-        .create(disks)
-        .map_err(|e| Error::io(format!("create {}", disks.display()), e))?;
-    match std::fs::symlink_metadata(disks) {
-        Ok(m) if m.is_dir() => {}
-        _ => {
-            return Err(Error::FailedPrecondition(format!(
-                "vm_images.disk_dir {} is not a directory",
-                disks.display()
-            )))
-        }
-    }
-    builder
-        .recursive(false)
-        .create(dir)
-        .map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
-    // The umask is no part of it.
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711))
-        .map_err(|e| Error::io(format!("chmod {}", dir.display()), e))
-}
-
-/// Removes a VM-image pod's disk directory: its root disk, then the directory. What is
-/// gone already is no error; nothing in it is followed (only the guest's QEMU writes the
-/// disk's contents, never a name there).
-pub fn remove_disk_dir(dir: &Path) -> Result<(), Error> {
-    let ignore_gone = |r: std::io::Result<()>| match r {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        other => other,
-    };
-    let disk = dir.join(crate::pod_paths::ROOT_DISK);
-    ignore_gone(std::fs::remove_file(&disk))
-        .map_err(|e| Error::io(format!("remove {}", disk.display()), e))?;
-    ignore_gone(std::fs::remove_dir(dir))
-        .map_err(|e| Error::io(format!("remove {}", dir.display()), e))
-}
-
 /// Creates `overlay` (qcow2, `size` bytes) over `disk` with `qemu-img create`, which is
 /// given the backing format and the size, so it neither probes nor opens the image.
 pub async fn create_overlay(disk: &DiskImage, overlay: &Path, size: u64) -> Result<(), Error> {
@@ -604,25 +561,6 @@ mod tests {
             err.contains("the image's disk is 2048 MiB, more than this node allows a root disk (vm_images.max_root_disk_mib = 1024)"),
             "{err}"
         );
-    }
-
-    #[test]
-    fn a_pods_disk_directory_is_made_new_and_removed_with_its_disk() {
-        use std::os::unix::fs::PermissionsExt;
-        let tmp = tempfile::tempdir().unwrap();
-        let disks = tmp.path().join("var/lib/vmlet/disks");
-        let dir = disks.join("p1");
-        make_disk_dir(&disks, &dir).unwrap();
-        let mode = std::fs::metadata(&dir).unwrap().permissions().mode() & 0o7777;
-        assert_eq!(mode, 0o711);
-        assert!(
-            make_disk_dir(&disks, &dir).is_err(),
-            "a directory there is not reused"
-        );
-        std::fs::write(dir.join(crate::pod_paths::ROOT_DISK), "qcow2").unwrap();
-        remove_disk_dir(&dir).unwrap();
-        assert!(!dir.exists());
-        remove_disk_dir(&dir).unwrap();
     }
 
     /// With `qemu-img` (installed by scripts/install-deps): the overlay records the disk

@@ -34,15 +34,58 @@ impl Route {
     async fn open(&self, port: u32) -> Result<Box<dyn Stream>, Error> {
         match self {
             Route::Vhost { cid } => {
-                let stream =
-                    tokio_vsock::VsockStream::connect(tokio_vsock::VsockAddr::new(*cid, port))
-                        .await
-                        .map_err(|e| Error::io(format!("connect vsock {cid}:{port}"), e))?;
-                Ok(Box::new(stream))
+                let cid = *cid;
+                let fd = tokio::task::spawn_blocking(move || connect_from_reserved_port(cid, port))
+                    .await
+                    .map_err(|e| Error::Internal(format!("vsock connect task: {e}")))?
+                    .map_err(|e| Error::io(format!("connect vsock {cid}:{port}"), e))?;
+                Ok(Box::new(tokio_vsock::VsockStream::from(fd)))
             }
             Route::Hybrid { uds } => Ok(Box::new(hybrid_connect(uds, port).await?)),
         }
     }
+}
+
+/// The local ports the shim binds on the kernel's vsock: below 1024, which only a process
+/// with `CAP_NET_BIND_SERVICE` may bind, so that the agent can keep its handshake slots for
+/// such peers apart from an unprivileged flood's. They are the node's (vsock ports are not
+/// per VM): when every one is taken, the connection comes from an ordinary port.
+const RESERVED_PORTS: std::ops::RangeInclusive<u32> = 1..=1023;
+
+/// A blocking connection to `cid:port`, from a free reserved local port where there is one
+/// (the kernel's own connect timeout bounds it: 2 s by default).
+fn connect_from_reserved_port(cid: u32, port: u32) -> std::io::Result<std::os::fd::OwnedFd> {
+    use nix::sys::socket::{bind, connect, socket, AddressFamily, SockFlag, SockType, VsockAddr};
+    use std::os::fd::AsRawFd;
+    let new_socket = || {
+        socket(
+            AddressFamily::Vsock,
+            SockType::Stream,
+            SockFlag::SOCK_CLOEXEC,
+            None,
+        )
+    };
+    let count = RESERVED_PORTS.end() - RESERVED_PORTS.start() + 1;
+    // A random start spreads the shims of the node over the range.
+    let mut start = [0u8; 4];
+    let _ = getrandom::getrandom(&mut start);
+    let start = u32::from_ne_bytes(start) % count;
+    for i in 0..count {
+        let local = RESERVED_PORTS.start() + (start + i) % count;
+        let fd = new_socket()?;
+        match bind(fd.as_raw_fd(), &VsockAddr::new(libc::VMADDR_CID_ANY, local)) {
+            Ok(()) => {
+                connect(fd.as_raw_fd(), &VsockAddr::new(cid, port))?;
+                return Ok(fd);
+            }
+            Err(nix::errno::Errno::EADDRINUSE) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    log::warn!("every reserved vsock port is in use: connecting to {cid}:{port} from another");
+    let fd = new_socket()?;
+    connect(fd.as_raw_fd(), &VsockAddr::new(cid, port))?;
+    Ok(fd)
 }
 
 /// One VM's agent: the route to it and the key every connection proves it holds
@@ -64,9 +107,19 @@ impl Endpoint {
     /// nothing and is not taken for the pod's).
     pub async fn connect(&self, port: u32) -> Result<Box<dyn Stream>, Error> {
         let connect = async {
-            let mut stream = self.route.open(port).await?;
-            authenticate(&mut stream, &self.key, port).await?;
-            Ok(stream)
+            loop {
+                let mut stream = self.route.open(port).await?;
+                match authenticate(&mut stream, &self.key, port).await {
+                    Ok(()) => return Ok(stream),
+                    // Every handshake slot of the agent's was busy: again, within the
+                    // deadline (a proof that failed is never tried again).
+                    Err(Busy(e)) => {
+                        log::warn!("{}", e.message());
+                        tokio::time::sleep(BUSY_RETRY).await;
+                    }
+                    Err(Refused(e)) => return Err(e),
+                }
+            }
         };
         tokio::time::timeout(CONNECT_TIMEOUT, connect)
             .await
@@ -86,20 +139,35 @@ pub fn new_agent_key() -> Result<AgentKey, Error> {
     AgentKey::from_bytes(&bytes).map_err(|e| Error::Internal(e.to_string()))
 }
 
+/// How long to wait before trying again when the agent was too busy to take a connection.
+const BUSY_RETRY: Duration = Duration::from_millis(50);
+
+/// Why a handshake failed: worth another try, or not.
+enum HandshakeFailed {
+    Busy(Error),
+    Refused(Error),
+}
+use HandshakeFailed::{Busy, Refused};
+
 /// The shim's side of the handshake on a connection to guest `port`.
 async fn authenticate<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
     key: &AgentKey,
     port: u32,
-) -> Result<(), Error> {
+) -> Result<(), HandshakeFailed> {
     let mut nonce = [0u8; auth::NONCE_LEN];
     getrandom::getrandom(&mut nonce)
-        .map_err(|e| Error::Internal(format!("random bytes for a nonce: {e}")))?;
-    auth::connect(stream, key, port, nonce).await.map_err(|e| {
-        Error::AgentLost(format!(
-            "vsock port {port}: the guest did not prove it is this pod's agent: {e}"
-        ))
-    })
+        .map_err(|e| Refused(Error::Internal(format!("random bytes for a nonce: {e}"))))?;
+    auth::connect(stream, key, port, nonce)
+        .await
+        .map_err(|e| match e {
+            auth::AuthError::NoChallenge => {
+                Busy(Error::AgentLost(format!("vsock port {port}: {e}")))
+            }
+            e => Refused(Error::AgentLost(format!(
+                "vsock port {port}: the guest did not prove it is this pod's agent: {e}"
+            ))),
+        })
 }
 
 /// How long a vsock connection (with vhost-device-vsock's handshake) may take: a CONNECT
@@ -245,6 +313,40 @@ mod tests {
         let err = endpoint.connect(1024).await.err().expect("refused");
         assert!(matches!(err, Error::AgentLost(_)), "{err:?}");
         assert!(err.message().contains("did not prove"), "{}", err.message());
+        server.await.unwrap();
+    }
+
+    /// An agent whose handshake slots were all busy closes a connection before its
+    /// challenge: the shim tries again, within its deadline, and gets in.
+    #[tokio::test]
+    async fn a_busy_agent_is_tried_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("v.sock");
+        let key = new_agent_key().unwrap();
+        let listener = tokio::net::UnixListener::bind(&path).unwrap();
+        let server = {
+            let key = key.clone();
+            tokio::spawn(async move {
+                for turn in 0..3 {
+                    let (mut s, _) = listener.accept().await.unwrap();
+                    let mut buf = [0u8; 13];
+                    s.read_exact(&mut buf).await.unwrap();
+                    s.write_all(b"OK 5\n").await.unwrap();
+                    if turn < 2 {
+                        continue; // closed before the challenge
+                    }
+                    auth::accept(&mut s, &key, 1024, key.guest_nonce(0))
+                        .await
+                        .unwrap();
+                    s.write_all(b"in").await.unwrap();
+                }
+            })
+        };
+        let endpoint = Endpoint::new(Route::Hybrid { uds: path.clone() }, key);
+        let mut stream = endpoint.connect(1024).await.unwrap();
+        let mut rest = String::new();
+        stream.read_to_string(&mut rest).await.unwrap();
+        assert_eq!(rest, "in");
         server.await.unwrap();
     }
 

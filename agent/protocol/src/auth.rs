@@ -53,6 +53,9 @@ pub type Proof = [u8; PROOF_LEN];
 /// What went wrong in a handshake. Neither side says more to the peer than closing.
 #[derive(Debug)]
 pub enum AuthError {
+    /// The agent closed the connection before its challenge: it did not take it (every
+    /// handshake slot busy) or nothing serves the port. Worth another try.
+    NoChallenge,
     /// The connection failed or closed before the handshake was done.
     Io(io::Error),
     /// A line that is not the handshake's (what, and why).
@@ -64,6 +67,10 @@ pub enum AuthError {
 impl fmt::Display for AuthError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            AuthError::NoChallenge => write!(
+                f,
+                "the agent closed the connection before its challenge (busy, or not listening)"
+            ),
             AuthError::Io(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
                 write!(f, "the peer closed the connection during the handshake")
             }
@@ -281,7 +288,10 @@ pub async fn connect<S: AsyncRead + AsyncWrite + Unpin>(
     nonce: Nonce,
 ) -> Result<(), AuthError> {
     let mut hello = [0u8; HELLO_LEN];
-    stream.read_exact(&mut hello).await?;
+    match stream.read_exact(&mut hello).await {
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Err(AuthError::NoChallenge),
+        other => other?,
+    };
     let hello = Hello::parse(&hello)?;
     let proof = key.host_proof(port, &hello.nonce, &nonce);
     stream
@@ -398,6 +408,14 @@ mod tests {
         assert!(matches!(agent.await.unwrap(), Err(AuthError::WrongProof)));
         // The agent closed without a proof of its own.
         assert!(matches!(host_side, Err(AuthError::Io(_))), "{host_side:?}");
+    }
+
+    #[tokio::test]
+    async fn a_connection_closed_before_the_challenge_says_so() {
+        let (mut host, guest) = duplex(1024);
+        drop(guest);
+        let result = connect(&mut host, &key(5), 1024, [9; 16]).await;
+        assert!(matches!(result, Err(AuthError::NoChallenge)), "{result:?}");
     }
 
     #[tokio::test]

@@ -103,10 +103,17 @@ impl TaskService {
     pub(super) async fn pids(&self, id: &str) -> Result<api::PidsResponse, Error> {
         let task = self.task(id)?;
         let guest_pids = task.vm.guest().list_processes(&task.id).await?;
+        // The guest chose how many: the log gets the count and the first few.
+        let shown = &guest_pids[..guest_pids.len().min(16)];
         log::info!(
-            "{}: {} process(es) in the guest, PIDs {guest_pids:?}",
+            "{}: {} process(es) in the guest, PIDs {shown:?}{}",
             task.id,
-            guest_pids.len()
+            guest_pids.len(),
+            if guest_pids.len() > shown.len() {
+                " ..."
+            } else {
+                ""
+            }
         );
         Ok(api::PidsResponse {
             processes: vec![containerd_shim_protos::api::ProcessInfo {

@@ -23,8 +23,12 @@ use vmlet_protocol::auth::AgentKey;
 
 /// Makes the VM's agent key and the file QEMU reads it from (`-fw_cfg`, see
 /// [`vmlet_protocol::auth`]): created new, not following a link, readable by QEMU's user
-/// only. [`key_given`] removes the file once QEMU has read it.
-pub(super) fn give_key(config: &NodeConfig, paths: &PodPaths) -> Result<AgentKey, Error> {
+/// only. [`KeyFile::given`] removes the file once QEMU has read it; a boot that fails
+/// before drops it, which removes it too.
+pub(super) fn give_key(
+    config: &NodeConfig,
+    paths: &PodPaths,
+) -> Result<(AgentKey, KeyFile), Error> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     let key = crate::vsock::new_agent_key()?;
@@ -36,17 +40,38 @@ pub(super) fn give_key(config: &NodeConfig, paths: &PodPaths) -> Result<AgentKey
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(path)
         .map_err(|e| Error::io(format!("create {}", path.display()), e))?;
+    let guard = KeyFile {
+        path: path.clone(),
+        removed: false,
+    };
     file.write_all(key.as_bytes())
         .map_err(|e| Error::io(format!("write {}", path.display()), e))?;
     super::give_to_user(&file, path, &config.qemu_user)?;
-    Ok(key)
+    Ok((key, guard))
 }
 
-/// Removes the key's file: QEMU read it when it started (fw_cfg files are read as the
-/// command line is parsed), and nothing else needs it.
-pub(super) fn key_given(paths: &PodPaths) -> Result<(), Error> {
-    std::fs::remove_file(&paths.agent_key)
-        .map_err(|e| Error::io(format!("remove {}", paths.agent_key.display()), e))
+/// The key's file in the pod's directory, removed when dropped.
+pub(super) struct KeyFile {
+    path: std::path::PathBuf,
+    removed: bool,
+}
+
+impl KeyFile {
+    /// Removes the file: QEMU read it when it started (fw_cfg files are read as the
+    /// command line is parsed), and nothing else needs it.
+    pub(super) fn given(mut self) -> Result<(), Error> {
+        self.removed = true;
+        std::fs::remove_file(&self.path)
+            .map_err(|e| Error::io(format!("remove {}", self.path.display()), e))
+    }
+}
+
+impl Drop for KeyFile {
+    fn drop(&mut self) {
+        if !self.removed {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
 }
 
 /// Connects to the booting VM's agent, which must prove it holds `key`, within the node's

@@ -43,10 +43,10 @@ pub(super) async fn run(
     let (netns, net) = host_process_and_network(config, req, paths, rec, phases).await?;
     let vsock = vsock_backend::start(config, paths, rec).await?;
     phases.mark("vsock_backend");
-    let key = agent_link::give_key(config, paths)?;
+    let (key, key_file) = agent_link::give_key(config, paths)?;
     let guest = launch::agent_guest(config, req, paths, &vsock);
     let launched = launch_domain(config, &vmm, req, paths, rec, phases, guest, &net).await?;
-    agent_link::key_given(paths)?;
+    key_file.given()?;
     let (endpoint, agent, boot_id) =
         agent_link::connect(config, &vmm, &req.pod_id, paths, &vsock, &launched, key).await?;
     phases.mark("guest_boot");
@@ -192,9 +192,11 @@ pub(super) async fn run_image(
     // `size`, which the node caps.
     let disk_dir = crate::pod_paths::disk_dir(&config.vm_images.disk_dir, &req.pod_id);
     rec.save(|s| s.disk_dir = Some(disk_dir.clone()))?;
-    crate::vm_disk::make_disk_dir(&config.vm_images.disk_dir, &disk_dir)?;
+    let room = crate::disk_dir::room_for(&config.vm_images.disk_dir, size).await?;
+    crate::disk_dir::make(&config.vm_images.disk_dir, &disk_dir)?;
     let overlay = disk_dir.join(crate::pod_paths::ROOT_DISK);
     crate::vm_disk::create_overlay(&disk, &overlay, size).await?;
+    drop(room);
     if image.root_bus == crate::domain::RootBus::Nvme {
         // QEMU opens it itself (libvirt, which would give it to QEMU's user, has no NVMe
         // disk): its backing file is world-readable already.
