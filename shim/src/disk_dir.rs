@@ -8,7 +8,7 @@
 use std::io::Read;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::pod_paths::ROOT_DISK;
 use crate::Error;
@@ -73,7 +73,9 @@ pub struct RoomLock {
 /// there may still write. The lock is held until the returned value is dropped: make the
 /// overlay before.
 pub async fn room_for(disks: &Path, size: u64) -> Result<RoomLock, Error> {
-    let lock = lock(disks).await?;
+    let lock = crate::file_lock::exclusive(&disks.join(LOCK_FILE), LOCK_DEADLINE)
+        .await
+        .map_err(Error::Timeout)?;
     let st = nix::sys::statvfs::statvfs(disks)
         .map_err(|e| Error::io(format!("statvfs {}", disks.display()), e.into()))?;
     let free = st.blocks_available() as u64 * st.fragment_size() as u64;
@@ -116,32 +118,6 @@ fn still_to_write(disks: &Path) -> u64 {
             Some(with_metadata(size).saturating_sub(held))
         })
         .fold(0u64, u64::saturating_add)
-}
-
-async fn lock(disks: &Path) -> Result<nix::fcntl::Flock<std::fs::File>, Error> {
-    use nix::fcntl::{Flock, FlockArg};
-    let path = disks.join(LOCK_FILE);
-    let mut file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(&path)
-        .map_err(|e| Error::io(format!("open {}", path.display()), e))?;
-    let start = Instant::now();
-    loop {
-        match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
-            Ok(lock) => return Ok(lock),
-            Err((f, nix::errno::Errno::EWOULDBLOCK)) if start.elapsed() < LOCK_DEADLINE => {
-                file = f;
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            Err((_, e)) => {
-                return Err(Error::Timeout(format!("lock {}: {e}", path.display())));
-            }
-        }
-    }
 }
 
 #[cfg(test)]

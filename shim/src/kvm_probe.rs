@@ -203,27 +203,7 @@ pub async fn boot_to_panic(
 
 /// The lock one prober holds; waits at most [`LOCK_DEADLINE`] for another's.
 async fn lock(dir: &Path) -> Result<nix::fcntl::Flock<std::fs::File>, String> {
-    use nix::fcntl::{Flock, FlockArg};
-    let path = dir.join(LOCK_FILE);
-    let mut file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(&path)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    let start = Instant::now();
-    loop {
-        match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
-            Ok(lock) => return Ok(lock),
-            Err((f, nix::errno::Errno::EWOULDBLOCK)) if start.elapsed() < LOCK_DEADLINE => {
-                file = f;
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            Err((_, e)) => return Err(format!("lock {}: {e}", path.display())),
-        }
-    }
+    crate::file_lock::exclusive(&dir.join(LOCK_FILE), LOCK_DEADLINE).await
 }
 
 fn read_answer(dir: &Path) -> Option<ProbeAnswer> {

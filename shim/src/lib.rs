@@ -48,6 +48,7 @@ mod error;
 pub mod events;
 pub mod fd_mount;
 pub mod features;
+pub mod file_lock;
 pub mod guest;
 pub mod guest_text;
 pub mod hooks;
