@@ -28,9 +28,23 @@ fn with_metadata(size: u64) -> u64 {
 /// lists them). `dir` is made new: a directory already there is an error, never reused.
 pub fn make(disks: &Path, dir: &Path) -> Result<(), Error> {
     use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-    let mut builder = std::fs::DirBuilder::new();
-    builder.recursive(true).mode(0o711);
-    builder
+    make_disks(disks)?;
+    std::fs::DirBuilder::new()
+        .mode(0o711)
+        .create(dir)
+        .map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
+    // The umask is no part of it.
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711))
+        .map_err(|e| Error::io(format!("chmod {}", dir.display()), e))
+}
+
+/// The node's disk directory, made (root's, mode 0711) where missing; a link or a file
+/// there is an error.
+fn make_disks(disks: &Path) -> Result<(), Error> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o711)
         .create(disks)
         .map_err(|e| Error::io(format!("create {}", disks.display()), e))?;
     if !std::fs::symlink_metadata(disks).is_ok_and(|m| m.is_dir()) {
@@ -39,13 +53,7 @@ pub fn make(disks: &Path, dir: &Path) -> Result<(), Error> {
             disks.display()
         )));
     }
-    builder
-        .recursive(false)
-        .create(dir)
-        .map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
-    // The umask is no part of it.
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711))
-        .map_err(|e| Error::io(format!("chmod {}", dir.display()), e))
+    Ok(())
 }
 
 /// Removes a VM-image pod's disk directory: its root disk, then the directory. What is
@@ -73,9 +81,8 @@ pub struct RoomLock {
 /// there may still write. The lock is held until the returned value is dropped: make the
 /// overlay before.
 pub async fn room_for(disks: &Path, size: u64) -> Result<RoomLock, Error> {
-    let lock = crate::file_lock::exclusive(&disks.join(LOCK_FILE), LOCK_DEADLINE)
-        .await
-        .map_err(Error::Timeout)?;
+    make_disks(disks)?;
+    let lock = crate::file_lock::exclusive(&disks.join(LOCK_FILE), LOCK_DEADLINE).await?;
     let st = nix::sys::statvfs::statvfs(disks)
         .map_err(|e| Error::io(format!("statvfs {}", disks.display()), e.into()))?;
     let free = st.blocks_available() as u64 * st.fragment_size() as u64;
@@ -167,6 +174,10 @@ mod tests {
     #[tokio::test]
     async fn no_room_is_refused_by_name_and_room_is_given_under_the_lock() {
         let tmp = tempfile::tempdir().unwrap();
+        // The node's first VM image makes the directory.
+        let fresh = tmp.path().join("var/lib/vmlet/disks");
+        drop(room_for(&fresh, 1 << 20).await.unwrap());
+        assert!(fresh.is_dir());
         let lock = room_for(tmp.path(), 1 << 20).await.unwrap();
         drop(lock);
         // Pods that may still write more than any test machine's disk holds.

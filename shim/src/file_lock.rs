@@ -9,12 +9,15 @@ use std::time::{Duration, Instant};
 
 use nix::fcntl::{Flock, FlockArg};
 
+use crate::Error;
+
 /// How often a waiter tries again.
 const RETRY: Duration = Duration::from_millis(50);
 
 /// Takes the lock on `path` (made 0600 where missing, never through a link), waiting at
-/// most `deadline` for its holder. The lock is held until the value is dropped.
-pub async fn exclusive(path: &Path, deadline: Duration) -> Result<Flock<File>, String> {
+/// most `deadline` for its holder (then a timeout). The lock is held until the value is
+/// dropped.
+pub async fn exclusive(path: &Path, deadline: Duration) -> Result<Flock<File>, Error> {
     let mut file = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
@@ -22,7 +25,7 @@ pub async fn exclusive(path: &Path, deadline: Duration) -> Result<Flock<File>, S
         .mode(0o600)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(path)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
+        .map_err(|e| Error::io(format!("open {}", path.display()), e))?;
     let start = Instant::now();
     loop {
         match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
@@ -32,12 +35,12 @@ pub async fn exclusive(path: &Path, deadline: Duration) -> Result<Flock<File>, S
                 tokio::time::sleep(RETRY).await;
             }
             Err((_, nix::errno::Errno::EWOULDBLOCK)) => {
-                return Err(format!(
+                return Err(Error::Timeout(format!(
                     "lock {}: still held by another after {deadline:?}",
                     path.display()
-                ))
+                )))
             }
-            Err((_, e)) => return Err(format!("lock {}: {e}", path.display())),
+            Err((_, e)) => return Err(Error::io(format!("lock {}", path.display()), e.into())),
         }
     }
 }
@@ -54,7 +57,8 @@ mod tests {
         let err = exclusive(&path, Duration::from_millis(200))
             .await
             .unwrap_err();
-        assert!(err.contains("still held"), "{err}");
+        assert!(matches!(err, Error::Timeout(_)), "{err:?}");
+        assert!(err.message().contains("still held"), "{}", err.message());
         drop(held);
         exclusive(&path, Duration::from_millis(200)).await.unwrap();
         std::fs::remove_file(&path).unwrap();

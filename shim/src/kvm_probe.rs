@@ -203,7 +203,9 @@ pub async fn boot_to_panic(
 
 /// The lock one prober holds; waits at most [`LOCK_DEADLINE`] for another's.
 async fn lock(dir: &Path) -> Result<nix::fcntl::Flock<std::fs::File>, String> {
-    crate::file_lock::exclusive(&dir.join(LOCK_FILE), LOCK_DEADLINE).await
+    crate::file_lock::exclusive(&dir.join(LOCK_FILE), LOCK_DEADLINE)
+        .await
+        .map_err(|e| e.message())
 }
 
 fn read_answer(dir: &Path) -> Option<ProbeAnswer> {
