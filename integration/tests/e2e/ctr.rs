@@ -447,48 +447,6 @@ fn log_uris_deliver_the_output() {
 
 #[test]
 #[ignore = "needs the vmlet stack: make test"]
-fn task_ps_lists_the_guest_processes() {
-    let s = stack();
-    let id = unique_id("ps");
-    let run = s
-        .ctr_output(&[
-            "run",
-            "-d",
-            "--runtime",
-            RUNTIME,
-            &s.image,
-            &id,
-            "sh",
-            "-c",
-            "sleep 1000 & sleep 1000; echo done",
-        ])
-        .unwrap();
-    assert!(
-        run.status.success(),
-        "{}",
-        String::from_utf8_lossy(&run.stderr)
-    );
-    s.wait_status(&id, "RUNNING", BOOT).unwrap();
-    // The shell starts its children right after exec: give it a moment.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    let listed = loop {
-        let ps = s.ctr_output(&["task", "ps", &id]).unwrap();
-        let pids: Vec<String> = String::from_utf8_lossy(&ps.stdout)
-            .lines()
-            .skip(1)
-            .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
-            .collect();
-        if pids.len() >= 3 || std::time::Instant::now() > deadline {
-            break pids;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    };
-    let _ = s.kill_and_remove(&id);
-    assert_eq!(listed.len(), 3, "sh and two sleeps: {listed:?}");
-}
-
-#[test]
-#[ignore = "needs the vmlet stack: make test"]
 fn run_with_a_terminal_gets_its_size() {
     let s = stack();
     let id = unique_id("tty");
