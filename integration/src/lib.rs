@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 
 pub mod bounded;
+pub mod cluster;
 pub mod cri;
 pub mod figures;
 pub mod terminal;

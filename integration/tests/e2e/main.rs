@@ -21,6 +21,7 @@ mod faults;
 mod guest_boundary;
 mod guest_fill;
 mod guest_privileges;
+mod k8s;
 mod leftovers;
 mod metrics;
 mod nerdctl;

@@ -1,0 +1,92 @@
+//! The single-node Kubernetes cluster `scripts/k8s up` runs on the stack: kubectl against
+//! it, run in the stack's node network namespace (where the API server listens).
+
+use std::io::Write;
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+
+use crate::bounded;
+
+/// The cluster's coordinates, from `scripts/k8s env`.
+#[derive(Debug, Clone)]
+pub struct Cluster {
+    pub kubectl: String,
+    pub kubeconfig: String,
+    pub node: String,
+    node_netns: String,
+}
+
+fn var(name: &str) -> anyhow::Result<String> {
+    std::env::var(name).with_context(|| {
+        format!("{name} is not set: start the cluster with `eval \"$(scripts/k8s up)\"` on the stack (make test does)")
+    })
+}
+
+impl Cluster {
+    pub fn from_env() -> anyhow::Result<Self> {
+        Ok(Cluster {
+            kubectl: var("VMLET_KUBECTL")?,
+            kubeconfig: var("VMLET_KUBECONFIG")?,
+            node: var("VMLET_K8S_NODE")?,
+            node_netns: var("VMLET_NODE_NETNS")?,
+        })
+    }
+
+    /// `kubectl` against the cluster.
+    pub fn kubectl(&self) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.node_netns, &self.kubectl])
+            .args(["--kubeconfig", &self.kubeconfig]);
+        c
+    }
+
+    /// `kubectl ARGS` to completion within `timeout`.
+    pub fn run(&self, args: &[&str], timeout: Duration) -> anyhow::Result<Output> {
+        let child = self
+            .kubectl()
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("spawn kubectl")?;
+        bounded::output_within(child, timeout, &format!("kubectl {}", args.join(" ")))
+    }
+
+    /// `kubectl ARGS`, which must succeed; its stdout.
+    pub fn ok(&self, args: &[&str]) -> anyhow::Result<String> {
+        let out = self.run(args, bounded::COMMAND_TIMEOUT)?;
+        if !out.status.success() {
+            bail!(
+                "kubectl {}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// `kubectl apply -f -` of `yaml`.
+    pub fn apply(&self, yaml: &str) -> anyhow::Result<()> {
+        let mut child = self
+            .kubectl()
+            .args(["apply", "-f", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("spawn kubectl apply")?;
+        child
+            .stdin
+            .take()
+            .context("kubectl's stdin")?
+            .write_all(yaml.as_bytes())?;
+        let out = bounded::output_within(child, bounded::COMMAND_TIMEOUT, "kubectl apply")?;
+        if !out.status.success() {
+            bail!("kubectl apply: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        Ok(())
+    }
+}
