@@ -68,6 +68,31 @@ impl Cluster {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
+    /// What `kubectl ARGS` (a command that runs on, such as `logs -f`) prints in its first
+    /// `window`; it is then stopped.
+    pub fn output_for(&self, args: &[&str], window: Duration) -> anyhow::Result<String> {
+        use std::io::Read;
+        let mut child = self
+            .kubectl()
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("spawn kubectl")?;
+        let mut stdout = child.stdout.take().context("kubectl's stdout")?;
+        let reader = std::thread::spawn(move || {
+            let mut text = Vec::new();
+            let _ = stdout.read_to_end(&mut text);
+            text
+        });
+        std::thread::sleep(window);
+        let _ = child.kill();
+        let _ = child.wait();
+        let text = reader.join().unwrap_or_default();
+        Ok(String::from_utf8_lossy(&text).into_owned())
+    }
+
     /// `kubectl apply -f -` of `yaml`.
     pub fn apply(&self, yaml: &str) -> anyhow::Result<()> {
         let mut child = self

@@ -175,3 +175,441 @@ spec:
         std::thread::sleep(Duration::from_secs(1));
     }
 }
+
+/// Waits (at most `limit`) until `kubectl wait --for=condition=Ready` says so for `pod`.
+fn wait_ready(k: &Cluster, ns: &str, pod: &str, limit: Duration) {
+    let out = k
+        .run(
+            &[
+                "wait",
+                "--for=condition=Ready",
+                &format!("pod/{pod}"),
+                "-n",
+                ns,
+                &format!("--timeout={}s", limit.as_secs()),
+            ],
+            limit + Duration::from_secs(30),
+        )
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{pod} not Ready within {limit:?}: {}\n{}",
+        text(&out.stderr),
+        k.ok(&["describe", "pod", pod, "-n", ns])
+            .unwrap_or_default()
+    );
+}
+
+/// Polls `probe` every second until it gives `Some`, at most `limit`.
+fn eventually<T>(limit: Duration, what: &str, mut probe: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(found) = probe() {
+            return found;
+        }
+        assert!(Instant::now() < deadline, "{what} not within {limit:?}");
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
+/// kubectl's verbs on a vmlet pod: `logs -f` follows, `cp` both ways, `port-forward` reaches
+/// a server in the VM, `attach` reads the container's output.
+#[test]
+#[ignore = "needs the vmlet stack and its cluster: make test"]
+fn kubectls_verbs_reach_a_vmlet_pod() {
+    let s = stack();
+    let k = cluster();
+    let ns = Namespace::new(&k, "verbs");
+    let pod = format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata: {{name: verbs, namespace: {ns}}}
+spec:
+  runtimeClassName: vmlet
+  terminationGracePeriodSeconds: 2
+  containers:
+  - name: web
+    image: {image}
+    imagePullPolicy: Never
+    command: ["sh", "-c", "mkdir -p /www && echo served-from-the-vm >/www/index.html && httpd -p 8080 -h /www && i=0; while :; do echo tick-$i; i=$((i+1)); sleep 1; done"]
+"#,
+        ns = ns.name,
+        image = s.image
+    );
+    k.apply(&pod).unwrap();
+    wait_ready(&k, &ns.name, "verbs", READY_DEADLINE);
+
+    // logs -f: lines the container writes after the follow started arrive.
+    let follow = k
+        .output_for(
+            &["logs", "-f", "verbs", "-n", &ns.name, "--tail=1"],
+            Duration::from_secs(4),
+        )
+        .unwrap();
+    assert!(
+        follow.matches("tick-").count() >= 2,
+        "logs -f did not follow: {follow}"
+    );
+
+    // cp both ways.
+    let dir = std::path::PathBuf::from(&s.dir).join(unique_id("kcp"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let local = dir.join("up.txt");
+    std::fs::write(&local, "copied-into-the-vm\n").unwrap();
+    let target = format!("{}/verbs:/tmp/up.txt", ns.name);
+    k.ok(&["cp", &local.to_string_lossy(), &target]).unwrap();
+    let inside = k
+        .ok(&["exec", "verbs", "-n", &ns.name, "--", "cat", "/tmp/up.txt"])
+        .unwrap();
+    assert_eq!(inside, "copied-into-the-vm\n");
+    let back = dir.join("back.html");
+    let source = format!("{}/verbs:/www/index.html", ns.name);
+    k.ok(&["cp", &source, &back.to_string_lossy()]).unwrap();
+    assert_eq!(
+        std::fs::read_to_string(&back).unwrap(),
+        "served-from-the-vm\n"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+
+    // port-forward: kubectl's end listens in the node namespace, where the API server is.
+    let node = std::env::var("VMLET_NODE_NETNS").unwrap();
+    let mut forward = k
+        .kubectl()
+        .args(["port-forward", "-n", &ns.name, "pod/verbs", "18090:8080"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let page = vmlet_integration::testnet::tcp_exchange_when_up(
+        &node,
+        "127.0.0.1",
+        18090,
+        "GET / HTTP/1.0\r\n\r\n",
+    );
+    let _ = forward.kill();
+    let _ = forward.wait();
+    assert!(page.contains("served-from-the-vm"), "{page}");
+
+    // attach: the container's output, live.
+    let attached = k
+        .output_for(
+            &["attach", "verbs", "-n", &ns.name, "-c", "web"],
+            Duration::from_secs(4),
+        )
+        .unwrap();
+    assert!(
+        attached.contains("tick-"),
+        "attach showed nothing: {attached}"
+    );
+}
+
+/// A failing liveness exec probe (kubelet's ExecSync, with its timeout) restarts the
+/// container inside the same VM: the restart count goes to 1 and the guest's boot id stays.
+#[test]
+#[ignore = "needs the vmlet stack and its cluster: make test"]
+fn a_failing_liveness_probe_restarts_the_container_in_the_same_vm() {
+    let s = stack();
+    let k = cluster();
+    let ns = Namespace::new(&k, "probe");
+    // Healthy while /tmp/healthy exists, which the test removes.
+    let pod = format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata: {{name: probed, namespace: {ns}}}
+spec:
+  runtimeClassName: vmlet
+  terminationGracePeriodSeconds: 2
+  containers:
+  - name: app
+    image: {image}
+    imagePullPolicy: Never
+    command: ["sh", "-c", "touch /tmp/healthy; trap 'exit 0' TERM; while :; do sleep 1; done"]
+    livenessProbe:
+      exec: {{command: ["test", "-e", "/tmp/healthy"]}}
+      periodSeconds: 2
+      failureThreshold: 2
+      timeoutSeconds: 5
+"#,
+        ns = ns.name,
+        image = s.image
+    );
+    k.apply(&pod).unwrap();
+    wait_ready(&k, &ns.name, "probed", READY_DEADLINE);
+    let boot_id = |k: &Cluster| {
+        k.ok(&[
+            "exec",
+            "probed",
+            "-n",
+            &ns.name,
+            "--",
+            "cat",
+            "/proc/sys/kernel/random/boot_id",
+        ])
+        .unwrap()
+    };
+    let before = boot_id(&k);
+    k.ok(&["exec", "probed", "-n", &ns.name, "--", "rm", "/tmp/healthy"])
+        .unwrap();
+    let restarts = |k: &Cluster| {
+        k.ok(&[
+            "get",
+            "pod",
+            "probed",
+            "-n",
+            &ns.name,
+            "-o",
+            "jsonpath={.status.containerStatuses[0].restartCount}",
+        ])
+        .unwrap()
+    };
+    eventually(Duration::from_secs(90), "a restart", || {
+        (restarts(&k).trim() == "1").then_some(())
+    });
+    wait_ready(&k, &ns.name, "probed", Duration::from_secs(60));
+    assert_eq!(boot_id(&k), before, "the VM was booted again");
+}
+
+/// Kubernetes' volumes reach the container in the VM: a configMap (and an edit of it, within
+/// the kubelet's sync), a secret, the Downward API, emptyDir on disk and in memory, and the
+/// projected service-account token.
+#[test]
+#[ignore = "needs the vmlet stack and its cluster: make test"]
+fn kubernetes_volumes_reach_the_vm_and_a_configmap_edit_follows() {
+    let s = stack();
+    let k = cluster();
+    let ns = Namespace::new(&k, "volumes");
+    let manifest = format!(
+        r#"apiVersion: v1
+kind: ConfigMap
+metadata: {{name: settings, namespace: {ns}}}
+data: {{greeting: first}}
+---
+apiVersion: v1
+kind: Secret
+metadata: {{name: secret, namespace: {ns}}}
+stringData: {{password: s3cret}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: volumes, namespace: {ns}, labels: {{tier: test}}}}
+spec:
+  runtimeClassName: vmlet
+  terminationGracePeriodSeconds: 2
+  containers:
+  - name: app
+    image: {image}
+    imagePullPolicy: Never
+    command: ["sh", "-c", "trap 'exit 0' TERM; while :; do sleep 1; done"]
+    volumeMounts:
+    - {{name: settings, mountPath: /etc/settings}}
+    - {{name: secret, mountPath: /etc/secret}}
+    - {{name: info, mountPath: /etc/info}}
+    - {{name: scratch, mountPath: /scratch}}
+    - {{name: memory, mountPath: /memory}}
+  volumes:
+  - {{name: settings, configMap: {{name: settings}}}}
+  - {{name: secret, secret: {{secretName: secret}}}}
+  - name: info
+    downwardAPI:
+      items:
+      - {{path: labels, fieldRef: {{fieldPath: metadata.labels}}}}
+      - {{path: name, fieldRef: {{fieldPath: metadata.name}}}}
+  - {{name: scratch, emptyDir: {{}}}}
+  - {{name: memory, emptyDir: {{medium: Memory, sizeLimit: 16Mi}}}}
+"#,
+        ns = ns.name,
+        image = s.image
+    );
+    k.apply(&manifest).unwrap();
+    wait_ready(&k, &ns.name, "volumes", READY_DEADLINE);
+    let sh = |script: &str| {
+        k.ok(&["exec", "volumes", "-n", &ns.name, "--", "sh", "-c", script])
+            .unwrap()
+    };
+    assert_eq!(sh("cat /etc/settings/greeting"), "first");
+    assert_eq!(sh("cat /etc/secret/password"), "s3cret");
+    assert_eq!(sh("cat /etc/info/name"), "volumes");
+    assert!(sh("cat /etc/info/labels").contains("tier=\"test\""));
+    assert_eq!(
+        sh("echo on-disk >/scratch/f && echo in-memory >/memory/f && cat /scratch/f /memory/f"),
+        "on-disk\nin-memory\n"
+    );
+    let token = sh("cat /var/run/secrets/kubernetes.io/serviceaccount/token");
+    assert_eq!(token.split('.').count(), 3, "not a JWT: {token}");
+
+    k.ok(&[
+        "patch",
+        "configmap",
+        "settings",
+        "-n",
+        &ns.name,
+        "-p",
+        r#"{"data":{"greeting":"second"}}"#,
+    ])
+    .unwrap();
+    let started = Instant::now();
+    eventually(
+        Duration::from_secs(120),
+        "the configMap's edit in the VM",
+        || (sh("cat /etc/settings/greeting") == "second").then_some(()),
+    );
+    println!(
+        "the configMap's edit reached the VM in {} s",
+        started.elapsed().as_secs()
+    );
+}
+
+/// The kubelet's summary API reports a vmlet pod's CPU and memory (its VM's, from the pod's
+/// cgroup on the node).
+#[test]
+#[ignore = "needs the vmlet stack and its cluster: make test"]
+fn the_kubelet_reports_a_vmlet_pods_cpu_and_memory() {
+    let s = stack();
+    let k = cluster();
+    let ns = Namespace::new(&k, "stats");
+    let pod = format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata: {{name: busy, namespace: {ns}}}
+spec:
+  runtimeClassName: vmlet
+  terminationGracePeriodSeconds: 2
+  containers:
+  - name: app
+    image: {image}
+    imagePullPolicy: Never
+    command: ["sh", "-c", "trap 'exit 0' TERM; while :; do i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done; sleep 1; done"]
+"#,
+        ns = ns.name,
+        image = s.image
+    );
+    k.apply(&pod).unwrap();
+    wait_ready(&k, &ns.name, "busy", READY_DEADLINE);
+    let path = format!("/api/v1/nodes/{}/proxy/stats/summary", k.node);
+    let (cpu, memory) = eventually(Duration::from_secs(90), "the pod's figures", || {
+        let summary: serde_json::Value =
+            serde_json::from_str(&k.ok(&["get", "--raw", &path]).ok()?).ok()?;
+        let pod = summary["pods"]
+            .as_array()?
+            .iter()
+            .find(|p| p["podRef"]["name"] == "busy")?
+            .clone();
+        let cpu = pod["cpu"]["usageCoreNanoSeconds"].as_u64().unwrap_or(0);
+        let memory = pod["memory"]["workingSetBytes"].as_u64().unwrap_or(0);
+        (cpu > 0 && memory > 0).then_some((cpu, memory))
+    });
+    println!(
+        "the kubelet's summary of a vmlet pod: {} ms of CPU, {} MiB working set",
+        cpu / 1_000_000,
+        memory >> 20
+    );
+}
+
+/// The end of a pod as a kubelet runs it: the preStop hook runs in the VM before the
+/// container is told to stop (its effect is seen first), and a container that ignores
+/// SIGTERM is killed when terminationGracePeriodSeconds has passed.
+#[test]
+#[ignore = "needs the vmlet stack and its cluster: make test"]
+fn prestop_runs_first_and_a_container_that_ignores_sigterm_is_killed_at_the_grace_period() {
+    let s = stack();
+    let k = cluster();
+    let ns = Namespace::new(&k, "ending");
+    let host = std::path::PathBuf::from(&s.dir).join(unique_id("ending"));
+    std::fs::create_dir_all(&host).unwrap();
+    let pods = format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata: {{name: hooked, namespace: {ns}}}
+spec:
+  runtimeClassName: vmlet
+  terminationGracePeriodSeconds: 20
+  containers:
+  - name: app
+    image: {image}
+    imagePullPolicy: Never
+    command: ["sh", "-c", "trap 'echo term >>/out/order; exit 0' TERM; while :; do sleep 1; done"]
+    lifecycle:
+      preStop:
+        exec: {{command: ["sh", "-c", "echo prestop >>/out/order"]}}
+    volumeMounts: [{{name: out, mountPath: /out}}]
+  volumes: [{{name: out, hostPath: {{path: {host}, type: Directory}}}}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: stubborn, namespace: {ns}}}
+spec:
+  runtimeClassName: vmlet
+  terminationGracePeriodSeconds: 5
+  containers:
+  - name: app
+    image: {image}
+    imagePullPolicy: Never
+    command: ["sh", "-c", "trap '' TERM; while :; do sleep 1; done"]
+"#,
+        ns = ns.name,
+        image = s.image,
+        host = host.display()
+    );
+    k.apply(&pods).unwrap();
+    wait_ready(&k, &ns.name, "hooked", READY_DEADLINE);
+    wait_ready(&k, &ns.name, "stubborn", READY_DEADLINE);
+
+    k.ok(&["delete", "pod", "hooked", "-n", &ns.name, "--timeout=60s"])
+        .unwrap();
+    let order = std::fs::read_to_string(host.join("order")).unwrap_or_default();
+    std::fs::remove_dir_all(&host).unwrap();
+    assert_eq!(order, "prestop\nterm\n", "what the pod's end did, in order");
+
+    let started = Instant::now();
+    k.ok(&["delete", "pod", "stubborn", "-n", &ns.name, "--timeout=60s"])
+        .unwrap();
+    let took = started.elapsed();
+    println!(
+        "a container ignoring SIGTERM ended {} ms after its delete",
+        took.as_millis()
+    );
+    assert!(
+        took >= Duration::from_secs(5) && took < Duration::from_secs(30),
+        "ended after {took:?} with a grace period of 5 s"
+    );
+}
+
+/// A container with a 1 GiB memory limit sees it in the VM and can use most of it.
+#[test]
+#[ignore = "needs the vmlet stack and its cluster: make test"]
+fn a_container_with_a_gib_memory_limit_sees_it_and_uses_it() {
+    let s = stack();
+    let k = cluster();
+    let ns = Namespace::new(&k, "memory");
+    let pod = format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata: {{name: big, namespace: {ns}}}
+spec:
+  runtimeClassName: vmlet
+  terminationGracePeriodSeconds: 2
+  containers:
+  - name: app
+    image: {image}
+    imagePullPolicy: Never
+    command: ["sh", "-c", "trap 'exit 0' TERM; while :; do sleep 1; done"]
+    resources:
+      requests: {{memory: 1Gi}}
+      limits: {{memory: 1Gi}}
+"#,
+        ns = ns.name,
+        image = s.image
+    );
+    k.apply(&pod).unwrap();
+    wait_ready(&k, &ns.name, "big", READY_DEADLINE);
+    let sh = |script: &str| {
+        k.ok(&["exec", "big", "-n", &ns.name, "--", "sh", "-c", script])
+            .unwrap()
+    };
+    // Its own cgroup in the guest (no cgroup namespace: the path is the guest's).
+    let limit = sh("cat /sys/fs/cgroup$(cut -d: -f3 /proc/self/cgroup)/memory.max");
+    assert_eq!(limit.trim(), "1073741824");
+    // 768 MiB in one string, held by awk.
+    let used = sh("awk 'BEGIN { s = sprintf(\"%805306368s\", \"\"); print length(s) }'");
+    assert_eq!(used.trim(), "805306368");
+}
