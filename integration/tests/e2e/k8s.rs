@@ -212,8 +212,9 @@ fn eventually<T>(limit: Duration, what: &str, mut probe: impl FnMut() -> Option<
     }
 }
 
-/// kubectl's verbs on a vmlet pod: `logs -f` follows, `cp` both ways, `port-forward` reaches
-/// a server in the VM, `attach` reads the container's output.
+/// kubectl's verbs on a vmlet pod: a readiness httpGet probe (the kubelet's own request to
+/// the pod's address) passes, `logs -f` follows, `cp` both ways, `port-forward` reaches a
+/// server in the VM, `attach` reads the container's output.
 #[test]
 #[ignore = "needs the vmlet stack and its cluster: make test"]
 fn kubectls_verbs_reach_a_vmlet_pod() {
@@ -232,6 +233,9 @@ spec:
     image: {image}
     imagePullPolicy: Never
     command: ["sh", "-c", "mkdir -p /www && echo served-from-the-vm >/www/index.html && httpd -p 8080 -h /www && i=0; while :; do echo tick-$i; i=$((i+1)); sleep 1; done"]
+    readinessProbe:
+      httpGet: {{path: /index.html, port: 8080}}
+      periodSeconds: 2
 "#,
         ns = ns.name,
         image = s.image
@@ -612,4 +616,277 @@ spec:
     // 768 MiB in one string, held by awk.
     let used = sh("awk 'BEGIN { s = sprintf(\"%805306368s\", \"\"); print length(s) }'");
     assert_eq!(used.trim(), "805306368");
+}
+
+/// `kubectl debug` adds an ephemeral container into the running pod's VM: it runs on the
+/// guest's kernel beside the pod's container (the pod's loopback reaches its server). With
+/// `--target` in a pod whose containers have PID namespaces of their own, the ephemeral
+/// container is refused with the reason in its status (the target cannot be told).
+#[test]
+#[ignore = "needs the vmlet stack and its cluster: make test"]
+fn kubectl_debug_adds_an_ephemeral_container_into_the_pods_vm() {
+    let s = stack();
+    let k = cluster();
+    let ns = Namespace::new(&k, "debug");
+    let pod = format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata: {{name: debugged, namespace: {ns}}}
+spec:
+  runtimeClassName: vmlet
+  terminationGracePeriodSeconds: 2
+  containers:
+  - name: app
+    image: {image}
+    imagePullPolicy: Never
+    command: ["sh", "-c", "mkdir -p /www && echo answered-by-app >/www/index.html && httpd -p 8080 -h /www && trap 'exit 0' TERM; while :; do sleep 1; done"]
+"#,
+        ns = ns.name,
+        image = s.image
+    );
+    k.apply(&pod).unwrap();
+    wait_ready(&k, &ns.name, "debugged", READY_DEADLINE);
+    let debug = |name: &str, extra: &[&str]| {
+        let mut args = vec![
+            "debug",
+            "debugged",
+            "-n",
+            &ns.name,
+            "--profile=general",
+            "--image-pull-policy=Never",
+            "-c",
+            name,
+        ];
+        let image = format!("--image={}", s.image);
+        args.push(&image);
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&[
+            "--",
+            "sh",
+            "-c",
+            "uname -r; wget -qO- http://127.0.0.1:8080/index.html",
+        ]);
+        k.ok(&args).unwrap();
+    };
+    // The status of ephemeral container `name`, once it has the state `state`.
+    let status = |name: &str, state: &str| {
+        let path = format!(
+            "jsonpath={{.status.ephemeralContainerStatuses[?(@.name==\"{name}\")].state.{state}}}"
+        );
+        eventually(Duration::from_secs(120), &format!("{name} {state}"), || {
+            let found = k
+                .ok(&["get", "pod", "debugged", "-n", &ns.name, "-o", &path])
+                .ok()?;
+            (!found.trim().is_empty()).then_some(found)
+        })
+    };
+
+    debug("look", &[]);
+    status("look", "terminated");
+    let logs = k
+        .ok(&["logs", "debugged", "-n", &ns.name, "-c", "look"])
+        .unwrap();
+    assert_eq!(
+        logs,
+        format!("{}\nanswered-by-app\n", guest_kernel()),
+        "the ephemeral container's output"
+    );
+
+    debug("targeted", &["--target=app"]);
+    let waiting = eventually(Duration::from_secs(120), "the refusal", || {
+        let found = status("targeted", "waiting");
+        found.contains("kubectl debug --target").then_some(found)
+    });
+    println!("kubectl debug --target on a vmlet pod: {waiting}");
+}
+
+/// `kubectl drain` evicts vmlet pods (the node cordoned; their VMs go) and the
+/// Deployment's replacements stay pending until the node is uncordoned.
+#[test]
+#[ignore = "needs the vmlet stack and its cluster: make test"]
+fn kubectl_drain_evicts_vmlet_pods_and_leaves_nothing() {
+    let s = stack();
+    let k = cluster();
+    let ns = Namespace::new(&k, "drain");
+    let deployment = format!(
+        r#"apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: drained, namespace: {ns}}}
+spec:
+  replicas: 2
+  selector: {{matchLabels: {{app: drained}}}}
+  template:
+    metadata: {{labels: {{app: drained}}}}
+    spec:
+      runtimeClassName: vmlet
+      terminationGracePeriodSeconds: 2
+      containers:
+      - name: app
+        image: {image}
+        imagePullPolicy: Never
+        command: ["sh", "-c", "trap 'exit 0' TERM; while :; do sleep 1; done"]
+"#,
+        ns = ns.name,
+        image = s.image
+    );
+    let domains_before = s.vmlet_domains().unwrap().len();
+    k.apply(&deployment).unwrap();
+    let rollout = k
+        .run(
+            &[
+                "rollout",
+                "status",
+                "deployment/drained",
+                "-n",
+                &ns.name,
+                "--timeout=300s",
+            ],
+            READY_DEADLINE + Duration::from_secs(30),
+        )
+        .unwrap();
+    assert!(rollout.status.success(), "{}", text(&rollout.stderr));
+    assert_eq!(s.vmlet_domains().unwrap().len(), domains_before + 2);
+
+    struct Uncordon<'a>(&'a Cluster);
+    impl Drop for Uncordon<'_> {
+        fn drop(&mut self) {
+            let _ = self.0.ok(&["uncordon", &self.0.node]);
+        }
+    }
+    let _uncordon = Uncordon(&k);
+    let selector = "--pod-selector=app=drained";
+    let drained = k
+        .run(
+            &["drain", &k.node, selector, "--timeout=180s"],
+            Duration::from_secs(200),
+        )
+        .unwrap();
+    assert!(
+        drained.status.success(),
+        "drain: {}{}",
+        text(&drained.stdout),
+        text(&drained.stderr)
+    );
+    // Evicted: the pods that run are gone, their replacements wait for a node.
+    let phases = k
+        .ok(&[
+            "get",
+            "pods",
+            "-n",
+            &ns.name,
+            "-o",
+            "jsonpath={.items[*].status.phase}",
+        ])
+        .unwrap();
+    assert!(
+        phases.split_whitespace().all(|p| p == "Pending"),
+        "pods after the drain: {phases}"
+    );
+    eventually(
+        Duration::from_secs(120),
+        "the evicted pods' VMs gone",
+        || (s.vmlet_domains().unwrap().len() == domains_before).then_some(()),
+    );
+}
+
+/// An in-place resize (`kubectl patch --subresource resize`) reaches the VM: the kubelet
+/// reports the new resources and the guest has the memory the new limit asks for.
+#[test]
+#[ignore = "needs the vmlet stack and its cluster: make test"]
+fn an_in_place_resize_reaches_the_vm() {
+    let s = stack();
+    let k = cluster();
+    let ns = Namespace::new(&k, "resize");
+    let pod = format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata: {{name: resized, namespace: {ns}}}
+spec:
+  runtimeClassName: vmlet
+  terminationGracePeriodSeconds: 2
+  containers:
+  - name: app
+    image: {image}
+    imagePullPolicy: Never
+    command: ["sh", "-c", "trap 'exit 0' TERM; while :; do sleep 1; done"]
+    resources:
+      requests: {{cpu: 100m, memory: 64Mi}}
+      limits: {{cpu: 500m, memory: 128Mi}}
+"#,
+        ns = ns.name,
+        image = s.image
+    );
+    k.apply(&pod).unwrap();
+    wait_ready(&k, &ns.name, "resized", READY_DEADLINE);
+    let mem_total_kib = |k: &Cluster| -> u64 {
+        let meminfo = k
+            .ok(&[
+                "exec",
+                "resized",
+                "-n",
+                &ns.name,
+                "--",
+                "cat",
+                "/proc/meminfo",
+            ])
+            .unwrap();
+        meminfo
+            .lines()
+            .find_map(|l| l.strip_prefix("MemTotal:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("MemTotal")
+    };
+    let before = mem_total_kib(&k);
+    k.ok(&[
+        "patch",
+        "pod",
+        "resized",
+        "-n",
+        &ns.name,
+        "--subresource",
+        "resize",
+        "-p",
+        r#"{"spec":{"containers":[{"name":"app","resources":{"requests":{"cpu":"200m","memory":"96Mi"},"limits":{"cpu":"1","memory":"192Mi"}}}]}}"#,
+    ])
+    .unwrap();
+    let applied = eventually(Duration::from_secs(90), "the resize applied", || {
+        let limits = k
+            .ok(&[
+                "get",
+                "pod",
+                "resized",
+                "-n",
+                &ns.name,
+                "-o",
+                "jsonpath={.status.containerStatuses[0].resources.limits.memory}",
+            ])
+            .ok()?;
+        (limits.trim() == "192Mi").then_some(limits)
+    });
+    let after = mem_total_kib(&k);
+    println!(
+        "resize to a {} limit: the guest's MemTotal went from {} to {} MiB",
+        applied.trim(),
+        before >> 10,
+        after >> 10
+    );
+    assert!(
+        after >= before + 48 * 1024,
+        "the guest's memory did not follow the limit: {before} kB, then {after} kB"
+    );
+    let conditions = k
+        .ok(&[
+            "get",
+            "pod",
+            "resized",
+            "-n",
+            &ns.name,
+            "-o",
+            "jsonpath={.status.conditions[*].type}",
+        ])
+        .unwrap();
+    assert!(
+        !conditions.contains("PodResize"),
+        "a resize still pending or in progress: {conditions}"
+    );
 }

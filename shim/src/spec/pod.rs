@@ -78,16 +78,30 @@ pub fn pod_limits(
     ))
 }
 
+/// What the shim knows of a running pod when one more of its containers is created.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PodSoFar {
+    /// The PID the shim reported for the sandbox task (every task of a pod reports its
+    /// VM's host PID).
+    pub sandbox_pid: u32,
+    /// Whether a container of the pod already runs in a PID namespace of its own: the pod
+    /// does not share its process namespace.
+    pub own_pid_namespaces: bool,
+}
+
 /// The namespaces a task shares with its pod sandbox: CRI gives a container of a pod the
 /// sandbox's IPC and UTS namespaces (and its PID namespace with shareProcessNamespace) as
 /// `/proc/<sandbox pid>/ns/<name>`. In the VM that means joining the sandbox container's.
-/// A path anywhere else (another container's, as CRI's TARGET mode gives, or a sandbox's
-/// own) is refused, not silently replaced by a new namespace. `sandbox_pid` is the PID the
-/// shim reported for the sandbox task (none: unknown, checked later).
+/// A path anywhere else (a sandbox's own, another process's) is refused, not silently
+/// replaced by a new namespace. CRI's TARGET mode (`kubectl debug --target`) names the
+/// target container's PID, which is the sandbox's too: in a pod whose containers have PID
+/// namespaces of their own it is refused by name, since the target cannot be told (in a
+/// pod that shares its process namespace the target runs in the sandbox's, which is joined).
+/// `pod` is what the shim knows of a running sandbox (none: unknown, checked later).
 pub fn shared_namespaces(
     spec: &Spec,
     role: &PodRole,
-    sandbox_pid: Option<u32>,
+    pod: Option<PodSoFar>,
 ) -> Result<Vec<String>, Error> {
     let namespaces = spec
         .linux()
@@ -109,7 +123,7 @@ pub fn shared_namespaces(
         };
         let path = ns.path().as_ref().map(|p| p.display().to_string());
         let path = path.unwrap_or_default();
-        let sandboxs = sandbox_pid.map(|pid| format!("/proc/{pid}/ns/{name}"));
+        let sandboxs = pod.map(|p| format!("/proc/{}/ns/{name}", p.sandbox_pid));
         let foreign = match role {
             PodRole::Sandbox => true,
             PodRole::Container { .. } => sandboxs.is_some_and(|s| s != path),
@@ -117,6 +131,11 @@ pub fn shared_namespaces(
         if foreign {
             return Err(Error::Unimplemented(format!(
                 "joining the {name} namespace at {path} (only a pod's containers share the sandbox's)"
+            )));
+        }
+        if name == "pid" && pod.is_some_and(|p| p.own_pid_namespaces) {
+            return Err(Error::Unimplemented(format!(
+                "joining another container's PID namespace ({path}, CRI's TARGET mode, as `kubectl debug --target` asks): every task of a vmlet pod reports its VM's host PID, so the target cannot be told; leave out --target (the container still runs in the pod's VM), or give the pod shareProcessNamespace: true"
             )));
         }
         shared.push(name.to_owned());
@@ -208,6 +227,14 @@ mod tests {
         assert!(err.to_string().contains("host network"), "{err}");
     }
 
+    /// A pod whose sandbox reported `pid` and whose containers so far share its PID namespace.
+    fn sharing(pid: u32) -> PodSoFar {
+        PodSoFar {
+            sandbox_pid: pid,
+            own_pid_namespaces: false,
+        }
+    }
+
     #[test]
     fn pod_containers_share_the_sandboxs_namespaces_only() {
         let container = PodRole::Container {
@@ -217,23 +244,34 @@ mod tests {
             r#"[{"type": "pid"}, {"type": "ipc", "path": "/proc/7/ns/ipc"}, {"type": "uts", "path": "/proc/7/ns/uts"}, {"type": "network", "path": "/var/run/netns/x"}, {"type": "mount"}]"#,
         );
         assert_eq!(
-            shared_namespaces(&cri, &container, Some(7)).unwrap(),
+            shared_namespaces(&cri, &container, Some(sharing(7))).unwrap(),
             ["ipc", "uts"]
         );
         let own = with(r#"[{"type": "pid"}, {"type": "ipc"}, {"type": "uts"}]"#);
-        assert!(shared_namespaces(&own, &container, Some(7))
+        assert!(shared_namespaces(&own, &container, Some(sharing(7)))
             .unwrap()
             .is_empty());
         let shared_pid = with(r#"[{"type": "pid", "path": "/proc/7/ns/pid"}]"#);
         assert_eq!(
-            shared_namespaces(&shared_pid, &container, Some(7)).unwrap(),
+            shared_namespaces(&shared_pid, &container, Some(sharing(7))).unwrap(),
             ["pid"]
         );
-        // CRI's TARGET mode: another container's PID namespace.
-        let err = shared_namespaces(&shared_pid, &container, Some(9)).unwrap_err();
+        // A path that is not the sandbox's.
+        let err = shared_namespaces(&shared_pid, &container, Some(sharing(9))).unwrap_err();
         assert!(
             err.to_string().contains("pid namespace at /proc/7/ns/pid"),
             "{err}"
+        );
+        // CRI's TARGET mode in a pod whose containers have PID namespaces of their own.
+        let separate = PodSoFar {
+            own_pid_namespaces: true,
+            ..sharing(7)
+        };
+        let err = shared_namespaces(&shared_pid, &container, Some(separate)).unwrap_err();
+        assert!(err.to_string().contains("kubectl debug --target"), "{err}");
+        assert_eq!(
+            shared_namespaces(&cri, &container, Some(separate)).unwrap(),
+            ["ipc", "uts"]
         );
         let err = shared_namespaces(&cri, &PodRole::Sandbox, None).unwrap_err();
         assert!(err.to_string().contains("/proc/7/ns/ipc"), "{err}");

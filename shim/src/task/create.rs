@@ -57,13 +57,21 @@ impl TaskService {
             .map_err(|e| Error::InvalidArgument(format!("read {}/config.json: {e}", req.bundle)))?;
         phases.mark("config");
         let plan = CreatePlan::new(&req, &spec, &config, |sandbox_id| {
-            self.tasks
-                .lock()
-                .unwrap()
-                .get(sandbox_id)
-                .map(|t| t.init.pid)
+            let tasks = self.tasks.lock().unwrap();
+            let sandbox = tasks.get(sandbox_id)?;
+            Some(crate::spec::PodSoFar {
+                sandbox_pid: sandbox.init.pid,
+                own_pid_namespaces: tasks
+                    .values()
+                    .any(|t| t.pod_id == sandbox_id && !t.is_sandbox() && t.own_pid_namespace),
+            })
         })?;
         phases.mark("plan");
+        let own_pid_namespace = !plan
+            .agent_request
+            .join_namespaces
+            .iter()
+            .any(|n| n == "pid");
         let CreatePlan {
             paths,
             hooks,
@@ -241,6 +249,7 @@ impl TaskService {
             vm,
             pod_id,
             owns_vm,
+            own_pid_namespace,
             init: Arc::new(init),
             execs: Mutex::new(HashMap::new()),
         });

@@ -48,6 +48,9 @@ struct TaskEntry {
     /// Whether `vm` is this task's own (a sandbox's, a plain task's, a VM-mode pod's
     /// container's), which its delete tears down; else it joined its pod's.
     owns_vm: bool,
+    /// Whether the task's init runs in a PID namespace of its own, not its pod's (what
+    /// tells CRI's TARGET mode from a shared process namespace).
+    own_pid_namespace: bool,
     init: Arc<Process>,
     execs: Mutex<HashMap<String, Arc<Process>>>,
 }

@@ -60,15 +60,15 @@ pub(super) struct CreatePlan {
 }
 
 impl CreatePlan {
-    /// Plans the create of `req` from its bundle's `spec` under `config`. `sandbox_pid`
-    /// gives the PID containerd was told for a running sandbox of this shim (a container
-    /// joins its namespaces). Bad input (annotations, stdio, hooks, devices, the spec) is
+    /// Plans the create of `req` from its bundle's `spec` under `config`. `pod_so_far`
+    /// tells what the shim knows of a running sandbox of this shim (a container joins its
+    /// namespaces). Bad input (annotations, stdio, hooks, devices, the spec) is
     /// an error that names it.
     pub fn new(
         req: &api::CreateTaskRequest,
         spec: &Spec,
         config: &NodeConfig,
-        sandbox_pid: impl Fn(&str) -> Option<u32>,
+        pod_so_far: impl Fn(&str) -> Option<crate::spec::PodSoFar>,
     ) -> Result<Self, Error> {
         let annotations = spec.annotations().clone().unwrap_or_default();
         let pod_annotations = PodAnnotations::from_map(&annotations, &config.annotations.allowed)?;
@@ -98,11 +98,11 @@ impl CreatePlan {
         let (mut agent_request, binds) = crate::spec::create_request(&req.id, spec, wanted)?;
         let memory_limit = memory_limit(spec);
         let block_devices = crate::block_devices::from_spec(spec)?;
-        let sandbox_pid = match &role {
-            PodRole::Container { sandbox_id } => sandbox_pid(sandbox_id),
+        let pod = match &role {
+            PodRole::Container { sandbox_id } => pod_so_far(sandbox_id),
             PodRole::Sandbox => None,
         };
-        agent_request.join_namespaces = crate::spec::shared_namespaces(spec, &role, sandbox_pid)?;
+        agent_request.join_namespaces = crate::spec::shared_namespaces(spec, &role, pod)?;
         if let PodRole::Container { sandbox_id } = &role {
             agent_request.join_namespaces_of = sandbox_id.clone();
         }
@@ -361,8 +361,16 @@ mod tests {
         }
     }
 
-    fn no_sandbox(_: &str) -> Option<u32> {
+    fn no_sandbox(_: &str) -> Option<crate::spec::PodSoFar> {
         None
+    }
+
+    /// A running sandbox that reported PID 42, its containers sharing its PID namespace.
+    fn pod_42(_: &str) -> Option<crate::spec::PodSoFar> {
+        Some(crate::spec::PodSoFar {
+            sandbox_pid: 42,
+            own_pid_namespaces: false,
+        })
     }
 
     #[test]
@@ -482,7 +490,7 @@ mod tests {
             .unwrap(),
         );
         container.set_mounts(Some(mounts));
-        let plan = CreatePlan::new(&request("c1"), &container, &config, |_| Some(42)).unwrap();
+        let plan = CreatePlan::new(&request("c1"), &container, &config, pod_42).unwrap();
         let Target::BootInPod { sandbox_id, boot } = plan.target else {
             panic!("a VM-mode pod's container boots the VM");
         };
@@ -537,7 +545,7 @@ mod tests {
         let mut linux = linux;
         linux.set_namespaces(Some(namespaces));
         spec.set_linux(Some(linux));
-        let sandbox = |id: &str| (id == "p1").then_some(42);
+        let sandbox = |id: &str| pod_42(id).filter(|_| id == "p1");
         let plan = CreatePlan::new(&request("c1"), &spec, &config, sandbox).unwrap();
         let Target::Join { sandbox_id, .. } = plan.target else {
             panic!("a container joins its pod's VM");
