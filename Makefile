@@ -2,7 +2,7 @@
 # and `make test`; .ci/run calls `make test`.
 SHELL := /bin/bash
 
-.PHONY: demo dist manifests test test-matrix unit mutants fuzz e2e smoke critest bench bench-start bench-exec bench-net bench-density lint stack-up stack-down
+.PHONY: demo dist manifests test test-k8s test-matrix unit mutants fuzz e2e smoke critest bench bench-start bench-exec bench-net bench-density lint stack-up stack-down
 
 ## demo: boot a container in a VM with ctr against the embedded defaults, then tear down.
 demo:
@@ -22,6 +22,11 @@ manifests:
 ## benchmarks on containerd 2.2, then the smoke tests on containerd 1.7 and 1.6.
 test:
 	scripts/with-stack-lock scripts/test-all
+
+## test-k8s: the Kubernetes cluster tests alone: the kubectl scenarios, and Kubernetes' conformance selection for runc and vmlet (docs/conformance.md; not in CI).
+test-k8s:
+	scripts/install-deps
+	scripts/with-stack-lock scripts/test-k8s
 
 ## test-matrix: every end-to-end test and critest on containerd 2.2, 1.7 and 1.6 (not in CI; VMLET_MATRIX_SERIES="1.7 1.6" narrows it).
 test-matrix:

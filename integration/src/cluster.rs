@@ -93,22 +93,31 @@ impl Cluster {
         Ok(String::from_utf8_lossy(&text).into_owned())
     }
 
-    /// `kubectl apply -f -` of `yaml`.
-    pub fn apply(&self, yaml: &str) -> anyhow::Result<()> {
+    /// `kubectl ARGS` with `input` on its stdin, to completion.
+    pub fn with_input(&self, args: &[&str], input: &str) -> anyhow::Result<Output> {
         let mut child = self
             .kubectl()
-            .args(["apply", "-f", "-"])
+            .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
-            .context("spawn kubectl apply")?;
+            .context("spawn kubectl")?;
         child
             .stdin
             .take()
             .context("kubectl's stdin")?
-            .write_all(yaml.as_bytes())?;
-        let out = bounded::output_within(child, bounded::COMMAND_TIMEOUT, "kubectl apply")?;
+            .write_all(input.as_bytes())?;
+        bounded::output_within(
+            child,
+            bounded::COMMAND_TIMEOUT,
+            &format!("kubectl {}", args.join(" ")),
+        )
+    }
+
+    /// `kubectl apply -f -` of `yaml`.
+    pub fn apply(&self, yaml: &str) -> anyhow::Result<()> {
+        let out = self.with_input(&["apply", "-f", "-"], yaml)?;
         if !out.status.success() {
             bail!("kubectl apply: {}", String::from_utf8_lossy(&out.stderr));
         }
