@@ -44,14 +44,36 @@ impl Cluster {
 
     /// `kubectl ARGS` to completion within `timeout`.
     pub fn run(&self, args: &[&str], timeout: Duration) -> anyhow::Result<Output> {
-        let child = self
+        self.complete(args, None, timeout)
+    }
+
+    /// `kubectl ARGS` with `input` (if any) on its stdin, to completion within `timeout`.
+    fn complete(
+        &self,
+        args: &[&str],
+        input: Option<&str>,
+        timeout: Duration,
+    ) -> anyhow::Result<Output> {
+        let mut child = self
             .kubectl()
             .args(args)
-            .stdin(Stdio::null())
+            .stdin(if input.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
             .context("spawn kubectl")?;
+        if let Some(input) = input {
+            // Dropped at the end of the statement: kubectl sees its stdin end.
+            child
+                .stdin
+                .take()
+                .context("kubectl's stdin")?
+                .write_all(input.as_bytes())?;
+        }
         bounded::output_within(child, timeout, &format!("kubectl {}", args.join(" ")))
     }
 
@@ -66,6 +88,23 @@ impl Cluster {
             );
         }
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// `kubectl get OBJECT... [-n NAMESPACE] -o jsonpath=PATH`: the field's text.
+    pub fn jsonpath(
+        &self,
+        object: &[&str],
+        namespace: Option<&str>,
+        path: &str,
+    ) -> anyhow::Result<String> {
+        let path = format!("jsonpath={path}");
+        let mut args = vec!["get"];
+        args.extend_from_slice(object);
+        if let Some(ns) = namespace {
+            args.extend_from_slice(&["-n", ns]);
+        }
+        args.extend_from_slice(&["-o", &path]);
+        self.ok(&args)
     }
 
     /// What `kubectl ARGS` (a command that runs on, such as `logs -f`) prints in its first
@@ -95,24 +134,7 @@ impl Cluster {
 
     /// `kubectl ARGS` with `input` on its stdin, to completion.
     pub fn with_input(&self, args: &[&str], input: &str) -> anyhow::Result<Output> {
-        let mut child = self
-            .kubectl()
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .context("spawn kubectl")?;
-        child
-            .stdin
-            .take()
-            .context("kubectl's stdin")?
-            .write_all(input.as_bytes())?;
-        bounded::output_within(
-            child,
-            bounded::COMMAND_TIMEOUT,
-            &format!("kubectl {}", args.join(" ")),
-        )
+        self.complete(args, Some(input), bounded::COMMAND_TIMEOUT)
     }
 
     /// `kubectl apply -f -` of `yaml`.

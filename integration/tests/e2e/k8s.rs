@@ -101,14 +101,7 @@ spec:
     println!("4 vmlet pods Ready in {} s", started.elapsed().as_secs());
 
     let pods = k
-        .ok(&[
-            "get",
-            "pods",
-            "-n",
-            &ns.name,
-            "-o",
-            "jsonpath={.items[*].metadata.name}",
-        ])
+        .jsonpath(&["pods"], Some(&ns.name), "{.items[*].metadata.name}")
         .unwrap();
     let pods: Vec<&str> = pods.split_whitespace().collect();
     assert_eq!(pods.len(), 4, "{pods:?}");
@@ -355,15 +348,11 @@ spec:
     k.ok(&["exec", "probed", "-n", &ns.name, "--", "rm", "/tmp/healthy"])
         .unwrap();
     let restarts = |k: &Cluster| {
-        k.ok(&[
-            "get",
-            "pod",
-            "probed",
-            "-n",
-            &ns.name,
-            "-o",
-            "jsonpath={.status.containerStatuses[0].restartCount}",
-        ])
+        k.jsonpath(
+            &["pod", "probed"],
+            Some(&ns.name),
+            "{.status.containerStatuses[0].restartCount}",
+        )
         .unwrap()
     };
     eventually(Duration::from_secs(90), "a restart", || {
@@ -670,12 +659,11 @@ spec:
     };
     // The status of ephemeral container `name`, once it has the state `state`.
     let status = |name: &str, state: &str| {
-        let path = format!(
-            "jsonpath={{.status.ephemeralContainerStatuses[?(@.name==\"{name}\")].state.{state}}}"
-        );
+        let path =
+            format!("{{.status.ephemeralContainerStatuses[?(@.name==\"{name}\")].state.{state}}}");
         eventually(Duration::from_secs(120), &format!("{name} {state}"), || {
             let found = k
-                .ok(&["get", "pod", "debugged", "-n", &ns.name, "-o", &path])
+                .jsonpath(&["pod", "debugged"], Some(&ns.name), &path)
                 .ok()?;
             (!found.trim().is_empty()).then_some(found)
         })
@@ -769,14 +757,7 @@ spec:
     );
     // Evicted: the pods that run are gone, their replacements wait for a node.
     let phases = k
-        .ok(&[
-            "get",
-            "pods",
-            "-n",
-            &ns.name,
-            "-o",
-            "jsonpath={.items[*].status.phase}",
-        ])
+        .jsonpath(&["pods"], Some(&ns.name), "{.items[*].status.phase}")
         .unwrap();
     assert!(
         phases.split_whitespace().all(|p| p == "Pending"),
@@ -851,15 +832,11 @@ spec:
     .unwrap();
     let applied = eventually(Duration::from_secs(90), "the resize applied", || {
         let limits = k
-            .ok(&[
-                "get",
-                "pod",
-                "resized",
-                "-n",
-                &ns.name,
-                "-o",
-                "jsonpath={.status.containerStatuses[0].resources.limits.memory}",
-            ])
+            .jsonpath(
+                &["pod", "resized"],
+                Some(&ns.name),
+                "{.status.containerStatuses[0].resources.limits.memory}",
+            )
             .ok()?;
         (limits.trim() == "192Mi").then_some(limits)
     });
@@ -875,15 +852,11 @@ spec:
         "the guest's memory did not follow the limit: {before} kB, then {after} kB"
     );
     let conditions = k
-        .ok(&[
-            "get",
-            "pod",
-            "resized",
-            "-n",
-            &ns.name,
-            "-o",
-            "jsonpath={.status.conditions[*].type}",
-        ])
+        .jsonpath(
+            &["pod", "resized"],
+            Some(&ns.name),
+            "{.status.conditions[*].type}",
+        )
         .unwrap();
     assert!(
         !conditions.contains("PodResize"),
@@ -958,13 +931,11 @@ fn the_daemonset_installer_and_the_cleanup_job_run_as_shipped() {
     k.ok(&["label", "node", &k.node, "vmlet.io/runtime-"])
         .unwrap();
     let label = |k: &Cluster| {
-        k.ok(&[
-            "get",
-            "node",
-            &k.node,
-            "-o",
-            "jsonpath={.metadata.labels.vmlet\\.io/runtime}",
-        ])
+        k.jsonpath(
+            &["node", &k.node],
+            None,
+            "{.metadata.labels.vmlet\\.io/runtime}",
+        )
         .unwrap()
     };
 
@@ -977,6 +948,10 @@ fn the_daemonset_installer_and_the_cleanup_job_run_as_shipped() {
     }
     let scratch = Scratch(std::path::Path::new("/var/tmp").join(unique_id("vmlet-node-root")));
     let root = scratch.0.clone();
+    // Made new (a name planted in /var/tmp, a link among them, is refused), root's alone.
+    std::os::unix::fs::DirBuilderExt::mode(&mut std::fs::DirBuilder::new(), 0o700)
+        .create(&root)
+        .unwrap();
     std::fs::create_dir_all(root.join("etc/containerd")).unwrap();
     let config =
         "version = 3\n\n[plugins.'io.containerd.cri.v1.runtime']\n  enable_selinux = false\n";

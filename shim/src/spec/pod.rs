@@ -135,7 +135,7 @@ pub fn shared_namespaces(
         }
         if name == "pid" && pod.is_some_and(|p| p.own_pid_namespaces) {
             return Err(Error::Unimplemented(format!(
-                "joining another container's PID namespace ({path}, CRI's TARGET mode, as `kubectl debug --target` asks): every task of a vmlet pod reports its VM's host PID, so the target cannot be told; leave out --target (the container still runs in the pod's VM), or give the pod shareProcessNamespace: true"
+                "joining another container's PID namespace ({path}, CRI's TARGET mode, as `kubectl debug --target` asks: every task of a vmlet pod reports its VM's host PID, so the target cannot be told; leave out --target and the container still runs in the pod's VM, or give the pod shareProcessNamespace: true)"
             )));
         }
         shared.push(name.to_owned());
