@@ -8,6 +8,9 @@
 //! the key QEMU's fw_cfg device carries ([`host_gate`]); the agent serves nothing without
 //! that key.
 //!
+//! A Kubernetes emptyDir of medium Memory becomes a tmpfs of the guest the pod's containers
+//! share ([`pod_volumes`]).
+//!
 //! Containers are started by re-executing this binary as [`CONTAINER_INIT_ARG`] in fresh
 //! mount, PID, UTS and IPC namespaces ([`launch`]; a container sharing the pod's PID
 //! namespace joins it instead); that process ([`container_init`]) sets up the rootfs and
@@ -39,6 +42,7 @@ pub mod init_spec;
 pub mod launch;
 mod logger;
 mod network;
+mod pod_volumes;
 mod privileges;
 mod process_stdio;
 mod pty;

@@ -6,6 +6,7 @@ use std::path::{Component, Path, PathBuf};
 use vmlet_protocol::agent::{self as proto, CreateContainerRequest};
 
 use crate::init_spec::{InitSpec, MountSpec, ProcessSpec, RlimitSpec};
+use crate::pod_volumes::PodVolumes;
 use crate::Error;
 
 /// A path below the share (rootfs, bind source): relative, no `..`.
@@ -67,7 +68,13 @@ pub(crate) fn process_spec(process: Option<&proto::Process>) -> Result<ProcessSp
     })
 }
 
-pub(crate) fn init_spec(share: &Path, req: &CreateContainerRequest) -> Result<InitSpec, Error> {
+/// The container's init spec. A pod volume's bind takes its directory in `volumes` (which
+/// the caller has mounted: [`PodVolumes::ensure`]).
+pub(crate) fn init_spec(
+    share: &Path,
+    volumes: &PodVolumes,
+    req: &CreateContainerRequest,
+) -> Result<InitSpec, Error> {
     let process = process_spec(req.process.as_ref())?;
     Ok(InitSpec {
         rootfs: rootfs_path(share, &req.rootfs)?
@@ -79,8 +86,20 @@ pub(crate) fn init_spec(share: &Path, req: &CreateContainerRequest) -> Result<In
             .mounts
             .iter()
             .map(|m| {
-                // A bind's source is a path inside the share, where the shim put it.
-                let source = if m.type_ == "bind" {
+                // A bind's source is a path inside the share, where the shim put it, or
+                // a pod volume.
+                let source = if let Some(volume) = m.pod_volume.as_ref() {
+                    if m.type_ != "bind" || !m.source.is_empty() {
+                        return Err(Error::InvalidRequest(format!(
+                            "the mount of pod volume {} at {} must be a bind without a source",
+                            volume.name, m.destination
+                        )));
+                    }
+                    volumes
+                        .path_of(&volume.name)?
+                        .to_string_lossy()
+                        .into_owned()
+                } else if m.type_ == "bind" {
                     rootfs_path(share, &m.source)?
                         .to_string_lossy()
                         .into_owned()

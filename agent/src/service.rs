@@ -22,6 +22,7 @@ use crate::containers::{Container, Containers, Process};
 use crate::exec_server_handle::ExecServer;
 use crate::init_spec::{InitSpec, MountSpec, ProcessSpec};
 use crate::launch::{launch, Helper};
+use crate::pod_volumes::{PodVolumes, POD_VOLUMES_DIR};
 use crate::process_stdio::{console_size, stdio_for, Terminal};
 use crate::reaper::Reaper;
 use crate::request_specs::{init_spec, process_spec};
@@ -40,6 +41,7 @@ pub struct AgentService {
     faults: crate::boot::Faults,
     containers: Arc<Containers>,
     reaper: Arc<Reaper>,
+    pod_volumes: PodVolumes,
 }
 
 /// Serves the agent until a fatal error.
@@ -62,6 +64,7 @@ pub async fn serve(boot: Boot) -> Result<(), Error> {
         faults: boot.faults,
         containers: containers.clone(),
         reaper,
+        pod_volumes: PodVolumes::new(POD_VOLUMES_DIR),
     });
     let gate = crate::host_gate::Gate::new(boot.key);
     // Every port is bound before the agent reports ready.
@@ -95,7 +98,10 @@ impl AgentService {
             .share
             .as_deref()
             .ok_or_else(|| Error::InvalidRequest("this VM has no shared directory".into()))?;
-        let mut spec = init_spec(share, &req)?;
+        let mut spec = init_spec(share, &self.pod_volumes, &req)?;
+        for volume in req.mounts.iter().filter_map(|m| m.pod_volume.as_ref()) {
+            self.pod_volumes.ensure(volume)?;
+        }
         if self.faults.share_in_containers {
             // A compromised guest: every container can write where the agent can.
             spec.mounts.push(MountSpec {

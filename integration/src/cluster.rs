@@ -107,9 +107,15 @@ impl Cluster {
         self.ok(&args)
     }
 
-    /// What `kubectl ARGS` (a command that runs on, such as `logs -f`) prints in its first
-    /// `window`; it is then stopped.
-    pub fn output_for(&self, args: &[&str], window: Duration) -> anyhow::Result<String> {
+    /// What `kubectl ARGS` (a command that runs on, such as `logs -f`) prints until `done`
+    /// holds for it or `deadline` has passed; it is then stopped. The caller checks `done`
+    /// again: a slow node gets the whole deadline, not a fixed window.
+    pub fn output_until(
+        &self,
+        args: &[&str],
+        deadline: Duration,
+        done: impl Fn(&str) -> bool,
+    ) -> anyhow::Result<String> {
         use std::io::Read;
         let mut child = self
             .kubectl()
@@ -120,15 +126,27 @@ impl Cluster {
             .spawn()
             .context("spawn kubectl")?;
         let mut stdout = child.stdout.take().context("kubectl's stdout")?;
-        let reader = std::thread::spawn(move || {
-            let mut text = Vec::new();
-            let _ = stdout.read_to_end(&mut text);
-            text
+        let (chunks, arrived) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n @ 1..) = stdout.read(&mut buf) {
+                if chunks.send(buf[..n].to_vec()).is_err() {
+                    break;
+                }
+            }
         });
-        std::thread::sleep(window);
+        let until = std::time::Instant::now() + deadline;
+        let mut text = Vec::new();
+        while !done(&String::from_utf8_lossy(&text)) {
+            let left = until.saturating_duration_since(std::time::Instant::now());
+            match arrived.recv_timeout(left) {
+                Ok(chunk) => text.extend_from_slice(&chunk),
+                // The deadline, or kubectl ended.
+                Err(_) => break,
+            }
+        }
         let _ = child.kill();
         let _ = child.wait();
-        let text = reader.join().unwrap_or_default();
         Ok(String::from_utf8_lossy(&text).into_owned())
     }
 

@@ -238,9 +238,10 @@ spec:
 
     // logs -f: lines the container writes after the follow started arrive.
     let follow = k
-        .output_for(
+        .output_until(
             &["logs", "-f", "verbs", "-n", &ns.name, "--tail=1"],
-            Duration::from_secs(4),
+            Duration::from_secs(60),
+            |text| text.matches("tick-").count() >= 2,
         )
         .unwrap();
     assert!(
@@ -289,9 +290,10 @@ spec:
 
     // attach: the container's output, live.
     let attached = k
-        .output_for(
+        .output_until(
             &["attach", "verbs", "-n", &ns.name, "-c", "web"],
-            Duration::from_secs(4),
+            Duration::from_secs(60),
+            |text| text.contains("tick-"),
         )
         .unwrap();
     assert!(
@@ -363,8 +365,9 @@ spec:
 }
 
 /// Kubernetes' volumes reach the container in the VM: a configMap (and an edit of it, within
-/// the kubelet's sync), a secret, the Downward API, emptyDir on disk and in memory, and the
-/// projected service-account token.
+/// the kubelet's sync), a secret, the Downward API, emptyDir on disk and in memory (a tmpfs
+/// of the guest's, its size the volume's, shared by the pod's containers), and the projected
+/// service-account token.
 #[test]
 #[ignore = "needs the vmlet stack and its cluster: make test"]
 fn kubernetes_volumes_reach_the_vm_and_a_configmap_edit_follows() {
@@ -399,6 +402,12 @@ spec:
     - {{name: info, mountPath: /etc/info}}
     - {{name: scratch, mountPath: /scratch}}
     - {{name: memory, mountPath: /memory}}
+  - name: peer
+    image: {image}
+    imagePullPolicy: Never
+    command: ["sh", "-c", "trap 'exit 0' TERM; while :; do sleep 1; done"]
+    volumeMounts:
+    - {{name: memory, mountPath: /memory}}
   volumes:
   - {{name: settings, configMap: {{name: settings}}}}
   - {{name: secret, secret: {{secretName: secret}}}}
@@ -415,10 +424,13 @@ spec:
     );
     k.apply(&manifest).unwrap();
     wait_ready(&k, &ns.name, "volumes", READY_DEADLINE);
-    let sh = |script: &str| {
-        k.ok(&["exec", "volumes", "-n", &ns.name, "--", "sh", "-c", script])
-            .unwrap()
+    let sh_in = |container: &str, script: &str| {
+        k.ok(&[
+            "exec", "volumes", "-n", &ns.name, "-c", container, "--", "sh", "-c", script,
+        ])
+        .unwrap()
     };
+    let sh = |script: &str| sh_in("app", script);
     assert_eq!(sh("cat /etc/settings/greeting"), "first");
     assert_eq!(sh("cat /etc/secret/password"), "s3cret");
     assert_eq!(sh("cat /etc/info/name"), "volumes");
@@ -427,6 +439,46 @@ spec:
         sh("echo on-disk >/scratch/f && echo in-memory >/memory/f && cat /scratch/f /memory/f"),
         "on-disk\nin-memory\n"
     );
+    // The emptyDir in memory is a tmpfs of the guest's, of the volume's size, that the pod's
+    // containers share; nothing of it reaches the node's tmpfs, and it holds no more than
+    // its size.
+    assert_eq!(sh("stat -f -c %T /memory"), "tmpfs\n");
+    assert_eq!(sh("stat -f -c '%b*%S' /memory"), "4096*4096\n");
+    assert_eq!(sh_in("peer", "cat /memory/f"), "in-memory\n");
+    let uid = k
+        .jsonpath(&["pod", "volumes"], Some(&ns.name), "{.metadata.uid}")
+        .unwrap();
+    let on_node = std::path::Path::new(&s.dir)
+        .join("k8s/kubelet/pods")
+        .join(uid.trim())
+        .join("volumes/kubernetes.io~empty-dir/memory");
+    let left: Vec<_> = std::fs::read_dir(&on_node)
+        .unwrap_or_else(|e| panic!("{}: {e}", on_node.display()))
+        .collect();
+    assert!(left.is_empty(), "the node's tmpfs has {left:?}");
+    let overfill = k
+        .run(
+            &[
+                "exec",
+                "volumes",
+                "-n",
+                &ns.name,
+                "-c",
+                "app",
+                "--",
+                "sh",
+                "-c",
+                "dd if=/dev/zero of=/memory/big bs=1M count=17",
+            ],
+            Duration::from_secs(60),
+        )
+        .unwrap();
+    assert!(
+        !overfill.status.success() && text(&overfill.stderr).contains("No space left"),
+        "17 MiB into a 16Mi emptyDir: {}",
+        text(&overfill.stderr)
+    );
+
     let token = sh("cat /var/run/secrets/kubernetes.io/serviceaccount/token");
     assert_eq!(token.split('.').count(), 3, "not a JWT: {token}");
 

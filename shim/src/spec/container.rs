@@ -216,6 +216,16 @@ pub fn create_request(
                     source.display()
                 )));
             }
+            if let Some(volume) = super::pod_volume::memory_empty_dir(&source)? {
+                mounts.push(Mount {
+                    destination,
+                    type_: "bind".into(),
+                    options,
+                    pod_volume: Some(volume).into(),
+                    ..Default::default()
+                });
+                continue;
+            }
             let share_path = format!("{container_id}/mounts/{}", binds.len());
             binds.push(HostBind {
                 source,

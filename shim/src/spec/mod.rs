@@ -1,10 +1,12 @@
 //! OCI spec -> what vmlet does with it: the pod's side ([`pod`]: its role, network
 //! namespace, the namespaces a container shares, the limits that size the VM) and the
-//! container's ([`container`]: the agent's create request, processes, resources, binds).
+//! container's ([`container`]: the agent's create request, processes, resources, binds,
+//! and the kubelet's memory emptyDirs that become the guest's tmpfs: [`pod_volume`]).
 //! The shim checks the spec and keeps only what the guest uses.
 
 mod container;
 mod pod;
+mod pod_volume;
 
 pub use container::*;
 pub use pod::*;
