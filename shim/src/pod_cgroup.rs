@@ -140,6 +140,49 @@ impl PodCgroup {
     }
 }
 
+/// A memory limit at or above this is none (cgroup v1 writes "unlimited" as 2^63 less a
+/// page; v2 as `max`).
+const UNLIMITED_BYTES: u64 = 1 << 62;
+
+/// The memory limit on `path` in one hierarchy, `root`: the least of the limits of the
+/// cgroup and its ancestors that exist there (v2 `memory.max`, v1 `memory.limit_in_bytes`).
+fn memory_limit_in(root: &Path, path: &Path) -> Option<u64> {
+    let mut least: Option<u64> = None;
+    let mut dir = Some(path);
+    while let Some(at) = dir {
+        let cgroup = root.join(at.strip_prefix("/").unwrap_or(at));
+        for file in ["memory.max", "memory.limit_in_bytes"] {
+            let Ok(text) = std::fs::read_to_string(cgroup.join(file)) else {
+                continue;
+            };
+            if let Ok(bytes) = text.trim().parse::<u64>() {
+                if bytes < UNLIMITED_BYTES {
+                    least = Some(least.map_or(bytes, |l| l.min(bytes)));
+                }
+            }
+        }
+        dir = at.parent();
+    }
+    least
+}
+
+impl PodCgroup {
+    /// What the pod's cgroup lets its processes use, in MiB: the least memory limit of the
+    /// cgroup and its ancestors (the kubelet's pod cgroup: its containers' limits and the
+    /// RuntimeClass's overhead), in any hierarchy; `None` when nothing limits it.
+    pub fn memory_limit_mib(&self) -> Option<u64> {
+        self.memory_limit_mib_under(&hierarchies())
+    }
+
+    fn memory_limit_mib_under(&self, hierarchies: &[PathBuf]) -> Option<u64> {
+        hierarchies
+            .iter()
+            .filter_map(|h| memory_limit_in(h, &self.path))
+            .min()
+            .map(|bytes| bytes >> 20)
+    }
+}
+
 /// A v1 cpuset cgroup starts with no CPUs and no memory nodes: copies its parent's.
 fn inherit_cpuset(parent: &Path, dir: &Path) -> Result<(), Error> {
     for file in ["cpuset.cpus", "cpuset.mems"] {
@@ -310,6 +353,39 @@ mod tests {
                 err.message()
             );
         }
+    }
+
+    #[test]
+    fn the_memory_limit_is_the_least_of_the_cgroup_and_its_ancestors() {
+        let dir = tempfile::tempdir().unwrap();
+        let (v1, v2) = (dir.path().join("memory"), dir.path().join("unified"));
+        let write = |at: PathBuf, file: &str, value: &str| {
+            std::fs::create_dir_all(&at).unwrap();
+            std::fs::write(at.join(file), value).unwrap();
+        };
+        let cgroup = PodCgroup {
+            path: PathBuf::from("/kubepods/burstable/pod1/sandbox"),
+        };
+        // Nothing limits it: the sandbox's own cgroup is not made yet, "max" and v1's
+        // unlimited are none.
+        write(v2.join("kubepods"), "memory.max", "max\n");
+        write(
+            v1.join("kubepods"),
+            "memory.limit_in_bytes",
+            "9223372036854771712\n",
+        );
+        assert_eq!(
+            cgroup.memory_limit_mib_under(&[v1.clone(), v2.clone()]),
+            None
+        );
+        // The kubelet's pod cgroup (v1) and a larger limit above it (v2).
+        write(
+            v1.join("kubepods/burstable/pod1"),
+            "memory.limit_in_bytes",
+            "134217728\n",
+        );
+        write(v2.join("kubepods/burstable"), "memory.max", "1073741824\n");
+        assert_eq!(cgroup.memory_limit_mib_under(&[v1, v2]), Some(128));
     }
 
     #[test]

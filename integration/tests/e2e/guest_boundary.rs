@@ -451,6 +451,88 @@ async fn a_cri_pods_vm_runs_in_the_pods_cgroup() {
     }
 }
 
+/// Limits the memory of the cgroup `path` (made in the memory hierarchy: v1's controller,
+/// or v2's with the controller enabled down to it) to `bytes`, as a kubelet sizes a pod's.
+fn limit_memory(path: &str, bytes: u64) {
+    let relative = path.trim_start_matches('/');
+    let v1 = Path::new("/sys/fs/cgroup/memory");
+    let (dir, file) = if v1.join("memory.limit_in_bytes").exists() {
+        let dir = v1.join(relative);
+        std::fs::create_dir_all(&dir).unwrap();
+        (dir, "memory.limit_in_bytes")
+    } else {
+        let mut dir = PathBuf::from("/sys/fs/cgroup");
+        for part in Path::new(relative).components() {
+            std::fs::write(dir.join("cgroup.subtree_control"), "+memory").unwrap();
+            dir.push(part);
+            std::fs::create_dir_all(&dir).unwrap();
+        }
+        (dir, "memory.max")
+    };
+    std::fs::write(dir.join(file), bytes.to_string()).unwrap();
+}
+
+/// A pod whose cgroup cannot hold its VM (a kubelet's pod with a memory limit and no
+/// RuntimeClass overhead, as with vmlet as containerd's default handler) is refused before
+/// a VM starts, naming the sizes and the remedy, instead of QEMU being OOM-killed on the
+/// node; nothing of it is left.
+#[tokio::test]
+#[ignore = "needs the vmlet stack: make test"]
+async fn a_pod_whose_cgroup_cannot_hold_its_vm_is_refused_by_name() {
+    let s = stack();
+    let mut cri = vmlet_integration::cri::Cri::connect(&s.containerd)
+        .await
+        .unwrap();
+    let logs = std::env::temp_dir().join(unique_id("vmlet-small-cgroup-logs"));
+    std::fs::create_dir_all(&logs).unwrap();
+    let parent = format!("/vmlet-e2e/pod-{}", unique_id("small"));
+    limit_memory(&parent, 64 << 20);
+    let state = Path::new(&s.dir).join("state");
+    let entries = || -> Vec<_> {
+        let mut names: Vec<_> = std::fs::read_dir(&state)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        names.sort();
+        names
+    };
+    let before = (entries(), s.vmlet_domains().unwrap());
+    let mut config = vmlet_integration::cri::Cri::pod_config(
+        &unique_id("smallpod"),
+        &unique_id("uid"),
+        &logs.to_string_lossy(),
+    );
+    config.linux.as_mut().unwrap().cgroup_parent = parent.clone();
+    let refused = cri.run_pod(&config, "vmlet").await;
+    let message = format!("{:#}", refused.as_ref().map(|_| ()).unwrap_err());
+    println!("refused: {message}");
+    for part in ["allows 64 MiB", "RuntimeClass", "overhead.podFixed"] {
+        assert!(message.contains(part), "{part:?} not in: {message}");
+    }
+    assert_eq!(
+        (entries(), s.vmlet_domains().unwrap()),
+        before,
+        "the refused pod left state or a domain"
+    );
+    let _ = std::fs::remove_dir_all(&logs);
+    for root in vmlet_shim::pod_cgroup::hierarchies() {
+        let root = root.display();
+        // The sandbox's own cgroup, if containerd or the shim made one, then the test's.
+        for dir in std::fs::read_dir(format!("{root}{parent}"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            if dir.path().is_dir() {
+                let _ = std::fs::remove_dir(dir.path());
+            }
+        }
+        let _ = std::fs::remove_dir(format!("{root}{parent}"));
+        let _ = std::fs::remove_dir(format!("{root}/vmlet-e2e"));
+    }
+}
+
 #[test]
 #[ignore = "needs the vmlet stack: make test"]
 fn containerd_is_told_host_pids_not_the_guests() {
