@@ -23,7 +23,7 @@ manifests:
 test:
 	scripts/with-stack-lock scripts/test-all
 
-## test-k8s: the Kubernetes cluster tests alone: the kubectl scenarios, and Kubernetes' conformance selection for runc and vmlet (docs/conformance.md; not in CI).
+## test-k8s: the Kubernetes cluster tests alone: the kubectl scenarios, and Kubernetes' whole conformance selection for runc and vmlet (docs/conformance.md; make test runs the quick one).
 test-k8s:
 	scripts/install-deps
 	scripts/with-stack-lock scripts/test-k8s
