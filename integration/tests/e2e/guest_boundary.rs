@@ -363,17 +363,8 @@ async fn a_cri_pods_vm_runs_in_the_pods_cgroup() {
     let mut cri = vmlet_integration::cri::Cri::connect(&s.containerd)
         .await
         .unwrap();
-    let logs = std::env::temp_dir().join(unique_id("vmlet-cgroup-logs"));
-    std::fs::create_dir_all(&logs).unwrap();
-    // As kubelet's cgroupfs driver names a pod's cgroup; containerd puts the sandbox in
-    // <parent>/<sandbox id>.
     let parent = format!("/vmlet-e2e/pod-{}", unique_id("uid"));
-    let mut config = vmlet_integration::cri::Cri::pod_config(
-        &unique_id("cgpod"),
-        &unique_id("uid"),
-        &logs.to_string_lossy(),
-    );
-    config.linux.as_mut().unwrap().cgroup_parent = parent.clone();
+    let (config, logs) = pod_config_under(&parent, "cgpod");
     let pod = cri.run_pod(&config, "vmlet").await.unwrap();
     let cgroup = format!("{parent}/{pod}");
 
@@ -442,10 +433,41 @@ async fn a_cri_pods_vm_runs_in_the_pods_cgroup() {
     cri.remove_pod(&pod).await.unwrap();
     let _ = std::fs::remove_dir_all(&logs);
     for root in vmlet_shim::pod_cgroup::hierarchies() {
-        let root = root.display();
-        let left = format!("{root}{cgroup}");
+        let left = format!("{}{cgroup}", root.display());
         assert!(!Path::new(&left).exists(), "{left} is left");
-        // The parents are the test's (kubelet's on a node).
+    }
+    remove_pod_cgroups(&parent);
+}
+
+/// A CRI pod's config whose sandbox goes below the cgroup `parent` (as kubelet's cgroupfs
+/// driver names a pod's cgroup; containerd puts the sandbox in `<parent>/<sandbox id>`),
+/// and its new log directory, which the caller removes.
+fn pod_config_under(parent: &str, name: &str) -> (k8s_cri::v1::PodSandboxConfig, PathBuf) {
+    let logs = std::env::temp_dir().join(unique_id(&format!("vmlet-{name}-logs")));
+    std::fs::create_dir_all(&logs).unwrap();
+    let mut config = vmlet_integration::cri::Cri::pod_config(
+        &unique_id(name),
+        &unique_id("uid"),
+        &logs.to_string_lossy(),
+    );
+    config.linux.as_mut().unwrap().cgroup_parent = parent.to_owned();
+    (config, logs)
+}
+
+/// Removes a test's pod cgroup `parent` (kubelet's on a node), what is below it (the
+/// sandbox's, if containerd or the shim made one) and `/vmlet-e2e`, in every hierarchy.
+fn remove_pod_cgroups(parent: &str) {
+    for root in vmlet_shim::pod_cgroup::hierarchies() {
+        let root = root.display();
+        for dir in std::fs::read_dir(format!("{root}{parent}"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            if dir.path().is_dir() {
+                let _ = std::fs::remove_dir(dir.path());
+            }
+        }
         let _ = std::fs::remove_dir(format!("{root}{parent}"));
         let _ = std::fs::remove_dir(format!("{root}/vmlet-e2e"));
     }
@@ -483,8 +505,6 @@ async fn a_pod_whose_cgroup_cannot_hold_its_vm_is_refused_by_name() {
     let mut cri = vmlet_integration::cri::Cri::connect(&s.containerd)
         .await
         .unwrap();
-    let logs = std::env::temp_dir().join(unique_id("vmlet-small-cgroup-logs"));
-    std::fs::create_dir_all(&logs).unwrap();
     let parent = format!("/vmlet-e2e/pod-{}", unique_id("small"));
     limit_memory(&parent, 64 << 20);
     let state = Path::new(&s.dir).join("state");
@@ -498,12 +518,7 @@ async fn a_pod_whose_cgroup_cannot_hold_its_vm_is_refused_by_name() {
         names
     };
     let before = (entries(), s.vmlet_domains().unwrap());
-    let mut config = vmlet_integration::cri::Cri::pod_config(
-        &unique_id("smallpod"),
-        &unique_id("uid"),
-        &logs.to_string_lossy(),
-    );
-    config.linux.as_mut().unwrap().cgroup_parent = parent.clone();
+    let (config, logs) = pod_config_under(&parent, "smallpod");
     let refused = cri.run_pod(&config, "vmlet").await;
     let message = format!("{:#}", refused.as_ref().map(|_| ()).unwrap_err());
     println!("refused: {message}");
@@ -516,21 +531,7 @@ async fn a_pod_whose_cgroup_cannot_hold_its_vm_is_refused_by_name() {
         "the refused pod left state or a domain"
     );
     let _ = std::fs::remove_dir_all(&logs);
-    for root in vmlet_shim::pod_cgroup::hierarchies() {
-        let root = root.display();
-        // The sandbox's own cgroup, if containerd or the shim made one, then the test's.
-        for dir in std::fs::read_dir(format!("{root}{parent}"))
-            .into_iter()
-            .flatten()
-            .flatten()
-        {
-            if dir.path().is_dir() {
-                let _ = std::fs::remove_dir(dir.path());
-            }
-        }
-        let _ = std::fs::remove_dir(format!("{root}{parent}"));
-        let _ = std::fs::remove_dir(format!("{root}/vmlet-e2e"));
-    }
+    remove_pod_cgroups(&parent);
 }
 
 #[test]
