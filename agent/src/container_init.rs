@@ -227,7 +227,26 @@ fn mask_path(root: &Rootfs, path: &str) -> Result<(), String> {
 /// needs a second, remounting call (the kernel ignores MS_RDONLY on the first), `rro` a
 /// `mount_setattr(2)` over the bind and every mount below it.
 fn bind_one(root: &Rootfs, m: &crate::init_spec::MountSpec) -> Result<(), String> {
-    let source = Path::new(&m.source);
+    // A subPath's file, held until the bind: mounted through its descriptor.
+    let beneath;
+    let source = match &m.source_beneath {
+        Some(base) => {
+            let base_dir =
+                Rootfs::open(Path::new(base)).map_err(|e| format!("open {base}: {e}"))?;
+            let found = base_dir
+                .find(&m.source)
+                .map_err(|e| format!("look up {} in {base}: {e}", m.source))?;
+            beneath = match found {
+                Some(fd) => fd,
+                None => base_dir
+                    .make_dir(&m.source)
+                    .map_err(|e| format!("make {} in {base}: {e}", m.source))?,
+            };
+            proc_path(&beneath)
+        }
+        None => PathBuf::from(&m.source),
+    };
+    let source = source.as_path();
     let target = if source.is_dir() {
         root.make_dir(&m.destination)
     } else {

@@ -11,6 +11,10 @@ pub struct MountSpec {
     pub fstype: String,
     pub source: String,
     pub options: Vec<String>,
+    /// A bind's `source` is a path resolved beneath this directory (never out of it), made
+    /// a directory where missing: a subPath of a pod volume.
+    #[serde(default)]
+    pub source_beneath: Option<String>,
 }
 
 /// One rlimit.
@@ -189,6 +193,7 @@ mod tests {
                 fstype: "proc".into(),
                 source: "proc".into(),
                 options: vec![],
+                source_beneath: None,
             }],
             process: ProcessSpec {
                 args: vec!["sh".into()],

@@ -86,20 +86,35 @@ pub(crate) fn init_spec(
             .mounts
             .iter()
             .map(|m| {
-                // A bind's source is a path inside the share, where the shim put it, or
-                // a pod volume.
-                let source = if let Some(volume) = m.pod_volume.as_ref() {
-                    if m.type_ != "bind" || !m.source.is_empty() {
+                // A pod volume's bind: the volume's directory, or for a subPath a path
+                // resolved beneath it by the container's init.
+                if let Some(volume) = m.pod_volume.as_ref() {
+                    if m.type_ != "bind" {
                         return Err(Error::InvalidRequest(format!(
-                            "the mount of pod volume {} at {} must be a bind without a source",
+                            "the mount of pod volume {} at {} must be a bind",
                             volume.name, m.destination
                         )));
                     }
-                    volumes
+                    let dir = volumes
                         .path_of(&volume.name)?
                         .to_string_lossy()
-                        .into_owned()
-                } else if m.type_ == "bind" {
+                        .into_owned();
+                    let (source, source_beneath) = if m.source.is_empty() {
+                        (dir, None)
+                    } else {
+                        rootfs_path(Path::new(""), &m.source)?;
+                        (m.source.clone(), Some(dir))
+                    };
+                    return Ok(MountSpec {
+                        destination: m.destination.clone(),
+                        fstype: m.type_.clone(),
+                        source,
+                        options: m.options.clone(),
+                        source_beneath,
+                    });
+                }
+                // A bind's source is a path inside the share, where the shim put it.
+                let source = if m.type_ == "bind" {
                     rootfs_path(share, &m.source)?
                         .to_string_lossy()
                         .into_owned()
@@ -111,6 +126,7 @@ pub(crate) fn init_spec(
                     fstype: m.type_.clone(),
                     source,
                     options: m.options.clone(),
+                    source_beneath: None,
                 })
             })
             .collect::<Result<_, Error>>()?,
@@ -128,6 +144,46 @@ pub(crate) fn init_spec(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pod_volumes_subpath_is_resolved_beneath_the_volume() {
+        let volumes = PodVolumes::new("/run/vmlet/pod-volumes");
+        let share = Path::new("/run/vmlet/share");
+        let request = |source: &str| CreateContainerRequest {
+            rootfs: "c1/rootfs".into(),
+            process: Some(proto::Process {
+                args: vec!["sh".into()],
+                ..Default::default()
+            })
+            .into(),
+            mounts: vec![proto::Mount {
+                destination: "/etc/app.yaml".into(),
+                type_: "bind".into(),
+                source: source.into(),
+                pod_volume: Some(proto::PodVolume {
+                    name: "cache".into(),
+                    size_bytes: 1 << 20,
+                    mode: 0o777,
+                    ..Default::default()
+                })
+                .into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let whole = init_spec(share, &volumes, &request("")).unwrap();
+        assert_eq!(whole.mounts[0].source, "/run/vmlet/pod-volumes/cache");
+        assert_eq!(whole.mounts[0].source_beneath, None);
+        let sub = init_spec(share, &volumes, &request("conf/app.yaml")).unwrap();
+        assert_eq!(sub.mounts[0].source, "conf/app.yaml");
+        assert_eq!(
+            sub.mounts[0].source_beneath.as_deref(),
+            Some("/run/vmlet/pod-volumes/cache")
+        );
+        for bad in ["../x", "/etc", "a/../../b"] {
+            assert!(init_spec(share, &volumes, &request(bad)).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn rootfs_must_stay_inside_the_share() {

@@ -109,6 +109,7 @@ impl AgentService {
                 fstype: "bind".into(),
                 source: share.to_string_lossy().into_owned(),
                 options: vec!["rbind".into()],
+                source_beneath: None,
             });
         }
         if !req.join_namespaces.is_empty() {

@@ -237,7 +237,8 @@ fn mount_points(mountinfo: &str) -> Vec<PathBuf> {
         .collect()
 }
 
-fn unescape(s: &str) -> String {
+/// A `/proc/self/mountinfo` field with its octal escapes (`\040` for a space) decoded.
+pub(crate) fn unescape(s: &str) -> String {
     let bytes = s.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;

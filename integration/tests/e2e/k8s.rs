@@ -366,8 +366,8 @@ spec:
 
 /// Kubernetes' volumes reach the container in the VM: a configMap (and an edit of it, within
 /// the kubelet's sync), a secret, the Downward API, emptyDir on disk and in memory (a tmpfs
-/// of the guest's, its size the volume's, shared by the pod's containers), and the projected
-/// service-account token.
+/// of the guest's, its size the volume's, shared by the pod's containers, subPaths of it
+/// included), and the projected service-account token.
 #[test]
 #[ignore = "needs the vmlet stack and its cluster: make test"]
 fn kubernetes_volumes_reach_the_vm_and_a_configmap_edit_follows() {
@@ -408,6 +408,15 @@ spec:
     command: ["sh", "-c", "trap 'exit 0' TERM; while :; do sleep 1; done"]
     volumeMounts:
     - {{name: memory, mountPath: /memory}}
+    - {{name: memory, mountPath: /etc/app.yaml, subPath: conf/app.yaml}}
+    - {{name: memory, mountPath: /fresh, subPath: fresh}}
+  initContainers:
+  - name: init
+    image: {image}
+    imagePullPolicy: Never
+    command: ["sh", "-c", "mkdir -p /memory/conf && echo from-init >/memory/conf/app.yaml"]
+    volumeMounts:
+    - {{name: memory, mountPath: /memory}}
   volumes:
   - {{name: settings, configMap: {{name: settings}}}}
   - {{name: secret, secret: {{secretName: secret}}}}
@@ -445,6 +454,11 @@ spec:
     assert_eq!(sh("stat -f -c %T /memory"), "tmpfs\n");
     assert_eq!(sh("stat -f -c '%b*%S' /memory"), "4096*4096\n");
     assert_eq!(sh_in("peer", "cat /memory/f"), "in-memory\n");
+    // subPaths of it are the same volume's: a file the init container wrote, and a
+    // directory made for the subPath that the whole volume shows.
+    assert_eq!(sh_in("peer", "cat /etc/app.yaml"), "from-init\n");
+    sh("echo late >/memory/fresh/x");
+    assert_eq!(sh_in("peer", "cat /fresh/x"), "late\n");
     let uid = k
         .jsonpath(&["pod", "volumes"], Some(&ns.name), "{.metadata.uid}")
         .unwrap();
@@ -452,9 +466,23 @@ spec:
         .join("k8s/kubelet/pods")
         .join(uid.trim())
         .join("volumes/kubernetes.io~empty-dir/memory");
-    let left: Vec<_> = std::fs::read_dir(&on_node)
-        .unwrap_or_else(|e| panic!("{}: {e}", on_node.display()))
-        .collect();
+    // Nothing but the empty directories the kubelet makes there for the subPaths
+    // (`conf/app.yaml` among them, as it did not find the file).
+    fn files_below(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+        let entries = std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        entries
+            .flatten()
+            .flat_map(|e| {
+                let path = e.path();
+                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                    files_below(&path)
+                } else {
+                    vec![path]
+                }
+            })
+            .collect()
+    }
+    let left = files_below(&on_node);
     assert!(left.is_empty(), "the node's tmpfs has {left:?}");
     let overfill = k
         .run(

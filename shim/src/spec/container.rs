@@ -216,12 +216,13 @@ pub fn create_request(
                     source.display()
                 )));
             }
-            if let Some(volume) = super::pod_volume::memory_empty_dir(&source)? {
+            if let Some(bind) = super::pod_volume::memory_empty_dir(&source)? {
                 mounts.push(Mount {
                     destination,
                     type_: "bind".into(),
+                    source: bind.subpath,
                     options,
-                    pod_volume: Some(volume).into(),
+                    pod_volume: Some(bind.volume).into(),
                     ..Default::default()
                 });
                 continue;
