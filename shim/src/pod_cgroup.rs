@@ -152,8 +152,15 @@ fn memory_limit_in(root: &Path, path: &Path) -> Option<u64> {
     while let Some(at) = dir {
         let cgroup = root.join(at.strip_prefix("/").unwrap_or(at));
         for file in ["memory.max", "memory.limit_in_bytes"] {
-            let Ok(text) = std::fs::read_to_string(cgroup.join(file)) else {
-                continue;
+            let path = cgroup.join(file);
+            let text = match std::fs::read_to_string(&path) {
+                Ok(text) => text,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => {
+                    // Not a limit that is not there: one that cannot be read.
+                    log::warn!("memory limit of cgroup {}: {e}", path.display());
+                    continue;
+                }
             };
             if let Ok(bytes) = text.trim().parse::<u64>() {
                 if bytes < UNLIMITED_BYTES {
@@ -181,6 +188,19 @@ impl PodCgroup {
             .min()
             .map(|bytes| bytes >> 20)
     }
+}
+
+/// Refuses a VM of `memory_mib` in a pod cgroup that allows less (`limit_mib`): the node's
+/// OOM killer would end QEMU as soon as the guest touched it. A kubelet's pod cgroup holds
+/// the containers' limits and the RuntimeClass's overhead; a pod that runs on vmlet without
+/// a RuntimeClass (vmlet as containerd's default handler) has no overhead in it.
+pub fn vm_fits(id: &str, memory_mib: u64, limit_mib: u64) -> Result<(), Error> {
+    if memory_mib <= limit_mib {
+        return Ok(());
+    }
+    Err(Error::FailedPrecondition(format!(
+        "pod {id}: its VM needs {memory_mib} MiB of memory, but the pod's cgroup allows {limit_mib} MiB (its containers' limits, without room for the VM itself): give the pod a RuntimeClass whose handler is vmlet and whose overhead.podFixed covers the VM, as deploy/runtimeclass.yaml does"
+    )))
 }
 
 /// A v1 cpuset cgroup starts with no CPUs and no memory nodes: copies its parent's.
@@ -352,6 +372,23 @@ mod tests {
                 "{bad}: {}",
                 err.message()
             );
+        }
+    }
+
+    #[test]
+    fn a_vm_larger_than_the_pods_cgroup_is_refused_with_the_remedy() {
+        vm_fits("p", 256, 416).unwrap();
+        vm_fits("p", 256, 256).unwrap();
+        let err = vm_fits("p", 256, 128).unwrap_err();
+        assert!(matches!(err, Error::FailedPrecondition(_)), "{err:?}");
+        let text = err.to_string();
+        for part in [
+            "256 MiB",
+            "allows 128 MiB",
+            "RuntimeClass",
+            "overhead.podFixed",
+        ] {
+            assert!(text.contains(part), "{part}: {text}");
         }
     }
 

@@ -219,7 +219,7 @@ fn boot_request(
     );
     let cgroup = pod_cgroup(spec)?;
     if let Some(limit) = cgroup.as_ref().and_then(|c| c.memory_limit_mib()) {
-        vm_fits_the_cgroup(id, shape.memory_mib, limit)?;
+        crate::pod_cgroup::vm_fits(id, shape.memory_mib, limit)?;
     }
     Ok(BootRequest {
         pod_id: id.into(),
@@ -235,19 +235,6 @@ fn boot_request(
         image: None,
         sandbox_id: None,
     })
-}
-
-/// Refuses a VM of `memory_mib` in a pod cgroup that allows less (`limit_mib`): the node's
-/// OOM killer would end QEMU as soon as the guest touched it. A kubelet's pod cgroup holds
-/// the containers' limits and the RuntimeClass's overhead; a pod that runs on vmlet without
-/// a RuntimeClass (vmlet as containerd's default handler) has no overhead in it.
-fn vm_fits_the_cgroup(id: &str, memory_mib: u64, limit_mib: u64) -> Result<(), Error> {
-    if memory_mib <= limit_mib {
-        return Ok(());
-    }
-    Err(Error::FailedPrecondition(format!(
-        "pod {id}: its VM needs {memory_mib} MiB of memory, but the pod's cgroup allows {limit_mib} MiB (its containers' limits, without room for the VM itself): give the pod a RuntimeClass whose handler is vmlet and whose overhead.podFixed covers the VM, as deploy/runtimeclass.yaml does"
-    )))
 }
 
 /// A VM-mode CRI pod's sandbox: its network namespace and cgroup, held by the pod's host
@@ -340,22 +327,6 @@ fn memory_limit(spec: &Spec) -> Option<u64> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_vm_larger_than_the_pods_cgroup_is_refused_with_the_remedy() {
-        vm_fits_the_cgroup("p", 256, 416).unwrap();
-        vm_fits_the_cgroup("p", 256, 256).unwrap();
-        let err = vm_fits_the_cgroup("p", 256, 128).unwrap_err();
-        assert!(matches!(err, Error::FailedPrecondition(_)), "{err:?}");
-        let text = err.to_string();
-        for part in [
-            "256 MiB",
-            "allows 128 MiB",
-            "RuntimeClass",
-            "overhead.podFixed",
-        ] {
-            assert!(text.contains(part), "{part}: {text}");
-        }
-    }
     use crate::spec::{
         CONTAINER_TYPE_ANNOTATION, SANDBOX_ID_ANNOTATION, SANDBOX_NAME_ANNOTATION,
         SANDBOX_UID_ANNOTATION,

@@ -93,6 +93,17 @@ impl PodVm for Vm {
         let _one_at_a_time = self.growing.lock().await;
         let fit = self.memory.lock().unwrap().fit(container_id, limit_mib)?;
         if let Fit::Grow { plugged_mib } = fit {
+            // The pod's cgroup as it is now (a kubelet raises it before a resize).
+            let cgroup = self.state.lock().unwrap().cgroup.clone();
+            if let Some(limit) =
+                cgroup.and_then(|path| crate::pod_cgroup::PodCgroup { path }.memory_limit_mib())
+            {
+                crate::pod_cgroup::vm_fits(
+                    &self.pod_id,
+                    self.shape.memory_mib + plugged_mib,
+                    limit,
+                )?;
+            }
             self.check_running()?;
             let started = Instant::now();
             crate::memory::plug(self.hotplug.qmp(), plugged_mib, crate::memory::PLUG_TIMEOUT)
