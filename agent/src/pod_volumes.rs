@@ -46,7 +46,7 @@ pub fn checked_name(name: &str) -> Result<&str, Error> {
     }
 }
 
-/// The tmpfs' options: its size and its root's permission bits.
+/// The tmpfs' options: its size and its root's permission bits and owner.
 fn tmpfs_options(volume: &PodVolume) -> Result<String, Error> {
     if volume.size_bytes == 0 {
         return Err(Error::InvalidRequest(format!(
@@ -60,7 +60,10 @@ fn tmpfs_options(volume: &PodVolume) -> Result<String, Error> {
             volume.name, volume.mode
         )));
     }
-    Ok(format!("size={},mode={:o}", volume.size_bytes, volume.mode))
+    Ok(format!(
+        "size={},mode={:o},uid={},gid={}",
+        volume.size_bytes, volume.mode, volume.uid, volume.gid
+    ))
 }
 
 impl PodVolumes {
@@ -140,14 +143,19 @@ mod tests {
     }
 
     #[test]
-    fn the_tmpfs_takes_the_nodes_size_and_mode() {
+    fn the_tmpfs_takes_the_nodes_size_mode_and_owner() {
         let volume = PodVolume {
             name: "cache".into(),
             size_bytes: 64 << 20,
-            mode: 0o777,
+            mode: 0o2777,
+            uid: 0,
+            gid: 2000,
             ..Default::default()
         };
-        assert_eq!(tmpfs_options(&volume).unwrap(), "size=67108864,mode=777");
+        assert_eq!(
+            tmpfs_options(&volume).unwrap(),
+            "size=67108864,mode=2777,uid=0,gid=2000"
+        );
         let sizeless = PodVolume {
             size_bytes: 0,
             ..volume.clone()

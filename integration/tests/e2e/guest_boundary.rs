@@ -534,6 +534,56 @@ async fn a_pod_whose_cgroup_cannot_hold_its_vm_is_refused_by_name() {
     remove_pod_cgroups(&parent);
 }
 
+/// A container whose memory limit would grow its pod's VM past what the pod's cgroup allows
+/// (a kubelet raises the pod's cgroup before it raises a container's limit) is refused,
+/// naming the sizes, instead of QEMU growing into the node's OOM killer; the VM keeps its
+/// size and the pod's other containers run on.
+#[tokio::test]
+#[ignore = "needs the vmlet stack: make test"]
+async fn a_container_limit_that_would_outgrow_the_pods_cgroup_is_refused_by_name() {
+    let s = stack();
+    let mut cri = vmlet_integration::cri::Cri::connect(&s.containerd)
+        .await
+        .unwrap();
+    let parent = format!("/vmlet-e2e/pod-{}", unique_id("grow"));
+    // Room for the node's default VM (256 MiB), not for one grown to a 1 GiB container.
+    limit_memory(&parent, 512 << 20);
+    let (config, logs) = pod_config_under(&parent, "growpod");
+    let pod = cri.run_pod(&config, "vmlet").await.unwrap();
+    let sleep = ["sleep", "1000"];
+    let refused = cri
+        .create_and_start_limited(&pod, &config, "big", &s.image, &sleep, 1 << 30)
+        .await;
+    let small = cri
+        .create_and_start_limited(&pod, &config, "small", &s.image, &sleep, 64 << 20)
+        .await;
+    let meminfo = match &small {
+        Ok(id) => cri.exec_sync(id, &["cat", "/proc/meminfo"], 30).await.ok(),
+        Err(_) => None,
+    };
+    cri.remove_pod(&pod).await.unwrap();
+    let _ = std::fs::remove_dir_all(&logs);
+    remove_pod_cgroups(&parent);
+
+    let message = format!("{:#}", refused.as_ref().map(|_| ()).unwrap_err());
+    println!("refused: {message}");
+    for part in ["allows 512 MiB", "RuntimeClass", "overhead.podFixed"] {
+        assert!(message.contains(part), "{part:?} not in: {message}");
+    }
+    small.expect("a container that fits the VM starts after the refusal");
+    let meminfo = text(&meminfo.expect("/proc/meminfo of the pod's guest").stdout);
+    let total_mib: u64 = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+        .expect("MemTotal")
+        / 1024;
+    assert!(
+        total_mib < 512,
+        "the guest has {total_mib} MiB: it grew past its pod's cgroup"
+    );
+}
+
 #[test]
 #[ignore = "needs the vmlet stack: make test"]
 fn containerd_is_told_host_pids_not_the_guests() {

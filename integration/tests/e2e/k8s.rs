@@ -391,6 +391,7 @@ metadata: {{name: volumes, namespace: {ns}, labels: {{tier: test}}}}
 spec:
   runtimeClassName: vmlet
   terminationGracePeriodSeconds: 2
+  securityContext: {{fsGroup: 2000}}
   containers:
   - name: app
     image: {image}
@@ -484,6 +485,20 @@ spec:
     }
     let left = files_below(&on_node);
     assert!(left.is_empty(), "the node's tmpfs has {left:?}");
+    // The pod's fsGroup owns the guest's tmpfs as the kubelet made it own the node's (group
+    // 2000 and the setgid bit): a file made in it is the group's.
+    let node_dir = std::fs::metadata(&on_node).unwrap();
+    use std::os::unix::fs::MetadataExt;
+    let node_mode = node_dir.mode() & 0o7777;
+    assert_eq!(
+        (node_dir.gid(), node_mode & 0o2000),
+        (2000, 0o2000),
+        "the kubelet's emptyDir on the node: group 2000, setgid"
+    );
+    assert_eq!(
+        sh("stat -c '%g %a' /memory /memory/f"),
+        format!("2000 {node_mode:o}\n2000 644\n")
+    );
     let overfill = k
         .run(
             &[

@@ -202,6 +202,12 @@ pub fn create_request(
     }
     let mut mounts = Vec::new();
     let mut binds = Vec::new();
+    // The CRI plugin names the container's pod (containerd 1.7 and later).
+    let pod_uid = spec
+        .annotations()
+        .as_ref()
+        .and_then(|a| a.get(super::SANDBOX_UID_ANNOTATION))
+        .map(String::as_str);
     for m in spec.mounts().iter().flatten() {
         let fstype = m.typ().clone().unwrap_or_default();
         let destination = m.destination().to_string_lossy().into_owned();
@@ -216,7 +222,7 @@ pub fn create_request(
                     source.display()
                 )));
             }
-            if let Some(bind) = super::pod_volume::memory_empty_dir(&source)? {
+            if let Some(bind) = super::pod_volume::memory_empty_dir(&source, pod_uid)? {
                 mounts.push(Mount {
                     destination,
                     type_: "bind".into(),

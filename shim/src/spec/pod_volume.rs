@@ -10,7 +10,7 @@
 //! writes through the whole volume another reads through its subPath. The node's tmpfs
 //! stays empty.
 
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Component, Path, PathBuf};
 
 use nix::sys::statfs::{statfs, TMPFS_MAGIC};
@@ -63,6 +63,12 @@ fn subpath_volume(source: &Path) -> Option<(PathBuf, String)> {
     }
 }
 
+/// Whether the kubelet's `pod_dir` (`<kubelet root>/pods/<uid>`) is the pod `pod_uid`'s
+/// (any pod's when the spec does not name it, as containerd 1.6 does not).
+fn of_pod(pod_dir: &Path, pod_uid: Option<&str>) -> bool {
+    pod_uid.is_none_or(|uid| pod_dir.file_name() == Some(std::ffi::OsStr::new(uid)))
+}
+
 /// Whether `dir` is a directory with a tmpfs mounted on it (its device is not its parent's).
 fn is_tmpfs_mount(dir: &Path) -> Result<bool, Error> {
     let what = || format!("the emptyDir volume at {}", dir.display());
@@ -78,7 +84,8 @@ fn is_tmpfs_mount(dir: &Path) -> Result<bool, Error> {
     Ok(fs.filesystem_type() == TMPFS_MAGIC)
 }
 
-/// The pod volume the kubelet's tmpfs at `dir` stands for: its size and mode.
+/// The pod volume the kubelet's tmpfs at `dir` stands for: its size, mode and owner (the
+/// kubelet gives it the pod's fsGroup and the setgid bit).
 fn describe(dir: &Path, name: &str) -> Result<PodVolume, Error> {
     let what = || format!("the emptyDir volume at {}", dir.display());
     let label = name.len() <= MAX_NAME_LEN
@@ -95,11 +102,7 @@ fn describe(dir: &Path, name: &str) -> Result<PodVolume, Error> {
         )));
     }
     let fs = statfs(dir).map_err(|e| Error::io(format!("statfs {}", what()), e.into()))?;
-    let mode = std::fs::metadata(dir)
-        .map_err(|e| Error::io(format!("stat {}", what()), e))?
-        .permissions()
-        .mode()
-        & 0o7777;
+    let meta = std::fs::metadata(dir).map_err(|e| Error::io(format!("stat {}", what()), e))?;
     let size_bytes = u64::try_from(fs.block_size())
         .ok()
         .and_then(|size| fs.blocks().checked_mul(size))
@@ -108,17 +111,24 @@ fn describe(dir: &Path, name: &str) -> Result<PodVolume, Error> {
     Ok(PodVolume {
         name: name.into(),
         size_bytes,
-        mode,
+        mode: meta.mode() & 0o7777,
+        uid: meta.uid(),
+        gid: meta.gid(),
         ..Default::default()
     })
 }
 
 /// What a bind of `source` stands for: `Some` when it is a kubelet emptyDir on a tmpfs
-/// (medium Memory), whole or a subPath of it; `None` for any other path (a bind through the
-/// share).
-pub fn memory_empty_dir(source: &Path) -> Result<Option<MemoryVolumeBind>, Error> {
-    if let Some((_, name)) = whole_volume(source) {
-        if !is_tmpfs_mount(source)? {
+/// (medium Memory), whole or a subPath of it, of the pod `pod_uid` (when the spec names it);
+/// `None` for any other path (a bind through the share), another pod's volume among them
+/// (a hostPath to it: the node's directory, not this pod's tmpfs of the same name).
+pub fn memory_empty_dir(
+    source: &Path,
+    pod_uid: Option<&str>,
+) -> Result<Option<MemoryVolumeBind>, Error> {
+    let ours = |pod_dir: &Path| of_pod(pod_dir, pod_uid);
+    if let Some((pod_dir, name)) = whole_volume(source) {
+        if !ours(&pod_dir) || !is_tmpfs_mount(source)? {
             return Ok(None);
         }
         return Ok(Some(MemoryVolumeBind {
@@ -126,7 +136,7 @@ pub fn memory_empty_dir(source: &Path) -> Result<Option<MemoryVolumeBind>, Error
             subpath: String::new(),
         }));
     }
-    let Some((pod_dir, name)) = subpath_volume(source) else {
+    let Some((pod_dir, name)) = subpath_volume(source).filter(|(dir, _)| ours(dir)) else {
         return Ok(None);
     };
     let volume_dir = pod_dir.join("volumes").join(EMPTY_DIR_PLUGIN).join(&name);
@@ -269,6 +279,7 @@ mod tests {
         let volume = describe(shm, "cache").unwrap();
         assert_eq!(volume.name, "cache");
         assert_eq!(volume.mode, 0o1777);
+        assert_eq!((volume.uid, volume.gid), (0, 0));
         assert_eq!(
             volume.size_bytes,
             fs.blocks() as u64 * fs.block_size() as u64
@@ -278,13 +289,22 @@ mod tests {
     }
 
     #[test]
+    fn only_the_pods_own_volumes_are_its_pod_volumes() {
+        let pod = Path::new("/var/lib/kubelet/pods/1234");
+        assert!(of_pod(pod, Some("1234")));
+        assert!(of_pod(pod, None));
+        assert!(!of_pod(pod, Some("5678")));
+        assert!(!of_pod(pod, Some("")));
+    }
+
+    #[test]
     fn directories_that_are_not_tmpfs_mounts_stay_binds() {
         // A directory on a tmpfs but no mount of its own, and one on the checkout's disk.
         for base in ["/dev/shm", env!("CARGO_MANIFEST_DIR")] {
             let pod = PodDir::under(base, "plain");
             assert!(!is_tmpfs_mount(&pod.volume("plain")).unwrap(), "{base}");
-            assert_eq!(memory_empty_dir(&pod.volume("plain")).unwrap(), None);
+            assert_eq!(memory_empty_dir(&pod.volume("plain"), None).unwrap(), None);
         }
-        assert_eq!(memory_empty_dir(Path::new("/")).unwrap(), None);
+        assert_eq!(memory_empty_dir(Path::new("/"), None).unwrap(), None);
     }
 }
