@@ -11,20 +11,20 @@ use vmlet_integration::cluster::Cluster;
 use vmlet_integration::unique_id;
 
 /// How long pods whose VMs boot under TCG may take to become Ready, four at a time.
-const READY_DEADLINE: Duration = Duration::from_secs(300);
+pub(crate) const READY_DEADLINE: Duration = Duration::from_secs(300);
 
-fn cluster() -> Cluster {
+pub(crate) fn cluster() -> Cluster {
     Cluster::from_env().expect("the test cluster")
 }
 
 /// A namespace of its own for one test, deleted (with what is in it) at the end.
-struct Namespace<'a> {
+pub(crate) struct Namespace<'a> {
     cluster: &'a Cluster,
-    name: String,
+    pub(crate) name: String,
 }
 
 impl<'a> Namespace<'a> {
-    fn new(cluster: &'a Cluster, prefix: &str) -> Self {
+    pub(crate) fn new(cluster: &'a Cluster, prefix: &str) -> Self {
         let name = unique_id(prefix);
         cluster.ok(&["create", "namespace", &name]).unwrap();
         Namespace { cluster, name }
@@ -170,7 +170,7 @@ spec:
 }
 
 /// Waits (at most `limit`) until `kubectl wait --for=condition=Ready` says so for `pod`.
-fn wait_ready(k: &Cluster, ns: &str, pod: &str, limit: Duration) {
+pub(crate) fn wait_ready(k: &Cluster, ns: &str, pod: &str, limit: Duration) {
     let out = k
         .run(
             &[

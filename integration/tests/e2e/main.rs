@@ -22,6 +22,7 @@ mod guest_boundary;
 mod guest_fill;
 mod guest_privileges;
 mod k8s;
+mod k8s_token;
 mod leftovers;
 mod metrics;
 mod nerdctl;
