@@ -52,6 +52,12 @@ pub fn run() -> ! {
 /// Everything that needs the guest's view: mounts, devices, hostname, then the move into
 /// the rootfs.
 fn prepare(spec: &InitSpec) -> Result<(), String> {
+    // A cgroup namespace rooted at the container's cgroup (the agent put this process there
+    // before it sent the spec), as runc gives one on a cgroup v2 node: the container's
+    // `/sys/fs/cgroup` is its own cgroup, with its limits at the top (memory.max, cpu.max),
+    // and `/proc/self/cgroup` says `0::/`.
+    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWCGROUP)
+        .map_err(|e| format!("make the container's cgroup namespace: {e}"))?;
     let rootfs = PathBuf::from(&spec.rootfs);
     mount(
         None::<&str>,

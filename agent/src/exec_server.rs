@@ -31,7 +31,7 @@ use crate::init_spec::ProcessSpec;
 
 /// The namespaces an exec process shares with its container's init. The mount namespace
 /// comes last: after it, the init's /proc entries are out of reach.
-const NAMESPACES: &[&str] = &["ipc", "uts", "pid", "mnt"];
+const NAMESPACES: &[&str] = &["ipc", "uts", "pid", "cgroup", "mnt"];
 
 /// Descriptors in one request: stdin, stdout, stderr, spec, start, status.
 pub const REQUEST_FDS: usize = 6;

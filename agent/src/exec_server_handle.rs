@@ -44,7 +44,7 @@ impl ExecServer {
         let stdio = crate::process_stdio::helper_stdio()?;
         let spec = ExecServerSpec { init_pid };
         let helper = Helper::ExecServer(server_end.as_raw_fd());
-        let (_, launched, exit) = reaper.track(|| launch(helper, &spec, stdio))?;
+        let (_, launched, exit) = reaper.track(|| launch(helper, &spec, stdio, |_| Ok(())))?;
         drop(server_end);
         let Launched { start, status } = launched;
         drop(start);

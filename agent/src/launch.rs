@@ -47,12 +47,15 @@ pub enum Helper {
     ExecServer(std::os::fd::RawFd),
 }
 
-/// Clones a child running `helper` and sends it `spec` (serialized as JSON). Returns the
-/// child's PID (as seen by the agent).
+/// Clones a child running `helper`, calls `before_spec` with its PID (the child waits for
+/// its spec: a container's init is put in its cgroup there, before it makes its cgroup
+/// namespace), and sends it `spec` (serialized as JSON). Returns the child's PID (as seen by
+/// the agent); a child whose `before_spec` failed is killed.
 pub fn launch(
     helper: Helper,
     spec: &impl serde::Serialize,
     stdio: ChildStdio,
+    before_spec: impl FnOnce(i32) -> Result<(), Error>,
 ) -> Result<(i32, Launched), Error> {
     let json = encode(spec)?;
     let exe = std::env::current_exe().map_err(|e| Error::io("find own executable", e))?;
@@ -136,6 +139,14 @@ pub fn launch(
         ));
     }
     drop((spec_r, start_r, status_w, stdio));
+    if let Err(e) = before_spec(pid as i32) {
+        // Its spec pipe closes with this: it gives up, and is killed in case it does not.
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+        return Err(e);
+    }
     std::fs::File::from(spec_w)
         .write_all(&json)
         .map_err(|e| Error::io("send init spec", e))?;

@@ -179,7 +179,10 @@ impl AgentService {
     ) -> Result<Arc<Process>, Error> {
         let (child, host, pty) = stdio_for(stdio, terminal)?;
         let (pid, launched, exit) = match start {
-            Start::Init(helper, spec) => self.reaper.track(|| launch(helper, spec, child))?,
+            // In its cgroup before it reads its spec: its cgroup namespace is rooted there.
+            Start::Init(helper, spec) => self
+                .reaper
+                .track(|| launch(helper, spec, child, |pid| cgroup.add(pid)))?,
             Start::Exec(server, spec) => {
                 // A round trip to the server (a clone), bounded by its answer timeout.
                 let (pid, launched) =

@@ -123,6 +123,14 @@ spec:
         "fewer than 4 vmlet domains for 4 pods"
     );
 
+    // Only the deployment's VMs and state are waited for: another test's pod may run beside.
+    let sandboxes = sandboxes_in(&s, &ns.name);
+    assert!(
+        sandboxes.len() >= 4,
+        "sandboxes of the deployment: {sandboxes:?}"
+    );
+    let ours = |names: Vec<String>| of_sandboxes(names, &sandboxes);
+
     k.ok(&["scale", "deployment/web", "-n", &ns.name, "--replicas=0"])
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(180);
@@ -141,23 +149,25 @@ spec:
     }
     // The kubelet removes the sandboxes after their pods: every VM and pod state goes.
     let deadline = Instant::now() + Duration::from_secs(120);
-    while !s.vmlet_domains().unwrap().is_empty() {
+    while !ours(s.vmlet_domains().unwrap()).is_empty() {
         assert!(
             Instant::now() < deadline,
             "vmlet domains left after scaling to 0: {:?}",
-            s.vmlet_domains().unwrap()
+            ours(s.vmlet_domains().unwrap())
         );
         std::thread::sleep(Duration::from_secs(1));
     }
     let state = std::path::Path::new(&s.dir).join("state");
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let left: Vec<_> = std::fs::read_dir(&state)
-            .unwrap()
-            .flatten()
-            .filter(|e| e.path().is_dir())
-            .map(|e| e.file_name())
-            .collect();
+        let left = ours(
+            std::fs::read_dir(&state)
+                .unwrap()
+                .flatten()
+                .filter(|e| e.path().is_dir())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect(),
+        );
         if left.is_empty() {
             break;
         }
@@ -167,6 +177,36 @@ spec:
         );
         std::thread::sleep(Duration::from_secs(1));
     }
+}
+
+/// The CRI plugin's ids of the sandboxes of the pods in namespace `ns` (the names of their
+/// VMs, `vmlet-<id>`, and state directories).
+fn sandboxes_in(s: &vmlet_integration::Stack, ns: &str) -> Vec<String> {
+    let listed =
+        vmlet_integration::bounded::output(vmlet_integration::cri::crictl(&s.containerd).args([
+            "pods",
+            "--namespace",
+            ns,
+            "-q",
+        ]))
+        .unwrap();
+    assert!(
+        listed.status.success(),
+        "crictl pods: {}",
+        text(&listed.stderr)
+    );
+    text(&listed.stdout)
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The `names` (VMs, state directories) that are of one of `sandboxes`.
+fn of_sandboxes(names: Vec<String>, sandboxes: &[String]) -> Vec<String> {
+    names
+        .into_iter()
+        .filter(|n| sandboxes.iter().any(|id| n.ends_with(id.as_str())))
+        .collect()
 }
 
 /// Waits (at most `limit`) until `kubectl wait --for=condition=Ready` says so for `pod`.
@@ -694,8 +734,10 @@ spec:
         k.ok(&["exec", "big", "-n", &ns.name, "--", "sh", "-c", script])
             .unwrap()
     };
-    // Its own cgroup in the guest (no cgroup namespace: the path is the guest's).
-    let limit = sh("cat /sys/fs/cgroup$(cut -d: -f3 /proc/self/cgroup)/memory.max");
+    // Its own cgroup at the top of its cgroup namespace, as runc shows it on a cgroup v2
+    // node: for the container's init and for an exec.
+    assert_eq!(sh("cat /proc/1/cgroup /proc/self/cgroup"), "0::/\n0::/\n");
+    let limit = sh("cat /sys/fs/cgroup/memory.max");
     assert_eq!(limit.trim(), "1073741824");
     // 768 MiB in one string, held by awk.
     let used = sh("awk 'BEGIN { s = sprintf(\"%805306368s\", \"\"); print length(s) }'");
@@ -812,7 +854,6 @@ spec:
         ns = ns.name,
         image = s.image
     );
-    let domains_before = s.vmlet_domains().unwrap().len();
     k.apply(&deployment).unwrap();
     let rollout = k
         .run(
@@ -828,7 +869,10 @@ spec:
         )
         .unwrap();
     assert!(rollout.status.success(), "{}", text(&rollout.stderr));
-    assert_eq!(s.vmlet_domains().unwrap().len(), domains_before + 2);
+    // Its pods' VMs (another test's pod may run beside).
+    let sandboxes = sandboxes_in(&s, &ns.name);
+    let ours = || of_sandboxes(s.vmlet_domains().unwrap(), &sandboxes);
+    assert_eq!(ours().len(), 2, "the VMs of the deployment's 2 pods");
 
     struct Uncordon<'a>(&'a Cluster);
     impl Drop for Uncordon<'_> {
@@ -861,7 +905,7 @@ spec:
     eventually(
         Duration::from_secs(120),
         "the evicted pods' VMs gone",
-        || (s.vmlet_domains().unwrap().len() == domains_before).then_some(()),
+        || ours().is_empty().then_some(()),
     );
 }
 
