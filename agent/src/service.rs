@@ -187,14 +187,15 @@ impl AgentService {
                 // A round trip to the server (a clone), bounded by its answer timeout.
                 let (pid, launched) =
                     tokio::task::block_in_place(|| server.request(id, spec, child))?;
-                (pid, launched, self.reaper.adopt(pid))
+                let exit = self.reaper.adopt(pid);
+                // Before it may start: everything it forks is counted there.
+                if let Err(e) = cgroup.add(pid) {
+                    let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+                    return Err(e);
+                }
+                (pid, launched, exit)
             }
         };
-        // Before it may start: everything it (or an exec's process) forks is counted there.
-        if let Err(e) = cgroup.add(pid) {
-            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
-            return Err(e);
-        }
         let process = Arc::new(Process::new(
             pid,
             exit,
