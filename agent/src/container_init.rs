@@ -244,9 +244,19 @@ fn bind_one(root: &Rootfs, m: &crate::init_spec::MountSpec) -> Result<(), String
                 .map_err(|e| format!("look up {} in {base}: {e}", m.source))?;
             beneath = match found {
                 Some(fd) => fd,
-                None => base_dir
-                    .make_dir(&m.source)
-                    .map_err(|e| format!("make {} in {base}: {e}", m.source))?,
+                // As the kubelet makes a missing subPath: directories of the volume root's
+                // permission bits (a non-root user of the pod's fsGroup writes there).
+                None => {
+                    let root_mode = nix::sys::stat::stat(Path::new(base))
+                        .map_err(|e| format!("stat {base}: {e}"))?
+                        .st_mode;
+                    base_dir
+                        .make_dir_with_mode(
+                            &m.source,
+                            nix::sys::stat::Mode::from_bits_truncate(root_mode & 0o777),
+                        )
+                        .map_err(|e| format!("make {} in {base}: {e}", m.source))?
+                }
             };
             proc_path(&beneath)
         }

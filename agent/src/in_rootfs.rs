@@ -84,6 +84,17 @@ impl Rootfs {
     /// `path` as a directory beneath the rootfs, made with its parents where missing
     /// (mode 0755).
     pub fn make_dir(&self, path: &str) -> Result<OwnedFd, Errno> {
+        self.make_dir_as(path, None)
+    }
+
+    /// As [`Rootfs::make_dir`], each directory it makes given exactly `mode` (past the
+    /// umask, through its descriptor), as the kubelet makes a subPath's: the mode of the
+    /// volume's root.
+    pub fn make_dir_with_mode(&self, path: &str, mode: Mode) -> Result<OwnedFd, Errno> {
+        self.make_dir_as(path, Some(mode))
+    }
+
+    fn make_dir_as(&self, path: &str, exact: Option<Mode>) -> Result<OwnedFd, Errno> {
         let parts = parts(path);
         let mut dir = self.resolve(&[], OFlag::O_DIRECTORY)?;
         for i in 0..parts.len() {
@@ -92,15 +103,23 @@ impl Rootfs {
                 Err(Errno::ENOENT) => {
                     // `dir` is the resolved parent: the new name is made in it, whatever
                     // links led there.
-                    match nix::sys::stat::mkdirat(
-                        dir.as_fd(),
-                        parts[i],
-                        Mode::from_bits_truncate(0o755),
-                    ) {
-                        Ok(()) | Err(Errno::EEXIST) => {}
+                    let mode = exact.unwrap_or(Mode::from_bits_truncate(0o755));
+                    let made = match nix::sys::stat::mkdirat(dir.as_fd(), parts[i], mode) {
+                        Ok(()) => true,
+                        Err(Errno::EEXIST) => false,
                         Err(e) => return Err(e),
+                    };
+                    let fd = self.resolve(&parts[..=i], OFlag::O_DIRECTORY)?;
+                    if let (true, Some(mode)) = (made, exact) {
+                        use std::os::unix::fs::PermissionsExt;
+                        // The new directory itself, through its descriptor's magic link.
+                        std::fs::set_permissions(
+                            proc_path(&fd),
+                            std::fs::Permissions::from_mode(mode.bits()),
+                        )
+                        .map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)))?;
                     }
-                    self.resolve(&parts[..=i], OFlag::O_DIRECTORY)?
+                    fd
                 }
                 Err(e) => return Err(e),
             };
@@ -193,6 +212,31 @@ mod tests {
             .map(|e| e.unwrap().file_name())
             .collect();
         assert_eq!(outside, vec![std::ffi::OsString::from("rootfs")]);
+    }
+
+    #[test]
+    fn directories_made_with_a_mode_get_exactly_it_and_what_is_there_is_kept() {
+        use std::os::unix::fs::PermissionsExt;
+        let (_dir, root) = hostile_rootfs();
+        std::fs::create_dir(root.join("tmp/kept")).unwrap();
+        std::fs::set_permissions(root.join("tmp/kept"), PermissionsExt::from_mode(0o700)).unwrap();
+        let rootfs = Rootfs::open(&root).unwrap();
+        // Past any umask (0022 at least where the tests run).
+        let made = rootfs
+            .make_dir_with_mode("/dev/kept/a/b", Mode::from_bits_truncate(0o777))
+            .unwrap();
+        assert_eq!(real(&made), root.join("tmp/kept/a/b"));
+        let mode = |p: &str| {
+            std::fs::metadata(root.join(p))
+                .unwrap()
+                .permissions()
+                .mode()
+                & 0o7777
+        };
+        assert_eq!(
+            (mode("tmp/kept"), mode("tmp/kept/a"), mode("tmp/kept/a/b")),
+            (0o700, 0o777, 0o777)
+        );
     }
 
     #[test]

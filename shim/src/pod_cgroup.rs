@@ -18,8 +18,14 @@ pub struct PodCgroup {
 /// Where the host's cgroup hierarchies are mounted (cgroup v1 controllers and cgroup2),
 /// from `/proc/self/mountinfo`.
 pub fn hierarchies() -> Vec<PathBuf> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    hierarchies_in(&info)
+    match crate::share::read_mountinfo() {
+        Ok(info) => hierarchies_in(&info),
+        Err(e) => {
+            // Without them no pod cgroup is made or read: said, not taken silently.
+            log::warn!("the node's cgroup hierarchies: read /proc/self/mountinfo: {e}");
+            Vec::new()
+        }
+    }
 }
 
 fn hierarchies_in(mountinfo: &str) -> Vec<PathBuf> {

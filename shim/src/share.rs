@@ -217,8 +217,7 @@ fn unmount_checked(pod_dir: &Path, target: &Path) -> Result<(), Error> {
 /// Unmounts whatever is still mounted below `dir` (deepest first), e.g. after the state file
 /// that listed it was lost, so that nothing stops its removal.
 pub fn unmount_below(dir: &Path) -> Result<(), Error> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo")
-        .map_err(io_error("read /proc/self/mountinfo".into()))?;
+    let info = read_mountinfo().map_err(io_error("read /proc/self/mountinfo".into()))?;
     let mut below: Vec<PathBuf> = mount_points(&info)
         .into_iter()
         .filter(|p| p.starts_with(dir) && p != dir)
@@ -235,6 +234,14 @@ fn mount_points(mountinfo: &str) -> Vec<PathBuf> {
         .filter_map(|line| line.split(' ').nth(4))
         .map(|escaped| PathBuf::from(unescape(escaped)))
         .collect()
+}
+
+/// `/proc/self/mountinfo`'s text. Its paths are bytes, escaped only for space, tab, newline
+/// and backslash: a mount anyone on the node made at a name that is not UTF-8 (a user's FUSE
+/// mount) is taken lossily, instead of making every reader fail; the paths vmlet looks for
+/// are its own and the kubelet's, UTF-8.
+pub(crate) fn read_mountinfo() -> io::Result<String> {
+    std::fs::read("/proc/self/mountinfo").map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
 }
 
 /// A `/proc/self/mountinfo` field with its octal escapes (`\040` for a space) decoded.

@@ -447,6 +447,7 @@ spec:
     image: {image}
     imagePullPolicy: Never
     command: ["sh", "-c", "trap 'exit 0' TERM; while :; do sleep 1; done"]
+    securityContext: {{runAsUser: 1000}}
     volumeMounts:
     - {{name: memory, mountPath: /memory}}
     - {{name: memory, mountPath: /etc/app.yaml, subPath: conf/app.yaml}}
@@ -500,6 +501,12 @@ spec:
     assert_eq!(sh_in("peer", "cat /etc/app.yaml"), "from-init\n");
     sh("echo late >/memory/fresh/x");
     assert_eq!(sh_in("peer", "cat /fresh/x"), "late\n");
+    // The subPath's directory was made as the kubelet makes one, with the volume root's
+    // permission bits: the peer, not root, writes in it.
+    assert_eq!(
+        sh_in("peer", "id -u && echo mine >/fresh/own && cat /fresh/own"),
+        "1000\nmine\n"
+    );
     let uid = k
         .jsonpath(&["pod", "volumes"], Some(&ns.name), "{.metadata.uid}")
         .unwrap();

@@ -143,8 +143,8 @@ pub fn memory_empty_dir(
     if !is_tmpfs_mount(&volume_dir)? {
         return Ok(None);
     }
-    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")
-        .map_err(|e| Error::io("read /proc/self/mountinfo", e))?;
+    let mountinfo =
+        crate::share::read_mountinfo().map_err(|e| Error::io("read /proc/self/mountinfo", e))?;
     // As the kernel names them (a kubelet root behind a link is its target there).
     let canonical = |path: &Path| {
         std::fs::canonicalize(path).map_err(|e| Error::io(format!("resolve {}", path.display()), e))
