@@ -121,11 +121,15 @@ fn describe(dir: &Path, name: &str) -> Result<PodVolume, Error> {
 /// What a bind of `source` stands for: `Some` when it is a kubelet emptyDir on a tmpfs
 /// (medium Memory), whole or a subPath of it, of the pod `pod_uid` (when the spec names it);
 /// `None` for any other path (a bind through the share), another pod's volume among them
-/// (a hostPath to it: the node's directory, not this pod's tmpfs of the same name).
+/// (a hostPath to it: the node's directory, not this pod's tmpfs of the same name). The
+/// path is taken as the kernel resolves it: a hostPath through a link (a `pods/<uid>` that
+/// links to another pod's directory) is judged by where it leads.
 pub fn memory_empty_dir(
     source: &Path,
     pod_uid: Option<&str>,
 ) -> Result<Option<MemoryVolumeBind>, Error> {
+    let source = &std::fs::canonicalize(source)
+        .map_err(|e| Error::io(format!("resolve {}", source.display()), e))?;
     let ours = |pod_dir: &Path| of_pod(pod_dir, pod_uid);
     if let Some((pod_dir, name)) = whole_volume(source) {
         if !ours(&pod_dir) || !is_tmpfs_mount(source)? {
