@@ -149,12 +149,11 @@ pub fn memory_empty_dir(
     }
     let mountinfo =
         crate::share::read_mountinfo().map_err(|e| Error::io("read /proc/self/mountinfo", e))?;
-    // As the kernel names them (a kubelet root behind a link is its target there).
-    let canonical = |path: &Path| {
-        std::fs::canonicalize(path).map_err(|e| Error::io(format!("resolve {}", path.display()), e))
-    };
-    let (at, volume_at) = (canonical(source)?, canonical(&volume_dir)?);
-    let subpath = subpath_in(&mountinfo, &at, &volume_at).ok_or_else(|| {
+    // As the kernel names them (a kubelet root behind a link is its target there): `source`
+    // is resolved already, above.
+    let volume_at = std::fs::canonicalize(&volume_dir)
+        .map_err(|e| Error::io(format!("resolve {}", volume_dir.display()), e))?;
+    let subpath = subpath_in(&mountinfo, source, &volume_at).ok_or_else(|| {
         Error::FailedPrecondition(format!(
             "{}: a subPath of the memory emptyDir {name}, but no mount of a path inside {} is there",
             source.display(),
