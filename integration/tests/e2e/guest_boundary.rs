@@ -620,3 +620,103 @@ fn containerd_is_told_host_pids_not_the_guests() {
         text(&ps.stdout)
     );
 }
+
+/// Starts a process that looks like the virtiofsd of the share `share` by its command line
+/// (`exec -a virtiofsd ... -o source=SHARE`), as `uid` (none: as root), which lives until
+/// it is killed (a shell reading its stdin, a pipe of the test's: no child is left to hold
+/// the test's output).
+fn decoy_virtiofsd(share: &str, uid: Option<u32>) -> std::process::Child {
+    let mut command = std::process::Command::new("setpriv");
+    if let Some(uid) = uid {
+        command.args([
+            &format!("--reuid={uid}"),
+            &format!("--regid={uid}"),
+            "--clear-groups",
+        ]);
+    }
+    command
+        .args([
+            "bash",
+            "-c",
+            "exec -a virtiofsd bash -c 'read -r _' virtiofsd --fd=3 -o \"source=$1\"",
+            "decoy",
+            share,
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start a decoy virtiofsd")
+}
+
+/// A local user's decoy virtiofsd (its command line names the pod's share before the pod
+/// boots: a ctr pod's id is known beforehand) is not taken for the pod's: it stays in its
+/// own cgroup, the pod's own virtiofsd joins the pod's cgroup, and the pod runs on once
+/// the decoys are gone. Root's decoy (another executable) is not taken either.
+#[test]
+#[ignore = "needs the vmlet stack: make test"]
+fn a_decoy_virtiofsd_is_neither_moved_nor_fatal() {
+    let s = stack();
+    let pod = unique_id("decoy");
+    let parent = format!("/vmlet-e2e/{pod}");
+    let share = format!("{}/state/{pod}/share", s.dir);
+    let mut decoys = [
+        decoy_virtiofsd(&share, Some(65534)),
+        decoy_virtiofsd(&share, None),
+    ];
+    // The decoys are running (their command lines set) before the pod starts.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let decoy_pids: Vec<u32> = decoys.iter().map(|d| d.id()).collect();
+    while pids_of(&s, &["virtiofsd", &format!("source={share}")]).len() < 2 {
+        assert!(Instant::now() < deadline, "the decoys did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let before: Vec<Vec<String>> = decoy_pids.iter().map(|p| cgroups_of(*p)).collect();
+
+    let started = s.run_detached_with(&pod, &["--cgroup", &parent], &["sleep", "1000"]);
+    let real: Vec<u32> = pids_of(&s, &["virtiofsd", &format!("source={share}")])
+        .into_iter()
+        .filter(|p| !decoy_pids.contains(p))
+        .collect();
+    let after: Vec<Vec<String>> = decoy_pids.iter().map(|p| cgroups_of(*p)).collect();
+    let real_cgroups: Vec<Vec<String>> = real.iter().map(|p| cgroups_of(*p)).collect();
+    for decoy in decoys.iter_mut() {
+        let _ = decoy.kill();
+        let _ = decoy.wait();
+    }
+    let answer = started
+        .as_ref()
+        .ok()
+        .map(|()| s.ctr_output(&["task", "exec", "--exec-id", "after", &pod, "echo", "alive"]));
+    let _ = s.kill_and_remove(&pod);
+    remove_pod_cgroups(&parent);
+
+    started.expect("the pod boots beside the decoys");
+    assert_eq!(before, after, "a decoy virtiofsd was moved");
+    for (decoy, lines) in decoy_pids.iter().zip(&after) {
+        assert!(
+            lines.iter().all(|l| !l.contains(&parent)),
+            "decoy {decoy} is in the pod's cgroup: {lines:?}"
+        );
+    }
+    println!("decoys {decoy_pids:?} stayed in {after:?}; the pod's virtiofsd {real:?} is in {real_cgroups:?}");
+    assert!(
+        !real.is_empty(),
+        "no virtiofsd of the pod's besides the decoys"
+    );
+    for lines in &real_cgroups {
+        for line in lines {
+            assert!(
+                line.ends_with(&parent),
+                "the pod's virtiofsd is not in the pod's cgroup {parent}: {line}"
+            );
+        }
+    }
+    let answer = answer.unwrap().unwrap();
+    assert_eq!(
+        text(&answer.stdout).trim(),
+        "alive",
+        "the pod does not answer after the decoys ended: {}",
+        text(&answer.stderr)
+    );
+}
