@@ -810,7 +810,7 @@ mod tests {
             "<maxMemory slots=\"1\" unit=\"MiB\">2048</maxMemory>",
             "<memory unit=\"MiB\">512</memory>",
             "<cpu><numa><cell id=\"0\" cpus=\"0-1\" memory=\"512\" unit=\"MiB\"/></numa></cpu>",
-            "<memory model=\"virtio-mem\"><target><size unit=\"MiB\">1536</size><node>0</node><block unit=\"MiB\">2</block><requested unit=\"MiB\">0</requested></target><alias name=\"ua-vmlet-mem\"/><address type=\"pci\" domain=\"0x0000\" bus=\"0x00\" slot=\"0x11\" function=\"0x0\"/></memory>",
+            "<memory model=\"virtio-mem\"><target><size unit=\"MiB\">1536</size><node>0</node><block unit=\"MiB\">4</block><requested unit=\"MiB\">0</requested></target><alias name=\"ua-vmlet-mem\"/><address type=\"pci\" domain=\"0x0000\" bus=\"0x00\" slot=\"0x11\" function=\"0x0\"/></memory>",
         ] {
             assert!(xml.contains(expected), "missing {expected} in\n{xml}");
         }
