@@ -15,6 +15,9 @@ const ROOT: &str = "/sys/fs/cgroup";
 const PARENT: &str = "vmlet";
 /// Controllers containers get, where the kernel has them.
 const CONTROLLERS: &[&str] = &["cpu", "memory", "pids", "io"];
+/// The most cgroups of one container (its own and those it made below) that are searched
+/// for its processes or removed with it.
+const MAX_CGROUPS: usize = 1024;
 
 /// Enables the controllers for the containers' parent. Called once at boot.
 pub fn init() -> Result<(), Error> {
@@ -70,8 +73,14 @@ impl Cgroup {
             )));
         }
         let path = parent.join(id);
+        let reused = path.exists();
         mkdir(&path)?;
-        Ok(Self { path })
+        let cgroup = Self { path };
+        if reused {
+            // A container of that id that was removed while frozen left it so.
+            cgroup.set("cgroup.freeze", "0")?;
+        }
+        Ok(cgroup)
     }
 
     /// Applies limits; a zero or negative value means "no limit".
@@ -101,13 +110,72 @@ impl Cgroup {
         self.set("cgroup.procs", &pid.to_string())
     }
 
-    /// The guest PIDs of every process in the cgroup (what `ps` and "signal all" cover, as
-    /// for runc: also right when the container shares the pod's PID namespace).
+    /// Moves an exec process into the cgroup, or, when the container has made its cgroup a
+    /// parent (controllers enabled below it: it may hold no process, EBUSY), into its init's
+    /// cgroup below it, as runc does.
+    pub fn add_exec(&self, pid: i32, init: i32) -> Result<(), Error> {
+        match self.add(pid) {
+            Err(Error::Io { source, .. }) if source.raw_os_error() == Some(libc::EBUSY) => {
+                let text = read(Path::new(&format!("/proc/{init}/cgroup")))?;
+                let beside = self.below(&text).ok_or_else(|| {
+                    Error::InvalidRequest(format!(
+                        "{} holds no process and the container's init is not below it",
+                        self.path.display()
+                    ))
+                })?;
+                write(&beside.join("cgroup.procs"), &pid.to_string())
+            }
+            other => other,
+        }
+    }
+
+    /// The directory of a `/proc/PID/cgroup` text's v2 cgroup (`0::/path`, read from the
+    /// agent's cgroup namespace) when it is this one or below it.
+    fn below(&self, proc_cgroup: &str) -> Option<PathBuf> {
+        let relative = proc_cgroup.lines().find_map(|l| l.strip_prefix("0::"))?;
+        let path = Path::new(ROOT).join(relative.trim_start_matches('/'));
+        let clean = path.components().all(|c| {
+            matches!(
+                c,
+                std::path::Component::RootDir | std::path::Component::Normal(_)
+            )
+        });
+        (clean && path.starts_with(&self.path)).then_some(path)
+    }
+
+    /// The container's cgroup and those it made below itself (a privileged container may),
+    /// deepest last; at most [`MAX_CGROUPS`].
+    fn tree(&self) -> Vec<PathBuf> {
+        let mut found = vec![self.path.clone()];
+        let mut next = 0;
+        while next < found.len() && found.len() < MAX_CGROUPS {
+            let dirs = std::fs::read_dir(&found[next])
+                .into_iter()
+                .flatten()
+                .flatten();
+            for entry in dirs {
+                if entry.file_type().is_ok_and(|t| t.is_dir()) && found.len() < MAX_CGROUPS {
+                    found.push(entry.path());
+                }
+            }
+            next += 1;
+        }
+        found
+    }
+
+    /// The guest PIDs of every process in the cgroup and below it (what `ps` and "signal
+    /// all" cover, as for runc: also right when the container shares the pod's PID
+    /// namespace, or has moved processes into cgroups of its own).
     pub fn pids(&self) -> Vec<i32> {
-        read(&self.path.join("cgroup.procs"))
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| l.trim().parse().ok())
+        self.tree()
+            .iter()
+            .flat_map(|dir| {
+                read(&dir.join("cgroup.procs"))
+                    .unwrap_or_default()
+                    .lines()
+                    .filter_map(|l| l.trim().parse().ok())
+                    .collect::<Vec<i32>>()
+            })
             .collect()
     }
 
@@ -160,20 +228,25 @@ impl Cgroup {
         }
     }
 
-    /// Removes the (empty) cgroup; processes that are still being reaped keep it busy for
-    /// a moment.
+    /// Removes the (empty) cgroup and those below it, deepest first; processes that are
+    /// still being reaped keep one busy for a moment.
     pub fn remove(&self) -> Result<(), Error> {
         let deadline = Instant::now() + Duration::from_secs(2);
-        loop {
-            match std::fs::remove_dir(&self.path) {
-                Ok(()) => return Ok(()),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-                Err(e) if Instant::now() < deadline && e.raw_os_error() == Some(libc::EBUSY) => {
-                    std::thread::sleep(Duration::from_millis(10))
+        for dir in self.tree().iter().rev() {
+            loop {
+                match std::fs::remove_dir(dir) {
+                    Ok(()) => break,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => break,
+                    Err(e)
+                        if Instant::now() < deadline && e.raw_os_error() == Some(libc::EBUSY) =>
+                    {
+                        std::thread::sleep(Duration::from_millis(10))
+                    }
+                    Err(e) => return Err(Error::io(format!("remove {}", dir.display()), e)),
                 }
-                Err(e) => return Err(Error::io(format!("remove {}", self.path.display()), e)),
             }
         }
+        Ok(())
     }
 
     fn set(&self, file: &str, value: &str) -> Result<(), Error> {
@@ -248,5 +321,41 @@ mod tests {
         assert_eq!(file("pids.max"), "max");
         assert!(Cgroup::create_at(&dir, "../x").is_err());
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn processes_in_cgroups_the_container_made_below_its_own_are_its() {
+        let dir = std::env::temp_dir().join(format!("vmlet-cg-tree-{}", std::process::id()));
+        let c1 = dir.join("c1");
+        std::fs::create_dir_all(c1.join("a/deeper")).unwrap();
+        std::fs::create_dir_all(c1.join("b")).unwrap();
+        std::fs::write(c1.join("cgroup.procs"), "").unwrap();
+        std::fs::write(c1.join("a/cgroup.procs"), "7\n8\n").unwrap();
+        std::fs::write(c1.join("a/deeper/cgroup.procs"), "9\n").unwrap();
+        std::fs::write(c1.join("b/cgroup.procs"), "10\n").unwrap();
+        let cg = Cgroup { path: c1 };
+        let mut pids = cg.pids();
+        pids.sort();
+        assert_eq!(pids, vec![7, 8, 9, 10]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn an_exec_goes_beside_the_init_only_below_the_container() {
+        let cg = Cgroup {
+            path: PathBuf::from("/sys/fs/cgroup/vmlet/c1"),
+        };
+        assert_eq!(
+            cg.below("0::/vmlet/c1/leaf\n"),
+            Some(PathBuf::from("/sys/fs/cgroup/vmlet/c1/leaf"))
+        );
+        assert_eq!(
+            cg.below("0::/vmlet/c1\n"),
+            Some(PathBuf::from("/sys/fs/cgroup/vmlet/c1"))
+        );
+        assert_eq!(cg.below("0::/vmlet/c10/leaf\n"), None);
+        assert_eq!(cg.below("0::/vmlet/c1/../c2\n"), None);
+        assert_eq!(cg.below("0::/\n"), None);
+        assert_eq!(cg.below("1:name=systemd:/vmlet/c1/x\n"), None);
     }
 }

@@ -32,8 +32,9 @@ use crate::Error;
 enum Start<'a> {
     /// A container's init, by cloning this binary as `helper`.
     Init(Helper, &'a InitSpec),
-    /// An exec process, cloned by its container's exec server.
-    Exec(&'a ExecServer, &'a ProcessSpec),
+    /// An exec process, cloned by its container's exec server, in the container whose init
+    /// has the PID given.
+    Exec(&'a ExecServer, &'a ProcessSpec, i32),
 }
 
 pub struct AgentService {
@@ -183,13 +184,13 @@ impl AgentService {
             Start::Init(helper, spec) => self
                 .reaper
                 .track(|| launch(helper, spec, child, |pid| cgroup.add(pid)))?,
-            Start::Exec(server, spec) => {
+            Start::Exec(server, spec, init) => {
                 // A round trip to the server (a clone), bounded by its answer timeout.
                 let (pid, launched) =
                     tokio::task::block_in_place(|| server.request(id, spec, child))?;
                 let exit = self.reaper.adopt(pid);
                 // Before it may start: everything it forks is counted there.
-                if let Err(e) = cgroup.add(pid) {
+                if let Err(e) = cgroup.add_exec(pid, init) {
                     let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
                     return Err(e);
                 }
@@ -258,7 +259,7 @@ impl AgentService {
         let server = self.exec_server(&container, &req.container_id).await?;
         let process = self
             .launch(
-                Start::Exec(&server, &spec),
+                Start::Exec(&server, &spec, container.init.pid()),
                 terminal,
                 req.stdio.as_ref(),
                 &container.cgroup,

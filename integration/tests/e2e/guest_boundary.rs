@@ -720,3 +720,94 @@ fn a_decoy_virtiofsd_is_neither_moved_nor_fatal() {
         text(&answer.stderr)
     );
 }
+
+/// A privileged container that moves its processes into a cgroup of its own below its
+/// container's, and enables controllers there (so its container's cgroup may hold no
+/// process): an exec joins its init's cgroup, as runc puts it, and removing the container
+/// ends what runs below and removes those cgroups too, the pod going on.
+#[test]
+#[ignore = "needs the vmlet stack: make test"]
+fn a_container_that_makes_cgroups_of_its_own_is_still_execd_and_removed_whole() {
+    let s = stack();
+    let pod = unique_id("cgtree");
+    let in_pod = format!("io.kubernetes.cri.sandbox-id={pod}");
+    s.run_detached_with(
+        &pod,
+        &[
+            "--annotation",
+            "io.kubernetes.cri.container-type=sandbox",
+            "--annotation",
+            &in_pod,
+        ],
+        &["sleep", "1000"],
+    )
+    .unwrap();
+    let nested = unique_id("nested");
+    // The cgroup2 it mounts is its own cgroup (its cgroup namespace's root). Enabling a
+    // controller fails while a process is there (the test's probe, an exec): tried again.
+    let script = "mkdir /tmp/cg && mount -t cgroup2 none /tmp/cg && mkdir /tmp/cg/leaf && \
+                  echo $$ > /tmp/cg/leaf/cgroup.procs && \
+                  until echo +pids 2>/dev/null > /tmp/cg/cgroup.subtree_control; do sleep 0.1; done && \
+                  touch /tmp/moved; sleep 1000 & exec sleep 1001";
+    let started = s.run_detached_with(
+        &nested,
+        &[
+            "--privileged",
+            "--annotation",
+            "io.kubernetes.cri.container-type=container",
+            "--annotation",
+            &in_pod,
+        ],
+        &["sh", "-c", script],
+    );
+    let exec = |exec_id: &str, command: &[&str]| {
+        let mut args = vec!["task", "exec", "--exec-id", exec_id, nested.as_str()];
+        args.extend_from_slice(command);
+        s.ctr_output(&args).unwrap()
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while started.is_ok()
+        && !exec("probe", &["test", "-e", "/tmp/moved"])
+            .status
+            .success()
+    {
+        if Instant::now() > deadline {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let moved = started
+        .as_ref()
+        .ok()
+        .map(|()| exec("where", &["cat", "/proc/self/cgroup"]));
+    let removed = s.kill_and_remove(&nested);
+    let console_log = Path::new(&s.dir)
+        .join("state")
+        .join(&pod)
+        .join("log/console.log");
+    let console = std::fs::read_to_string(&console_log).unwrap_or_default();
+    let after = s.ctr_output(&["task", "exec", "--exec-id", "after", &pod, "true"]);
+    let _ = s.kill_and_remove(&pod);
+
+    started.expect("the container starts");
+    let moved = moved.unwrap();
+    assert_eq!(
+        text(&moved.stdout).trim(),
+        "0::/leaf",
+        "the exec is not in its init's cgroup: {}",
+        text(&moved.stderr)
+    );
+    removed.expect("the container is removed");
+    let warned: Vec<&str> = console
+        .lines()
+        .filter(|l| l.contains(&format!("container {nested}:")))
+        .collect();
+    assert!(
+        warned.is_empty(),
+        "the agent could not remove it: {warned:?}"
+    );
+    assert!(
+        after.unwrap().status.success(),
+        "the pod does not go on after the container's removal"
+    );
+}

@@ -964,37 +964,49 @@ spec:
             .expect("MemTotal")
     };
     let before = mem_total_kib(&k);
-    k.ok(&[
-        "patch",
-        "pod",
-        "resized",
-        "-n",
-        &ns.name,
-        "--subresource",
-        "resize",
-        "-p",
-        r#"{"spec":{"containers":[{"name":"app","resources":{"requests":{"cpu":"200m","memory":"96Mi"},"limits":{"cpu":"1","memory":"192Mi"}}}]}}"#,
-    ])
-    .unwrap();
-    let applied = eventually(Duration::from_secs(90), "the resize applied", || {
-        let limits = k
-            .jsonpath(
-                &["pod", "resized"],
-                Some(&ns.name),
-                "{.status.containerStatuses[0].resources.limits.memory}",
-            )
-            .ok()?;
-        (limits.trim() == "192Mi").then_some(limits)
-    });
-    let after = mem_total_kib(&k);
-    println!(
-        "resize to a {} limit: the guest's MemTotal went from {} to {} MiB",
-        applied.trim(),
-        before >> 10,
-        after >> 10
-    );
+    // A resize to 192Mi, then one of 6 MiB more, as Kubernetes' own resize specs step (less
+    // than the guest driver's plug step, 4 MiB on Linux 6.1: the VM grows a whole one).
+    let mut after = before;
+    for (cpu, limit) in [("1", "192Mi"), ("1", "198Mi")] {
+        let patch = format!(
+            r#"{{"spec":{{"containers":[{{"name":"app","resources":{{"requests":{{"cpu":"200m","memory":"96Mi"}},"limits":{{"cpu":"{cpu}","memory":"{limit}"}}}}}}]}}}}"#
+        );
+        k.ok(&[
+            "patch",
+            "pod",
+            "resized",
+            "-n",
+            &ns.name,
+            "--subresource",
+            "resize",
+            "-p",
+            &patch,
+        ])
+        .unwrap();
+        eventually(
+            Duration::from_secs(90),
+            &format!("the resize to {limit} applied"),
+            || {
+                let limits = k
+                    .jsonpath(
+                        &["pod", "resized"],
+                        Some(&ns.name),
+                        "{.status.containerStatuses[0].resources.limits.memory}",
+                    )
+                    .ok()?;
+                (limits.trim() == limit).then_some(())
+            },
+        );
+        let now = mem_total_kib(&k);
+        println!(
+            "resize to a {limit} limit: the guest's MemTotal went from {} to {} MiB",
+            after >> 10,
+            now >> 10
+        );
+        after = now;
+    }
     assert!(
-        after >= before + 48 * 1024,
+        after >= before + 54 * 1024,
         "the guest's memory did not follow the limit: {before} kB, then {after} kB"
     );
     let conditions = k
