@@ -15,9 +15,10 @@ const ROOT: &str = "/sys/fs/cgroup";
 const PARENT: &str = "vmlet";
 /// Controllers containers get, where the kernel has them.
 const CONTROLLERS: &[&str] = &["cpu", "memory", "pids", "io"];
-/// The most cgroups of one container (its own and those it made below) that are searched
-/// for its processes or removed with it.
-const MAX_CGROUPS: usize = 1024;
+/// The most cgroups a container may make below its own (`cgroup.max.descendants`), and
+/// how deep (`cgroup.max.depth`): its processes are searched, and its cgroups removed, there.
+const MAX_CGROUPS: usize = 256;
+const MAX_DEPTH: usize = 8;
 
 /// Enables the controllers for the containers' parent. Called once at boot.
 pub fn init() -> Result<(), Error> {
@@ -72,15 +73,34 @@ impl Cgroup {
                 "container id {id:?} cannot name a cgroup"
             )));
         }
-        let path = parent.join(id);
-        let reused = path.exists();
-        mkdir(&path)?;
-        let cgroup = Self { path };
-        if reused {
-            // A container of that id that was removed while frozen left it so.
-            cgroup.set("cgroup.freeze", "0")?;
+        let cgroup = Self {
+            path: parent.join(id),
+        };
+        if cgroup.path.exists() {
+            // A container of that id whose removal failed left it: nothing of it (processes,
+            // cgroups below, limits, a freeze) carries over to the new one.
+            cgroup.kill_all();
+            cgroup.remove()?;
         }
+        mkdir(&cgroup.path)?;
+        // What a privileged container may make below its own (which [`Cgroup::pids`] and
+        // [`Cgroup::remove`] then walk); best effort where the kernel lacks the files.
+        let _ = cgroup.set("cgroup.max.depth", &MAX_DEPTH.to_string());
+        let _ = cgroup.set("cgroup.max.descendants", &MAX_CGROUPS.to_string());
         Ok(cgroup)
+    }
+
+    /// Kills every process of the cgroup and below it at once (`cgroup.kill`: no fork
+    /// escapes it, no PID is looked up); a kernel without it gets the PIDs killed one by one.
+    pub fn kill_all(&self) {
+        if self.set("cgroup.kill", "1").is_err() {
+            for pid in self.pids() {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        }
     }
 
     /// Applies limits; a zero or negative value means "no limit".
@@ -123,6 +143,14 @@ impl Cgroup {
                         self.path.display()
                     ))
                 })?;
+                // A frozen cgroup would hold the exec before it could say it is ready.
+                let events = keyed(&read(&beside.join("cgroup.events"))?);
+                if events.get("frozen") == Some(&1) {
+                    return Err(Error::InvalidRequest(format!(
+                        "the container's init is in {}, which is frozen",
+                        beside.display()
+                    )));
+                }
                 write(&beside.join("cgroup.procs"), &pid.to_string())
             }
             other => other,
@@ -144,19 +172,30 @@ impl Cgroup {
     }
 
     /// The container's cgroup and those it made below itself (a privileged container may),
-    /// deepest last; at most [`MAX_CGROUPS`].
+    /// deepest last; at most [`MAX_CGROUPS`] below it (what the kernel lets it make). What
+    /// cannot be read is logged.
     fn tree(&self) -> Vec<PathBuf> {
         let mut found = vec![self.path.clone()];
         let mut next = 0;
-        while next < found.len() && found.len() < MAX_CGROUPS {
-            let dirs = std::fs::read_dir(&found[next])
-                .into_iter()
-                .flatten()
-                .flatten();
-            for entry in dirs {
-                if entry.file_type().is_ok_and(|t| t.is_dir()) && found.len() < MAX_CGROUPS {
-                    found.push(entry.path());
+        while next < found.len() {
+            match std::fs::read_dir(&found[next]) {
+                Ok(entries) => {
+                    for entry in entries.flatten() {
+                        if !entry.file_type().is_ok_and(|t| t.is_dir()) {
+                            continue;
+                        }
+                        if found.len() > MAX_CGROUPS {
+                            log::warn!(
+                                "{}: more than {MAX_CGROUPS} cgroups below it; the rest are not searched",
+                                self.path.display()
+                            );
+                            return found;
+                        }
+                        found.push(entry.path());
+                    }
                 }
+                Err(e) if next > 0 => log::warn!("read {}: {e}", found[next].display()),
+                Err(_) => {}
             }
             next += 1;
         }

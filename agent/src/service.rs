@@ -429,12 +429,18 @@ impl AgentService {
             let _ = kill(Pid::from_raw(container.init.pid()), Signal::SIGKILL);
             container.init.wait().await;
         }
-        // What the init left (in a pod's shared PID namespace its children outlive it).
-        for pid in container.cgroup.pids() {
-            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
-        }
         self.containers.remove(&req.container_id);
-        if let Err(e) = container.cgroup.remove() {
+        // What the init left (in a pod's shared PID namespace its children outlive it), and
+        // what the container moved into cgroups of its own; the removal waits (2 s at most)
+        // for them to be reaped, off the runtime's threads.
+        let cgroup = container.cgroup.clone();
+        let removed = tokio::task::spawn_blocking(move || {
+            cgroup.kill_all();
+            cgroup.remove()
+        })
+        .await
+        .map_err(|e| Error::Boot(format!("join: {e}")))?;
+        if let Err(e) = removed {
             log::warn!("container {}: {e}", req.container_id);
         }
         Ok(Empty::default())
