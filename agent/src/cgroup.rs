@@ -151,7 +151,7 @@ impl Cgroup {
                         beside.display()
                     )));
                 }
-                write(&beside.join("cgroup.procs"), &pid.to_string())
+                Cgroup { path: beside }.add(pid)
             }
             other => other,
         }

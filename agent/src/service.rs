@@ -37,6 +37,13 @@ enum Start<'a> {
     Exec(&'a ExecServer, &'a ProcessSpec, i32),
 }
 
+/// Runs `f` on tokio's blocking threads (it waits on a child or the kernel).
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, Error> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Error::Boot(format!("join: {e}")))
+}
+
 pub struct AgentService {
     share: Option<PathBuf>,
     faults: crate::boot::Faults,
@@ -210,9 +217,7 @@ impl AgentService {
             let process = process.clone();
             let id = id.to_owned();
             let reaper = self.reaper.clone();
-            tokio::task::spawn_blocking(move || process.await_ready(&id, &reaper))
-                .await
-                .map_err(|e| Error::Boot(format!("join: {e}")))?
+            blocking(move || process.await_ready(&id, &reaper)).await?
         };
         // A helper that handed over may have cloned before it was in the cgroup.
         let ready = ready.and_then(|handed_over| handed_over.map_or(Ok(()), |p| cgroup.add(p)));
@@ -283,9 +288,7 @@ impl AgentService {
             return Ok(server.clone());
         }
         let (reaper, init_pid, id) = (self.reaper.clone(), container.init.pid(), id.to_owned());
-        let server = tokio::task::spawn_blocking(move || ExecServer::start(&reaper, init_pid, &id))
-            .await
-            .map_err(|e| Error::Boot(format!("join: {e}")))??;
+        let server = blocking(move || ExecServer::start(&reaper, init_pid, &id)).await??;
         let server = Arc::new(server);
         *slot = Some(server.clone());
         Ok(server)
@@ -336,9 +339,7 @@ impl AgentService {
             format!("{}/{}", r.container_id, r.exec_id)
         };
         let p = process.clone();
-        tokio::task::spawn_blocking(move || p.start(&id))
-            .await
-            .map_err(|e| Error::Boot(format!("join: {e}")))??;
+        blocking(move || p.start(&id)).await??;
         Ok(StartProcessResponse {
             pid: process.pid() as u32,
             ..Default::default()
@@ -371,9 +372,7 @@ impl AgentService {
             });
         }
         let cgroup = container.cgroup.clone();
-        tokio::task::spawn_blocking(move || cgroup.freeze(frozen))
-            .await
-            .map_err(|e| Error::Boot(format!("join: {e}")))??;
+        blocking(move || cgroup.freeze(frozen)).await??;
         Ok(Empty::default())
     }
 
@@ -434,12 +433,11 @@ impl AgentService {
         // what the container moved into cgroups of its own; the removal waits (2 s at most)
         // for them to be reaped, off the runtime's threads.
         let cgroup = container.cgroup.clone();
-        let removed = tokio::task::spawn_blocking(move || {
+        let removed = blocking(move || {
             cgroup.kill_all();
             cgroup.remove()
         })
-        .await
-        .map_err(|e| Error::Boot(format!("join: {e}")))?;
+        .await?;
         if let Err(e) = removed {
             log::warn!("container {}: {e}", req.container_id);
         }

@@ -142,6 +142,28 @@ echo attacks done
     )
 }
 
+/// [`Stack::run_detached_with`] for a task of the CRI kind `kind` (`sandbox` or
+/// `container`) in the pod whose sandbox is `pod`, annotated as the CRI plugin does.
+fn run_in_pod(
+    s: &Stack,
+    id: &str,
+    kind: &str,
+    pod: &str,
+    extra: &[&str],
+    command: &[&str],
+) -> anyhow::Result<()> {
+    let kind = format!("io.kubernetes.cri.container-type={kind}");
+    let sandbox = format!("io.kubernetes.cri.sandbox-id={pod}");
+    let mut args = vec![
+        "--annotation",
+        kind.as_str(),
+        "--annotation",
+        sandbox.as_str(),
+    ];
+    args.extend_from_slice(extra);
+    s.run_detached_with(id, &args, command)
+}
+
 #[test]
 #[ignore = "needs the vmlet stack: make test"]
 fn guest_root_cannot_steer_the_share() {
@@ -150,15 +172,12 @@ fn guest_root_cannot_steer_the_share() {
     let canaries = Canaries::new();
     let pod = unique_id("guestroot");
     let in_pod = format!("io.kubernetes.cri.sandbox-id={pod}");
-    s.run_detached_with(
+    run_in_pod(
+        &s,
         &pod,
-        &[
-            "--privileged",
-            "--annotation",
-            "io.kubernetes.cri.container-type=sandbox",
-            "--annotation",
-            &in_pod,
-        ],
+        "sandbox",
+        &pod,
+        &["--privileged"],
         &["sleep", "1000"],
     )
     .unwrap();
@@ -174,15 +193,15 @@ fn guest_root_cannot_steer_the_share() {
             "type=bind,src={},dst=/data,options={options}",
             source.display()
         );
-        let extra = [
-            "--annotation",
-            "io.kubernetes.cri.container-type=container",
-            "--annotation",
-            &in_pod,
-            "--mount",
-            &mount,
-        ];
-        s.run_detached_with(id, &extra, &["sleep", "1000"]).unwrap();
+        run_in_pod(
+            &s,
+            id,
+            "container",
+            &pod,
+            &["--mount", &mount],
+            &["sleep", "1000"],
+        )
+        .unwrap();
     }
 
     let late = unique_id("late");
@@ -730,18 +749,7 @@ fn a_decoy_virtiofsd_is_neither_moved_nor_fatal() {
 fn a_container_that_makes_cgroups_of_its_own_is_still_execd_and_removed_whole() {
     let s = stack();
     let pod = unique_id("cgtree");
-    let in_pod = format!("io.kubernetes.cri.sandbox-id={pod}");
-    s.run_detached_with(
-        &pod,
-        &[
-            "--annotation",
-            "io.kubernetes.cri.container-type=sandbox",
-            "--annotation",
-            &in_pod,
-        ],
-        &["sleep", "1000"],
-    )
-    .unwrap();
+    run_in_pod(&s, &pod, "sandbox", &pod, &[], &["sleep", "1000"]).unwrap();
     let nested = unique_id("nested");
     // The cgroup2 it mounts is its own cgroup (its cgroup namespace's root). Enabling a
     // controller fails while a process is there (the test's probe, an exec): tried again.
@@ -749,15 +757,12 @@ fn a_container_that_makes_cgroups_of_its_own_is_still_execd_and_removed_whole() 
                   echo $$ > /tmp/cg/leaf/cgroup.procs && \
                   until echo +pids 2>/dev/null > /tmp/cg/cgroup.subtree_control; do sleep 0.1; done && \
                   touch /tmp/moved; sleep 1000 & exec sleep 1001";
-    let started = s.run_detached_with(
+    let started = run_in_pod(
+        &s,
         &nested,
-        &[
-            "--privileged",
-            "--annotation",
-            "io.kubernetes.cri.container-type=container",
-            "--annotation",
-            &in_pod,
-        ],
+        "container",
+        &pod,
+        &["--privileged"],
         &["sh", "-c", script],
     );
     let exec = |exec_id: &str, command: &[&str]| {
