@@ -28,6 +28,9 @@ pub enum Error {
     /// A hot-plugged block device did not show up in time.
     #[error("block device: {0}")]
     DeviceTimeout(String),
+    /// A process of the guest did not do what it had to within its deadline.
+    #[error("{0}")]
+    Timeout(String),
     #[error("{context}")]
     Io {
         context: String,
@@ -50,7 +53,7 @@ impl Error {
             Error::ContainerExists(_) => Code::ALREADY_EXISTS,
             Error::InvalidRequest(_) => Code::INVALID_ARGUMENT,
             Error::WrongState { .. } => Code::FAILED_PRECONDITION,
-            Error::DeviceTimeout(_) => Code::DEADLINE_EXCEEDED,
+            Error::DeviceTimeout(_) | Error::Timeout(_) => Code::DEADLINE_EXCEEDED,
             Error::ContainerSetup { .. }
             | Error::Device(_)
             | Error::Boot(_)
