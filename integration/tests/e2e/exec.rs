@@ -119,6 +119,44 @@ fn exec_joins_the_containers_namespaces_and_root() {
 
 #[test]
 #[ignore = "needs the vmlet stack: make test"]
+fn a_process_without_home_gets_its_users_as_runc_gives_it() {
+    let c = shared();
+    let home = |exec_id: &str, flags: &[&str], command: &str| {
+        let out = c.exec(exec_id, flags, &["sh", "-c", command]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        text(&out.stdout).trim().to_string()
+    };
+    // The init's, then execs': root's home in the image's /etc/passwd, nobody's, and `/` for
+    // a uid it has no line for.
+    let init = home("h0", &[], "tr '\\0' '\\n' </proc/1/environ | grep '^HOME='");
+    assert_eq!(init, "HOME=/root");
+    assert_eq!(home("h1", &[], "echo $HOME"), "/root");
+    assert_eq!(home("h2", &["--user", "65534"], "echo $HOME"), "/home");
+    assert_eq!(home("h3", &["--user", "4242"], "echo $HOME"), "/");
+    // A HOME the process's environment names is kept.
+    let id = unique_id("home");
+    let run = c
+        .stack
+        .ctr_output(&[
+            "run",
+            "--rm",
+            "--runtime",
+            RUNTIME,
+            "--env",
+            "HOME=/elsewhere",
+            &c.stack.image,
+            &id,
+            "sh",
+            "-c",
+            "echo $HOME",
+        ])
+        .unwrap();
+    assert!(run.status.success(), "{}", text(&run.stderr));
+    assert_eq!(text(&run.stdout).trim(), "/elsewhere");
+}
+
+#[test]
+#[ignore = "needs the vmlet stack: make test"]
 fn exec_stdin_reaches_the_process() {
     let c = shared();
     let mut child = c
