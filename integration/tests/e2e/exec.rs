@@ -137,19 +137,11 @@ fn a_process_without_home_gets_its_users_as_runc_gives_it() {
     let id = unique_id("home");
     let run = c
         .stack
-        .ctr_output(&[
-            "run",
-            "--rm",
-            "--runtime",
-            RUNTIME,
-            "--env",
-            "HOME=/elsewhere",
-            &c.stack.image,
+        .run(
             &id,
-            "sh",
-            "-c",
-            "echo $HOME",
-        ])
+            &["--env", "HOME=/elsewhere"],
+            &["sh", "-c", "echo $HOME"],
+        )
         .unwrap();
     assert!(run.status.success(), "{}", text(&run.stderr));
     assert_eq!(text(&run.stdout).trim(), "/elsewhere");
