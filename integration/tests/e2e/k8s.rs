@@ -1130,10 +1130,17 @@ fn the_daemonset_installer_and_the_cleanup_job_run_as_shipped() {
         .is_file());
     let merged = std::fs::read_to_string(root.join("etc/containerd/config.toml")).unwrap();
     assert!(merged.contains("vmlet"), "{merged}");
-    let logs = k
-        .ok(&["logs", "-n", "kube-system", "daemonset/vmlet-installer"])
-        .unwrap();
-    assert!(logs.contains("installed; waiting for SIGTERM"), "{logs}");
+    // The label comes from the running container; the kubelet may not have seen it start
+    // yet (its relist), and until it has, `kubectl logs` answers "waiting to start".
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let logs = k.ok(&["logs", "-n", "kube-system", "daemonset/vmlet-installer"]);
+        match logs {
+            Ok(logs) if logs.contains("installed; waiting for SIGTERM") => break,
+            other => assert!(Instant::now() < deadline, "the installer's log: {other:?}"),
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
 
     // Off again: the DaemonSet first (its pods would install again), then the Job.
     let deleted = k
