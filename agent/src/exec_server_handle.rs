@@ -8,8 +8,8 @@ use nix::sys::socket::{setsockopt, socketpair, sockopt, AddressFamily, SockFlag,
 use nix::sys::time::{TimeVal, TimeValLike};
 use tokio::sync::watch;
 
-use crate::containers::read_ready;
 use crate::exec_server::ExecServerSpec;
+use crate::helper_status::read_ready;
 use crate::init_spec::ProcessSpec;
 use crate::launch::{launch, ChildStdio, Helper, Launched};
 use crate::reaper::{ExitStatus, Reaper};

@@ -36,6 +36,7 @@ pub mod exec_server;
 mod exec_server_handle;
 pub mod forward;
 mod helper_fds;
+mod helper_status;
 pub mod host_gate;
 mod in_rootfs;
 pub mod init_spec;

@@ -8,10 +8,30 @@ use std::path::Path;
 use nix::fcntl::OFlag;
 use nix::unistd::pipe2;
 use vmlet_protocol::agent as proto;
+use vmlet_protocol::StreamKind;
 
-use crate::containers::HostEnds;
 use crate::launch::ChildStdio;
 use crate::Error;
+
+/// The agent's ends of a process's stdio pipes, until a stream connection takes them.
+/// With a terminal, stdin and stdout are both the pty master and there is no stderr.
+#[derive(Default)]
+pub struct HostEnds {
+    pub stdin: Option<OwnedFd>,
+    pub stdout: Option<OwnedFd>,
+    pub stderr: Option<OwnedFd>,
+    pub terminal: bool,
+}
+
+impl HostEnds {
+    pub fn take(&mut self, kind: StreamKind) -> Option<OwnedFd> {
+        match kind {
+            StreamKind::Stdin => self.stdin.take(),
+            StreamKind::Stdout => self.stdout.take(),
+            StreamKind::Stderr => self.stderr.take(),
+        }
+    }
+}
 
 /// Capacity asked for stdio pipes (the default 64 KiB makes a writer wait on every
 /// round trip to the host).

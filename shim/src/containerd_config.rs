@@ -3,8 +3,12 @@
 //! runtime appended as one checked block and taken off again, and containerd restarted.
 //! `vmletctl install` and `uninstall` (`node_install`) and `vmletctl check` use it.
 
-use crate::node_install::BLOCK_START;
 use crate::Error;
+
+/// The first line of each block `vmletctl install` appends to a node's file (containerd's
+/// config, AppArmor's local files).
+pub const BLOCK_START: &str =
+    "# vmlet: added by `vmletctl install`; `vmletctl uninstall` removes this block.";
 
 /// Which layout containerd's config has.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

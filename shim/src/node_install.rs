@@ -29,7 +29,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use vmlet_vm_image::{sha256_file, sha256_hex};
 
-use crate::containerd_config::{add_runtime, ConfigLayout};
+use crate::containerd_config::{add_runtime, ConfigLayout, BLOCK_START};
 use crate::{node_apparmor, Error};
 use vmlet_config::NodeConfig;
 
@@ -39,9 +39,6 @@ pub const RECORD: &str = "var/lib/vmlet/install.json";
 pub const CONTAINERD_CONFIG: &str = "etc/containerd/config.toml";
 /// The node config, under the root.
 pub const NODE_CONFIG: &str = "etc/vmlet/config.toml";
-/// The first line of the block `install` appends to containerd's config.
-pub const BLOCK_START: &str =
-    "# vmlet: added by `vmletctl install`; `vmletctl uninstall` removes this block.";
 
 /// Where each part of a release goes, relative to the root: (release dir, root dir, mode).
 const LAYOUT: &[(&str, &str, u32)] = &[

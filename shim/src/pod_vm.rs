@@ -20,6 +20,10 @@ use crate::spec::HostBind;
 use crate::stdio::{Copies, ProcessName, StdioPaths};
 use crate::Error;
 
+/// Exit status of every process of a pod whose VM ended under it (QEMU killed or crashed,
+/// the guest kernel panicked): 128 + SIGKILL, as if the process had been killed.
+pub const VM_ENDED_STATUS: u32 = 137;
+
 /// A booted pod VM with its agent connected.
 #[async_trait]
 pub trait PodVm: Send + Sync {
@@ -39,7 +43,7 @@ pub trait PodVm: Send + Sync {
     /// The exit status of a process whose VM ended under it: 137 (as if killed), unless
     /// the VM's end is the process's own (a VM image that powered itself off: 0).
     fn end_status(&self) -> u32 {
-        crate::task::VM_ENDED_STATUS
+        VM_ENDED_STATUS
     }
     /// Ends the VM at once; every process of the pod then ends with status 137.
     async fn kill(&self) -> Result<(), Error>;

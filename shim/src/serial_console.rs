@@ -18,7 +18,7 @@ use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::UnixStream;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::stdio::{Copies, Output};
+use crate::stdio::{self, Copies, Output, ProcessName, StdioPaths};
 use crate::Error;
 
 /// The console log starts again (empty) when it reaches this size; the log tmpfs is the
@@ -344,6 +344,26 @@ async fn pump(
         drop(out.stdout);
         let _ = out.done.send(());
     }
+}
+
+/// Connects a VM image's serial console (docs/vm-mode.md) to the process's stdout (a FIFO,
+/// file or log URI; stderr gets nothing: the console is one stream) and its stdin.
+pub fn attach_console(
+    console: &SerialConsole,
+    process: ProcessName<'_>,
+    namespace: &str,
+    paths: &StdioPaths,
+) -> Result<Copies, Error> {
+    let stdout_only = StdioPaths {
+        stdin: String::new(),
+        stdout: paths.stdout.clone(),
+        stderr: String::new(),
+    };
+    let [stdout, _] = stdio::open_outputs(&stdout_only, process.container_id, namespace)?;
+    let stdin = (!paths.stdin.is_empty())
+        .then(|| stdio::open_stdin(&paths.stdin))
+        .transpose()?;
+    console.attach(stdout, stdin)
 }
 
 #[cfg(test)]

@@ -50,7 +50,7 @@ const COPY_BUFFER: usize = 256 * 1024;
 
 /// Opens the writers for stdout and stderr. A log URI shared by both (as containerd passes
 /// it) is opened once: one file, or one logging binary with two pipes.
-fn open_outputs(
+pub(crate) fn open_outputs(
     paths: &StdioPaths,
     container_id: &str,
     namespace: &str,
@@ -254,32 +254,12 @@ pub async fn attach(
 /// wait for containerd's writer forever if it came and went first, and keep the shim from
 /// exiting). The copy then ends with close_io (containerd's "stdin closed") or the task's
 /// end.
-fn open_stdin(path: &str) -> Result<pipe::Receiver, Error> {
+pub(crate) fn open_stdin(path: &str) -> Result<pipe::Receiver, Error> {
     let path = PathBuf::from(path);
     pipe::OpenOptions::new()
         .read_write(true)
         .open_receiver(&path)
         .map_err(|e| Error::io(format!("open {}", path.display()), e))
-}
-
-/// Connects a VM image's serial console (docs/vm-mode.md) to the process's stdout (a FIFO,
-/// file or log URI; stderr gets nothing: the console is one stream) and its stdin.
-pub fn attach_console(
-    console: &crate::serial_console::SerialConsole,
-    process: ProcessName<'_>,
-    namespace: &str,
-    paths: &StdioPaths,
-) -> Result<Copies, Error> {
-    let stdout_only = StdioPaths {
-        stdin: String::new(),
-        stdout: paths.stdout.clone(),
-        stderr: String::new(),
-    };
-    let [stdout, _] = open_outputs(&stdout_only, process.container_id, namespace)?;
-    let stdin = (!paths.stdin.is_empty())
-        .then(|| open_stdin(&paths.stdin))
-        .transpose()?;
-    console.attach(stdout, stdin)
 }
 
 #[cfg(test)]

@@ -4,13 +4,11 @@
 use std::time::Duration;
 
 use crate::guest::GuestExit;
+pub use crate::pod_vm::VM_ENDED_STATUS;
 use crate::Error;
 
 use super::process::{now, Exit, Process};
 
-/// Exit status of every process of a pod whose VM ended under it (QEMU killed or crashed,
-/// the guest kernel panicked): 128 + SIGKILL, as if the process had been killed.
-pub const VM_ENDED_STATUS: u32 = 137;
 /// Exit status of a process whose pod's agent connection broke while the VM still ran:
 /// its real end cannot be known.
 pub const AGENT_LOST_STATUS: u32 = 255;

@@ -123,7 +123,7 @@ impl PodVm for ImageVm {
 
     fn end_status(&self) -> u32 {
         if self.is_stopping() {
-            crate::task::VM_ENDED_STATUS
+            crate::pod_vm::VM_ENDED_STATUS
         } else {
             self.guest.end_status()
         }
@@ -193,6 +193,6 @@ impl PodVm for ImageVm {
         if !process.exec_id.is_empty() {
             return Err(self.one_container("an exec"));
         }
-        crate::stdio::attach_console(&self.console, process, namespace, paths)
+        crate::serial_console::attach_console(&self.console, process, namespace, paths)
     }
 }

@@ -12,8 +12,8 @@ use serde_json::json;
 use vmlet_protocol::agent::{CreateContainerRequest, CreateExecRequest, Resources, StatsResponse};
 
 use crate::guest::{Guest, GuestExit, ProcessId};
+use crate::pod_vm::VM_ENDED_STATUS;
 use crate::qmp::Qmp;
-use crate::task::VM_ENDED_STATUS;
 use crate::Error;
 
 /// The VM's side of a VM-mode pod's one process.

@@ -184,7 +184,7 @@ impl PodVm for HeldPod {
 
     /// The host process's own status (a signal's 128 + its number).
     fn end_status(&self) -> u32 {
-        self.exit.borrow().unwrap_or(crate::task::VM_ENDED_STATUS)
+        self.exit.borrow().unwrap_or(crate::pod_vm::VM_ENDED_STATUS)
     }
 
     async fn kill(&self) -> Result<(), Error> {
