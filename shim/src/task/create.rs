@@ -7,16 +7,20 @@
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use containerd_shim::api;
 use containerd_shim_protos::events::task::{TaskCreate, TaskIO};
 use containerd_shim_protos::topics;
 use oci_spec::runtime::Spec;
+use vmlet_config::NodeConfig;
+use vmlet_protocol::agent::CreateContainerRequest;
 
 use super::plan::{CreatePlan, Target};
 use super::process::Process;
 use super::{TaskEntry, TaskService};
 use crate::guest::ProcessId;
+use crate::hooks::{HookState, HostHooks};
 use crate::phases::Phases;
 use crate::pod_metrics::PodMeter;
 use crate::pod_vm::{BootRequest, PodHold, PodVm};
@@ -43,6 +47,16 @@ enum PodTarget {
     },
 }
 
+/// The pod's VM a create's container goes in.
+struct InVm {
+    vm: Arc<dyn PodVm>,
+    pod_id: String,
+    /// Whether the create booted (or held) it: a failed create then tears it down.
+    owns_vm: bool,
+    /// How long a VM the create booted took, and its agent within that.
+    booted: Option<(Duration, Option<Duration>)>,
+}
+
 impl TaskService {
     pub(super) async fn create_task(
         &self,
@@ -56,22 +70,9 @@ impl TaskService {
         let spec = Spec::load(Path::new(&req.bundle).join("config.json"))
             .map_err(|e| Error::InvalidArgument(format!("read {}/config.json: {e}", req.bundle)))?;
         phases.mark("config");
-        let plan = CreatePlan::new(&req, &spec, &config, |sandbox_id| {
-            let tasks = self.tasks.lock().unwrap();
-            let sandbox = tasks.get(sandbox_id)?;
-            Some(crate::spec::PodSoFar {
-                sandbox_pid: sandbox.init.pid,
-                own_pid_namespaces: tasks
-                    .values()
-                    .any(|t| t.pod_id == sandbox_id && !t.is_sandbox() && t.own_pid_namespace),
-            })
-        })?;
+        let plan = CreatePlan::new(&req, &spec, &config, |id| self.pod_so_far(id))?;
         phases.mark("plan");
-        let own_pid_namespace = !plan
-            .agent_request
-            .join_namespaces
-            .iter()
-            .any(|n| n == "pid");
+        let own_pid_namespace = plan.own_pid_namespace();
         let CreatePlan {
             paths,
             hooks,
@@ -81,10 +82,108 @@ impl TaskService {
             block_devices,
             target,
         } = plan;
-        let target = match target {
+        let target = self.place(&req.id, target, &hooks, &mut hook_state)?;
+        // A VM-mode pod's claim on its one container goes with a failed create.
+        let claimed = match &target {
+            PodTarget::Boot { pod: Some(pod), .. } => Some(pod.clone()),
+            _ => None,
+        };
+        // From here a failure removes what was created, then runs the poststop hooks.
+        let created = async {
+            let in_vm = self
+                .bring_up(&config, &req.id, target, &hooks, &mut hook_state, &phases)
+                .await?;
+            let start = ContainerStart {
+                req: &req,
+                memory_limit,
+                block_devices: &block_devices,
+                paths: &paths,
+                phases: &phases,
+            };
+            match self
+                .start_container(&in_vm.vm, start, &mut agent_request)
+                .await
+            {
+                Ok((guest_pid, copies)) => Ok((in_vm, guest_pid, copies)),
+                Err(e) => {
+                    undo_start(&in_vm.vm, &req.id, in_vm.owns_vm).await;
+                    Err(e)
+                }
+            }
+        }
+        .await;
+        let (in_vm, guest_pid, copies) = match created {
+            Ok(created) => created,
+            Err(e) => {
+                if let Some(pod) = claimed.as_ref().and_then(|p| p.image_pod()) {
+                    pod.release(&req.id);
+                }
+                crate::hooks::run_logged(&hooks.poststop, &hook_state, "stopped").await;
+                return Err(e);
+            }
+        };
+        self.record_vm(&req.id, &spec, &config, &in_vm);
+        let InVm {
+            vm,
+            pod_id,
+            owns_vm,
+            ..
+        } = in_vm;
+        // containerd is told the VM's host PID (QEMU's), never the guest's: a PID the
+        // guest chose means nothing on the host (and could name a host process).
+        let pid = vm.host_pid();
+        log::info!(
+            "{}: guest PID {guest_pid}; reported as QEMU's, {pid}",
+            req.id
+        );
+        phases.log();
+        let init = Process::new(ProcessId::init(&req.id), pid, paths, req.terminal, copies);
+        let entry = Arc::new(TaskEntry {
+            id: req.id.clone(),
+            bundle: req.bundle.clone(),
+            hooks,
+            hook_state,
+            vm,
+            pod_id,
+            owns_vm,
+            own_pid_namespace,
+            init: Arc::new(init),
+            execs: Mutex::new(HashMap::new()),
+        });
+        self.tasks.lock().unwrap().insert(req.id.clone(), entry);
+        self.publish_created(&req, pid);
+        Ok(api::CreateTaskResponse {
+            pid,
+            ..Default::default()
+        })
+    }
+
+    /// What the shim knows of its running sandbox `sandbox_id`, for a container's plan.
+    fn pod_so_far(&self, sandbox_id: &str) -> Option<crate::spec::PodSoFar> {
+        let tasks = self.tasks.lock().unwrap();
+        let sandbox = tasks.get(sandbox_id)?;
+        Some(crate::spec::PodSoFar {
+            sandbox_pid: sandbox.init.pid,
+            own_pid_namespaces: tasks
+                .values()
+                .any(|t| t.pod_id == sandbox_id && !t.is_sandbox() && t.own_pid_namespace),
+        })
+    }
+
+    /// Where the plan's container goes, its pod's VM found: a VM-mode pod's container
+    /// claims its pod (and boots with what the pod holds); a container joining a pod with
+    /// hooks gives them the pod's host process.
+    fn place(
+        &self,
+        id: &str,
+        target: Target,
+        hooks: &HostHooks,
+        hook_state: &mut HookState,
+    ) -> Result<PodTarget, Error> {
+        Ok(match target {
             Target::Boot(boot) => PodTarget::Boot {
                 boot,
-                pod_id: req.id.clone(),
+                pod_id: id.to_owned(),
                 pod: None,
             },
             Target::Hold(hold) => PodTarget::Hold(hold),
@@ -95,12 +194,11 @@ impl TaskService {
                 let sandbox = self.sandbox_vm(&sandbox_id)?;
                 let pod = sandbox.image_pod().ok_or_else(|| {
                     Error::FailedPrecondition(format!(
-                        "container {} is a VM image (vmlet.io/image-type: vm) but its pod {sandbox_id} is not a VM-mode pod: the annotation is the pod's",
-                        req.id
+                        "container {id} is a VM image (vmlet.io/image-type: vm) but its pod {sandbox_id} is not a VM-mode pod: the annotation is the pod's"
                     ))
                 })?;
                 sandbox.check_running()?;
-                pod.claim(&sandbox_id, &req.id)?;
+                pod.claim(&sandbox_id, id)?;
                 boot.netns = pod.netns.clone();
                 if let Some(image) = boot.image.as_mut() {
                     image.instance_id = pod.instance_id.clone();
@@ -132,128 +230,117 @@ impl TaskService {
                     binds,
                 }
             }
-        };
-        // A VM-mode pod's claim on its one container goes with a failed create.
-        let claimed = match &target {
-            PodTarget::Boot { pod: Some(pod), .. } => Some(pod.clone()),
-            _ => None,
-        };
-        // How long a VM this task boots took, and its agent within that.
-        let mut booted = None;
-        // From here a failure removes what was created, then runs the poststop hooks.
-        let created = async {
-            let (vm, pod_id, owns_vm) = match target {
-                PodTarget::Boot { boot, pod_id, .. } => {
-                    let vm = self.booter.boot(&config, *boot, &phases).await?;
-                    booted = Some((phases.elapsed(), phases.took("guest_boot")));
-                    hook_state.pid = vm.holder_pid().unwrap_or(0);
-                    (vm, pod_id, true)
-                }
-                PodTarget::Hold(hold) => {
-                    let vm = self.booter.hold(&config, *hold).await?;
-                    phases.mark("hold");
-                    hook_state.pid = vm.holder_pid().unwrap_or(0);
-                    (vm, req.id.clone(), true)
-                }
-                PodTarget::Join {
+        })
+    }
+
+    /// The pod's VM for the container: booted, held, or joined (the create hooks run, the
+    /// container's share added). A VM it boots or holds gives the hooks its host process.
+    async fn bring_up(
+        &self,
+        config: &NodeConfig,
+        id: &str,
+        target: PodTarget,
+        hooks: &HostHooks,
+        hook_state: &mut HookState,
+        phases: &Phases,
+    ) -> Result<InVm, Error> {
+        Ok(match target {
+            PodTarget::Boot { boot, pod_id, .. } => {
+                let vm = self.booter.boot(config, *boot, phases).await?;
+                hook_state.pid = vm.holder_pid().unwrap_or(0);
+                InVm {
                     vm,
-                    sandbox_id,
-                    rootfs,
-                    binds,
-                } => {
-                    vm.check_running()?;
-                    crate::hooks::run(&hooks.create, &hook_state, "creating").await?;
-                    vm.add_container(&req.id, &rootfs, &binds)?;
-                    phases.mark("join");
-                    (vm, sandbox_id, false)
-                }
-            };
-            let started = async {
-                vm.fit_memory(&req.id, memory_limit).await?;
-                agent_request.block_devices =
-                    vm.attach_block_devices(&req.id, &block_devices).await?;
-                phases.mark("devices");
-                let pid = vm.guest().create_container(&agent_request).await?;
-                phases.mark("container");
-                let name = ProcessName {
-                    container_id: &req.id,
-                    exec_id: "",
-                };
-                let copies = vm
-                    .attach_stdio(name, &self.namespace, &paths, req.terminal)
-                    .await?;
-                phases.mark("stdio");
-                Ok::<_, Error>((pid, copies))
-            }
-            .await;
-            match started {
-                Ok((pid, copies)) => Ok((vm, pod_id, owns_vm, pid, copies)),
-                Err(e) => {
-                    let cleanup = if owns_vm {
-                        vm.teardown().await
-                    } else {
-                        let _ = vm.guest().remove_container(&req.id).await;
-                        if let Err(e) = vm.detach_block_devices(&req.id).await {
-                            log::error!("{}: {}", req.id, e.message());
-                        }
-                        vm.remove_container(&req.id)
-                    };
-                    if let Err(cleanup) = cleanup {
-                        log::error!(
-                            "cleanup after failed create of {}: {}",
-                            req.id,
-                            cleanup.message()
-                        );
-                    }
-                    Err(e)
+                    pod_id,
+                    owns_vm: true,
+                    booted: Some((phases.elapsed(), phases.took("guest_boot"))),
                 }
             }
+            PodTarget::Hold(hold) => {
+                let vm = self.booter.hold(config, *hold).await?;
+                phases.mark("hold");
+                hook_state.pid = vm.holder_pid().unwrap_or(0);
+                InVm {
+                    vm,
+                    pod_id: id.to_owned(),
+                    owns_vm: true,
+                    booted: None,
+                }
+            }
+            PodTarget::Join {
+                vm,
+                sandbox_id,
+                rootfs,
+                binds,
+            } => {
+                vm.check_running()?;
+                crate::hooks::run(&hooks.create, hook_state, "creating").await?;
+                vm.add_container(id, &rootfs, &binds)?;
+                phases.mark("join");
+                InVm {
+                    vm,
+                    pod_id: sandbox_id,
+                    owns_vm: false,
+                    booted: None,
+                }
+            }
+        })
+    }
+
+    /// A sandbox's VM into the shim's table of pods, and the metrics of a VM the create
+    /// booted (when the pod's state directory takes them).
+    fn record_vm(&self, id: &str, spec: &Spec, config: &NodeConfig, in_vm: &InVm) {
+        if in_vm.pod_id == id {
+            self.vms
+                .lock()
+                .unwrap()
+                .insert(in_vm.pod_id.clone(), in_vm.vm.clone());
         }
-        .await;
-        let (vm, pod_id, owns_vm, guest_pid, copies) = match created {
-            Ok(v) => v,
-            Err(e) => {
-                if let Some(pod) = claimed.as_ref().and_then(|p| p.image_pod()) {
-                    pod.release(&req.id);
-                }
-                crate::hooks::run_logged(&hooks.poststop, &hook_state, "stopped").await;
-                return Err(e);
-            }
+        let Some((boot, agent_ready)) = in_vm.booted else {
+            return;
         };
-        if pod_id == req.id {
-            self.vms.lock().unwrap().insert(pod_id.clone(), vm.clone());
+        let annotations = spec.annotations().clone().unwrap_or_default();
+        let names = crate::spec::kube_names(&annotations)
+            .unwrap_or_else(|| (id.to_owned(), self.namespace.clone()));
+        let dir = crate::pod_paths::PodPaths::new(&config.state_dir, in_vm.vm.pod_id()).dir;
+        if let Some(meter) = PodMeter::start(&in_vm.vm, &dir, names, boot, agent_ready) {
+            self.meters.lock().unwrap().insert(id.to_owned(), meter);
         }
-        if let Some((boot, agent_ready)) = booted {
-            let annotations = spec.annotations().clone().unwrap_or_default();
-            let names = crate::spec::kube_names(&annotations)
-                .unwrap_or_else(|| (req.id.clone(), self.namespace.clone()));
-            let dir = crate::pod_paths::PodPaths::new(&config.state_dir, vm.pod_id()).dir;
-            if let Some(meter) = PodMeter::start(&vm, &dir, names, boot, agent_ready) {
-                self.meters.lock().unwrap().insert(req.id.clone(), meter);
-            }
-        }
-        // containerd is told the VM's host PID (QEMU's), never the guest's: a PID the
-        // guest chose means nothing on the host (and could name a host process).
-        let pid = vm.host_pid();
-        log::info!(
-            "{}: guest PID {guest_pid}; reported as QEMU's, {pid}",
-            req.id
-        );
-        phases.log();
-        let init = Process::new(ProcessId::init(&req.id), pid, paths, req.terminal, copies);
-        let entry = Arc::new(TaskEntry {
-            id: req.id.clone(),
-            bundle: req.bundle.clone(),
-            hooks,
-            hook_state,
-            vm,
-            pod_id,
-            owns_vm,
-            own_pid_namespace,
-            init: Arc::new(init),
-            execs: Mutex::new(HashMap::new()),
-        });
-        self.tasks.lock().unwrap().insert(req.id.clone(), entry);
+    }
+
+    /// The container in its pod's VM: the VM grown to its memory limit, its block devices
+    /// attached, the container created by the agent, its stdio connected. Returns the
+    /// guest's PID of its init and the stdio copies.
+    async fn start_container(
+        &self,
+        vm: &Arc<dyn PodVm>,
+        start: ContainerStart<'_>,
+        agent_request: &mut CreateContainerRequest,
+    ) -> Result<(u32, crate::stdio::Copies), Error> {
+        let ContainerStart {
+            req,
+            memory_limit,
+            block_devices,
+            paths,
+            phases,
+        } = start;
+        vm.fit_memory(&req.id, memory_limit).await?;
+        agent_request.block_devices = vm.attach_block_devices(&req.id, block_devices).await?;
+        phases.mark("devices");
+        let pid = vm.guest().create_container(agent_request).await?;
+        phases.mark("container");
+        let name = ProcessName {
+            container_id: &req.id,
+            exec_id: "",
+        };
+        let copies = vm
+            .attach_stdio(name, &self.namespace, paths, req.terminal)
+            .await?;
+        phases.mark("stdio");
+        Ok((pid, copies))
+    }
+
+    /// containerd's TaskCreate event for the created task `req`, whose PID is `pid`.
+    fn publish_created(&self, req: &api::CreateTaskRequest, pid: u32) {
         self.publish(
             topics::TASK_CREATE_EVENT_TOPIC,
             Box::new(TaskCreate {
@@ -273,10 +360,6 @@ impl TaskService {
                 ..Default::default()
             }),
         );
-        Ok(api::CreateTaskResponse {
-            pid,
-            ..Default::default()
-        })
     }
 
     /// The running sandbox `sandbox_id`'s VM (or, for a VM-mode pod, its hold).
@@ -291,5 +374,31 @@ impl TaskService {
                     "pod sandbox {sandbox_id} (its VM is not in this shim)"
                 ))
             })
+    }
+}
+
+/// What [`TaskService::start_container`] needs of the create besides the VM.
+struct ContainerStart<'a> {
+    req: &'a api::CreateTaskRequest,
+    memory_limit: Option<u64>,
+    block_devices: &'a [crate::block_devices::BlockDevice],
+    paths: &'a crate::stdio::StdioPaths,
+    phases: &'a Phases,
+}
+
+/// Undoes a container start that failed: the whole VM when the create booted it, else
+/// the container's part of its pod's VM (errors logged: the start's error is the one told).
+async fn undo_start(vm: &Arc<dyn PodVm>, id: &str, owns_vm: bool) {
+    let cleanup = if owns_vm {
+        vm.teardown().await
+    } else {
+        let _ = vm.guest().remove_container(id).await;
+        if let Err(e) = vm.detach_block_devices(id).await {
+            log::error!("{id}: {}", e.message());
+        }
+        vm.remove_container(id)
+    };
+    if let Err(cleanup) = cleanup {
+        log::error!("cleanup after failed create of {id}: {}", cleanup.message());
     }
 }

@@ -60,6 +60,15 @@ pub(super) struct CreatePlan {
 }
 
 impl CreatePlan {
+    /// Whether the container gets a PID namespace of its own (it joins no other's).
+    pub fn own_pid_namespace(&self) -> bool {
+        !self
+            .agent_request
+            .join_namespaces
+            .iter()
+            .any(|n| n == "pid")
+    }
+
     /// Plans the create of `req` from its bundle's `spec` under `config`. `pod_so_far`
     /// tells what the shim knows of a running sandbox of this shim (a container joins its
     /// namespaces). Bad input (annotations, stdio, hooks, devices, the spec) is

@@ -1,0 +1,458 @@
+//! Judging [`HostFacts`] against the node config: one finding per subject, each from a
+//! function of its own.
+
+use vmlet_config::{Accel, NodeConfig, VsockTransport};
+
+use super::{Finding, HostFacts, KvmFacts, Verdict};
+
+use Verdict::{Fail, Ok, Warn};
+
+/// Judges the facts against the node config, one finding per subject.
+pub fn assess(config: &NodeConfig, facts: &HostFacts) -> Vec<Finding> {
+    let mut out = vec![accel(config, facts), vsock(config, facts), vhost_net(facts)];
+    out.extend(libvirt(config, facts));
+    out.extend(programs(config, facts));
+    out.push(match &facts.guest_image {
+        Result::Ok(what) => finding(Ok, "guest image", what.clone()),
+        Err(e) => finding(Fail, "guest image", e.clone()),
+    });
+    out.push(vm_mode(config, facts));
+    out.push(cgroup(facts));
+    out.extend(containerd(facts));
+    out
+}
+
+fn finding(verdict: Verdict, subject: &'static str, text: String) -> Finding {
+    Finding {
+        verdict,
+        subject,
+        text,
+    }
+}
+
+/// Why a probe guest would not boot, where the host shows it.
+fn paravirtual_note(kvm: &KvmFacts) -> &'static str {
+    if kvm.is_paravirtual() {
+        " (/dev/kvm is kvm_pvm's: this host is itself a VM with a paravirtual KVM)"
+    } else {
+        ""
+    }
+}
+
+/// The accelerator: KVM (probed), or TCG by choice or as the fallback.
+fn accel(config: &NodeConfig, facts: &HostFacts) -> Finding {
+    let kvm_why = || {
+        if facts.libvirt.is_err() {
+            "libvirt is unreachable, so its KVM support is unknown".to_owned()
+        } else {
+            facts.kvm.why_unusable()
+        }
+    };
+    let accel = format!("{:?}", config.accel).to_lowercase();
+    let (verdict, text) = match (config.accel, facts.libvirt_kvm, &facts.kvm_probe) {
+        (Accel::Tcg, _, _) => (Warn, "TCG (accel = \"tcg\" in the node config): software emulation, several times slower than KVM".into()),
+        (Accel::Auto, true, Some(Err(why))) => (Warn, format!(
+            "TCG fallback: libvirt offers KVM, but {why}{}",
+            paravirtual_note(&facts.kvm)
+        )),
+        (_, true, Some(Err(why))) => (Fail, format!(
+            "accel = \"{accel}\" in the node config, but {why}{}: set accel = \"auto\" or \"tcg\"",
+            paravirtual_note(&facts.kvm)
+        )),
+        (_, true, Some(Result::Ok(ms))) => (Ok, format!("KVM (accel = \"{accel}\"): a probe guest booted on it in {ms} ms")),
+        (_, true, None) => (Ok, format!("KVM (accel = \"{accel}\")")),
+        (Accel::Auto, false, _) => (Warn, format!("TCG fallback: KVM is not usable: {}", kvm_why())),
+        (Accel::Kvm, false, _) => (Fail, format!("accel = \"kvm\" in the node config, but KVM is not usable: {}", kvm_why())),
+    };
+    finding(verdict, "accel", text)
+}
+
+/// vsock: the kernel's vhost-vsock, or the user-space backend.
+fn vsock(config: &NodeConfig, facts: &HostFacts) -> Finding {
+    let user_space = |verdict_if_missing, why: &str| match &facts.vhost_device_vsock {
+        Result::Ok(version) => (
+            Ok,
+            format!(
+                "user-space backend: {version} ({}), {why}",
+                config.helpers.vhost_device_vsock.display()
+            ),
+        ),
+        Err(e) => (
+            verdict_if_missing,
+            format!("{why}, and the user-space backend is unusable: {e}"),
+        ),
+    };
+    let (verdict, text) = match (config.vsock, facts.vhost_vsock) {
+        (VsockTransport::Auto | VsockTransport::Vhost, true) => {
+            (Ok, "the kernel's vhost-vsock (/dev/vhost-vsock)".to_owned())
+        }
+        (VsockTransport::Vhost, false) => (
+            Fail,
+            "vsock = \"vhost\" in the node config, but /dev/vhost-vsock is missing (load vhost_vsock)".to_owned(),
+        ),
+        (VsockTransport::Auto, false) => user_space(Fail, "no /dev/vhost-vsock"),
+        (VsockTransport::VhostUser, _) => user_space(Fail, "vsock = \"vhost-user\" in the node config"),
+    };
+    finding(verdict, "vsock", text)
+}
+
+fn vhost_net(facts: &HostFacts) -> Finding {
+    if facts.vhost_net {
+        finding(Ok, "vhost-net", "/dev/vhost-net present; vmlet's taps do not use it (vhost=off): QEMU moves their packets".into())
+    } else {
+        finding(Warn, "vhost-net", "missing (/dev/vhost-net; modprobe vhost_net): vmlet's taps do not need it (vhost=off), QEMU moves their packets".into())
+    }
+}
+
+/// libvirt, and the confinement its security drivers give QEMU.
+fn libvirt(config: &NodeConfig, facts: &HostFacts) -> Vec<Finding> {
+    let host = match &facts.libvirt {
+        Result::Ok(host) => host,
+        Err(e) => {
+            let text = format!(
+                "{} unreachable: {e} (is libvirtd running?)",
+                config.libvirt_uri
+            );
+            return vec![finding(Fail, "libvirt", text)];
+        }
+    };
+    let models = if host.security_models.is_empty() {
+        "none".to_owned()
+    } else {
+        host.security_models.join(", ")
+    };
+    let mut out = vec![finding(
+        Ok,
+        "libvirt",
+        format!(
+            "{} reachable: libvirt {}, hypervisor {}, security driver {models}",
+            config.libvirt_uri, host.version, host.hypervisor_version
+        ),
+    )];
+    let local = format!("/{}", crate::node_apparmor::LOCAL_LIBVIRTD);
+    if host.security_models.iter().any(|m| m == "apparmor") {
+        out.push(if facts.apparmor_rules {
+            finding(Ok, "confinement", format!("libvirt confines QEMU with AppArmor; vmlet's rules are in libvirtd's profile ({local}), and each pod's QEMU gets a profile of its own ({})", crate::pod_apparmor::PROFILE_DIR))
+        } else {
+            finding(Fail, "confinement", format!("libvirt confines QEMU with AppArmor, and vmlet's rules (of this version and config) are not in libvirtd's profile ({local}): libvirtd cannot start vmlet's wrapper or virtiofsd; `vmletctl install` adds them"))
+        });
+    }
+    if host.security_models.iter().any(|m| m == "selinux") {
+        out.push(finding(Warn, "confinement", "libvirt confines QEMU with SELinux: vmlet's own QEMU arguments (the vsock and QMP sockets in the state directory) have no labels from vmlet; untested".into()));
+    }
+    out
+}
+
+/// The programs a pod's VM runs: vmlet's own must be of this vmletctl's version.
+fn programs(config: &NodeConfig, facts: &HostFacts) -> Vec<Finding> {
+    let h = &config.helpers;
+    let mine = crate::cli::VERSION;
+    [
+        ("qemu", &h.qemu, &facts.qemu, false),
+        ("vmwrapper", &h.vmwrapper, &facts.vmwrapper, true),
+        ("vmlet-libvirt", &h.libvirt, &facts.libvirt_helper, true),
+        ("virtiofsd", &h.virtiofsd, &facts.virtiofsd, false),
+    ]
+    .into_iter()
+    .map(|(subject, path, result, ours)| {
+        let (verdict, text) = match result {
+            Result::Ok(version) if ours && !version.ends_with(&format!(" {mine}")) => (
+                Warn,
+                format!(
+                    "{} ({version}): not vmletctl's version {mine}",
+                    path.display()
+                ),
+            ),
+            Result::Ok(version) => (Ok, format!("{} ({version})", path.display())),
+            Err(e) => (Fail, format!("{}: {e}", path.display())),
+        };
+        finding(verdict, subject, text)
+    })
+    .collect()
+}
+
+/// What a VM-mode pod's boot runs besides QEMU, when the node allows VM-mode pods.
+fn vm_mode(config: &NodeConfig, facts: &HostFacts) -> Finding {
+    let missing: Vec<&str> = [
+        (&facts.qemu_img, "qemu-img (Debian: qemu-utils)"),
+        (&facts.xorrisofs, "xorrisofs (Debian: xorriso)"),
+    ]
+    .into_iter()
+    .filter(|(found, _)| found.is_none())
+    .map(|(_, what)| what)
+    .collect();
+    let mut image_type = vmlet_config::ANNOTATION_KEYS
+        .iter()
+        .filter(|(_, key)| *key == vmlet_config::AnnotationKey::ImageType)
+        .map(|(name, _)| *name);
+    let vm_mode = image_type.clone().next().unwrap_or_default();
+    if !image_type.any(|name| config.annotations.allowed.iter().any(|a| a == name)) {
+        finding(
+            Ok,
+            "vm mode",
+            format!("off ({vm_mode} is not in annotations.allowed)"),
+        )
+    } else if missing.is_empty() {
+        finding(
+            Ok,
+            "vm mode",
+            "qemu-img and xorrisofs are on the PATH".into(),
+        )
+    } else {
+        finding(
+            Warn,
+            "vm mode",
+            format!(
+                "VM-mode pods ({vm_mode}: vm) cannot start: {} not on the PATH; other pods can",
+                missing.join(" and ")
+            ),
+        )
+    }
+}
+
+fn cgroup(facts: &HostFacts) -> Finding {
+    if facts.cgroup_v2 {
+        finding(Ok, "cgroup", "v2 (unified)".into())
+    } else {
+        finding(
+            Warn,
+            "cgroup",
+            "v1: vmlet places each pod's VM in its v1 cgroups; containerd 2.2 deprecates v1".into(),
+        )
+    }
+}
+
+/// containerd, the shim where containerd finds it, and the CRI runtimes that start it.
+fn containerd(facts: &HostFacts) -> Vec<Finding> {
+    let c = &facts.containerd;
+    vec![
+        match &c.version {
+            Result::Ok(version) => finding(Ok, "containerd", version.clone()),
+            Err(e) => finding(Fail, "containerd", e.clone()),
+        },
+        match &c.shim_on_path {
+            Some(path) => finding(Ok, "shim", format!("{} (io.containerd.vmlet.v2)", path.display())),
+            None => finding(Fail, "shim", "containerd-shim-vmlet-v2 is not on the PATH: containerd cannot start io.containerd.vmlet.v2".into()),
+        },
+        match &c.vmlet_runtimes {
+            Result::Ok(names) if !names.is_empty() => finding(Ok, "runtime", format!("{} in {}", names.join(", "), c.config.display())),
+            Result::Ok(_) => finding(Warn, "runtime", format!(
+                "no CRI runtime starts vmlet in {} (Kubernetes pods cannot use it; ctr and nerdctl can): see deploy/containerd-vmlet-v*.toml",
+                c.config.display()
+            )),
+            Err(e) => finding(Warn, "runtime", format!("{}: {e}", c.config.display())),
+        },
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::host_check::ContainerdFacts;
+    use crate::vmm::LibvirtHost;
+
+    fn facts() -> HostFacts {
+        HostFacts {
+            kvm: KvmFacts {
+                dev_kvm: true,
+                modules: vec!["kvm_pvm".into()],
+                cpu_virtualisation: false,
+            },
+            libvirt_kvm: false,
+            kvm_probe: None,
+            apparmor_rules: false,
+            libvirt: Result::Ok(LibvirtHost {
+                version: "9.0.0".into(),
+                hypervisor_version: "7.2.0".into(),
+                security_models: vec!["none".into()],
+            }),
+            vhost_vsock: false,
+            vhost_net: false,
+            qemu: Result::Ok("QEMU emulator version 7.2.15".into()),
+            vmwrapper: Result::Ok(format!("vmlet-vmwrapper {}", crate::cli::VERSION)),
+            libvirt_helper: Result::Ok(format!("vmlet-libvirt {}", crate::cli::VERSION)),
+            virtiofsd: Result::Ok("virtiofsd 1.13.2".into()),
+            vhost_device_vsock: Result::Ok("vhost-device-vsock 0.3.0".into()),
+            guest_image: Result::Ok("/usr/local/share/vmlet/vmlinux".into()),
+            qemu_img: Some("/usr/bin/qemu-img".into()),
+            xorrisofs: Some("/usr/bin/xorrisofs".into()),
+            cgroup_v2: true,
+            containerd: ContainerdFacts {
+                version: Result::Ok("containerd v2.2.0".into()),
+                config: "/etc/containerd/config.toml".into(),
+                vmlet_runtimes: Result::Ok(vec![
+                    "io.containerd.cri.v1.runtime.runtimes.vmlet".into()
+                ]),
+                shim_on_path: Some("/usr/local/bin/containerd-shim-vmlet-v2".into()),
+            },
+        }
+    }
+
+    fn line<'a>(findings: &'a [Finding], subject: &str) -> &'a Finding {
+        findings.iter().find(|f| f.subject == subject).unwrap()
+    }
+
+    #[test]
+    fn a_node_like_this_one_runs_tcg_with_the_user_space_vsock() {
+        let config = NodeConfig::default();
+        let findings = assess(&config, &facts());
+        assert!(
+            findings.iter().all(|f| f.verdict != Verdict::Fail),
+            "{findings:#?}"
+        );
+        let accel = line(&findings, "accel");
+        assert!(
+            accel.text.starts_with("TCG fallback") && accel.text.contains("kvm_pvm"),
+            "{accel}"
+        );
+        let vsock = line(&findings, "vsock");
+        assert!(
+            vsock
+                .text
+                .contains("user-space backend: vhost-device-vsock"),
+            "{vsock}"
+        );
+        assert!(line(&findings, "vhost-net").text.starts_with("missing"));
+        assert!(line(&findings, "libvirt")
+            .text
+            .contains("security driver none"));
+        assert!(findings.iter().all(|f| f.subject != "confinement"));
+        let printed = accel.to_string();
+        assert!(printed.starts_with("warn  accel         TCG"), "{printed}");
+    }
+
+    #[test]
+    fn apparmor_needs_vmlets_rules_in_libvirts_profiles() {
+        let mut f = facts();
+        if let Result::Ok(host) = &mut f.libvirt {
+            host.security_models = vec!["apparmor".into(), "dac".into()];
+        }
+        let findings = assess(&NodeConfig::default(), &f);
+        let confinement = line(&findings, "confinement");
+        assert_eq!(confinement.verdict, Verdict::Fail);
+        assert!(
+            confinement.text.contains("are not in libvirtd's profile")
+                && confinement.text.contains("vmletctl install"),
+            "{confinement}"
+        );
+        f.apparmor_rules = true;
+        let findings = assess(&NodeConfig::default(), &f);
+        assert_eq!(line(&findings, "confinement").verdict, Verdict::Ok);
+    }
+
+    #[test]
+    fn vm_mode_names_the_programs_it_lacks_unless_the_node_does_not_allow_it() {
+        let mut f = facts();
+        let config = NodeConfig::default();
+        assert_eq!(line(&assess(&config, &f), "vm mode").verdict, Verdict::Ok);
+        f.xorrisofs = None;
+        let findings = assess(&config, &f);
+        let vm_mode = line(&findings, "vm mode");
+        assert_eq!(vm_mode.verdict, Verdict::Warn);
+        assert!(
+            vm_mode.text.contains("xorrisofs (Debian: xorriso)")
+                && !vm_mode.text.contains("qemu-img"),
+            "{vm_mode}"
+        );
+        let mut off = NodeConfig::default();
+        off.annotations
+            .allowed
+            .retain(|a| a != "vmlet.io/image-type");
+        let findings = assess(&off, &f);
+        let vm_mode = line(&findings, "vm mode");
+        assert_eq!(vm_mode.verdict, Verdict::Ok);
+        assert!(vm_mode.text.starts_with("off"), "{vm_mode}");
+    }
+
+    #[test]
+    fn what_keeps_a_pod_from_starting_fails_by_name() {
+        let config = NodeConfig::default();
+        let mut f = facts();
+        f.libvirt = Err("connect to qemu:///system: no socket".into());
+        let findings = assess(&config, &f);
+        let libvirt = line(&findings, "libvirt");
+        assert_eq!(libvirt.verdict, Verdict::Fail);
+        assert!(
+            libvirt.text.contains("qemu:///system unreachable"),
+            "{libvirt}"
+        );
+        assert!(line(&findings, "accel")
+            .text
+            .contains("libvirt is unreachable"));
+
+        let mut f = facts();
+        f.vhost_device_vsock = Err("not found".into());
+        f.guest_image = Err("/usr/local/share/vmlet/vmlinux: No such file".into());
+        f.containerd.shim_on_path = None;
+        let findings = assess(&config, &f);
+        for subject in ["vsock", "guest image", "shim"] {
+            assert_eq!(line(&findings, subject).verdict, Verdict::Fail, "{subject}");
+        }
+
+        let config = NodeConfig {
+            accel: Accel::Kvm,
+            ..Default::default()
+        };
+        assert_eq!(
+            line(&assess(&config, &facts()), "accel").verdict,
+            Verdict::Fail
+        );
+
+        // libvirt offering a KVM that cannot run guests (kvm_pvm): the probe guest hangs,
+        // auto falls back to TCG, accel = "kvm" cannot start a pod.
+        let mut f = facts();
+        f.libvirt_kvm = true;
+        f.kvm_probe = Some(Err("a probe guest did not boot on KVM within 10 s".into()));
+        let accel = line(&assess(&NodeConfig::default(), &f), "accel").clone();
+        assert_eq!(accel.verdict, Verdict::Warn);
+        assert!(
+            accel
+                .text
+                .starts_with("TCG fallback: libvirt offers KVM, but a probe guest")
+                && accel.text.contains("kvm_pvm"),
+            "{accel}"
+        );
+        let kvm = NodeConfig {
+            accel: Accel::Kvm,
+            ..Default::default()
+        };
+        let accel = line(&assess(&kvm, &f), "accel").clone();
+        assert_eq!(accel.verdict, Verdict::Fail);
+        assert!(
+            accel.text.contains("set accel = \"auto\" or \"tcg\""),
+            "{accel}"
+        );
+        let tcg = NodeConfig {
+            accel: Accel::Tcg,
+            ..Default::default()
+        };
+        assert_eq!(line(&assess(&tcg, &f), "accel").verdict, Verdict::Warn);
+        // Where the probe guest boots, KVM it is.
+        f.kvm_probe = Some(Result::Ok(420));
+        let accel = line(&assess(&NodeConfig::default(), &f), "accel").clone();
+        assert_eq!(accel.verdict, Verdict::Ok);
+        assert!(accel.text.contains("booted on it in 420 ms"), "{accel}");
+    }
+
+    #[test]
+    fn a_helper_of_another_version_is_named() {
+        let mut f = facts();
+        f.vmwrapper = Result::Ok("vmlet-vmwrapper 0.0.1".into());
+        let findings = assess(&NodeConfig::default(), &f);
+        let wrapper = line(&findings, "vmwrapper");
+        assert_eq!(wrapper.verdict, Verdict::Warn);
+        assert!(wrapper.text.contains("not vmletctl's version"), "{wrapper}");
+    }
+
+    #[test]
+    fn kvm_reasons_follow_what_the_host_shows() {
+        let none = KvmFacts::default();
+        assert!(none.why_unusable().contains("no vmx or svm"));
+        let masked = KvmFacts {
+            dev_kvm: true,
+            modules: vec!["kvm_intel".into()],
+            cpu_virtualisation: true,
+        };
+        assert!(masked.why_unusable().contains("libvirt reports no KVM"));
+    }
+}

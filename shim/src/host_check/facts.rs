@@ -1,0 +1,193 @@
+//! Gathering [`HostFacts`]: files, `/sys`, programs' `--version`, libvirt, containerd's
+//! config, and a probe guest on KVM.
+
+use std::io::Read;
+use std::path::Path;
+
+use vmlet_config::{Accel, NodeConfig};
+use vmlet_vm_image::{sha256_file, Manifest};
+
+use super::{ContainerdFacts, HostFacts, KvmFacts};
+use crate::node_program::{on_path, version_line};
+
+/// The largest config file read (containerd's, AppArmor's local files).
+const CONFIG_FILE_LIMIT: u64 = 1 << 20;
+
+impl HostFacts {
+    /// Looks at this host with `config`'s paths; `containerd` is the containerd binary to ask
+    /// (found on the PATH when None) and `containerd_config` its config file.
+    pub fn gather(
+        config: &NodeConfig,
+        libvirt: &crate::vmm::Libvirt,
+        containerd: Option<&Path>,
+        containerd_config: &Path,
+    ) -> Self {
+        use crate::vmm::VmManager;
+        let h = &config.helpers;
+        let kvm = KvmFacts::gather();
+        let libvirt_host = libvirt.host().map_err(|e| e.message());
+        let libvirt_kvm = libvirt_host.is_ok()
+            && kvm.dev_kvm
+            && libvirt.kvm_usable(&h.qemu.to_string_lossy(), &config.guest.machine);
+        let kvm_probe = (libvirt_kvm && config.accel != Accel::Tcg).then(|| {
+            let state_dir = config
+                .state_dir
+                .is_dir()
+                .then_some(config.state_dir.as_path());
+            let probe = crate::kvm_probe::guest_boots_on_kvm(
+                &h.qemu,
+                &config.guest.kernel,
+                &config.guest.machine,
+                state_dir,
+            );
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| format!("a runtime for the probe: {e}"))
+                .and_then(|runtime| runtime.block_on(probe))
+                .map(|took| took.as_millis() as u64)
+        });
+        let containerd_bin = containerd
+            .map(Path::to_owned)
+            .or_else(|| on_path("containerd"));
+        let apparmor_rules = crate::node_install::apparmor_rules_installed(
+            Path::new("/"),
+            config,
+            CONFIG_FILE_LIMIT,
+        );
+        HostFacts {
+            kvm,
+            libvirt_kvm,
+            kvm_probe,
+            apparmor_rules,
+            libvirt: libvirt_host,
+            vhost_vsock: Path::new("/dev/vhost-vsock").exists(),
+            vhost_net: Path::new("/dev/vhost-net").exists(),
+            qemu: version_line(&h.qemu),
+            vmwrapper: version_line(&h.vmwrapper),
+            libvirt_helper: version_line(&h.libvirt),
+            virtiofsd: version_line(&h.virtiofsd),
+            vhost_device_vsock: version_line(&h.vhost_device_vsock),
+            guest_image: guest_image(&config.guest.kernel, &config.guest.initrd),
+            qemu_img: on_path("qemu-img"),
+            xorrisofs: on_path("xorrisofs"),
+            cgroup_v2: Path::new("/sys/fs/cgroup/cgroup.controllers").exists(),
+            containerd: ContainerdFacts {
+                version: containerd_bin
+                    .ok_or_else(|| "no containerd on the PATH".to_owned())
+                    .and_then(|bin| version_line(&bin)),
+                config: containerd_config.to_owned(),
+                vmlet_runtimes: read_bounded(containerd_config, CONFIG_FILE_LIMIT)
+                    .and_then(|text| crate::containerd_config::vmlet_runtimes(&text)),
+                shim_on_path: on_path("containerd-shim-vmlet-v2"),
+            },
+        }
+    }
+}
+
+impl KvmFacts {
+    fn gather() -> Self {
+        let cpuinfo = read_bounded(Path::new("/proc/cpuinfo"), 4 << 20).unwrap_or_default();
+        KvmFacts {
+            dev_kvm: Path::new("/dev/kvm").exists(),
+            modules: ["kvm_intel", "kvm_amd", "kvm_pvm"]
+                .into_iter()
+                .filter(|m| Path::new("/sys/module").join(m).exists())
+                .map(str::to_owned)
+                .collect(),
+            cpu_virtualisation: cpuinfo
+                .lines()
+                .filter(|l| l.starts_with("flags"))
+                .any(|l| l.split_whitespace().any(|f| f == "vmx" || f == "svm")),
+        }
+    }
+
+    /// /dev/kvm is kvm_pvm's, on a CPU without vmx or svm: QEMU cannot run a guest on it,
+    /// whatever libvirt says.
+    pub(super) fn is_paravirtual(&self) -> bool {
+        self.dev_kvm && !self.cpu_virtualisation && self.modules.iter().any(|m| m == "kvm_pvm")
+    }
+
+    /// Why a KVM that libvirt does not offer is unusable, as far as the host shows.
+    pub(super) fn why_unusable(&self) -> String {
+        if !self.dev_kvm {
+            return if self.cpu_virtualisation {
+                "no /dev/kvm (load kvm_intel or kvm_amd)".into()
+            } else {
+                "no /dev/kvm, and the CPU shows no vmx or svm (a VM without nested \
+                 virtualisation, or virtualisation off in the firmware)"
+                    .into()
+            };
+        }
+        if self.modules.iter().any(|m| m == "kvm_pvm") {
+            return "/dev/kvm is kvm_pvm's (paravirtual KVM of a host that is itself a VM, \
+                    whose CPU shows no vmx or svm): QEMU cannot run an ordinary guest on it"
+                .into();
+        }
+        "libvirt reports no KVM domain for this QEMU and machine type (is /dev/kvm \
+         accessible to libvirt's QEMU user, or masked for libvirtd?)"
+            .into()
+    }
+}
+
+/// The guest kernel and initrd, checked against the `manifest.json` beside them when there
+/// is one.
+fn guest_image(kernel: &Path, initrd: &Path) -> Result<String, String> {
+    let size = |path: &Path| {
+        std::fs::metadata(path)
+            .map_err(|e| format!("{}: {e}", path.display()))
+            .and_then(|m| {
+                if m.is_file() {
+                    Ok(m.len())
+                } else {
+                    Err(format!("{}: not a file", path.display()))
+                }
+            })
+    };
+    let (k, i) = (size(kernel)?, size(initrd)?);
+    let mut text = format!(
+        "{} ({} MiB), {} ({} MiB)",
+        kernel.display(),
+        k >> 20,
+        initrd.display(),
+        i >> 20
+    );
+    let Some(dir) = kernel.parent() else {
+        return Ok(text);
+    };
+    let manifest_path = dir.join("manifest.json");
+    if !manifest_path.exists() {
+        text.push_str(" (no manifest.json beside them)");
+        return Ok(text);
+    }
+    let manifest = Manifest::load(dir).map_err(|e| format!("{}: {e}", manifest_path.display()))?;
+    for (path, key, want) in [
+        (kernel, "kernel_sha256", &manifest.kernel_sha256),
+        (initrd, "initrd_sha256", &manifest.initrd_sha256),
+    ] {
+        let digest = sha256_file(path).map_err(|e| e.to_string())?;
+        if &digest != want {
+            return Err(format!(
+                "{} does not match {} ({key}): rebuild it with vmlet-image build",
+                path.display(),
+                manifest_path.display()
+            ));
+        }
+    }
+    text.push_str(&format!(
+        ", match {}: kernel {}, agent {}",
+        manifest_path.display(),
+        manifest.kernel_release,
+        manifest.agent_version
+    ));
+    Ok(text)
+}
+
+fn read_bounded(path: &Path, limit: u64) -> Result<String, String> {
+    let file = std::fs::File::open(path).map_err(|e| format!("{e}"))?;
+    let mut text = String::new();
+    file.take(limit)
+        .read_to_string(&mut text)
+        .map_err(|e| format!("{e}"))?;
+    Ok(text)
+}
