@@ -1,11 +1,17 @@
 //! The libvirt domain, rendered from typed structs (one per device) with serde + quick-xml.
 
 use serde::Serialize;
-use vmlet_config::{CpuModel, Firmware};
+use vmlet_config::CpuModel;
 
 use crate::Error;
 
+mod attrs;
+mod disk_xml;
+mod guest;
 mod xml;
+pub use attrs::*;
+pub use disk_xml::*;
+pub use guest::*;
 pub use xml::*;
 
 /// The QEMU namespace for `<qemu:commandline>`.
@@ -171,229 +177,6 @@ impl ConsoleTarget {
     }
 }
 
-/// What the VM runs, and the devices that takes.
-#[derive(Debug, Clone)]
-pub enum GuestBoot {
-    /// vmlet's guest: its kernel and initrd booted directly, the agent over vsock, the
-    /// containers' files over virtio-fs.
-    Agent(AgentGuest),
-    /// A VM image (docs/vm-mode.md): firmware boots the overlay of the image's disk; the
-    /// cloud-init seed is a read-only disk beside it.
-    Image(ImageDisks),
-}
-
-#[derive(Debug, Clone)]
-pub struct AgentGuest {
-    pub kernel: String,
-    pub initrd: String,
-    pub cmdline: String,
-    pub virtiofsd: String,
-    pub share_dir: String,
-    pub share_tag: String,
-    pub vsock: VsockDevice,
-    /// The file QEMU reads the agent's key from, into the fw_cfg entry the agent reads
-    /// ([`vmlet_protocol::auth::FW_CFG_NAME`]).
-    pub key_file: String,
-}
-
-#[derive(Debug, Clone)]
-pub struct ImageDisks {
-    /// The qcow2 overlay the VM writes.
-    pub overlay: String,
-    /// The image's disk, the overlay's backing file, and its format.
-    pub backing: String,
-    pub backing_format: crate::vm_disk::DiskFormat,
-    /// The NoCloud seed (ISO 9660).
-    pub seed: String,
-    /// How the root disk (the overlay) is attached.
-    pub root_bus: RootBus,
-    /// SeaBIOS (QEMU's default) or OVMF.
-    pub firmware: Firmware,
-}
-
-/// The bus a VM image's root disk is on: the pod's disk driver (`vmlet.io/disk-driver`), else
-/// virtio.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum RootBus {
-    /// virtio-blk: `vda`, what cloud images expect.
-    #[default]
-    Virtio,
-    /// virtio-scsi: `sda`.
-    Scsi,
-    /// NVMe: `nvme0n1`. libvirt 9.0 has no NVMe disk bus: QEMU's own `nvme` device, given
-    /// on its command line, at the head of the boot order.
-    Nvme,
-}
-
-impl RootBus {
-    pub fn of(driver: Option<vmlet_config::DiskDriver>) -> Self {
-        match driver {
-            None | Some(vmlet_config::DiskDriver::Virtio) => RootBus::Virtio,
-            Some(vmlet_config::DiskDriver::Scsi) => RootBus::Scsi,
-            Some(vmlet_config::DiskDriver::Nvme) => RootBus::Nvme,
-        }
-    }
-
-    /// The root disk's name and bus as libvirt's disk (the guest names it as its driver
-    /// does); none for NVMe, which is QEMU's own device.
-    fn target(self) -> Option<DiskTarget> {
-        match self {
-            RootBus::Virtio => Some(DiskTarget {
-                dev: "vda",
-                bus: "virtio",
-            }),
-            RootBus::Scsi => Some(DiskTarget {
-                dev: "sda",
-                bus: "scsi",
-            }),
-            RootBus::Nvme => None,
-        }
-    }
-}
-
-/// The node name of a VM image's NVMe root disk in QEMU.
-const ROOT_NVME_NODE: &str = "vmlet-root";
-
-impl ImageDisks {
-    /// QEMU's arguments for a root disk on NVMe: the overlay (QEMU opens its backing file,
-    /// with the format, as the overlay's header names them: the checked image disk), and
-    /// the `nvme` device, first in the boot order.
-    fn nvme_root_args(&self) -> Vec<String> {
-        if self.root_bus != RootBus::Nvme {
-            return Vec::new();
-        }
-        let blockdev = serde_json::json!({
-            "driver": "qcow2",
-            "node-name": ROOT_NVME_NODE,
-            "file": {"driver": "file", "filename": self.overlay},
-        });
-        vec![
-            "-blockdev".into(),
-            blockdev.to_string(),
-            "-device".into(),
-            format!(
-                "nvme,id={ROOT_NVME_NODE}-nvme,serial={ROOT_NVME_NODE},drive={ROOT_NVME_NODE},bootindex=1,bus=pcie.0,addr={}",
-                crate::pci_layout::hex(crate::pci_layout::IMAGE_ROOT_NVME)
-            ),
-        ]
-    }
-}
-
-impl GuestBoot {
-    fn os(&self, kind: OsType) -> Os {
-        match self {
-            GuestBoot::Agent(a) => Os {
-                firmware_kind: None,
-                kind,
-                firmware: None,
-                kernel: Some(a.kernel.clone()),
-                initrd: Some(a.initrd.clone()),
-                cmdline: Some(a.cmdline.clone()),
-                boot: None,
-            },
-            GuestBoot::Image(image) => Os {
-                firmware_kind: (image.firmware == Firmware::Uefi).then_some("efi"),
-                kind,
-                // OVMF without secure boot: an image's own boot loader need not be signed
-                // (and secure boot would want SMM, which TCG runs slowly).
-                firmware: (image.firmware == Firmware::Uefi).then(|| FirmwareFeatures {
-                    feature: ["secure-boot", "enrolled-keys"]
-                        .into_iter()
-                        .map(|name| FirmwareFeature {
-                            enabled: "no",
-                            name,
-                        })
-                        .collect(),
-                }),
-                kernel: None,
-                initrd: None,
-                cmdline: None,
-                // A root disk on NVMe heads the boot order itself (libvirt takes either
-                // `<os><boot>` or each device's order, not both).
-                boot: (image.root_bus != RootBus::Nvme).then_some(BootDev { dev: "hd" }),
-            },
-        }
-    }
-
-    fn disks(&self) -> Vec<Disk> {
-        let GuestBoot::Image(image) = self else {
-            return Vec::new();
-        };
-        let root = image.root_bus.target().map(|target| Disk {
-            kind: "file",
-            device: "disk",
-            driver: DiskDriver {
-                name: "qemu",
-                format: "qcow2",
-            },
-            source: FileAttr {
-                file: image.overlay.clone(),
-            },
-            backing_store: BackingStore::file(image.backing.clone(), image.backing_format.as_str()),
-            target,
-            boot: None,
-            readonly: None,
-        });
-        let seed = Disk {
-            kind: "file",
-            device: "disk",
-            driver: DiskDriver {
-                name: "qemu",
-                format: "raw",
-            },
-            source: FileAttr {
-                file: image.seed.clone(),
-            },
-            backing_store: BackingStore::none(),
-            target: DiskTarget {
-                dev: "vdb",
-                bus: "virtio",
-            },
-            // After the NVMe root disk, which is first.
-            boot: root.is_none().then_some(BootOrder { order: 2 }),
-            readonly: Some(Empty {}),
-        };
-        root.into_iter().chain([seed]).collect()
-    }
-
-    /// The controllers: none on USB, and a virtio-scsi one for a root disk on SCSI.
-    fn controllers(&self) -> Vec<Controller> {
-        let mut controllers = vec![Controller {
-            kind: "usb",
-            model: "none",
-        }];
-        if matches!(self, GuestBoot::Image(i) if i.root_bus == RootBus::Scsi) {
-            controllers.push(Controller {
-                kind: "scsi",
-                model: "virtio-scsi",
-            });
-        }
-        controllers
-    }
-
-    fn filesystems(&self) -> Vec<Filesystem> {
-        let GuestBoot::Agent(a) = self else {
-            return Vec::new();
-        };
-        vec![Filesystem {
-            kind: "mount",
-            accessmode: "passthrough",
-            driver: TypeAttr {
-                kind: "virtiofs".into(),
-            },
-            binary: PathAttr {
-                path: a.virtiofsd.clone(),
-            },
-            source: DirAttr {
-                dir: a.share_dir.clone(),
-            },
-            target: DirAttr {
-                dir: a.share_tag.clone(),
-            },
-        }]
-    }
-}
-
 /// How the guest's vsock device is provided.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum VsockDevice {
@@ -405,82 +188,12 @@ pub enum VsockDevice {
 
 impl Domain {
     pub fn new(p: &DomainParams) -> Self {
-        let mut commandline = QemuCommandline::default();
-        commandline.env.push(QemuEnv {
-            name: "VMLET_QEMU".into(),
-            value: p.qemu.clone(),
-        });
-        if let Some(socket) = &p.tap_socket {
-            commandline.env.push(QemuEnv {
-                name: crate::taps::TAP_SOCKET_ENV.into(),
-                value: socket.clone(),
-            });
-        }
-        let vsock = match &p.guest {
-            GuestBoot::Image(_) => None,
-            GuestBoot::Agent(AgentGuest {
-                vsock: VsockDevice::Vhost,
-                ..
-            }) => Some(Vsock {
-                model: "virtio",
-                cid: Cid { auto: "yes" },
-            }),
-            GuestBoot::Agent(AgentGuest {
-                vsock: VsockDevice::VhostUser { socket },
-                ..
-            }) => {
-                for arg in [
-                    "-chardev".to_string(),
-                    format!("socket,id=vmlet-vsock,path={socket}"),
-                    "-device".to_string(),
-                    format!(
-                        "vhost-user-vsock-pci,chardev=vmlet-vsock,bus=pcie.0,addr={}",
-                        crate::pci_layout::hex(crate::pci_layout::VSOCK)
-                    ),
-                ] {
-                    commandline.args.push(QemuArg { value: arg });
-                }
-                None
-            }
-        };
-        if let GuestBoot::Agent(agent) = &p.guest {
-            commandline.args.push(QemuArg {
-                value: "-fw_cfg".into(),
-            });
-            commandline.args.push(QemuArg {
-                value: format!(
-                    "name={},file={}",
-                    vmlet_protocol::auth::FW_CFG_NAME,
-                    agent.key_file
-                ),
-            });
-        }
-        if let GuestBoot::Image(image) = &p.guest {
-            for arg in image.nvme_root_args() {
-                commandline.args.push(QemuArg { value: arg });
-            }
-        }
-        for arg in crate::block_devices::qemu_args(&p.qmp_socket) {
-            commandline.args.push(QemuArg { value: arg });
-        }
+        let (commandline, vsock) = qemu_commandline(p);
         Domain {
             kind: if p.kvm { "kvm" } else { "qemu" }.into(),
             qemu_ns: QEMU_NS,
             name: p.name.clone(),
-            metadata: Metadata {
-                pod: VmletPod {
-                    ns: VMLET_METADATA_NS,
-                    id: p.pod_id.clone(),
-                    files: p
-                        .qemu_files()
-                        .into_iter()
-                        .map(|f| VmletFile {
-                            path: f.path,
-                            access: f.access.as_str(),
-                        })
-                        .collect(),
-                },
-            },
+            metadata: metadata(p),
             max_memory: (p.hotplug_mib > 0).then(|| MaxMemory {
                 slots: 1,
                 unit: "MiB",
@@ -504,18 +217,7 @@ impl Domain {
                 machine: p.machine.clone(),
                 value: "hvm",
             }),
-            features: Features {
-                acpi: Empty {},
-                tcg: p
-                    .tcg_translation_cache_mib
-                    .filter(|_| !p.kvm)
-                    .map(|mib| Tcg {
-                        tb_cache: Memory {
-                            unit: "MiB",
-                            value: mib,
-                        },
-                    }),
-            },
+            features: features(p),
             cpu: Cpu::with_numa(Cpu::for_model(p.cpu_model.as_ref(), p.kvm), p),
             on_poweroff: "destroy",
             on_reboot: "destroy",
@@ -532,28 +234,7 @@ impl Domain {
                 } else {
                     Memballoon::none()
                 },
-                memory: (p.hotplug_mib > 0).then(|| MemoryDevice {
-                    model: "virtio-mem",
-                    target: MemoryTarget {
-                        size: Memory {
-                            unit: "MiB",
-                            value: p.hotplug_mib,
-                        },
-                        node: 0,
-                        block: Memory {
-                            unit: "MiB",
-                            value: crate::memory::BLOCK_MIB,
-                        },
-                        requested: Memory {
-                            unit: "MiB",
-                            value: 0,
-                        },
-                    },
-                    alias: NameAttr {
-                        name: crate::memory::DEVICE_ID.into(),
-                    },
-                    address: PciAddress::root_bus(crate::pci_layout::MEMORY_DEVICE),
-                }),
+                memory: memory_device(p),
             },
             qemu_commandline: commandline,
         }
@@ -568,9 +249,135 @@ impl Domain {
     }
 }
 
+/// vmlet's part of QEMU's command line (`<qemu:commandline>`): the wrapper's environment,
+/// the agent's key on fw_cfg, the vsock device libvirt does not make (vhost-user), a VM
+/// image's NVMe root, the block devices' QMP; and the vsock device libvirt makes, if any.
+fn qemu_commandline(p: &DomainParams) -> (QemuCommandline, Option<Vsock>) {
+    let mut commandline = QemuCommandline::default();
+    commandline.env.push(QemuEnv {
+        name: "VMLET_QEMU".into(),
+        value: p.qemu.clone(),
+    });
+    if let Some(socket) = &p.tap_socket {
+        commandline.env.push(QemuEnv {
+            name: crate::taps::TAP_SOCKET_ENV.into(),
+            value: socket.clone(),
+        });
+    }
+    let vsock = match &p.guest {
+        GuestBoot::Image(_) => None,
+        GuestBoot::Agent(AgentGuest {
+            vsock: VsockDevice::Vhost,
+            ..
+        }) => Some(Vsock {
+            model: "virtio",
+            cid: Cid { auto: "yes" },
+        }),
+        GuestBoot::Agent(AgentGuest {
+            vsock: VsockDevice::VhostUser { socket },
+            ..
+        }) => {
+            for arg in [
+                "-chardev".to_string(),
+                format!("socket,id=vmlet-vsock,path={socket}"),
+                "-device".to_string(),
+                format!(
+                    "vhost-user-vsock-pci,chardev=vmlet-vsock,bus=pcie.0,addr={}",
+                    crate::pci_layout::hex(crate::pci_layout::VSOCK)
+                ),
+            ] {
+                commandline.args.push(QemuArg { value: arg });
+            }
+            None
+        }
+    };
+    if let GuestBoot::Agent(agent) = &p.guest {
+        commandline.args.push(QemuArg {
+            value: "-fw_cfg".into(),
+        });
+        commandline.args.push(QemuArg {
+            value: format!(
+                "name={},file={}",
+                vmlet_protocol::auth::FW_CFG_NAME,
+                agent.key_file
+            ),
+        });
+    }
+    if let GuestBoot::Image(image) = &p.guest {
+        for arg in image.nvme_root_args() {
+            commandline.args.push(QemuArg { value: arg });
+        }
+    }
+    for arg in crate::block_devices::qemu_args(&p.qmp_socket) {
+        commandline.args.push(QemuArg { value: arg });
+    }
+    (commandline, vsock)
+}
+
+/// vmlet's metadata: the pod the domain is, and the files its QEMU may open.
+fn metadata(p: &DomainParams) -> Metadata {
+    Metadata {
+        pod: VmletPod {
+            ns: VMLET_METADATA_NS,
+            id: p.pod_id.clone(),
+            files: p
+                .qemu_files()
+                .into_iter()
+                .map(|f| VmletFile {
+                    path: f.path,
+                    access: f.access.as_str(),
+                })
+                .collect(),
+        },
+    }
+}
+
+/// ACPI, and TCG's translation cache where the node config sizes it.
+fn features(p: &DomainParams) -> Features {
+    Features {
+        acpi: Empty {},
+        tcg: p
+            .tcg_translation_cache_mib
+            .filter(|_| !p.kvm)
+            .map(|mib| Tcg {
+                tb_cache: Memory {
+                    unit: "MiB",
+                    value: mib,
+                },
+            }),
+    }
+}
+
+/// The virtio-mem device a VM that can grow has (none without hot-plug memory).
+fn memory_device(p: &DomainParams) -> Option<MemoryDevice> {
+    (p.hotplug_mib > 0).then(|| MemoryDevice {
+        model: "virtio-mem",
+        target: MemoryTarget {
+            size: Memory {
+                unit: "MiB",
+                value: p.hotplug_mib,
+            },
+            node: 0,
+            block: Memory {
+                unit: "MiB",
+                value: crate::memory::BLOCK_MIB,
+            },
+            requested: Memory {
+                unit: "MiB",
+                value: 0,
+            },
+        },
+        alias: NameAttr {
+            name: crate::memory::DEVICE_ID.into(),
+        },
+        address: PciAddress::root_bus(crate::pci_layout::MEMORY_DEVICE),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use vmlet_config::Firmware;
 
     fn params(vsock: VsockDevice) -> DomainParams {
         DomainParams {

@@ -4,6 +4,9 @@
 
 use serde::Serialize;
 
+use super::attrs::{DirAttr, Empty, ModeAttr, NameAttr, PathAttr, TypeAttr};
+use super::disk_xml::Disk;
+
 #[derive(Debug, Serialize)]
 #[serde(rename = "domain")]
 pub struct Domain {
@@ -82,18 +85,6 @@ pub struct MemoryBacking {
     pub access: ModeAttr,
 }
 
-#[derive(Debug, Serialize)]
-pub struct TypeAttr {
-    #[serde(rename = "@type")]
-    pub kind: String,
-}
-
-#[derive(Debug, Serialize)]
-pub struct ModeAttr {
-    #[serde(rename = "@mode")]
-    pub mode: String,
-}
-
 /// `<os>`: a kernel booted directly (vmlet's guest), or firmware that boots the first disk
 /// (a VM image).
 #[derive(Debug, Serialize)]
@@ -158,9 +149,6 @@ pub struct Tcg {
     #[serde(rename = "tb-cache")]
     pub tb_cache: Memory,
 }
-
-#[derive(Debug, Serialize, Default)]
-pub struct Empty {}
 
 #[derive(Debug, Serialize, PartialEq, Eq, Default)]
 pub struct Cpu {
@@ -283,12 +271,6 @@ pub struct MemoryTarget {
 }
 
 #[derive(Debug, Serialize)]
-pub struct NameAttr {
-    #[serde(rename = "@name")]
-    pub name: String,
-}
-
-#[derive(Debug, Serialize)]
 pub struct PciAddress {
     #[serde(rename = "@type")]
     pub kind: &'static str,
@@ -316,116 +298,6 @@ impl PciAddress {
     }
 }
 
-/// A file-backed disk; its format and, for an overlay, its backing file are given, so
-/// libvirt and QEMU probe neither.
-#[derive(Debug, Serialize)]
-pub struct Disk {
-    #[serde(rename = "@type")]
-    pub kind: &'static str,
-    #[serde(rename = "@device")]
-    pub device: &'static str,
-    pub driver: DiskDriver,
-    pub source: FileAttr,
-    #[serde(rename = "backingStore")]
-    pub backing_store: BackingStore,
-    pub target: DiskTarget,
-    /// Its place in the boot order (none: libvirt's `<os><boot>` decides).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub boot: Option<BootOrder>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub readonly: Option<Empty>,
-}
-
-#[derive(Debug, Serialize)]
-pub struct BootOrder {
-    #[serde(rename = "@order")]
-    pub order: u32,
-}
-
-#[derive(Debug, Serialize)]
-pub struct DiskDriver {
-    #[serde(rename = "@name")]
-    pub name: &'static str,
-    #[serde(rename = "@type")]
-    pub format: &'static str,
-}
-
-#[derive(Debug, Serialize)]
-pub struct FileAttr {
-    #[serde(rename = "@file")]
-    pub file: String,
-}
-
-/// A disk's backing chain: a backing file (with its format, and no backing of its own), or
-/// none (`<backingStore/>`).
-#[derive(Debug, Serialize)]
-pub struct BackingStore {
-    #[serde(rename = "@type", skip_serializing_if = "Option::is_none")]
-    pub kind: Option<&'static str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub format: Option<TypeAttr>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub source: Option<UnlabelledFile>,
-    #[serde(rename = "backingStore", skip_serializing_if = "Option::is_none")]
-    pub backing_store: Option<Empty>,
-}
-
-/// A file libvirt must not chown (`relabel="no"`): a backing file in a container's image,
-/// whose owner change would copy it up into the container's layer (QEMU only reads it).
-#[derive(Debug, Serialize)]
-pub struct UnlabelledFile {
-    #[serde(rename = "@file")]
-    pub file: String,
-    pub seclabel: Seclabel,
-}
-
-#[derive(Debug, Serialize)]
-pub struct Seclabel {
-    #[serde(rename = "@model")]
-    pub model: &'static str,
-    #[serde(rename = "@relabel")]
-    pub relabel: &'static str,
-}
-
-impl BackingStore {
-    /// No backing file.
-    pub fn none() -> Self {
-        BackingStore {
-            kind: None,
-            format: None,
-            source: None,
-            backing_store: None,
-        }
-    }
-
-    /// The file `path` in `format`, itself with no backing file, left as it is (read, never
-    /// chowned).
-    pub fn file(path: String, format: &str) -> Self {
-        BackingStore {
-            kind: Some("file"),
-            format: Some(TypeAttr {
-                kind: format.into(),
-            }),
-            source: Some(UnlabelledFile {
-                file: path,
-                seclabel: Seclabel {
-                    model: "dac",
-                    relabel: "no",
-                },
-            }),
-            backing_store: Some(Empty {}),
-        }
-    }
-}
-
-#[derive(Debug, Serialize)]
-pub struct DiskTarget {
-    #[serde(rename = "@dev")]
-    pub dev: &'static str,
-    #[serde(rename = "@bus")]
-    pub bus: &'static str,
-}
-
 #[derive(Debug, Serialize)]
 pub struct Filesystem {
     #[serde(rename = "@type")]
@@ -436,18 +308,6 @@ pub struct Filesystem {
     pub binary: PathAttr,
     pub source: DirAttr,
     pub target: DirAttr,
-}
-
-#[derive(Debug, Serialize)]
-pub struct PathAttr {
-    #[serde(rename = "@path")]
-    pub path: String,
-}
-
-#[derive(Debug, Serialize)]
-pub struct DirAttr {
-    #[serde(rename = "@dir")]
-    pub dir: String,
 }
 
 #[derive(Debug, Serialize)]

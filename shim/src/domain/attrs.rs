@@ -1,0 +1,43 @@
+//! The domain XML's small elements of one attribute (`type`, `mode`, `name`, `path`, `dir`,
+//! `file`) or none, which its larger elements share.
+
+use serde::Serialize;
+
+#[derive(Debug, Serialize)]
+pub struct TypeAttr {
+    #[serde(rename = "@type")]
+    pub kind: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ModeAttr {
+    #[serde(rename = "@mode")]
+    pub mode: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct NameAttr {
+    #[serde(rename = "@name")]
+    pub name: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct PathAttr {
+    #[serde(rename = "@path")]
+    pub path: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct DirAttr {
+    #[serde(rename = "@dir")]
+    pub dir: String,
+}
+
+#[derive(Debug, Serialize, Default)]
+pub struct Empty {}
+
+#[derive(Debug, Serialize)]
+pub struct FileAttr {
+    #[serde(rename = "@file")]
+    pub file: String,
+}
