@@ -7,7 +7,7 @@
 
 use std::ffi::CString;
 use std::io::Write;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 
 use nix::fcntl::OFlag;
@@ -47,62 +47,47 @@ pub enum Helper {
     ExecServer(std::os::fd::RawFd),
 }
 
-/// Clones a child running `helper`, calls `before_spec` with its PID (the child waits for
-/// its spec: a container's init is put in its cgroup there, before it makes its cgroup
-/// namespace), and sends it `spec` (serialized as JSON). Returns the child's PID (as seen by
-/// the agent); a child whose `before_spec` failed is killed.
-pub fn launch(
-    helper: Helper,
-    spec: &impl serde::Serialize,
-    stdio: ChildStdio,
-    before_spec: impl FnOnce(i32) -> Result<(), Error>,
-) -> Result<(i32, Launched), Error> {
-    let json = encode(spec)?;
-    let exe = std::env::current_exe().map_err(|e| Error::io("find own executable", e))?;
-    let exe = CString::new(exe.as_os_str().as_bytes())
-        .map_err(|_| Error::InvalidRequest("executable path has a NUL".into()))?;
-    let arg0 = CString::new("vmlet-agent").unwrap();
-    let arg1 = CString::new(match helper {
-        Helper::ContainerInit | Helper::ContainerInitInPodPidNamespace => CONTAINER_INIT_ARG,
-        Helper::ExecServer(_) => EXEC_SERVER_ARG,
-    })
-    .unwrap();
-    let argv = [arg0.as_ptr(), arg1.as_ptr(), std::ptr::null()];
-    let envp = [std::ptr::null::<libc::c_char>()];
-
-    let pipe = || pipe2(OFlag::O_CLOEXEC).map_err(|e| Error::io("pipe", e.into()));
-    let (spec_r, spec_w) = pipe()?;
-    let (start_r, start_w) = pipe()?;
-    let (status_r, status_w) = pipe()?;
-    let mut sources = vec![
-        stdio.stdin.as_raw_fd(),
-        stdio.stdout.as_raw_fd(),
-        stdio.stderr.as_raw_fd(),
-        spec_r.as_raw_fd(),
-        start_r.as_raw_fd(),
-        status_w.as_raw_fd(),
-    ];
-    if let Helper::ExecServer(requests) = helper {
-        sources.push(requests);
+impl Helper {
+    /// The agent's argument that makes the re-executed agent this helper.
+    fn arg(&self) -> &'static str {
+        match self {
+            Helper::ContainerInit | Helper::ContainerInitInPodPidNamespace => CONTAINER_INIT_ARG,
+            Helper::ExecServer(_) => EXEC_SERVER_ARG,
+        }
     }
-    debug_assert_eq!((SPEC_FD, START_FD, STATUS_FD, REQUESTS_FD), (3, 4, 5, 6));
 
-    let flags = match helper {
-        Helper::ContainerInit => {
-            libc::CLONE_NEWNS
-                | libc::CLONE_NEWPID
-                | libc::CLONE_NEWUTS
-                | libc::CLONE_NEWIPC
-                | libc::SIGCHLD
+    /// The namespaces the helper is cloned into.
+    fn clone_flags(&self) -> libc::c_int {
+        match self {
+            Helper::ContainerInit => {
+                libc::CLONE_NEWNS
+                    | libc::CLONE_NEWPID
+                    | libc::CLONE_NEWUTS
+                    | libc::CLONE_NEWIPC
+                    | libc::SIGCHLD
+            }
+            Helper::ContainerInitInPodPidNamespace => {
+                libc::CLONE_NEWNS | libc::CLONE_NEWUTS | libc::CLONE_NEWIPC | libc::SIGCHLD
+            }
+            Helper::ExecServer(_) => libc::SIGCHLD,
         }
-        Helper::ContainerInitInPodPidNamespace => {
-            libc::CLONE_NEWNS | libc::CLONE_NEWUTS | libc::CLONE_NEWIPC | libc::SIGCHLD
-        }
-        Helper::ExecServer(_) => libc::SIGCHLD,
-    };
+    }
+}
+
+/// Clones a child with `flags` that moves `sources` (at most 7) to its fds 0.. and executes
+/// `exe` with `argv` and `envp`; returns its PID.
+fn clone_exec(
+    flags: libc::c_int,
+    sources: &[RawFd],
+    exe: &CString,
+    argv: &[*const libc::c_char; 3],
+    envp: &[*const libc::c_char; 1],
+) -> Result<i32, Error> {
+    let mut moved = [0; 7];
+    assert!(sources.len() <= moved.len(), "a helper gets at most 7 fds");
     // SAFETY: clone without CLONE_VM and with a null stack behaves like fork(2). The child
-    // only calls async-signal-safe functions (fcntl, dup2, execve, _exit) on data prepared
-    // above, then replaces its image.
+    // only calls async-signal-safe functions (fcntl, dup2, execve, _exit) on data the
+    // parent prepared, then replaces its image.
     let pid = unsafe {
         libc::syscall(
             libc::SYS_clone,
@@ -116,7 +101,6 @@ pub fn launch(
     if pid == 0 {
         // SAFETY: see above; every pointer refers to memory that stays valid until execve.
         unsafe {
-            let mut moved = [0; 7];
             for (i, src) in sources.iter().enumerate() {
                 moved[i] = libc::fcntl(*src, libc::F_DUPFD_CLOEXEC, 100);
                 if moved[i] < 0 {
@@ -138,11 +122,51 @@ pub fn launch(
             std::io::Error::last_os_error(),
         ));
     }
+    Ok(pid as i32)
+}
+
+/// Clones a child running `helper`, calls `before_spec` with its PID (the child waits for
+/// its spec: a container's init is put in its cgroup there, before it makes its cgroup
+/// namespace), and sends it `spec` (serialized as JSON). Returns the child's PID (as seen by
+/// the agent); a child whose `before_spec` failed is killed.
+pub fn launch(
+    helper: Helper,
+    spec: &impl serde::Serialize,
+    stdio: ChildStdio,
+    before_spec: impl FnOnce(i32) -> Result<(), Error>,
+) -> Result<(i32, Launched), Error> {
+    let json = encode(spec)?;
+    let exe = std::env::current_exe().map_err(|e| Error::io("find own executable", e))?;
+    let exe = CString::new(exe.as_os_str().as_bytes())
+        .map_err(|_| Error::InvalidRequest("executable path has a NUL".into()))?;
+    let arg0 = CString::new("vmlet-agent").unwrap();
+    let arg1 = CString::new(helper.arg()).unwrap();
+    let argv = [arg0.as_ptr(), arg1.as_ptr(), std::ptr::null()];
+    let envp = [std::ptr::null::<libc::c_char>()];
+
+    let pipe = || pipe2(OFlag::O_CLOEXEC).map_err(|e| Error::io("pipe", e.into()));
+    let (spec_r, spec_w) = pipe()?;
+    let (start_r, start_w) = pipe()?;
+    let (status_r, status_w) = pipe()?;
+    let mut sources = vec![
+        stdio.stdin.as_raw_fd(),
+        stdio.stdout.as_raw_fd(),
+        stdio.stderr.as_raw_fd(),
+        spec_r.as_raw_fd(),
+        start_r.as_raw_fd(),
+        status_w.as_raw_fd(),
+    ];
+    if let Helper::ExecServer(requests) = helper {
+        sources.push(requests);
+    }
+    debug_assert_eq!((SPEC_FD, START_FD, STATUS_FD, REQUESTS_FD), (3, 4, 5, 6));
+
+    let pid = clone_exec(helper.clone_flags(), &sources, &exe, &argv, &envp)?;
     drop((spec_r, start_r, status_w, stdio));
-    if let Err(e) = before_spec(pid as i32) {
+    if let Err(e) = before_spec(pid) {
         // Its spec pipe closes with this: it gives up, and is killed in case it does not.
         let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(pid as i32),
+            nix::unistd::Pid::from_raw(pid),
             nix::sys::signal::Signal::SIGKILL,
         );
         return Err(e);
@@ -151,7 +175,7 @@ pub fn launch(
         .write_all(&json)
         .map_err(|e| Error::io("send init spec", e))?;
     Ok((
-        pid as i32,
+        pid,
         Launched {
             start: start_w,
             status: status_r,

@@ -112,15 +112,7 @@ impl Steps {
 /// of a containerd config that does not exist yet.
 pub fn install(release: &Path, root: &Path, default_layout: ConfigLayout) -> Result<Steps, Error> {
     let mut steps = Steps::default();
-    let version = std::fs::read_to_string(release.join("VERSION"))
-        .map_err(|e| {
-            Error::io(
-                format!("{}: not a vmlet release (no VERSION)", release.display()),
-                e,
-            )
-        })?
-        .trim()
-        .to_owned();
+    let version = release_version(release)?;
     let record_path = root.join(RECORD);
     let containerd = root.join(CONTAINERD_CONFIG);
     let config_before = std::fs::read(&containerd).ok();
@@ -145,7 +137,50 @@ pub fn install(release: &Path, root: &Path, default_layout: ConfigLayout) -> Res
             ..Default::default()
         },
     };
-    // The files.
+    install_files(release, root, &mut record, &mut steps)?;
+    register_runtime(&containerd, default_layout, &mut record, &mut steps)?;
+    // The node config, only when absent.
+    let node_config = root.join(NODE_CONFIG);
+    let defaults = release.join(NODE_CONFIG);
+    if !node_config.exists() && defaults.is_file() {
+        let hash = copy_file(&defaults, &node_config, 0o644)?;
+        record.node_config = Some(hash);
+        steps.push(format!("wrote /{NODE_CONFIG}"));
+    }
+    if record.apparmor.is_empty() && root.join(node_apparmor::LIBVIRTD_PROFILE).is_file() {
+        allow_in_apparmor(root, &node_config, &mut record, &mut steps)?;
+    }
+    let json = serde_json::to_vec_pretty(&record).map_err(|e| Error::Internal(e.to_string()))?;
+    write_file(&record_path, &json, 0o644)?;
+    steps.containerd_config_changed = std::fs::read(&containerd).ok() != config_before;
+    if steps.done.is_empty() {
+        steps.push(format!(
+            "vmlet {version} is installed already; nothing changed"
+        ));
+    }
+    Ok(steps)
+}
+
+/// The version of the release unpacked at `release` (its `VERSION` file).
+fn release_version(release: &Path) -> Result<String, Error> {
+    Ok(std::fs::read_to_string(release.join("VERSION"))
+        .map_err(|e| {
+            Error::io(
+                format!("{}: not a vmlet release (no VERSION)", release.display()),
+                e,
+            )
+        })?
+        .trim()
+        .to_owned())
+}
+
+/// The release's files into their places under `root` ([`LAYOUT`]), each recorded.
+fn install_files(
+    release: &Path,
+    root: &Path,
+    record: &mut Record,
+    steps: &mut Steps,
+) -> Result<(), Error> {
     for (from, to, mode) in LAYOUT {
         let dir = release.join(from);
         let Ok(entries) = std::fs::read_dir(&dir) else {
@@ -166,70 +201,71 @@ pub fn install(release: &Path, root: &Path, default_layout: ConfigLayout) -> Res
             steps.push(format!("installed {new} files in /{to}"));
         }
     }
-    // containerd's config.
-    let (text, existed) = match std::fs::read_to_string(&containerd) {
+    Ok(())
+}
+
+/// vmlet's CRI runtime in containerd's config at `containerd` (a backup of the config as it
+/// was beside it), unless a runtime starts vmlet already; the block appended is recorded.
+fn register_runtime(
+    containerd: &Path,
+    default_layout: ConfigLayout,
+    record: &mut Record,
+    steps: &mut Steps,
+) -> Result<(), Error> {
+    let (text, existed) = match std::fs::read_to_string(containerd) {
         Ok(text) => (text, true),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => (String::new(), false),
         Err(e) => return Err(Error::io(format!("read {}", containerd.display()), e)),
     };
     let layout = ConfigLayout::of(&text, default_layout)?;
-    match add_runtime(&text, layout)? {
-        None => steps.push(format!(
+    let Some((merged, block)) = add_runtime(&text, layout)? else {
+        steps.push(format!(
             "/{CONTAINERD_CONFIG}: a runtime starts vmlet already; left as it is"
-        )),
-        Some((merged, block)) => {
-            if existed {
-                let backup = backup_path(&containerd);
-                std::fs::write(&backup, &text)
-                    .map_err(|e| Error::io(format!("write {}", backup.display()), e))?;
-                steps.push(format!(
-                    "backed up /{CONTAINERD_CONFIG} to {}",
-                    backup.display()
-                ));
-            }
-            write_file(&containerd, merged.as_bytes(), 0o644)?;
-            record.containerd_block = Some(block);
-            record.containerd_config_created = !existed;
-            steps.push(format!(
-                "registered the CRI runtime vmlet in /{CONTAINERD_CONFIG} (config version {}); restart containerd to use it",
-                layout.version()
-            ));
-        }
-    }
-    // The node config, only when absent.
-    let node_config = root.join(NODE_CONFIG);
-    let defaults = release.join(NODE_CONFIG);
-    if !node_config.exists() && defaults.is_file() {
-        let hash = copy_file(&defaults, &node_config, 0o644)?;
-        record.node_config = Some(hash);
-        steps.push(format!("wrote /{NODE_CONFIG}"));
-    }
-    // libvirt's AppArmor profiles, where they are.
-    if record.apparmor.is_empty() && root.join(node_apparmor::LIBVIRTD_PROFILE).is_file() {
-        let config = match std::fs::read_to_string(&node_config) {
-            Ok(text) => NodeConfig::from_toml(&text, &node_config).map_err(Error::Config)?,
-            Err(_) => NodeConfig::default(),
-        };
-        for (file, rules) in node_apparmor::rules(&config)? {
-            record
-                .apparmor
-                .push(append_block(root, Path::new(file), &rules)?);
-        }
-        steps.push(format!(
-            "allowed libvirtd to start vmlet's wrapper and virtiofsd in its AppArmor profile (/{}); each pod's QEMU gets a profile of its own",
-            node_apparmor::LOCAL_LIBVIRTD,
         ));
-        steps.push(node_apparmor::reload(root)?);
-    }
-    let json = serde_json::to_vec_pretty(&record).map_err(|e| Error::Internal(e.to_string()))?;
-    write_file(&record_path, &json, 0o644)?;
-    steps.containerd_config_changed = std::fs::read(&containerd).ok() != config_before;
-    if steps.done.is_empty() {
+        return Ok(());
+    };
+    if existed {
+        let backup = backup_path(containerd);
+        std::fs::write(&backup, &text)
+            .map_err(|e| Error::io(format!("write {}", backup.display()), e))?;
         steps.push(format!(
-            "vmlet {version} is installed already; nothing changed"
+            "backed up /{CONTAINERD_CONFIG} to {}",
+            backup.display()
         ));
     }
-    Ok(steps)
+    write_file(containerd, merged.as_bytes(), 0o644)?;
+    record.containerd_block = Some(block);
+    record.containerd_config_created = !existed;
+    steps.push(format!(
+        "registered the CRI runtime vmlet in /{CONTAINERD_CONFIG} (config version {}); restart containerd to use it",
+        layout.version()
+    ));
+    Ok(())
+}
+
+/// vmlet's rules in libvirt's AppArmor profiles under `root` (for the node config at
+/// `node_config`, or the defaults), recorded, and the profiles reloaded.
+fn allow_in_apparmor(
+    root: &Path,
+    node_config: &Path,
+    record: &mut Record,
+    steps: &mut Steps,
+) -> Result<(), Error> {
+    let config = match std::fs::read_to_string(node_config) {
+        Ok(text) => NodeConfig::from_toml(&text, node_config).map_err(Error::Config)?,
+        Err(_) => NodeConfig::default(),
+    };
+    for (file, rules) in node_apparmor::rules(&config)? {
+        record
+            .apparmor
+            .push(append_block(root, Path::new(file), &rules)?);
+    }
+    steps.push(format!(
+        "allowed libvirtd to start vmlet's wrapper and virtiofsd in its AppArmor profile (/{}); each pod's QEMU gets a profile of its own",
+        node_apparmor::LOCAL_LIBVIRTD,
+    ));
+    steps.push(node_apparmor::reload(root)?);
+    Ok(())
 }
 
 /// Takes off what the installation recorded under `root` did.

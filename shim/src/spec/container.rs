@@ -200,6 +200,44 @@ pub fn create_request(
         })
         .into();
     }
+    let (mounts, binds) = guest_mounts(container_id, spec)?;
+    let request = CreateContainerRequest {
+        container_id: container_id.into(),
+        rootfs: rootfs_in_share(container_id),
+        readonly_rootfs: spec
+            .root()
+            .as_ref()
+            .and_then(|r| r.readonly())
+            .unwrap_or(false),
+        hostname: spec.hostname().clone().unwrap_or_default(),
+        process: Some(process).into(),
+        mounts,
+        stdio: Some(stdio).into(),
+        resources: linux
+            .and_then(|l| l.resources().as_ref())
+            .map(agent_resources)
+            .into(),
+        masked_paths: linux
+            .and_then(|l| l.masked_paths().clone())
+            .unwrap_or_default(),
+        readonly_paths: linux
+            .and_then(|l| l.readonly_paths().clone())
+            .unwrap_or_default(),
+        sysctls: linux
+            .and_then(|l| l.sysctl().clone())
+            .unwrap_or_default()
+            .into_iter()
+            .collect(),
+        all_guest_devices: crate::block_devices::every_device_allowed(spec),
+        ..Default::default()
+    };
+    Ok((request, binds))
+}
+
+/// The spec's mounts as the guest makes them, and the host paths the binds among them
+/// take into the share (a pod's memory emptyDir is the guest's own tmpfs, shared by the
+/// pod's containers).
+fn guest_mounts(container_id: &str, spec: &Spec) -> Result<(Vec<Mount>, Vec<HostBind>), Error> {
     let mut mounts = Vec::new();
     let mut binds = Vec::new();
     // The CRI plugin names the container's pod (containerd 1.7 and later).
@@ -265,37 +303,7 @@ pub fn create_request(
             ..Default::default()
         });
     }
-    let request = CreateContainerRequest {
-        container_id: container_id.into(),
-        rootfs: rootfs_in_share(container_id),
-        readonly_rootfs: spec
-            .root()
-            .as_ref()
-            .and_then(|r| r.readonly())
-            .unwrap_or(false),
-        hostname: spec.hostname().clone().unwrap_or_default(),
-        process: Some(process).into(),
-        mounts,
-        stdio: Some(stdio).into(),
-        resources: linux
-            .and_then(|l| l.resources().as_ref())
-            .map(agent_resources)
-            .into(),
-        masked_paths: linux
-            .and_then(|l| l.masked_paths().clone())
-            .unwrap_or_default(),
-        readonly_paths: linux
-            .and_then(|l| l.readonly_paths().clone())
-            .unwrap_or_default(),
-        sysctls: linux
-            .and_then(|l| l.sysctl().clone())
-            .unwrap_or_default()
-            .into_iter()
-            .collect(),
-        all_guest_devices: crate::block_devices::every_device_allowed(spec),
-        ..Default::default()
-    };
-    Ok((request, binds))
+    Ok((mounts, binds))
 }
 
 #[cfg(test)]

@@ -162,46 +162,12 @@ pub(super) async fn run_image(
             rec.mount(t)
         })?;
     let (netns, net) = host_process_and_network(config, req, paths, rec, phases).await?;
-    let mut dhcp = Vec::new();
-    if let Some(netns) = &netns {
-        for (interface, tap) in net.interfaces.iter().zip(&net.tap_names) {
-            let Some(mut lease) = vmlet_netns::dhcp::Lease::for_interface(interface) else {
-                continue;
-            };
-            lease.dns = dns
-                .nameservers
-                .iter()
-                .filter_map(|a| match a {
-                    std::net::IpAddr::V4(v4) => Some(*v4),
-                    _ => None,
-                })
-                .collect();
-            lease.domain = dns.search.first().cloned();
-            lease.hostname = Some(image.hostname.clone());
-            let (path, tap) = (netns.path.clone(), tap.clone());
-            let responder = vmlet_netns::dhcp::Responder { lease };
-            dhcp.push(
-                super::block(move || vmlet_netns::dhcp_server::start(&path, &tap, responder))
-                    .await?
-                    .map_err(Error::Network)?,
-            );
-        }
-    }
+    let dhcp = match &netns {
+        Some(netns) => start_dhcp(netns, &net, &dns, &image.hostname).await?,
+        None => Vec::new(),
+    };
     phases.mark("dhcp");
-    // On the node's disk, not the state directory (a tmpfs): the guest writes it, up to
-    // `size`, which the node caps.
-    let disk_dir = crate::pod_paths::disk_dir(&config.vm_images.disk_dir, &req.pod_id);
-    rec.save(|s| s.disk_dir = Some(disk_dir.clone()))?;
-    let room = crate::disk_dir::room_for(&config.vm_images.disk_dir, size).await?;
-    crate::disk_dir::make(&config.vm_images.disk_dir, &disk_dir)?;
-    let overlay = disk_dir.join(crate::pod_paths::ROOT_DISK);
-    crate::vm_disk::create_overlay(&disk, &overlay, size).await?;
-    drop(room);
-    if image.root_bus == crate::domain::RootBus::Nvme {
-        // QEMU opens it itself (libvirt, which would give it to QEMU's user, has no NVMe
-        // disk): its backing file is world-readable already.
-        super::chown_to_user(&overlay, &config.qemu_user)?;
-    }
+    let overlay = make_overlay(config, req, rec, image, &disk, size).await?;
     let seed_dir = &paths.seed_dir;
     std::fs::create_dir(seed_dir)
         .map_err(|e| Error::io(format!("create {}", seed_dir.display()), e))?;
@@ -237,4 +203,65 @@ pub(super) async fn run_image(
             .console
             .ok_or_else(|| Error::Internal("a VM image launched without its console".into()))?,
     })
+}
+
+/// A DHCP responder on each of the pod's taps that has an address to give (the guest's
+/// interface's, with the pod's DNS and `hostname`).
+async fn start_dhcp(
+    netns: &host_side::PodNetns,
+    net: &PodNet,
+    dns: &crate::nocloud::Dns,
+    hostname: &str,
+) -> Result<Vec<vmlet_netns::dhcp_server::DhcpServer>, Error> {
+    let mut dhcp = Vec::new();
+    for (interface, tap) in net.interfaces.iter().zip(&net.tap_names) {
+        let Some(mut lease) = vmlet_netns::dhcp::Lease::for_interface(interface) else {
+            continue;
+        };
+        lease.dns = dns
+            .nameservers
+            .iter()
+            .filter_map(|a| match a {
+                std::net::IpAddr::V4(v4) => Some(*v4),
+                _ => None,
+            })
+            .collect();
+        lease.domain = dns.search.first().cloned();
+        lease.hostname = Some(hostname.to_owned());
+        let (path, tap) = (netns.path.clone(), tap.clone());
+        let responder = vmlet_netns::dhcp::Responder { lease };
+        dhcp.push(
+            super::block(move || vmlet_netns::dhcp_server::start(&path, &tap, responder))
+                .await?
+                .map_err(Error::Network)?,
+        );
+    }
+    Ok(dhcp)
+}
+
+/// The VM image's overlay over `disk`, of `size` bytes (room for it made first), in the
+/// pod's directory on the node's disk.
+async fn make_overlay(
+    config: &NodeConfig,
+    req: &BootRequest,
+    rec: &Recorder<'_>,
+    image: &crate::pod_vm::ImageRequest,
+    disk: &crate::vm_disk::DiskImage,
+    size: u64,
+) -> Result<std::path::PathBuf, Error> {
+    // On the node's disk, not the state directory (a tmpfs): the guest writes it, up to
+    // `size`, which the node caps.
+    let disk_dir = crate::pod_paths::disk_dir(&config.vm_images.disk_dir, &req.pod_id);
+    rec.save(|s| s.disk_dir = Some(disk_dir.clone()))?;
+    let room = crate::disk_dir::room_for(&config.vm_images.disk_dir, size).await?;
+    crate::disk_dir::make(&config.vm_images.disk_dir, &disk_dir)?;
+    let overlay = disk_dir.join(crate::pod_paths::ROOT_DISK);
+    crate::vm_disk::create_overlay(disk, &overlay, size).await?;
+    drop(room);
+    if image.root_bus == crate::domain::RootBus::Nvme {
+        // QEMU opens it itself (libvirt, which would give it to QEMU's user, has no NVMe
+        // disk): its backing file is world-readable already.
+        super::chown_to_user(&overlay, &config.qemu_user)?;
+    }
+    Ok(overlay)
 }

@@ -100,30 +100,13 @@ pub(super) async fn start(
         None => ConsoleTarget::File(paths.console.to_string_lossy().into_owned()),
     };
     let name = domain_name(pod_id);
-    let params = DomainParams {
-        name: name.clone(),
-        pod_id: pod_id.into(),
-        kvm: devices.kvm,
-        tcg_translation_cache_mib: config.guest.tcg_translation_cache_mib,
-        free_page_reporting: config.guest.free_page_reporting,
-        vcpus: shape.vcpus,
-        memory_mib: shape.memory_mib,
-        hotplug_mib: req.memory.region_mib,
-        machine: req.options.machine.clone(),
-        cpu_model: req.options.cpu_model.clone(),
-        guest: devices.guest,
-        emulator: config.helpers.vmwrapper.to_string_lossy().into_owned(),
-        qemu: config.helpers.qemu.to_string_lossy().into_owned(),
-        console,
-        tap_socket: devices.tap_socket,
-        qmp_socket: paths.qmp_socket.to_string_lossy().into_owned(),
-    };
-    let xml = Domain::new(&params).to_xml()?;
+    let kvm = devices.kvm;
+    let xml = Domain::new(&domain_params(config, req, paths, &name, devices, console)).to_xml()?;
     log::info!(
         "pod {pod_id}: starting {name} ({} vCPU, {} MiB, {})",
         shape.vcpus,
         shape.memory_mib,
-        if devices.kvm { "kvm" } else { "tcg" }
+        if kvm { "kvm" } else { "tcg" }
     );
     rec.save(|s| s.domain = Some(name.clone()))?;
     let started = Instant::now();
@@ -149,24 +132,7 @@ pub(super) async fn start(
     // libvirt is done placing QEMU (in its own cgroup) once the domain started: the pod's
     // cgroup takes it, and virtiofsd, from here on.
     if req.cgroup.is_some() {
-        rec.place(qemu_pid, "QEMU")?;
-        let virtiofsd = crate::pod_cgroup::virtiofsd_pids(&paths.share, &config.helpers.virtiofsd);
-        if virtiofsd.is_empty() {
-            log::warn!("pod {pod_id}: no virtiofsd of the node's serves the share; it stays in libvirt's cgroup");
-        }
-        for pid in virtiofsd {
-            match rec.place(pid, "virtiofsd") {
-                // Gone between the look and the move: nothing of it to place.
-                Err(crate::Error::Io { source, .. })
-                    if source.raw_os_error() == Some(libc::ESRCH) =>
-                {
-                    log::warn!(
-                        "pod {pod_id}: virtiofsd {pid} ended before it joined the pod's cgroup"
-                    );
-                }
-                other => other?,
-            }
-        }
+        place_in_pod_cgroup(config, pod_id, paths, rec, qemu_pid)?;
     }
     Ok(Launched {
         name,
@@ -176,6 +142,61 @@ pub(super) async fn start(
         started,
         console,
     })
+}
+
+/// The domain of the pod's VM: `req`'s shape and options, the node's helpers, `devices`,
+/// and its console going to `console`.
+fn domain_params(
+    config: &NodeConfig,
+    req: &BootRequest,
+    paths: &PodPaths,
+    name: &str,
+    devices: Devices,
+    console: ConsoleTarget,
+) -> DomainParams {
+    DomainParams {
+        name: name.to_owned(),
+        pod_id: req.pod_id.clone(),
+        kvm: devices.kvm,
+        tcg_translation_cache_mib: config.guest.tcg_translation_cache_mib,
+        free_page_reporting: config.guest.free_page_reporting,
+        vcpus: req.shape.vcpus,
+        memory_mib: req.shape.memory_mib,
+        hotplug_mib: req.memory.region_mib,
+        machine: req.options.machine.clone(),
+        cpu_model: req.options.cpu_model.clone(),
+        guest: devices.guest,
+        emulator: config.helpers.vmwrapper.to_string_lossy().into_owned(),
+        qemu: config.helpers.qemu.to_string_lossy().into_owned(),
+        console,
+        tap_socket: devices.tap_socket,
+        qmp_socket: paths.qmp_socket.to_string_lossy().into_owned(),
+    }
+}
+
+/// QEMU (`qemu_pid`) and the virtiofsd serving the pod's share into the pod's cgroup.
+fn place_in_pod_cgroup(
+    config: &NodeConfig,
+    pod_id: &str,
+    paths: &PodPaths,
+    rec: &Recorder<'_>,
+    qemu_pid: u32,
+) -> Result<(), Error> {
+    rec.place(qemu_pid, "QEMU")?;
+    let virtiofsd = crate::pod_cgroup::virtiofsd_pids(&paths.share, &config.helpers.virtiofsd);
+    if virtiofsd.is_empty() {
+        log::warn!("pod {pod_id}: no virtiofsd of the node's serves the share; it stays in libvirt's cgroup");
+    }
+    for pid in virtiofsd {
+        match rec.place(pid, "virtiofsd") {
+            // Gone between the look and the move: nothing of it to place.
+            Err(crate::Error::Io { source, .. }) if source.raw_os_error() == Some(libc::ESRCH) => {
+                log::warn!("pod {pod_id}: virtiofsd {pid} ended before it joined the pod's cgroup");
+            }
+            other => other?,
+        }
+    }
+    Ok(())
 }
 
 /// Takes the connection of vmlet's QMP monitor, which QEMU makes as it starts. Its end is
