@@ -125,6 +125,50 @@ fn clone_exec(
     Ok(pid as i32)
 }
 
+/// The three pipes between the agent and a helper it launches: the helper's spec, its start
+/// signal, and its status.
+struct HelperPipes {
+    spec: (OwnedFd, OwnedFd),
+    start: (OwnedFd, OwnedFd),
+    status: (OwnedFd, OwnedFd),
+}
+
+impl HelperPipes {
+    fn new() -> Result<Self, Error> {
+        let pipe = || pipe2(OFlag::O_CLOEXEC).map_err(|e| Error::io("pipe", e.into()));
+        Ok(HelperPipes {
+            spec: pipe()?,
+            start: pipe()?,
+            status: pipe()?,
+        })
+    }
+
+    /// The helper's fds 0 to 5: its stdio, then the read ends of its spec and start pipes
+    /// and the write end of its status pipe.
+    fn child_fds(&self, stdio: &ChildStdio) -> [RawFd; REQUEST_FDS] {
+        [
+            stdio.stdin.as_raw_fd(),
+            stdio.stdout.as_raw_fd(),
+            stdio.stderr.as_raw_fd(),
+            self.spec.0.as_raw_fd(),
+            self.start.0.as_raw_fd(),
+            self.status.1.as_raw_fd(),
+        ]
+    }
+
+    /// Once the helper has its ends: the agent's (the spec's writer, and the start's
+    /// writer and the status's reader as [`Launched`]); the helper's are closed.
+    fn keep_agents_ends(self) -> (OwnedFd, Launched) {
+        (
+            self.spec.1,
+            Launched {
+                start: self.start.1,
+                status: self.status.0,
+            },
+        )
+    }
+}
+
 /// Clones a child running `helper`, calls `before_spec` with its PID (the child waits for
 /// its spec: a container's init is put in its cgroup there, before it makes its cgroup
 /// namespace), and sends it `spec` (serialized as JSON). Returns the child's PID (as seen by
@@ -144,25 +188,16 @@ pub fn launch(
     let argv = [arg0.as_ptr(), arg1.as_ptr(), std::ptr::null()];
     let envp = [std::ptr::null::<libc::c_char>()];
 
-    let pipe = || pipe2(OFlag::O_CLOEXEC).map_err(|e| Error::io("pipe", e.into()));
-    let (spec_r, spec_w) = pipe()?;
-    let (start_r, start_w) = pipe()?;
-    let (status_r, status_w) = pipe()?;
-    let mut sources = vec![
-        stdio.stdin.as_raw_fd(),
-        stdio.stdout.as_raw_fd(),
-        stdio.stderr.as_raw_fd(),
-        spec_r.as_raw_fd(),
-        start_r.as_raw_fd(),
-        status_w.as_raw_fd(),
-    ];
+    let pipes = HelperPipes::new()?;
+    let mut sources = pipes.child_fds(&stdio).to_vec();
     if let Helper::ExecServer(requests) = helper {
         sources.push(requests);
     }
     debug_assert_eq!((SPEC_FD, START_FD, STATUS_FD, REQUESTS_FD), (3, 4, 5, 6));
 
     let pid = clone_exec(helper.clone_flags(), &sources, &exe, &argv, &envp)?;
-    drop((spec_r, start_r, status_w, stdio));
+    let (spec_w, launched) = pipes.keep_agents_ends();
+    drop(stdio);
     if let Err(e) = before_spec(pid) {
         // Its spec pipe closes with this: it gives up, and is killed in case it does not.
         let _ = nix::sys::signal::kill(
@@ -174,13 +209,7 @@ pub fn launch(
     std::fs::File::from(spec_w)
         .write_all(&json)
         .map_err(|e| Error::io("send init spec", e))?;
-    Ok((
-        pid,
-        Launched {
-            start: start_w,
-            status: status_r,
-        },
-    ))
+    Ok((pid, launched))
 }
 
 /// Asks a container's exec server (the agent's end of its request socket, with a receive
@@ -193,23 +222,14 @@ pub fn request_exec(
     stdio: ChildStdio,
 ) -> Result<(i32, Launched), Error> {
     let json = encode(spec)?;
-    let pipe = || pipe2(OFlag::O_CLOEXEC).map_err(|e| Error::io("pipe", e.into()));
-    let (spec_r, spec_w) = pipe()?;
-    let (start_r, start_w) = pipe()?;
-    let (status_r, status_w) = pipe()?;
-    let fds: [i32; REQUEST_FDS] = [
-        stdio.stdin.as_raw_fd(),
-        stdio.stdout.as_raw_fd(),
-        stdio.stderr.as_raw_fd(),
-        spec_r.as_raw_fd(),
-        start_r.as_raw_fd(),
-        status_w.as_raw_fd(),
-    ];
+    let pipes = HelperPipes::new()?;
+    let fds: [RawFd; REQUEST_FDS] = pipes.child_fds(&stdio);
     let iov = [std::io::IoSlice::new(b"x")];
     let rights = [ControlMessage::ScmRights(&fds)];
     sendmsg::<()>(server.as_raw_fd(), &iov, &rights, MsgFlags::empty(), None)
         .map_err(|e| Error::io("send a request to the exec server", e.into()))?;
-    drop((spec_r, start_r, status_w, stdio));
+    let (spec_w, launched) = pipes.keep_agents_ends();
+    drop(stdio);
     let mut answer = [0u8; 4096];
     let setup = |message: String| Error::ContainerSetup {
         id: id.into(),
@@ -232,13 +252,7 @@ pub fn request_exec(
     std::fs::File::from(spec_w)
         .write_all(&json)
         .map_err(|e| Error::io("send exec spec", e))?;
-    Ok((
-        pid,
-        Launched {
-            start: start_w,
-            status: status_r,
-        },
-    ))
+    Ok((pid, launched))
 }
 
 fn encode(spec: &impl serde::Serialize) -> Result<Vec<u8>, Error> {
