@@ -27,21 +27,20 @@
 //!   operations, over [`fd_mount`] (mounts, unmounts and removal by file descriptor);
 //!   [`log_dir`]: the size-limited tmpfs for what the guest can make the host log;
 //! - [`seccomp`]: the spec's seccomp profile compiled to the BPF program the agent installs;
-//! - [`ctl`]: what `vmletctl` (ps, console, gc) does; [`host_check`]: `vmletctl check`;
-//!   [`cli`]: the programs' command lines;
+//! - [`cli`]: the shim's and the emulator wrapper's command lines;
 //! - [`features`]: what `-info` tells containerd the runtime supports;
 //! - [`pod_metrics`]: each pod's figures, served by its shim for `vmletctl metrics`;
-//!   [`metrics_server`]: `vmletctl metrics --listen`;
 //! - [`vm_disk`]: a VM image's disk and its overlay; [`disk_dir`]: where the overlays
-//!   live on the node's disk, and room for them;
-//! - [`node_install`]: `vmletctl install` and `uninstall` of a release.
+//!   live on the node's disk, and room for them.
+//!
+//! `vmletctl` (the node operator's tool) and `vmlet-libvirt` (libvirt's calls, made for the
+//! shim by a helper process; it and vmletctl are the only programs that link libvirt) are
+//! crates of their own.
 
 pub mod block_devices;
 pub mod capabilities;
 pub mod cli;
 pub mod console;
-pub mod containerd_config;
-pub mod ctl;
 pub mod disk_dir;
 pub mod domain;
 mod error;
@@ -52,7 +51,6 @@ pub mod file_lock;
 pub mod guest;
 pub mod guest_text;
 pub mod hooks;
-pub mod host_check;
 pub mod host_command;
 pub mod hotplug;
 pub mod kvm_probe;
@@ -61,14 +59,8 @@ pub mod log_dir;
 pub mod log_uri;
 pub mod memory;
 pub mod metrics;
-pub mod metrics_server;
 pub mod netns_holder;
 pub mod nocloud;
-pub mod node_apparmor;
-pub mod node_install;
-pub mod node_label;
-pub mod node_program;
-pub mod operator_console;
 pub mod pci_layout;
 pub mod phases;
 pub mod pod_apparmor;

@@ -110,7 +110,7 @@ pub fn profile(uuid: &str, pod_id: &str, files: &[PodFile]) -> Result<String, Er
     let uuid = checked_uuid(uuid)?;
     let mut rules = String::new();
     for file in files {
-        let path = crate::node_apparmor::quoted(Path::new(&file.path))?;
+        let path = quoted(Path::new(&file.path))?;
         rules.push_str(&format!("  {path} {},\n", file.access.as_str()));
     }
     let pod = pod_id.escape_debug();
@@ -201,6 +201,22 @@ impl ProfileDir {
             _ => Ok(()),
         }
     }
+}
+
+/// Characters AppArmor reads as a glob, a variable or an alternation in a path.
+const APPARMOR_SPECIAL: &[char] = &['*', '?', '[', ']', '{', '}', '^', '@', ','];
+
+/// A path as an AppArmor rule's quoted path; one that AppArmor would read as more than
+/// that one path is refused.
+pub fn quoted(path: &Path) -> Result<String, Error> {
+    let text = path.to_string_lossy();
+    if text.contains(['"', '\n', '\0']) || text.contains(APPARMOR_SPECIAL) || !path.is_absolute() {
+        return Err(Error::InvalidArgument(format!(
+            "{text:?}: not a path vmlet can name in an AppArmor rule (absolute, without \
+             quotes, newlines or any of {APPARMOR_SPECIAL:?})"
+        )));
+    }
+    Ok(format!("\"{text}\""))
 }
 
 #[cfg(test)]

@@ -1,6 +1,6 @@
 //! The shim (one per pod, alive as long as its pod) must not map libvirt's libraries: its
-//! libvirt calls go through `vmlet-libvirt`. A reference to `vmm::Libvirt` from the shim's
-//! code would bring them back without a word; this catches it.
+//! libvirt calls go through `vmlet-libvirt`. The shim crate does not depend on `virt`; this
+//! checks the binary too (a dependency that brought libvirt in would show here).
 
 #[test]
 fn the_shim_binary_needs_no_libvirt() {
@@ -12,10 +12,4 @@ fn the_shim_binary_needs_no_libvirt() {
     let libraries = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "ldd {shim}: {libraries}");
     assert!(!libraries.contains("libvirt"), "{libraries}");
-    let helper = env!("CARGO_BIN_EXE_vmlet-libvirt");
-    let out = std::process::Command::new("ldd")
-        .arg(helper)
-        .output()
-        .unwrap();
-    assert!(String::from_utf8_lossy(&out.stdout).contains("libvirt.so"));
 }

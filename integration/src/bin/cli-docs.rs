@@ -1,7 +1,7 @@
 //! `cli-docs DIR`: writes the man pages (`DIR/man/man1/`, one per program and subcommand)
 //! and the bash, zsh and fish completions (`DIR/completions/`) of vmlet's host programs,
-//! from their clap commands (`vmlet_shim::cli`, `vmlet_vm_image::cli`). `make dist` puts
-//! them in the release.
+//! from their clap commands (`vmlet_shim::cli`, `vmletctl::cli`, `vmlet_libvirt::cli`,
+//! `vmlet_vm_image::cli`). `make dist` puts them in the release.
 
 use std::path::{Path, PathBuf};
 
@@ -15,6 +15,8 @@ fn main() -> anyhow::Result<()> {
         .context("usage: cli-docs DIR")?
         .into();
     let mut commands = vmlet_shim::cli::commands();
+    commands.push(vmletctl::cli::Vmletctl::command());
+    commands.push(vmlet_libvirt::cli::LibvirtHelper::command());
     commands.push(vmlet_vm_image::cli::VmletImage::command());
     for command in commands {
         write_docs(command, &dir)?;

@@ -89,7 +89,7 @@ fn metrics_of_two_pods_are_valid_prometheus_text() {
     drop(idle);
     assert!(again.contains("vmlet_pod_"), "{again}");
     assert!(
-        took < vmlet_shim::metrics_server::REQUEST_DEADLINE / 2,
+        took < vmletctl::metrics_server::REQUEST_DEADLINE / 2,
         "a scrape beside idle clients took {took:?}"
     );
     let _ = exporter.kill();

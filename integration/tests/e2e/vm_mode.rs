@@ -111,7 +111,7 @@ fn a_vm_image_runs_its_user_data_shows_its_console_takes_stdin_and_the_operator_
         }
         std::thread::sleep(std::time::Duration::from_secs(2));
     }
-    keys.write_all(&[vmlet_shim::operator_console::ESCAPE])
+    keys.write_all(&[vmletctl::operator_console::ESCAPE])
         .unwrap();
     let session = bounded::output_within(
         operator,

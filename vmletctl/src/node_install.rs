@@ -17,7 +17,7 @@
 //! - Where libvirt has its AppArmor profiles, vmlet's rules for libvirtd
 //!   ([`crate::node_apparmor`]) are appended to its site-local file as a marked block,
 //!   libvirtd's profile is reloaded, and uninstall takes the block off again (byte for byte).
-//!   Each pod's QEMU gets a profile of its own when it starts ([`crate::pod_apparmor`]).
+//!   Each pod's QEMU gets a profile of its own when it starts ([`vmlet_shim::pod_apparmor`]).
 //!
 //! Installing twice changes nothing: the files are the same, the runtime is registered.
 //! Installing another version (the DaemonSet with a newer image) takes the installed one off
@@ -30,8 +30,9 @@ use serde::{Deserialize, Serialize};
 use vmlet_vm_image::{sha256_file, sha256_hex};
 
 use crate::containerd_config::{add_runtime, ConfigLayout, BLOCK_START};
-use crate::{node_apparmor, Error};
+use crate::node_apparmor;
 use vmlet_config::NodeConfig;
+use vmlet_shim::Error;
 
 /// Where the record of an installation is, under the root.
 pub const RECORD: &str = "var/lib/vmlet/install.json";

@@ -3,7 +3,7 @@
 //! runtime appended as one checked block and taken off again, and containerd restarted.
 //! `vmletctl install` and `uninstall` (`node_install`) and `vmletctl check` use it.
 
-use crate::Error;
+use vmlet_shim::Error;
 
 /// The first line of each block `vmletctl install` appends to a node's file (containerd's
 /// config, AppArmor's local files).

@@ -132,7 +132,7 @@ fn libvirt(config: &NodeConfig, facts: &HostFacts) -> Vec<Finding> {
     let local = format!("/{}", crate::node_apparmor::LOCAL_LIBVIRTD);
     if host.security_models.iter().any(|m| m == "apparmor") {
         out.push(if facts.apparmor_rules {
-            finding(Ok, "confinement", format!("libvirt confines QEMU with AppArmor; vmlet's rules are in libvirtd's profile ({local}), and each pod's QEMU gets a profile of its own ({})", crate::pod_apparmor::PROFILE_DIR))
+            finding(Ok, "confinement", format!("libvirt confines QEMU with AppArmor; vmlet's rules are in libvirtd's profile ({local}), and each pod's QEMU gets a profile of its own ({})", vmlet_shim::pod_apparmor::PROFILE_DIR))
         } else {
             finding(Fail, "confinement", format!("libvirt confines QEMU with AppArmor, and vmlet's rules (of this version and config) are not in libvirtd's profile ({local}): libvirtd cannot start vmlet's wrapper or virtiofsd; `vmletctl install` adds them"))
         });
@@ -146,7 +146,7 @@ fn libvirt(config: &NodeConfig, facts: &HostFacts) -> Vec<Finding> {
 /// The programs a pod's VM runs: vmlet's own must be of this vmletctl's version.
 fn programs(config: &NodeConfig, facts: &HostFacts) -> Vec<Finding> {
     let h = &config.helpers;
-    let mine = crate::cli::VERSION;
+    let mine = vmlet_shim::cli::VERSION;
     [
         ("qemu", &h.qemu, &facts.qemu, false),
         ("vmwrapper", &h.vmwrapper, &facts.vmwrapper, true),
@@ -249,7 +249,7 @@ fn containerd(facts: &HostFacts) -> Vec<Finding> {
 mod tests {
     use super::*;
     use crate::host_check::ContainerdFacts;
-    use crate::vmm::LibvirtHost;
+    use vmlet_libvirt::LibvirtHost;
 
     fn facts() -> HostFacts {
         HostFacts {
@@ -269,8 +269,8 @@ mod tests {
             vhost_vsock: false,
             vhost_net: false,
             qemu: Result::Ok("QEMU emulator version 7.2.15".into()),
-            vmwrapper: Result::Ok(format!("vmlet-vmwrapper {}", crate::cli::VERSION)),
-            libvirt_helper: Result::Ok(format!("vmlet-libvirt {}", crate::cli::VERSION)),
+            vmwrapper: Result::Ok(format!("vmlet-vmwrapper {}", vmlet_shim::cli::VERSION)),
+            libvirt_helper: Result::Ok(format!("vmlet-libvirt {}", vmlet_shim::cli::VERSION)),
             virtiofsd: Result::Ok("virtiofsd 1.13.2".into()),
             vhost_device_vsock: Result::Ok("vhost-device-vsock 0.3.0".into()),
             guest_image: Result::Ok("/usr/local/share/vmlet/vmlinux".into()),

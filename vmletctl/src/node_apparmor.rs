@@ -5,7 +5,7 @@
 //! virtiofsd path). vmlet's emulator wrapper (libvirtd probes it, then starts it as each
 //! pod's QEMU under the VM's profile) and vmlet's virtiofsd need a rule there. What each
 //! pod's QEMU opens beside libvirt's model is in the pod's own profile
-//! ([`crate::pod_apparmor`]), not here.
+//! ([`vmlet_shim::pod_apparmor`]), not here.
 //!
 //! The rules go into the site-local file libvirtd's profile includes
 //! (`/etc/apparmor.d/local/usr.sbin.libvirtd`), as a block `vmletctl install` appends and
@@ -18,7 +18,8 @@ use std::path::Path;
 
 use vmlet_config::NodeConfig;
 
-use crate::Error;
+use vmlet_shim::pod_apparmor::quoted;
+use vmlet_shim::Error;
 
 /// libvirt's profile of libvirtd: where it is there, libvirt may confine QEMU with AppArmor.
 pub const LIBVIRTD_PROFILE: &str = "etc/apparmor.d/usr.sbin.libvirtd";
@@ -26,22 +27,6 @@ pub const LIBVIRTD_PROFILE: &str = "etc/apparmor.d/usr.sbin.libvirtd";
 pub const LOCAL_LIBVIRTD: &str = "etc/apparmor.d/local/usr.sbin.libvirtd";
 /// How long reloading a profile may take.
 const RELOAD_DEADLINE: std::time::Duration = std::time::Duration::from_secs(60);
-
-/// Characters AppArmor reads as a glob, a variable or an alternation in a path.
-const APPARMOR_SPECIAL: &[char] = &['*', '?', '[', ']', '{', '}', '^', '@', ','];
-
-/// A path as an AppArmor rule's quoted path; one that AppArmor would read as more than
-/// that one path is refused.
-pub fn quoted(path: &Path) -> Result<String, Error> {
-    let text = path.to_string_lossy();
-    if text.contains(['"', '\n', '\0']) || text.contains(APPARMOR_SPECIAL) || !path.is_absolute() {
-        return Err(Error::InvalidArgument(format!(
-            "{text:?}: not a path vmlet can name in an AppArmor rule (absolute, without \
-             quotes, newlines or any of {APPARMOR_SPECIAL:?})"
-        )));
-    }
-    Ok(format!("\"{text}\""))
-}
 
 /// The rules for each local file: (file under the root, rules).
 pub fn rules(config: &NodeConfig) -> Result<Vec<(&'static str, String)>, Error> {

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-use vmlet_shim::node_label::{InCluster, NodeApi, LABEL, LABEL_VALUE};
+use vmletctl::node_label::{InCluster, NodeApi, LABEL, LABEL_VALUE};
 
 const TOKEN: &str = "vmlet-test-token";
 

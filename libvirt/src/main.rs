@@ -2,13 +2,13 @@
 //! `vmlet_shim::vmm_helper`), so that the shim, alive as long as its pod, never maps
 //! libvirt's libraries. The domain XML of `start` comes on stdin; stdout gets `ok` and the
 //! answer, or `error` and the message (exit status 1), each after a newline; called wrongly,
-//! usage on stderr and exit status 2 ([`vmlet_shim::cli::LibvirtHelper`]).
+//! usage on stderr and exit status 2 ([`vmlet_libvirt::cli::LibvirtHelper`]).
 
 use std::io::Read;
 
 use clap::Parser;
-use vmlet_shim::cli::LibvirtHelper;
-use vmlet_shim::vmm::Libvirt;
+use vmlet_libvirt::cli::LibvirtHelper;
+use vmlet_libvirt::Libvirt;
 use vmlet_shim::vmm_helper::serve;
 use vmlet_shim::Error;
 

@@ -19,7 +19,7 @@ use std::time::Duration;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
 
-use crate::Error;
+use vmlet_shim::Error;
 
 /// The label a node with vmlet installed carries (value [`LABEL_VALUE`]).
 pub const LABEL: &str = "vmlet.io/runtime";

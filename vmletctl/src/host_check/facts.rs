@@ -18,11 +18,11 @@ impl HostFacts {
     /// (found on the PATH when None) and `containerd_config` its config file.
     pub fn gather(
         config: &NodeConfig,
-        libvirt: &crate::vmm::Libvirt,
+        libvirt: &vmlet_libvirt::Libvirt,
         containerd: Option<&Path>,
         containerd_config: &Path,
     ) -> Self {
-        use crate::vmm::VmManager;
+        use vmlet_shim::vmm::VmManager;
         let h = &config.helpers;
         let kvm = KvmFacts::gather();
         let libvirt_host = libvirt.host().map_err(|e| e.message());
@@ -34,7 +34,7 @@ impl HostFacts {
                 .state_dir
                 .is_dir()
                 .then_some(config.state_dir.as_path());
-            let probe = crate::kvm_probe::guest_boots_on_kvm(
+            let probe = vmlet_shim::kvm_probe::guest_boots_on_kvm(
                 &h.qemu,
                 &config.guest.kernel,
                 &config.guest.machine,

@@ -1,6 +1,6 @@
 //! `vmletctl`: vmlet's debug and cleanup tool, reading the node config like the shim
 //! (`--config`, `VMLET_CONFIG` or `/etc/vmlet/config.toml`). Its command line is
-//! [`vmlet_shim::cli::Vmletctl`]; what it does is [`vmlet_shim::ctl`].
+//! [`vmletctl::cli::Vmletctl`]; what it does is [`vmletctl::ctl`].
 
 use std::io::Write;
 use std::path::Path;
@@ -9,15 +9,15 @@ use std::time::Duration;
 
 use clap::{CommandFactory, Parser};
 use vmlet_config::NodeConfig;
-use vmlet_shim::cli::{ConsoleArgs, CtlCommand, InstallArgs, NodeArgs, OutputFormat, Vmletctl};
+use vmlet_libvirt::Libvirt;
 use vmlet_shim::console::ConsoleFollower;
-use vmlet_shim::containerd_config::{self, ConfigLayout};
-use vmlet_shim::ctl;
-use vmlet_shim::host_check::{self, HostFacts, Verdict};
-use vmlet_shim::node_install::{self, Steps};
-use vmlet_shim::node_label::{self, InCluster, NodeApi};
 use vmlet_shim::pod_paths::PodPaths;
-use vmlet_shim::vmm::Libvirt;
+use vmletctl::cli::{ConsoleArgs, CtlCommand, InstallArgs, NodeArgs, OutputFormat, Vmletctl};
+use vmletctl::containerd_config::{self, ConfigLayout};
+use vmletctl::ctl;
+use vmletctl::host_check::{self, HostFacts, Verdict};
+use vmletctl::node_install::{self, Steps};
+use vmletctl::node_label::{self, InCluster, NodeApi};
 
 /// How often `console --follow` looks for more.
 const FOLLOW_POLL: Duration = Duration::from_millis(200);
@@ -123,7 +123,7 @@ fn run(cli: Vmletctl) -> Result<(), String> {
             listen: Some(address),
         } => {
             let state_dir = node()?.state_dir;
-            vmlet_shim::metrics_server::listen(*address, move || ctl::metrics(&state_dir))
+            vmletctl::metrics_server::listen(*address, move || ctl::metrics(&state_dir))
         }
     }
 }
@@ -141,7 +141,7 @@ fn install(args: &InstallArgs) -> Result<(), String> {
         Some(_) => ConfigLayout::V3,
         None => {
             let under = |program: &str| {
-                vmlet_shim::node_program::version_line_under(&args.root, Path::new(program))
+                vmletctl::node_program::version_line_under(&args.root, Path::new(program))
             };
             let version = under("/usr/local/bin/containerd")
                 .or_else(|_| under("/usr/bin/containerd"))
@@ -245,7 +245,7 @@ fn console(config: &NodeConfig, args: &ConsoleArgs) -> Result<(), String> {
     ctl::check_pod_id(&args.pod).map_err(|e| e.message())?;
     let paths = PodPaths::new(&config.state_dir, &args.pod);
     if args.interactive {
-        return vmlet_shim::operator_console::run(&paths, &args.pod);
+        return vmletctl::operator_console::run(&paths, &args.pod);
     }
     let mut follower = ConsoleFollower::new(&paths.console);
     let mut out = std::io::stdout().lock();

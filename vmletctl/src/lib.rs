@@ -1,0 +1,22 @@
+//! `vmletctl`: the node operator's tool, beside the shim. It reads the node's pods as the
+//! shim left them (state directories, libvirt domains, taps) and installs a release.
+//!
+//! - [`cli`]: its command line;
+//! - [`ctl`]: `ps`, `console` and `gc`; [`operator_console`]: `console --interactive`;
+//! - [`host_check`]: `check`, what the node has and what vmlet needs of it, over
+//!   [`node_program`] (the node's programs, asked with deadlines);
+//! - [`node_install`]: `install` and `uninstall` of a release, with containerd's config
+//!   ([`containerd_config`]), libvirt's AppArmor rules ([`node_apparmor`]) and the node's
+//!   Kubernetes label ([`node_label`]);
+//! - [`metrics_server`]: `metrics --listen`.
+
+pub mod cli;
+pub mod containerd_config;
+pub mod ctl;
+pub mod host_check;
+pub mod metrics_server;
+pub mod node_apparmor;
+pub mod node_install;
+pub mod node_label;
+pub mod node_program;
+pub mod operator_console;
