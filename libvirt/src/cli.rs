@@ -2,7 +2,7 @@
 
 use clap::Parser;
 
-/// `vmlet-libvirt`: see `vmlet_shim::vmm_helper`.
+/// `vmlet-libvirt`: see `vmlet_shim::vmm::helper`.
 #[derive(Debug, Parser)]
 #[command(
     name = "vmlet-libvirt",

@@ -1,13 +1,14 @@
 //! vmlet's libvirt: the [`VmManager`] that calls libvirt through the `virt` crate, for the
-//! `vmlet-libvirt` helper (the shim's one libvirt call at a time, `vmlet_shim::vmm_helper`)
+//! `vmlet-libvirt` helper (the shim's one libvirt call at a time, `vmlet_shim::vmm::helper`)
 //! and for `vmletctl`. Only these two programs map libvirt's libraries: the shim crate does
 //! not depend on `virt`.
 
 use virt::connect::Connect;
 use virt::domain::Domain;
-use vmlet_shim::pod_apparmor::{self, ProfileDir};
+use vmlet_shim::vmm::libvirt_xml;
+use vmlet_shim::vmm::pod_apparmor::{self, ProfileDir};
 use vmlet_shim::vmm::{VmManager, VmletDomain};
-use vmlet_shim::{libvirt_xml, Error};
+use vmlet_shim::Error;
 
 pub mod cli;
 
@@ -18,7 +19,7 @@ const UNDEFINE_WITH_NVRAM: virt::sys::virDomainUndefineFlagsValues =
 
 /// libvirt through the `virt` crate; one connection per call, opened from the URI. Where
 /// libvirt confines QEMU with AppArmor, each domain it starts gets the pod's own profile
-/// ([`vmlet_shim::pod_apparmor`]), removed with the domain.
+/// ([`vmlet_shim::vmm::pod_apparmor`]), removed with the domain.
 pub struct Libvirt {
     uri: String,
     profiles: ProfileDir,

@@ -121,7 +121,10 @@ impl From<ttrpc::Error> for Error {
             // The message is the guest's: bounded and without control characters.
             ttrpc::Error::RpcStatus(status) => Error::Agent {
                 code: status.code(),
-                message: crate::guest_text::clean(&status.message, crate::guest_text::MAX_MESSAGE),
+                message: crate::guest::guest_text::clean(
+                    &status.message,
+                    crate::guest::guest_text::MAX_MESSAGE,
+                ),
             },
             other => Error::AgentLost(other.to_string()),
         }
@@ -194,7 +197,7 @@ mod tests {
             !message.contains('\x1b') && !message.contains('\x07'),
             "{message}"
         );
-        assert!(message.len() < 2 * crate::guest_text::MAX_MESSAGE);
+        assert!(message.len() < 2 * crate::guest::guest_text::MAX_MESSAGE);
     }
 
     #[test]

@@ -9,7 +9,7 @@ use std::path::Path;
 use vmlet_config::NodeConfig;
 use vmlet_netns::MarkedTap;
 
-use vmlet_shim::state::PodState;
+use vmlet_shim::host::state::PodState;
 use vmlet_shim::vmm::VmManager;
 use vmlet_shim::Error;
 
@@ -66,13 +66,13 @@ pub fn metrics(state_dir: &Path) -> String {
     let mut figures = Vec::new();
     let mut errors = 0;
     for (pod_id, shim_pid) in state_dirs(state_dir) {
-        let dir = vmlet_shim::pod_paths::PodPaths::new(state_dir, &pod_id).dir;
+        let dir = vmlet_shim::host::pod_paths::PodPaths::new(state_dir, &pod_id).dir;
         // No socket: a VM-mode pod's sandbox (its container's VM has the figures), or a
         // pod still booting.
-        if shim_pid.is_none() || !dir.join(vmlet_shim::pod_metrics::SOCKET).exists() {
+        if shim_pid.is_none() || !dir.join(vmlet_shim::task::pod_metrics::SOCKET).exists() {
             continue;
         }
-        match vmlet_shim::pod_metrics::fetch(&dir) {
+        match vmlet_shim::task::pod_metrics::fetch(&dir) {
             Ok(f) => figures.push(f),
             Err(e) => {
                 log::warn!("pod {pod_id}: {e}");
@@ -80,7 +80,7 @@ pub fn metrics(state_dir: &Path) -> String {
             }
         }
     }
-    vmlet_shim::pod_metrics::render(&figures, errors)
+    vmlet_shim::task::pod_metrics::render(&figures, errors)
 }
 
 /// Checks a pod id given on the command line before it names a path: containerd's
@@ -164,7 +164,7 @@ fn state_dirs(state_dir: &Path) -> Vec<(String, Option<u32>)> {
         .map(|entry| {
             let shim_pid = PodState::load(&entry.path()).ok().and_then(|s| {
                 s.shim_pid
-                    .filter(|pid| vmlet_shim::reclaim::live_shim(*pid, &s.shim_id()))
+                    .filter(|pid| vmlet_shim::host::reclaim::live_shim(*pid, &s.shim_id()))
             });
             (entry.file_name().to_string_lossy().into_owned(), shim_pid)
         })
@@ -268,7 +268,7 @@ impl Removal {
 
     fn run(&self, config: &NodeConfig, vmm: &dyn VmManager) -> Result<(), Error> {
         match self {
-            Removal::State(id) => vmlet_shim::reclaim::cleanup_after_shim(config, vmm, id),
+            Removal::State(id) => vmlet_shim::host::reclaim::cleanup_after_shim(config, vmm, id),
             Removal::Domain(name) => vmm.remove(name),
             Removal::Tap(tap) => vmlet_netns::remove_marked_tap(tap).map_err(Error::Network),
             Removal::Helper(pid, pod_id) => {
@@ -314,7 +314,7 @@ pub fn gc(
 }
 
 fn domain_of(pod: &PodView) -> String {
-    vmlet_shim::pod_paths::domain_name(&pod.pod_id)
+    vmlet_shim::host::pod_paths::domain_name(&pod.pod_id)
 }
 
 #[cfg(test)]

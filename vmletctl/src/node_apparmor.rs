@@ -5,7 +5,7 @@
 //! virtiofsd path). vmlet's emulator wrapper (libvirtd probes it, then starts it as each
 //! pod's QEMU under the VM's profile) and vmlet's virtiofsd need a rule there. What each
 //! pod's QEMU opens beside libvirt's model is in the pod's own profile
-//! ([`vmlet_shim::pod_apparmor`]), not here.
+//! ([`vmlet_shim::vmm::pod_apparmor`]), not here.
 //!
 //! The rules go into the site-local file libvirtd's profile includes
 //! (`/etc/apparmor.d/local/usr.sbin.libvirtd`), as a block `vmletctl install` appends and
@@ -18,7 +18,7 @@ use std::path::Path;
 
 use vmlet_config::NodeConfig;
 
-use vmlet_shim::pod_apparmor::quoted;
+use vmlet_shim::vmm::pod_apparmor::quoted;
 use vmlet_shim::Error;
 
 /// libvirt's profile of libvirtd: where it is there, libvirt may confine QEMU with AppArmor.

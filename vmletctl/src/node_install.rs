@@ -17,7 +17,7 @@
 //! - Where libvirt has its AppArmor profiles, vmlet's rules for libvirtd
 //!   ([`crate::node_apparmor`]) are appended to its site-local file as a marked block,
 //!   libvirtd's profile is reloaded, and uninstall takes the block off again (byte for byte).
-//!   Each pod's QEMU gets a profile of its own when it starts ([`vmlet_shim::pod_apparmor`]).
+//!   Each pod's QEMU gets a profile of its own when it starts ([`vmlet_shim::vmm::pod_apparmor`]).
 //!
 //! Installing twice changes nothing: the files are the same, the runtime is registered.
 //! Installing another version (the DaemonSet with a newer image) takes the installed one off

@@ -1,7 +1,7 @@
 //! The node's programs as `vmletctl` asks them (`check`, `install`): found on the PATH, or
 //! run, chrooted into the node's root when that is not `/` (so that a node's program runs
 //! with the node's libraries when vmletctl runs in a container), with a deadline and
-//! bounded output. (The shim's own runs are [`vmlet_shim::host_command`]'s.)
+//! bounded output. (The shim's own runs are [`vmlet_shim::host::host_command`]'s.)
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -34,7 +34,7 @@ pub fn version_line(program: &Path) -> Result<String, String> {
 pub fn version_line_under(root: &Path, program: &Path) -> Result<String, String> {
     let text = run_under(root, program, &["--version".as_ref()], VERSION_DEADLINE)
         .map_err(|e| e.replace("the program", "--version"))?;
-    Ok(vmlet_shim::guest_text::clean(
+    Ok(vmlet_shim::guest::guest_text::clean(
         text.lines().next().unwrap_or("").trim(),
         200,
     ))
@@ -108,7 +108,8 @@ pub fn run_under(
     );
     let text = if out.trim().is_empty() { err } else { out };
     if !status.success() {
-        let line = vmlet_shim::guest_text::clean(text.lines().next().unwrap_or("").trim(), 200);
+        let line =
+            vmlet_shim::guest::guest_text::clean(text.lines().next().unwrap_or("").trim(), 200);
         return Err(format!("the program failed ({status}): {line}"));
     }
     Ok(text)

@@ -2,7 +2,7 @@
 //! What the guest writes comes from the console log, cleaned as `--follow` shows it
 //! ([`ConsoleFollower`]: no escape sequence of the guest's reaches the terminal); what the
 //! operator types goes to the shim's `console-input.sock` (root only, one session at a time:
-//! [`vmlet_shim::serial_console::SerialConsole::serve_operator`]), which writes it to the guest's
+//! [`vmlet_shim::vm_mode::serial_console::SerialConsole::serve_operator`]), which writes it to the guest's
 //! serial input. A terminal is put into raw input mode (keys go to the guest as typed,
 //! Ctrl-C included; output still ends lines with CR LF) and restored on the way out.
 //! The session ends at Ctrl-], at the end of the input, or when the pod is gone.
@@ -13,8 +13,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use vmlet_shim::console::ConsoleFollower;
-use vmlet_shim::pod_paths::PodPaths;
+use vmlet_shim::guest::console::ConsoleFollower;
+use vmlet_shim::host::pod_paths::PodPaths;
 
 /// The key that ends the session (Ctrl-], as telnet and `virsh console` have it).
 pub const ESCAPE: u8 = 0x1d;
@@ -93,7 +93,7 @@ pub fn run(paths: &PodPaths, pod: &str) -> Result<(), String> {
     if refusal.is_finished() {
         let said = refusal.join().unwrap_or_default();
         if !said.is_empty() {
-            let said = vmlet_shim::guest_text::clean(&String::from_utf8_lossy(&said), 512);
+            let said = vmlet_shim::guest::guest_text::clean(&String::from_utf8_lossy(&said), 512);
             return Err(format!("pod {pod}: {}", said.trim()));
         }
     }

@@ -11,7 +11,7 @@
 //!
 //! Prints each, and the ratios; then where the time goes: the median of each phase the shim
 //! logged for the vmlet runs (`phases of create|start ...` in containerd's log, see
-//! `vmlet_shim::phases`), what is left outside the shim (containerd, ctr, the teardown), and
+//! `vmlet_shim::task::phases`), what is left outside the shim (containerd, ctr, the teardown), and
 //! the floor's phases. Nothing is asserted.
 
 use std::collections::{BTreeMap, HashMap};
@@ -24,8 +24,8 @@ use vmlet_integration::figures::figure;
 use vmlet_integration::{unique_id, Stack};
 use vmlet_protocol::agent::ShutdownRequest;
 use vmlet_protocol::auth::FW_CFG_NAME;
+use vmlet_shim::guest::vsock::{new_agent_key, Endpoint, Route};
 use vmlet_shim::vm::connect_agent;
-use vmlet_shim::vsock::{new_agent_key, Endpoint, Route};
 
 const RUNS: usize = 5;
 
@@ -76,8 +76,10 @@ fn print_vmlet_phases(stack: &Stack, runs: &[(Duration, String)]) -> anyhow::Res
     let log_path = format!("{}/containerd/containerd.log", stack.dir);
     let log = std::fs::read_to_string(&log_path).with_context(|| format!("read {log_path}"))?;
     // Each phases line by what it times (`create ID`, `start task ID`).
-    let logged: HashMap<String, Vec<(String, u64)>> =
-        log.lines().filter_map(vmlet_shim::phases::parse).collect();
+    let logged: HashMap<String, Vec<(String, u64)>> = log
+        .lines()
+        .filter_map(vmlet_shim::task::phases::parse)
+        .collect();
     let mut tables: BTreeMap<&str, PhaseTable> = BTreeMap::new();
     let mut outside = Vec::new();
     for (wall, id) in runs {

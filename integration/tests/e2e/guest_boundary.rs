@@ -451,7 +451,7 @@ async fn a_cri_pods_vm_runs_in_the_pods_cgroup() {
 
     cri.remove_pod(&pod).await.unwrap();
     let _ = std::fs::remove_dir_all(&logs);
-    for root in vmlet_shim::pod_cgroup::hierarchies() {
+    for root in vmlet_shim::host::pod_cgroup::hierarchies() {
         let left = format!("{}{cgroup}", root.display());
         assert!(!Path::new(&left).exists(), "{left} is left");
     }
@@ -476,7 +476,7 @@ fn pod_config_under(parent: &str, name: &str) -> (k8s_cri::v1::PodSandboxConfig,
 /// Removes a test's pod cgroup `parent` (kubelet's on a node), what is below it (the
 /// sandbox's, if containerd or the shim made one) and `/vmlet-e2e`, in every hierarchy.
 fn remove_pod_cgroups(parent: &str) {
-    for root in vmlet_shim::pod_cgroup::hierarchies() {
+    for root in vmlet_shim::host::pod_cgroup::hierarchies() {
         let root = root.display();
         for dir in std::fs::read_dir(format!("{root}{parent}"))
             .into_iter()

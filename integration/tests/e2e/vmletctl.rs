@@ -322,7 +322,7 @@ fn check_names_what_the_node_has_and_fails_without_libvirt() {
 }
 
 /// `accel = "auto"` boots the guest kernel to its panic to learn whether KVM runs guests
-/// (`vmlet_shim::kvm_probe`): under TCG that boot ends, with the kernel's panic on its
+/// (`vmlet_shim::vmm::kvm_probe`): under TCG that boot ends, with the kernel's panic on its
 /// console, well within the probe's deadline; a kernel that is none is named. (Whether KVM
 /// itself passes is this host's: `scripts/check-clean-root` checks the fallback where
 /// libvirt offers a KVM that cannot run guests.)
@@ -339,14 +339,14 @@ fn the_kvm_probes_guest_boots_to_its_end() {
         .build()
         .unwrap();
     let boot = |kernel: &std::path::Path| {
-        runtime.block_on(vmlet_shim::kvm_probe::boot_to_panic(
+        runtime.block_on(vmlet_shim::vmm::kvm_probe::boot_to_panic(
             qemu, kernel, "q35", "tcg", &dir,
         ))
     };
     let (answer, keep) = boot(&kernel);
     let took = answer.expect("the probe guest boots to its panic under TCG");
     assert!(keep);
-    assert!(took < vmlet_shim::kvm_probe::DEADLINE, "{took:?}");
+    assert!(took < vmlet_shim::vmm::kvm_probe::DEADLINE, "{took:?}");
     eprintln!("probe guest under TCG: {} ms", took.as_millis());
 
     let not_a_kernel = dir.join("not-a-kernel");
@@ -381,7 +381,7 @@ fn a_planted_kvm_probe_directory_is_not_used() {
         .enable_all()
         .build()
         .unwrap();
-    let answer = runtime.block_on(vmlet_shim::kvm_probe::guest_boots_on_kvm(
+    let answer = runtime.block_on(vmlet_shim::vmm::kvm_probe::guest_boots_on_kvm(
         qemu, &kernel, "q35", None,
     ));
     eprintln!("the probe on this host's KVM: {answer:?}");

@@ -9,7 +9,7 @@ use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 
 use vmlet_shim::cli::{answer_help_or_version, wrapper_command};
-use vmlet_shim::taps::{fetch, qemu_args, TAP_SOCKET_ENV};
+use vmlet_shim::host::taps::{fetch, qemu_args, TAP_SOCKET_ENV};
 
 /// QEMU used when the domain names none (libvirt's capability probes).
 const DEFAULT_QEMU: &str = "/usr/bin/qemu-system-x86_64";

@@ -131,7 +131,7 @@ pub fn agent_process(process: &oci_spec::runtime::Process, what: &str) -> Result
         capabilities: process
             .capabilities()
             .as_ref()
-            .map(|c| crate::capabilities::agent_capabilities(c, what))
+            .map(|c| crate::spec::capabilities::agent_capabilities(c, what))
             .transpose()?
             .into(),
         no_new_privileges: process.no_new_privileges().unwrap_or(false),
@@ -192,7 +192,7 @@ pub fn create_request(
     let mut process = agent_process(process, "the OCI spec's process")?;
     let linux = spec.linux().as_ref();
     if let Some(profile) = linux.and_then(|l| l.seccomp().as_ref()) {
-        let compiled = crate::seccomp::compile(profile)?;
+        let compiled = crate::spec::seccomp::compile(profile)?;
         process.seccomp = Some(Seccomp {
             program: compiled.program,
             flags: compiled.flags,
@@ -228,7 +228,7 @@ pub fn create_request(
             .unwrap_or_default()
             .into_iter()
             .collect(),
-        all_guest_devices: crate::block_devices::every_device_allowed(spec),
+        all_guest_devices: crate::devices::block_devices::every_device_allowed(spec),
         ..Default::default()
     };
     Ok((request, binds))

@@ -4,9 +4,12 @@
 //! and the kubelet's memory emptyDirs that become the guest's tmpfs: [`pod_volume`]).
 //! The shim checks the spec and keeps only what the guest uses.
 
+pub mod capabilities;
 mod container;
+pub mod hooks;
 mod pod;
 mod pod_volume;
+pub mod seccomp;
 
 pub use container::*;
 pub use pod::*;

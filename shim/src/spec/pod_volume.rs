@@ -147,8 +147,8 @@ pub fn memory_empty_dir(
     if !is_tmpfs_mount(&volume_dir)? {
         return Ok(None);
     }
-    let mountinfo =
-        crate::share::read_mountinfo().map_err(|e| Error::io("read /proc/self/mountinfo", e))?;
+    let mountinfo = crate::host::share::read_mountinfo()
+        .map_err(|e| Error::io("read /proc/self/mountinfo", e))?;
     // As the kernel names them (a kubelet root behind a link is its target there): `source`
     // is resolved already, above.
     let volume_at = std::fs::canonicalize(&volume_dir)
@@ -175,8 +175,12 @@ fn subpath_in(mountinfo: &str, source: &Path, volume_dir: &Path) -> Option<Strin
         mountinfo.lines().rev().find_map(|line| {
             let fields: Vec<&str> = line.split(' ').collect();
             let (dev, root, at) = (fields.get(2)?, fields.get(3)?, fields.get(4)?);
-            (Path::new(&crate::share::unescape(at)) == point)
-                .then(|| (dev.to_string(), PathBuf::from(crate::share::unescape(root))))
+            (Path::new(&crate::host::share::unescape(at)) == point).then(|| {
+                (
+                    dev.to_string(),
+                    PathBuf::from(crate::host::share::unescape(root)),
+                )
+            })
         })
     };
     let (volume_dev, volume_root) = last_at(volume_dir)?;

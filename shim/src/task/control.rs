@@ -73,7 +73,7 @@ impl TaskService {
             .unwrap_or(b"{}");
         let resources = crate::spec::update_resources(json, &req.id)?;
         // An update that leaves memory alone keeps the container's limit as it was.
-        if let Some(limit) = crate::memory::limit_mib(Some(resources.memory_limit)) {
+        if let Some(limit) = crate::devices::memory::limit_mib(Some(resources.memory_limit)) {
             task.vm.fit_memory(&task.id, Some(limit)).await?;
         }
         task.vm.guest().update_resources(&task.id, resources).await
@@ -82,12 +82,12 @@ impl TaskService {
     pub(super) async fn metrics(&self, id: &str) -> Result<api::StatsResponse, Error> {
         let task = self.task(id)?;
         let stats = task.vm.guest().stats(&task.id).await?;
-        let metrics = crate::metrics::from_agent(&stats);
+        let metrics = crate::task::metrics::from_agent(&stats);
         let value = protobuf::Message::write_to_bytes(&metrics)
             .map_err(|e| Error::Internal(format!("encode metrics: {e}")))?;
         Ok(api::StatsResponse {
             stats: Some(protobuf::well_known_types::any::Any {
-                type_url: crate::metrics::TYPE_URL.into(),
+                type_url: crate::task::metrics::TYPE_URL.into(),
                 value,
                 ..Default::default()
             })

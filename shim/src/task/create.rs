@@ -19,14 +19,14 @@ use vmlet_protocol::agent::CreateContainerRequest;
 use super::plan::{CreatePlan, Target};
 use super::process::Process;
 use super::{TaskEntry, TaskService};
+use crate::guest::stdio::ProcessName;
 use crate::guest::ProcessId;
-use crate::hooks::{HookState, HostHooks};
-use crate::phases::Phases;
-use crate::pod_metrics::PodMeter;
-use crate::pod_vm::{BootRequest, PodHold, PodVm};
-use crate::share::RootfsSource;
+use crate::host::share::RootfsSource;
+use crate::spec::hooks::{HookState, HostHooks};
 use crate::spec::HostBind;
-use crate::stdio::ProcessName;
+use crate::task::phases::Phases;
+use crate::task::pod_metrics::PodMeter;
+use crate::vm::pod_vm::{BootRequest, PodHold, PodVm};
 use crate::Error;
 
 /// Where the container goes, its pod's VM found.
@@ -118,7 +118,7 @@ impl TaskService {
                 if let Some(pod) = claimed.as_ref().and_then(|p| p.image_pod()) {
                     pod.release(&req.id);
                 }
-                crate::hooks::run_logged(&hooks.poststop, &hook_state, "stopped").await;
+                crate::spec::hooks::run_logged(&hooks.poststop, &hook_state, "stopped").await;
                 return Err(e);
             }
         };
@@ -273,7 +273,7 @@ impl TaskService {
                 binds,
             } => {
                 vm.check_running()?;
-                crate::hooks::run(&hooks.create, hook_state, "creating").await?;
+                crate::spec::hooks::run(&hooks.create, hook_state, "creating").await?;
                 vm.add_container(id, &rootfs, &binds)?;
                 phases.mark("join");
                 InVm {
@@ -301,7 +301,7 @@ impl TaskService {
         let annotations = spec.annotations().clone().unwrap_or_default();
         let names = crate::spec::kube_names(&annotations)
             .unwrap_or_else(|| (id.to_owned(), self.namespace.clone()));
-        let dir = crate::pod_paths::PodPaths::new(&config.state_dir, in_vm.vm.pod_id()).dir;
+        let dir = crate::host::pod_paths::PodPaths::new(&config.state_dir, in_vm.vm.pod_id()).dir;
         if let Some(meter) = PodMeter::start(&in_vm.vm, &dir, names, boot, agent_ready) {
             self.meters.lock().unwrap().insert(id.to_owned(), meter);
         }
@@ -315,7 +315,7 @@ impl TaskService {
         vm: &Arc<dyn PodVm>,
         start: ContainerStart<'_>,
         agent_request: &mut CreateContainerRequest,
-    ) -> Result<(u32, crate::stdio::Copies), Error> {
+    ) -> Result<(u32, crate::guest::stdio::Copies), Error> {
         let ContainerStart {
             req,
             memory_limit,
@@ -381,8 +381,8 @@ impl TaskService {
 struct ContainerStart<'a> {
     req: &'a api::CreateTaskRequest,
     memory_limit: Option<u64>,
-    block_devices: &'a [crate::block_devices::BlockDevice],
-    paths: &'a crate::stdio::StdioPaths,
+    block_devices: &'a [crate::devices::block_devices::BlockDevice],
+    paths: &'a crate::guest::stdio::StdioPaths,
     phases: &'a Phases,
 }
 

@@ -39,7 +39,7 @@ impl TaskService {
         } else {
             remove_container(&task).await?;
         }
-        crate::hooks::run_logged(&task.hooks.poststop, &task.hook_state, "stopped").await;
+        crate::spec::hooks::run_logged(&task.hooks.poststop, &task.hook_state, "stopped").await;
         self.tasks.lock().unwrap().remove(&req.id);
         self.publish(
             topics::TASK_DELETE_EVENT_TOPIC,

@@ -10,8 +10,8 @@ use vmlet_protocol::agent::{CreateExecRequest, Stdio};
 
 use super::process::{Phase, Process};
 use super::{exit, TaskEntry, TaskService};
+use crate::guest::stdio::{ProcessName, StdioPaths};
 use crate::guest::ProcessId;
-use crate::stdio::{ProcessName, StdioPaths};
 use crate::Error;
 
 impl TaskService {

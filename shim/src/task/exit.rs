@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use crate::guest::GuestExit;
-pub use crate::pod_vm::VM_ENDED_STATUS;
+pub use crate::vm::pod_vm::VM_ENDED_STATUS;
 use crate::Error;
 
 use super::process::{now, Exit, Process};
@@ -96,8 +96,8 @@ pub fn for_delete(process: &Process, vm_ended: bool) -> Result<Exit, Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::guest::stdio::{Copies, StdioPaths};
     use crate::guest::ProcessId;
-    use crate::stdio::{Copies, StdioPaths};
 
     fn process() -> Process {
         Process::new(

@@ -10,13 +10,13 @@ use tokio::sync::{watch, Notify};
 use vmlet_config::NodeConfig;
 use vmlet_protocol::agent::{CreateContainerRequest, CreateExecRequest, Resources, StatsResponse};
 
-use crate::block_devices::BlockDevice;
+use crate::devices::block_devices::BlockDevice;
+use crate::guest::stdio::{Copies, ProcessName, StdioPaths};
 use crate::guest::{Guest, GuestExit, ProcessId};
-use crate::phases::Phases;
-use crate::pod_vm::{BootRequest, ImagePod, PodHold, PodVm, VmBooter};
-use crate::share::RootfsSource;
+use crate::host::share::RootfsSource;
 use crate::spec::HostBind;
-use crate::stdio::{Copies, ProcessName, StdioPaths};
+use crate::task::phases::Phases;
+use crate::vm::pod_vm::{BootRequest, ImagePod, PodHold, PodVm, VmBooter};
 use crate::Error;
 
 /// The PID the fake agent gives every process.

@@ -14,8 +14,8 @@ use vmlet_config::NodeConfig;
 
 use super::fakes::{FakeBooter, FakeVm};
 use super::TaskService;
-use crate::events::{EventReceiver, EventSink};
 use crate::spec::{CONTAINER_TYPE_ANNOTATION, SANDBOX_ID_ANNOTATION};
+use crate::task::events::{EventReceiver, EventSink};
 use crate::Error;
 
 /// How long [`Harness::wait`] waits for a process's end (on the paused clock).

@@ -12,10 +12,16 @@ mod api;
 mod control;
 mod create;
 mod delete;
+pub(crate) mod events;
 mod exec;
-pub mod exit;
+pub(crate) mod exit;
+pub(crate) mod features;
+pub(crate) mod metrics;
+pub mod phases;
 mod plan;
-pub mod process;
+pub mod pod_metrics;
+pub(crate) mod process;
+pub(crate) mod shim;
 mod start;
 
 use std::collections::HashMap;
@@ -29,9 +35,9 @@ use containerd_shim_protos::topics;
 pub use self::api::TaskApi;
 pub use self::exit::{AGENT_LOST_STATUS, KILL_GRACE, VM_ENDED_STATUS};
 use self::process::Process;
-use crate::events::EventSink;
-use crate::pod_metrics::PodMeter;
-use crate::pod_vm::{PodVm, VmBooter};
+use crate::task::events::EventSink;
+use crate::task::pod_metrics::PodMeter;
+use crate::vm::pod_vm::{PodVm, VmBooter};
 use crate::Error;
 
 /// One task: a container (or the pod's sandbox) with its init and execs.
@@ -40,8 +46,8 @@ struct TaskEntry {
     bundle: String,
     /// OCI hooks that run on the host, and the state they read (with the pod's host
     /// process as PID); poststart and poststop run from here.
-    hooks: crate::hooks::HostHooks,
-    hook_state: crate::hooks::HookState,
+    hooks: crate::spec::hooks::HostHooks,
+    hook_state: crate::spec::hooks::HookState,
     vm: Arc<dyn PodVm>,
     /// The pod (sandbox) this task belongs to; a sandbox's is its own id.
     pod_id: String,

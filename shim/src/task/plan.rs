@@ -14,14 +14,14 @@ use vmlet_config::{
 };
 use vmlet_protocol::agent::{CreateContainerRequest, Stdio};
 
-use crate::block_devices::BlockDevice;
-use crate::domain::RootBus;
-use crate::hooks::{HookState, HostHooks};
-use crate::memory::PodMemory;
-use crate::pod_vm::{BootRequest, HostProcess, ImagePod, ImageRequest, PodHold};
-use crate::share::RootfsSource;
+use crate::devices::block_devices::BlockDevice;
+use crate::devices::memory::PodMemory;
+use crate::guest::stdio::StdioPaths;
+use crate::host::share::RootfsSource;
+use crate::spec::hooks::{HookState, HostHooks};
 use crate::spec::{HostBind, PodRole};
-use crate::stdio::StdioPaths;
+use crate::vm::pod_vm::{BootRequest, HostProcess, ImagePod, ImageRequest, PodHold};
+use crate::vmm::domain::RootBus;
 use crate::Error;
 
 /// Where the container goes.
@@ -31,7 +31,7 @@ pub(super) enum Target {
     /// A VM-mode CRI pod's sandbox: no VM, the pod held for its one container.
     Hold(Box<PodHold>),
     /// A VM-mode CRI pod's container: a new VM, booted with what the running sandbox
-    /// `sandbox_id` holds ([`crate::pod_vm::ImagePod`]).
+    /// `sandbox_id` holds ([`crate::vm::pod_vm::ImagePod`]).
     BootInPod {
         sandbox_id: String,
         boot: Box<BootRequest>,
@@ -106,7 +106,7 @@ impl CreatePlan {
         };
         let (mut agent_request, binds) = crate::spec::create_request(&req.id, spec, wanted)?;
         let memory_limit = memory_limit(spec);
-        let block_devices = crate::block_devices::from_spec(spec)?;
+        let block_devices = crate::devices::block_devices::from_spec(spec)?;
         let pod = match &role {
             PodRole::Container { sandbox_id } => pod_so_far(sandbox_id),
             PodRole::Sandbox => None,
@@ -218,7 +218,7 @@ fn boot_request(
     let region = if fixed {
         0
     } else {
-        crate::memory::region_mib(shape.memory_mib, config.guest.max_memory_mib)
+        crate::devices::memory::region_mib(shape.memory_mib, config.guest.max_memory_mib)
     };
     let memory = PodMemory::new(
         shape.memory_mib,
@@ -228,7 +228,7 @@ fn boot_request(
     );
     let cgroup = pod_cgroup(spec)?;
     if let Some(limit) = cgroup.as_ref().and_then(|c| c.memory_limit_mib()) {
-        crate::pod_cgroup::vm_fits(id, shape.memory_mib, limit)?;
+        crate::host::pod_cgroup::vm_fits(id, shape.memory_mib, limit)?;
     }
     Ok(BootRequest {
         pod_id: id.into(),
@@ -277,11 +277,11 @@ fn pod_hold(
 }
 
 /// The host cgroup of the spec's `cgroupsPath`.
-fn pod_cgroup(spec: &Spec) -> Result<Option<crate::pod_cgroup::PodCgroup>, Error> {
+fn pod_cgroup(spec: &Spec) -> Result<Option<crate::host::pod_cgroup::PodCgroup>, Error> {
     spec.linux()
         .as_ref()
         .and_then(|l| l.cgroups_path().as_ref())
-        .map(|p| crate::pod_cgroup::PodCgroup::from_spec_path(&p.to_string_lossy()))
+        .map(|p| crate::host::pod_cgroup::PodCgroup::from_spec_path(&p.to_string_lossy()))
         .transpose()
 }
 
@@ -323,7 +323,7 @@ fn resolv_conf(spec: &Spec) -> Option<PathBuf> {
 
 /// The memory limit of a container's spec, in MiB.
 fn memory_limit(spec: &Spec) -> Option<u64> {
-    crate::memory::limit_mib(
+    crate::devices::memory::limit_mib(
         spec.linux()
             .as_ref()
             .and_then(|l| l.resources().as_ref())

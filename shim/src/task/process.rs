@@ -17,8 +17,8 @@ use containerd_shim::api;
 use containerd_shim_protos::protobuf::well_known_types::timestamp::Timestamp;
 use tokio::sync::watch;
 
+use crate::guest::stdio::{Copies, StdioPaths};
 use crate::guest::ProcessId;
-use crate::stdio::{Copies, StdioPaths};
 use crate::Error;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

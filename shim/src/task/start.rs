@@ -9,7 +9,7 @@ use containerd_shim_protos::topics;
 use super::exit::{self, FailedStart, Outcome, Waited, KILL_GRACE, OUTPUT_DRAIN};
 use super::process::{Exit, Phase, Process};
 use super::{TaskEntry, TaskService};
-use crate::phases::Phases;
+use crate::task::phases::Phases;
 use crate::Error;
 
 impl TaskService {
@@ -28,7 +28,8 @@ impl TaskService {
         process.started();
         log::info!("{}: started, guest PID {guest_pid}", process.name());
         if process.is_init() {
-            crate::hooks::run_logged(&task.hooks.poststart, &task.hook_state, "running").await;
+            crate::spec::hooks::run_logged(&task.hooks.poststart, &task.hook_state, "running")
+                .await;
             phases.mark("poststart_hooks");
             self.publish(
                 topics::TASK_START_EVENT_TOPIC,

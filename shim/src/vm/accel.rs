@@ -8,7 +8,7 @@ use std::sync::Arc;
 use vmlet_config::{Accel, CpuModel, NodeConfig, VmOptions};
 
 use super::block;
-use crate::kvm_probe;
+use crate::vmm::kvm_probe;
 use crate::vmm::VmManager;
 use crate::Error;
 

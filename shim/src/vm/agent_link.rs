@@ -14,10 +14,10 @@ use vmlet_protocol::AGENT_PORT;
 
 use super::block;
 use super::launch::Launched;
-use crate::domain::VsockDevice;
-use crate::pod_paths::PodPaths;
+use crate::guest::vsock::Endpoint;
+use crate::host::pod_paths::PodPaths;
+use crate::vmm::domain::VsockDevice;
 use crate::vmm::VmManager;
-use crate::vsock::Endpoint;
 use crate::Error;
 use vmlet_protocol::auth::AgentKey;
 
@@ -31,7 +31,7 @@ pub(super) fn give_key(
 ) -> Result<(AgentKey, KeyFile), Error> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
-    let key = crate::vsock::new_agent_key()?;
+    let key = crate::guest::vsock::new_agent_key()?;
     let path = &paths.agent_key;
     let mut file = std::fs::OpenOptions::new()
         .write(true)
@@ -88,14 +88,14 @@ pub(super) async fn connect(
     key: AgentKey,
 ) -> Result<(Endpoint, AgentClient, String), Error> {
     let route = match vsock {
-        VsockDevice::VhostUser { .. } => crate::vsock::Route::Hybrid {
+        VsockDevice::VhostUser { .. } => crate::guest::vsock::Route::Hybrid {
             uds: paths.vsock_uds.clone(),
         },
         VsockDevice::Vhost => {
             let (vmm, name) = (vmm.clone(), launched.name.clone());
             let xml = block(move || vmm.live_xml(&name)).await??;
-            crate::vsock::Route::Vhost {
-                cid: crate::libvirt_xml::guest_cid(&xml)
+            crate::guest::vsock::Route::Vhost {
+                cid: crate::vmm::libvirt_xml::guest_cid(&xml)
                     .ok_or_else(|| Error::Libvirt(format!("{} has no vsock CID", launched.name)))?,
             }
         }
@@ -114,7 +114,7 @@ pub(super) async fn connect(
         let message = format!(
             "{}; console tail:\n{}",
             e.message(),
-            crate::console::tail(&paths.console)
+            crate::guest::console::tail(&paths.console)
         );
         match e {
             Error::Timeout(_) => Error::Timeout(message),
@@ -185,7 +185,7 @@ pub async fn connect_agent(
     let deadline = Instant::now() + timeout;
     let mut last = String::from("no attempt");
     if let Some(console) = console {
-        let mut watch = crate::console::ReadyWatch::new(console, vmlet_protocol::READY_LINE);
+        let mut watch = crate::guest::console::ReadyWatch::new(console, vmlet_protocol::READY_LINE);
         while !watch.shows_ready() {
             if Instant::now() >= deadline {
                 return Err(Error::Timeout(format!(
@@ -252,8 +252,8 @@ mod tests {
             }
         });
         let endpoint = Endpoint::new(
-            crate::vsock::Route::Hybrid { uds: uds.clone() },
-            crate::vsock::new_agent_key().unwrap(),
+            crate::guest::vsock::Route::Hybrid { uds: uds.clone() },
+            crate::guest::vsock::new_agent_key().unwrap(),
         );
         let started = Instant::now();
         let result = connect_agent(&endpoint, Duration::from_secs(3), None).await;

@@ -1,5 +1,5 @@
 //! The boot, top-down: each step records what it makes (in the pod's state) before it makes
-//! it, so that a failure anywhere leaves nothing [`crate::reclaim::teardown`] cannot find.
+//! it, so that a failure anywhere leaves nothing [`crate::host::reclaim::teardown`] cannot find.
 
 use std::sync::Arc;
 
@@ -8,12 +8,12 @@ use vmlet_protocol::agent_ttrpc::AgentClient;
 
 use super::net::{PodNet, TapServer};
 use super::{accel, agent_link, host_side, launch, net, vsock_backend, BootRequest, Recorder};
-use crate::hotplug::Hotplug;
-use crate::phases::Phases;
-use crate::pod_paths::PodPaths;
-use crate::port_forward::PortForward;
+use crate::devices::hotplug::Hotplug;
+use crate::guest::port_forward::PortForward;
+use crate::guest::vsock::Endpoint;
+use crate::host::pod_paths::PodPaths;
+use crate::task::phases::Phases;
 use crate::vmm::VmManager;
-use crate::vsock::Endpoint;
 use crate::Error;
 
 /// What the boot produced: the running VM's handles.
@@ -99,7 +99,7 @@ async fn launch_domain(
     paths: &PodPaths,
     rec: &Recorder<'_>,
     phases: &Phases,
-    guest: crate::domain::GuestBoot,
+    guest: crate::vmm::domain::GuestBoot,
     net: &PodNet,
 ) -> Result<launch::Launched, Error> {
     let kvm = accel::use_kvm(config, vmm, &req.options).await?;
@@ -129,7 +129,7 @@ pub(super) struct BootedImage {
     pub tap_server: Option<TapServer>,
     /// One DHCP responder per tap; dropped, they stop.
     pub dhcp: Vec<vmlet_netns::dhcp_server::DhcpServer>,
-    pub console: crate::serial_console::SerialConsole,
+    pub console: crate::vm_mode::serial_console::SerialConsole,
 }
 
 /// Boots a VM image (docs/vm-mode.md): the host side and network as for vmlet's guest,
@@ -139,28 +139,30 @@ pub(super) async fn run_image(
     config: &NodeConfig,
     vmm: Arc<dyn VmManager>,
     req: &BootRequest,
-    image: &crate::pod_vm::ImageRequest,
+    image: &crate::vm::pod_vm::ImageRequest,
     paths: &PodPaths,
     rec: &Recorder<'_>,
     phases: &Phases,
 ) -> Result<BootedImage, Error> {
     let dns = match &image.resolv_conf {
-        Some(path) => crate::nocloud::Dns::read(path).await?,
-        None => crate::nocloud::Dns::default(),
+        Some(path) => crate::vm_mode::nocloud::Dns::read(path).await?,
+        None => crate::vm_mode::nocloud::Dns::default(),
     };
     host_side::prepare(config, req, paths, rec)?;
     phases.mark("host_side");
-    let rootfs = crate::share::container_rootfs(&paths.dir, &req.container_id)?;
-    let (mut disk, file) = crate::vm_disk::find(&rootfs)?;
-    let size = crate::vm_disk::overlay_size(
+    let rootfs = crate::host::share::container_rootfs(&paths.dir, &req.container_id)?;
+    let (mut disk, file) = crate::vm_mode::vm_disk::find(&rootfs)?;
+    let size = crate::vm_mode::vm_disk::overlay_size(
         &disk,
         image.root_volume_mib,
         config.vm_images.max_root_disk_mib,
     )?;
-    disk.path =
-        crate::vm_disk::bind_for_qemu(&file, &paths.dir, crate::pod_paths::IMAGE_DISK, &|t| {
-            rec.mount(t)
-        })?;
+    disk.path = crate::vm_mode::vm_disk::bind_for_qemu(
+        &file,
+        &paths.dir,
+        crate::host::pod_paths::IMAGE_DISK,
+        &|t| rec.mount(t),
+    )?;
     let (netns, net) = host_process_and_network(config, req, paths, rec, phases).await?;
     let dhcp = match &netns {
         Some(netns) => start_dhcp(netns, &net, &dns, &image.hostname).await?,
@@ -171,7 +173,7 @@ pub(super) async fn run_image(
     let seed_dir = &paths.seed_dir;
     std::fs::create_dir(seed_dir)
         .map_err(|e| Error::io(format!("create {}", seed_dir.display()), e))?;
-    let seed = crate::nocloud::Seed::build(&crate::nocloud::SeedInput {
+    let seed = crate::vm_mode::nocloud::Seed::build(&crate::vm_mode::nocloud::SeedInput {
         instance_id: &image.instance_id,
         hostname: &image.hostname,
         user_data: image.user_data.as_deref(),
@@ -184,7 +186,7 @@ pub(super) async fn run_image(
     let seed_iso = &paths.seed_iso;
     seed.write_iso(seed_dir, seed_iso).await?;
     phases.mark("disks");
-    let guest = crate::domain::GuestBoot::Image(crate::domain::ImageDisks {
+    let guest = crate::vmm::domain::GuestBoot::Image(crate::vmm::domain::ImageDisks {
         overlay: overlay.to_string_lossy().into_owned(),
         backing: disk.path.to_string_lossy().into_owned(),
         backing_format: disk.format,
@@ -210,7 +212,7 @@ pub(super) async fn run_image(
 async fn start_dhcp(
     netns: &host_side::PodNetns,
     net: &PodNet,
-    dns: &crate::nocloud::Dns,
+    dns: &crate::vm_mode::nocloud::Dns,
     hostname: &str,
 ) -> Result<Vec<vmlet_netns::dhcp_server::DhcpServer>, Error> {
     let mut dhcp = Vec::new();
@@ -245,20 +247,20 @@ async fn make_overlay(
     config: &NodeConfig,
     req: &BootRequest,
     rec: &Recorder<'_>,
-    image: &crate::pod_vm::ImageRequest,
-    disk: &crate::vm_disk::DiskImage,
+    image: &crate::vm::pod_vm::ImageRequest,
+    disk: &crate::vm_mode::vm_disk::DiskImage,
     size: u64,
 ) -> Result<std::path::PathBuf, Error> {
     // On the node's disk, not the state directory (a tmpfs): the guest writes it, up to
     // `size`, which the node caps.
-    let disk_dir = crate::pod_paths::disk_dir(&config.vm_images.disk_dir, &req.pod_id);
+    let disk_dir = crate::host::pod_paths::disk_dir(&config.vm_images.disk_dir, &req.pod_id);
     rec.save(|s| s.disk_dir = Some(disk_dir.clone()))?;
-    let room = crate::disk_dir::room_for(&config.vm_images.disk_dir, size).await?;
-    crate::disk_dir::make(&config.vm_images.disk_dir, &disk_dir)?;
-    let overlay = disk_dir.join(crate::pod_paths::ROOT_DISK);
-    crate::vm_disk::create_overlay(disk, &overlay, size).await?;
+    let room = crate::vm_mode::disk_dir::room_for(&config.vm_images.disk_dir, size).await?;
+    crate::vm_mode::disk_dir::make(&config.vm_images.disk_dir, &disk_dir)?;
+    let overlay = disk_dir.join(crate::host::pod_paths::ROOT_DISK);
+    crate::vm_mode::vm_disk::create_overlay(disk, &overlay, size).await?;
     drop(room);
-    if image.root_bus == crate::domain::RootBus::Nvme {
+    if image.root_bus == crate::vmm::domain::RootBus::Nvme {
         // QEMU opens it itself (libvirt, which would give it to QEMU's user, has no NVMe
         // disk): its backing file is world-readable already.
         super::chown_to_user(&overlay, &config.qemu_user)?;

@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use vmlet_config::NodeConfig;
 
 use super::{block, BootRequest, Recorder};
-use crate::pod_paths::PodPaths;
-use crate::share;
+use crate::host::pod_paths::PodPaths;
+use crate::host::share;
 use crate::Error;
 
 /// Makes the host side of the pod's share and logs, each mount recorded first.
@@ -22,7 +22,7 @@ pub(super) fn prepare(
 ) -> Result<(), Error> {
     dir_and_cgroup(paths, req.cgroup.as_ref(), rec)?;
     let record = |target: &Path| rec.mount(target);
-    crate::log_dir::mount(&paths.dir, config.pod_log_mib, &record)?;
+    crate::host::log_dir::mount(&paths.dir, config.pod_log_mib, &record)?;
     share::prepare(&paths.dir, &record)?;
     share::mount_container(
         &paths.dir,
@@ -37,7 +37,7 @@ pub(super) fn prepare(
 /// (recorded first).
 pub(super) fn dir_and_cgroup(
     paths: &PodPaths,
-    cgroup: Option<&crate::pod_cgroup::PodCgroup>,
+    cgroup: Option<&crate::host::pod_cgroup::PodCgroup>,
     rec: &Recorder<'_>,
 ) -> Result<(), Error> {
     rec.save(|_| {})?;
@@ -76,7 +76,7 @@ pub(super) async fn start_host_process(
     let pid = spawn_host_process(req.netns.clone(), &host.create_hooks, &host.state, rec).await?;
     // The spec asked for a new namespace: whatever the hooks put there.
     Ok(Some(given.unwrap_or_else(|| PodNetns {
-        path: crate::netns_holder::netns_path(pid),
+        path: crate::host::netns_holder::netns_path(pid),
         may_be_empty: true,
     })))
 }
@@ -86,16 +86,16 @@ pub(super) async fn start_host_process(
 pub(super) async fn spawn_host_process(
     netns: Option<PathBuf>,
     create_hooks: &[oci_spec::runtime::Hook],
-    state: &crate::hooks::HookState,
+    state: &crate::spec::hooks::HookState,
     rec: &Recorder<'_>,
 ) -> Result<u32, Error> {
-    let pid = block(move || crate::netns_holder::spawn(netns.as_deref())).await??;
+    let pid = block(move || crate::host::netns_holder::spawn(netns.as_deref())).await??;
     rec.save(|s| s.holder_pid = Some(pid))?;
     rec.place(pid, "the pod's host process")?;
-    let state = crate::hooks::HookState {
+    let state = crate::spec::hooks::HookState {
         pid,
         ..state.clone()
     };
-    crate::hooks::run(create_hooks, &state, "creating").await?;
+    crate::spec::hooks::run(create_hooks, &state, "creating").await?;
     Ok(pid)
 }

@@ -11,13 +11,13 @@ use vmlet_config::NodeConfig;
 
 use super::image_guest::ImageGuest;
 use super::{boot, new_pod_state, reclaim_failed_boot, Recorder};
-use crate::block_devices::BlockDevice;
+use crate::devices::block_devices::BlockDevice;
+use crate::guest::stdio::{Copies, ProcessName, StdioPaths};
 use crate::guest::Guest;
-use crate::phases::Phases;
-use crate::pod_vm::{BootRequest, PodVm};
-use crate::share::RootfsSource;
-use crate::state::PodState;
-use crate::stdio::{Copies, ProcessName, StdioPaths};
+use crate::host::share::RootfsSource;
+use crate::host::state::PodState;
+use crate::task::phases::Phases;
+use crate::vm::pod_vm::{BootRequest, PodVm};
 use crate::vmm::VmManager;
 use crate::Error;
 
@@ -32,7 +32,7 @@ pub struct ImageVm {
     dhcp: Mutex<Vec<vmlet_netns::dhcp_server::DhcpServer>>,
     guest: ImageGuest,
     /// The serial console: the container's stdout and stdin.
-    console: crate::serial_console::SerialConsole,
+    console: crate::vm_mode::serial_console::SerialConsole,
     ended: tokio::sync::watch::Receiver<bool>,
     stopping: AtomicBool,
 }
@@ -123,7 +123,7 @@ impl PodVm for ImageVm {
 
     fn end_status(&self) -> u32 {
         if self.is_stopping() {
-            crate::pod_vm::VM_ENDED_STATUS
+            crate::vm::pod_vm::VM_ENDED_STATUS
         } else {
             self.guest.end_status()
         }
@@ -193,6 +193,6 @@ impl PodVm for ImageVm {
         if !process.exec_id.is_empty() {
             return Err(self.one_container("an exec"));
         }
-        crate::serial_console::attach_console(&self.console, process, namespace, paths)
+        crate::vm_mode::serial_console::attach_console(&self.console, process, namespace, paths)
     }
 }

@@ -11,9 +11,9 @@ use async_trait::async_trait;
 use serde_json::json;
 use vmlet_protocol::agent::{CreateContainerRequest, CreateExecRequest, Resources, StatsResponse};
 
+use crate::devices::qmp::Qmp;
 use crate::guest::{Guest, GuestExit, ProcessId};
-use crate::pod_vm::VM_ENDED_STATUS;
-use crate::qmp::Qmp;
+use crate::vm::pod_vm::VM_ENDED_STATUS;
 use crate::Error;
 
 /// The VM's side of a VM-mode pod's one process.
@@ -157,7 +157,7 @@ impl Guest for ImageGuest {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::qmp::tests::fake_qemu;
+    use crate::devices::qmp::tests::fake_qemu;
 
     /// A QEMU that ends (the guest powered off, or QEMU quit) on `ending`, the one command
     /// that makes the VM's wait return; every other command is answered and nothing more.

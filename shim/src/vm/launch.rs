@@ -1,4 +1,4 @@
-//! The VM itself: the libvirt domain (built by [`crate::domain`]) started, and vmlet's QMP
+//! The VM itself: the libvirt domain (built by [`crate::vmm::domain`]) started, and vmlet's QMP
 //! monitor taken when QEMU connects it. QEMU's end of that monitor is how the shim learns,
 //! at once, that the VM ended. QEMU and virtiofsd then join the pod's cgroup.
 
@@ -8,10 +8,10 @@ use std::time::{Duration, Instant};
 use vmlet_config::NodeConfig;
 
 use super::{block, give_socket, BootRequest, Recorder};
-use crate::domain::{AgentGuest, ConsoleTarget, Domain, DomainParams, GuestBoot, VsockDevice};
-use crate::hotplug::Hotplug;
-use crate::pod_paths::{domain_name, PodPaths};
-use crate::serial_console::SerialConsole;
+use crate::devices::hotplug::Hotplug;
+use crate::host::pod_paths::{domain_name, PodPaths};
+use crate::vm_mode::serial_console::SerialConsole;
+use crate::vmm::domain::{AgentGuest, ConsoleTarget, Domain, DomainParams, GuestBoot, VsockDevice};
 use crate::vmm::VmManager;
 use crate::Error;
 
@@ -183,7 +183,8 @@ fn place_in_pod_cgroup(
     qemu_pid: u32,
 ) -> Result<(), Error> {
     rec.place(qemu_pid, "QEMU")?;
-    let virtiofsd = crate::pod_cgroup::virtiofsd_pids(&paths.share, &config.helpers.virtiofsd);
+    let virtiofsd =
+        crate::host::pod_cgroup::virtiofsd_pids(&paths.share, &config.helpers.virtiofsd);
     if virtiofsd.is_empty() {
         log::warn!("pod {pod_id}: no virtiofsd of the node's serves the share; it stays in libvirt's cgroup");
     }
@@ -201,7 +202,7 @@ fn place_in_pod_cgroup(
 
 /// Takes the connection of vmlet's QMP monitor, which QEMU makes as it starts. Its end is
 /// QEMU's: the kernel closes QEMU's side however it ends (killed, crashed, the guest
-/// powered off or panicked), and the monitor reports it at once ([`crate::qmp::Qmp::ended`]),
+/// powered off or panicked), and the monitor reports it at once ([`crate::devices::qmp::Qmp::ended`]),
 /// without polling libvirt. QEMU's PID is returned.
 async fn accept_qmp(
     listener: tokio::net::UnixListener,
@@ -209,7 +210,7 @@ async fn accept_qmp(
     qemu_uid: u32,
 ) -> Result<(Hotplug, tokio::sync::watch::Receiver<bool>, u32), Error> {
     let (stream, qemu_pid) = accept_qemu(&listener, qemu_uid, "vmlet's QMP monitor").await?;
-    let qmp = crate::qmp::Qmp::handshake(stream).await?;
+    let qmp = crate::devices::qmp::Qmp::handshake(stream).await?;
     let ended = qmp.ended();
     Ok((Hotplug::new(qmp, driver), ended, qemu_pid))
 }

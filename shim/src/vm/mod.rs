@@ -1,6 +1,6 @@
 //! One pod's VM: state directory, shared directory, vsock backend, libvirt domain, agent.
 //! Everything created is recorded in [`PodState`] first and removed by
-//! [`crate::reclaim::teardown`].
+//! [`crate::host::reclaim::teardown`].
 //!
 //! [`Vm::boot`] makes the pod's state directory and runs [`boot::run`], the boot read
 //! top-down: the host side ([`host_side`]: cgroup, log tmpfs, share, the pod's host process
@@ -19,6 +19,7 @@ mod image_guest;
 mod launch;
 mod net;
 mod pod_hold;
+pub(crate) mod pod_vm;
 mod running;
 mod vsock_backend;
 
@@ -26,17 +27,17 @@ use std::sync::{Arc, Mutex};
 
 use vmlet_config::{NodeConfig, VmShape};
 
+use crate::devices::hotplug::Hotplug;
+use crate::devices::memory::PodMemory;
+use crate::guest::vsock::Endpoint;
 use crate::guest::{AgentGuest, Guest};
-use crate::hotplug::Hotplug;
-use crate::memory::PodMemory;
-use crate::phases::Phases;
-use crate::pod_paths::PodPaths;
-pub use crate::pod_vm::{BootRequest, HostProcess};
-use crate::pod_vm::{PodHold, PodVm, VmBooter};
-pub use crate::share::RootfsSource;
-use crate::state::PodState;
+use crate::host::pod_paths::PodPaths;
+pub use crate::host::share::RootfsSource;
+use crate::host::state::PodState;
+use crate::task::phases::Phases;
+pub use crate::vm::pod_vm::{BootRequest, HostProcess};
+use crate::vm::pod_vm::{PodHold, PodVm, VmBooter};
 use crate::vmm::VmManager;
-use crate::vsock::Endpoint;
 use crate::Error;
 pub use agent_link::connect_agent;
 
@@ -59,10 +60,10 @@ pub struct Vm {
     /// Serves the tap fds to vmlet-vmwrapper; stopping it closes the shim's copies.
     tap_server: Option<net::TapServer>,
     /// Carries connections to the pod namespace's loopback into the guest.
-    port_forward: Option<crate::port_forward::PortForward>,
+    port_forward: Option<crate::guest::port_forward::PortForward>,
     /// vmlet's QMP monitor, with the block devices hot-plugged through it.
     hotplug: Hotplug,
-    /// The containers' memory limits and what the VM holds ([`crate::memory`]).
+    /// The containers' memory limits and what the VM holds ([`crate::devices::memory`]).
     memory: Mutex<PodMemory>,
     /// Held while the VM grows: one container's growth at a time.
     growing: tokio::sync::Mutex<()>,
@@ -73,11 +74,11 @@ pub struct Vm {
 }
 
 /// What the boot steps record in the pod's state as they go (saved at once: a shim that
-/// dies mid-boot leaves what [`crate::reclaim`] needs to remove it all), and the pod's
+/// dies mid-boot leaves what [`crate::host::reclaim`] needs to remove it all), and the pod's
 /// cgroup that every host process of the VM joins.
 struct Recorder<'a> {
     state: Arc<Mutex<PodState>>,
-    cgroup: Option<&'a crate::pod_cgroup::PodCgroup>,
+    cgroup: Option<&'a crate::host::pod_cgroup::PodCgroup>,
 }
 
 impl Recorder<'_> {
@@ -137,7 +138,7 @@ impl VmBooter for LibvirtBooter {
 
 /// The node's libvirt, through `vmlet-libvirt`.
 fn libvirt(config: &NodeConfig) -> Arc<dyn VmManager> {
-    Arc::new(crate::vmm_helper::LibvirtHelper::new(
+    Arc::new(crate::vmm::helper::LibvirtHelper::new(
         &config.helpers.libvirt,
         &config.libvirt_uri,
     ))
@@ -220,7 +221,7 @@ async fn reclaim_failed_boot(
 ) -> Error {
     let state = state.lock().unwrap().clone();
     let vmm = vmm.clone();
-    if let Ok(Err(cleanup)) = block(move || crate::reclaim::teardown(&*vmm, &state)).await {
+    if let Ok(Err(cleanup)) = block(move || crate::host::reclaim::teardown(&*vmm, &state)).await {
         log::error!(
             "cleanup after failed boot of {pod_id}: {}",
             cleanup.message()
@@ -256,7 +257,7 @@ async fn power_off_and_reclaim(
             let _ = tokio::time::timeout(POWER_OFF_WAIT, pod.ended()).await;
         }
     }
-    let result = block(move || crate::reclaim::teardown(&*vmm, &state)).await?;
+    let result = block(move || crate::host::reclaim::teardown(&*vmm, &state)).await?;
     log::info!(
         "pod {}: torn down in {} ms",
         pod.pod_id(),

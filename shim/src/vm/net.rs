@@ -6,8 +6,8 @@ use vmlet_config::NodeConfig;
 
 use super::host_side::PodNetns;
 use super::{block, give_socket, Recorder};
-use crate::pod_paths::PodPaths;
-use crate::taps::TapDescription;
+use crate::host::pod_paths::PodPaths;
+use crate::host::taps::TapDescription;
 use crate::Error;
 
 /// The tap server of a pod; stopping it (or dropping it) closes the shim's copies of the
@@ -64,10 +64,10 @@ pub(super) async fn wire(
             mtu: w.interface.mtu,
         })
         .collect();
-    if taps.len() > crate::taps::MAX_TAPS {
+    if taps.len() > crate::host::taps::MAX_TAPS {
         return Err(Error::Unimplemented(format!(
             "more than {} pod interfaces",
-            crate::taps::MAX_TAPS
+            crate::host::taps::MAX_TAPS
         )));
     }
     let tap_names: Vec<_> = wired.wirings.iter().map(|w| w.tap_name.clone()).collect();
@@ -91,7 +91,7 @@ pub(super) async fn wire(
         interfaces,
         tap_names,
         tap_socket: Some(paths.tap_socket.to_string_lossy().into_owned()),
-        tap_server: Some(TapServer(crate::taps::serve(
+        tap_server: Some(TapServer(crate::host::taps::serve(
             listener, taps, wired.taps, qemu_uid,
         ))),
     })

@@ -16,12 +16,12 @@ use vmlet_config::NodeConfig;
 use vmlet_protocol::agent::{CreateContainerRequest, CreateExecRequest, Resources, StatsResponse};
 
 use super::{block, host_side, new_pod_state, reclaim_failed_boot, Recorder};
-use crate::block_devices::BlockDevice;
+use crate::devices::block_devices::BlockDevice;
+use crate::guest::stdio::{Copies, ProcessName, StdioPaths};
 use crate::guest::{Guest, GuestExit, ProcessId};
-use crate::pod_vm::{ImagePod, PodHold, PodVm};
-use crate::share::RootfsSource;
-use crate::state::PodState;
-use crate::stdio::{Copies, ProcessName, StdioPaths};
+use crate::host::share::RootfsSource;
+use crate::host::state::PodState;
+use crate::vm::pod_vm::{ImagePod, PodHold, PodVm};
 use crate::vmm::VmManager;
 use crate::Error;
 
@@ -184,7 +184,9 @@ impl PodVm for HeldPod {
 
     /// The host process's own status (a signal's 128 + its number).
     fn end_status(&self) -> u32 {
-        self.exit.borrow().unwrap_or(crate::pod_vm::VM_ENDED_STATUS)
+        self.exit
+            .borrow()
+            .unwrap_or(crate::vm::pod_vm::VM_ENDED_STATUS)
     }
 
     async fn kill(&self) -> Result<(), Error> {
@@ -198,7 +200,7 @@ impl PodVm for HeldPod {
         }
         let state = self.state.lock().unwrap().clone();
         let vmm = self.vmm.clone();
-        block(move || crate::reclaim::teardown(&*vmm, &state)).await?
+        block(move || crate::host::reclaim::teardown(&*vmm, &state)).await?
     }
 
     async fn fit_memory(&self, _container_id: &str, _limit_mib: Option<u64>) -> Result<(), Error> {

@@ -8,12 +8,12 @@ use std::time::Instant;
 use async_trait::async_trait;
 
 use super::Vm;
-use crate::block_devices::BlockDevice;
+use crate::devices::block_devices::BlockDevice;
+use crate::devices::memory::Fit;
+use crate::guest::stdio::{Copies, ProcessName, StdioPaths};
 use crate::guest::Guest;
-use crate::memory::Fit;
-use crate::pod_vm::PodVm;
-use crate::share::{self, RootfsSource};
-use crate::stdio::{Copies, ProcessName, StdioPaths};
+use crate::host::share::{self, RootfsSource};
+use crate::vm::pod_vm::PodVm;
 use crate::Error;
 
 #[async_trait]
@@ -37,7 +37,7 @@ impl PodVm for Vm {
         paths: &StdioPaths,
         terminal: bool,
     ) -> Result<Copies, Error> {
-        crate::stdio::attach(&self.endpoint, process, namespace, paths, terminal).await
+        crate::guest::stdio::attach(&self.endpoint, process, namespace, paths, terminal).await
     }
 
     /// Hot-plugs `container_id`'s block devices and returns what the agent needs to find
@@ -52,7 +52,7 @@ impl PodVm for Vm {
         }
         let fds = devices
             .iter()
-            .map(crate::block_devices::open_host)
+            .map(crate::devices::block_devices::open_host)
             .collect::<Result<Vec<_>, _>>()?;
         self.hotplug.attach(container_id, devices, fds).await
     }
@@ -87,7 +87,7 @@ impl PodVm for Vm {
     }
 
     /// Grows the VM when it must so that it holds `container_id`'s memory limit (MiB; none:
-    /// unlimited) beside the pod's other containers' (see [`crate::memory`]), then records
+    /// unlimited) beside the pod's other containers' (see [`crate::devices::memory`]), then records
     /// the limit. A VM sized by `vmlet.io/memory` refuses what does not fit.
     async fn fit_memory(&self, container_id: &str, limit_mib: Option<u64>) -> Result<(), Error> {
         let _one_at_a_time = self.growing.lock().await;
@@ -95,10 +95,10 @@ impl PodVm for Vm {
         if let Fit::Grow { plugged_mib } = fit {
             // The pod's cgroup as it is now (a kubelet raises it before a resize).
             let cgroup = self.state.lock().unwrap().cgroup.clone();
-            if let Some(limit) =
-                cgroup.and_then(|path| crate::pod_cgroup::PodCgroup { path }.memory_limit_mib())
+            if let Some(limit) = cgroup
+                .and_then(|path| crate::host::pod_cgroup::PodCgroup { path }.memory_limit_mib())
             {
-                crate::pod_cgroup::vm_fits(
+                crate::host::pod_cgroup::vm_fits(
                     &self.pod_id,
                     self.shape.memory_mib + plugged_mib,
                     limit,
@@ -106,8 +106,12 @@ impl PodVm for Vm {
             }
             self.check_running()?;
             let started = Instant::now();
-            crate::memory::plug(self.hotplug.qmp(), plugged_mib, crate::memory::PLUG_TIMEOUT)
-                .await?;
+            crate::devices::memory::plug(
+                self.hotplug.qmp(),
+                plugged_mib,
+                crate::devices::memory::PLUG_TIMEOUT,
+            )
+            .await?;
             log::info!(
                 "pod {}: the VM grew to {} MiB for {container_id} (limit {limit_mib:?} MiB) in {:?}",
                 self.pod_id,

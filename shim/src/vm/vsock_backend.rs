@@ -7,9 +7,9 @@ use std::path::Path;
 use vmlet_config::{NodeConfig, VsockTransport};
 
 use super::{block, give_socket, Recorder};
-use crate::domain::VsockDevice;
-use crate::pod_paths::PodPaths;
-use crate::vsock;
+use crate::guest::vsock;
+use crate::host::pod_paths::PodPaths;
+use crate::vmm::domain::VsockDevice;
 use crate::Error;
 
 /// Picks the transport (`vsock` in the node config, `auto` by what the node has) and

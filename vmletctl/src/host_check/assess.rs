@@ -132,7 +132,7 @@ fn libvirt(config: &NodeConfig, facts: &HostFacts) -> Vec<Finding> {
     let local = format!("/{}", crate::node_apparmor::LOCAL_LIBVIRTD);
     if host.security_models.iter().any(|m| m == "apparmor") {
         out.push(if facts.apparmor_rules {
-            finding(Ok, "confinement", format!("libvirt confines QEMU with AppArmor; vmlet's rules are in libvirtd's profile ({local}), and each pod's QEMU gets a profile of its own ({})", vmlet_shim::pod_apparmor::PROFILE_DIR))
+            finding(Ok, "confinement", format!("libvirt confines QEMU with AppArmor; vmlet's rules are in libvirtd's profile ({local}), and each pod's QEMU gets a profile of its own ({})", vmlet_shim::vmm::pod_apparmor::PROFILE_DIR))
         } else {
             finding(Fail, "confinement", format!("libvirt confines QEMU with AppArmor, and vmlet's rules (of this version and config) are not in libvirtd's profile ({local}): libvirtd cannot start vmlet's wrapper or virtiofsd; `vmletctl install` adds them"))
         });

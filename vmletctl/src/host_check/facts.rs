@@ -34,7 +34,7 @@ impl HostFacts {
                 .state_dir
                 .is_dir()
                 .then_some(config.state_dir.as_path());
-            let probe = vmlet_shim::kvm_probe::guest_boots_on_kvm(
+            let probe = vmlet_shim::vmm::kvm_probe::guest_boots_on_kvm(
                 &h.qemu,
                 &config.guest.kernel,
                 &config.guest.machine,

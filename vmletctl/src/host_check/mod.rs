@@ -72,7 +72,7 @@ pub struct HostFacts {
     /// libvirt's answer to "can this QEMU run a KVM domain of this machine type".
     pub libvirt_kvm: bool,
     /// Where libvirt offers KVM and the config may use it: whether a guest booted on it (its
-    /// boot time in ms) or why not ([`vmlet_shim::kvm_probe`]); None where not probed.
+    /// boot time in ms) or why not ([`vmlet_shim::vmm::kvm_probe`]); None where not probed.
     pub kvm_probe: Option<Result<u64, String>>,
     /// vmlet's rules for this config, as this version writes them, are in AppArmor's local
     /// files for libvirt.

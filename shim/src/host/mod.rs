@@ -1,0 +1,25 @@
+//! What a pod makes on the node, and where it is undone.
+//!
+//! - [`pod_paths`]: where a pod's files are; [`state`]: what it made, recorded before each
+//!   thing is made; [`reclaim`]: the one teardown from that record (a shim's delete, a failed
+//!   boot, `shim delete` after a dead shim, `vmletctl gc`);
+//! - [`pod_cgroup`]: the pod's host cgroup; [`log_dir`]: the size-limited tmpfs for what the
+//!   guest can make the host log; [`share`]: the shared directory, over [`fd_mount`] (mounts,
+//!   unmounts and removal by file descriptor);
+//! - [`netns_holder`]: the pod's host process; [`taps`]: the tap fds handed to the emulator
+//!   wrapper; [`sk_lookup`]: port-forwarding's listener in the pod's namespace;
+//! - [`host_command`]: host programs run with deadlines and bounded output; [`file_lock`]:
+//!   a lock between shims.
+
+pub(crate) mod fd_mount;
+pub(crate) mod file_lock;
+pub mod host_command;
+pub(crate) mod log_dir;
+pub(crate) mod netns_holder;
+pub mod pod_cgroup;
+pub mod pod_paths;
+pub mod reclaim;
+pub(crate) mod share;
+pub(crate) mod sk_lookup;
+pub mod state;
+pub mod taps;

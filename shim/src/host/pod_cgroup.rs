@@ -1,0 +1,448 @@
+//! The pod's host cgroup: the sandbox spec's `linux.cgroupsPath`, made in every cgroup
+//! hierarchy of the host (v1 controllers and the unified v2 one), and every host process
+//! of the pod's VM moved into it (QEMU, virtiofsd, vhost-device-vsock, the pod's host
+//! process), as Kata's `sandbox_cgroup_only` does: kubelet's limits, eviction and stats
+//! then see the VM. The sandbox's own resources (a pause container's) are not applied:
+//! the pod's limits are on the parent cgroup kubelet made.
+
+use std::path::{Component, Path, PathBuf};
+
+use crate::Error;
+
+/// The pod's cgroup: its path below each hierarchy's root.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodCgroup {
+    pub path: PathBuf,
+}
+
+/// Where the host's cgroup hierarchies are mounted (cgroup v1 controllers and cgroup2),
+/// from `/proc/self/mountinfo`.
+pub fn hierarchies() -> Vec<PathBuf> {
+    match crate::host::share::read_mountinfo() {
+        Ok(info) => hierarchies_in(&info),
+        Err(e) => {
+            // Without them no pod cgroup is made or read: said, not taken silently.
+            log::warn!("the node's cgroup hierarchies: read /proc/self/mountinfo: {e}");
+            Vec::new()
+        }
+    }
+}
+
+fn hierarchies_in(mountinfo: &str) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    for line in mountinfo.lines() {
+        let Some((before, after)) = line.split_once(" - ") else {
+            continue;
+        };
+        let fstype = after.split(' ').next().unwrap_or_default();
+        if fstype != "cgroup" && fstype != "cgroup2" {
+            continue;
+        }
+        // Only a hierarchy's root (a bind of a sub-cgroup would misplace paths).
+        let mut fields = before.split(' ');
+        let (root, point) = (fields.nth(3), fields.next());
+        if let (Some("/"), Some(point)) = (root, point) {
+            found.push(PathBuf::from(point));
+        }
+    }
+    found
+}
+
+impl PodCgroup {
+    /// The cgroup a spec's `cgroupsPath` names: a cgroupfs path (`/kubepods/pod1/abc`), or
+    /// systemd's `slice:prefix:name` expanded as runc expands it
+    /// (`kubepods-pod1.slice:cri-containerd:abc` ->
+    /// `/kubepods.slice/kubepods-pod1.slice/cri-containerd-abc.scope`). Anything that would
+    /// leave the hierarchy (`..`) is INVALID_ARGUMENT.
+    pub fn from_spec_path(cgroups_path: &str) -> Result<Self, Error> {
+        let bad =
+            |why: &str| Error::InvalidArgument(format!("cgroupsPath {cgroups_path:?}: {why}"));
+        let path = match cgroups_path.split(':').collect::<Vec<_>>()[..] {
+            [path] => PathBuf::from("/").join(path.trim_start_matches('/')),
+            [slice, prefix, name] => {
+                let mut path = expand_slice(slice).map_err(|why| bad(&why))?;
+                let unit = if name.ends_with(".slice") {
+                    name.to_owned()
+                } else if prefix.is_empty() {
+                    format!("{name}.scope")
+                } else {
+                    format!("{prefix}-{name}.scope")
+                };
+                path.push(unit);
+                path
+            }
+            _ => return Err(bad("neither a path nor slice:prefix:name")),
+        };
+        let plain = path
+            .components()
+            .all(|c| matches!(c, Component::RootDir | Component::Normal(_)));
+        if !plain || path == Path::new("/") {
+            return Err(bad("not a cgroup below the root"));
+        }
+        Ok(Self { path })
+    }
+
+    fn relative(&self) -> &Path {
+        self.path.strip_prefix("/").unwrap_or(&self.path)
+    }
+
+    /// This cgroup in each hierarchy.
+    fn dirs(&self) -> Vec<PathBuf> {
+        hierarchies()
+            .iter()
+            .map(|h| h.join(self.relative()))
+            .collect()
+    }
+
+    /// Makes the cgroup in every hierarchy, level by level (a new v1 cpuset cgroup gets
+    /// its parent's CPUs and memory nodes, without which nothing can join it); where the
+    /// hierarchy has the v1 memory controller, the charges of a process move with it.
+    pub fn create(&self) -> Result<(), Error> {
+        for hierarchy in hierarchies() {
+            let mut dir = hierarchy.clone();
+            for part in self.relative().iter() {
+                let parent = dir.clone();
+                dir.push(part);
+                match std::fs::create_dir(&dir) {
+                    Ok(()) => inherit_cpuset(&parent, &dir)?,
+                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                    Err(e) => return Err(Error::io(format!("create cgroup {}", dir.display()), e)),
+                }
+            }
+            let immigrate = dir.join("memory.move_charge_at_immigrate");
+            if immigrate.exists() {
+                // Deprecated in recent kernels, but where it works the VM's memory that
+                // QEMU touched before it moved is counted for the pod too.
+                let _ = std::fs::write(&immigrate, "3");
+            }
+        }
+        Ok(())
+    }
+
+    /// Moves the process `pid` (all its threads) into the cgroup in every hierarchy.
+    pub fn add(&self, pid: u32, what: &str) -> Result<(), Error> {
+        for dir in self.dirs() {
+            std::fs::write(dir.join("cgroup.procs"), pid.to_string()).map_err(|e| {
+                Error::io(
+                    format!("move {what} ({pid}) into cgroup {}", dir.display()),
+                    e,
+                )
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Removes the cgroup from every hierarchy once its processes are gone (a process
+    /// that is still exiting keeps it busy for a moment). Goes on past failures.
+    pub fn remove(&self) -> Result<(), Error> {
+        let deadline = std::time::Instant::now() + REMOVE_WAIT;
+        let mut first = None;
+        for dir in self.dirs().into_iter().rev() {
+            if let Err(e) = remove_when_empty(&dir, deadline) {
+                first.get_or_insert(e);
+            }
+        }
+        first.map_or(Ok(()), Err)
+    }
+}
+
+/// A memory limit at or above this is none (cgroup v1 writes "unlimited" as 2^63 less a
+/// page; v2 as `max`).
+const UNLIMITED_BYTES: u64 = 1 << 62;
+
+/// The memory limit on `path` in one hierarchy, `root`: the least of the limits of the
+/// cgroup and its ancestors that exist there (v2 `memory.max`, v1 `memory.limit_in_bytes`).
+fn memory_limit_in(root: &Path, path: &Path) -> Option<u64> {
+    let mut least: Option<u64> = None;
+    let mut dir = Some(path);
+    while let Some(at) = dir {
+        let cgroup = root.join(at.strip_prefix("/").unwrap_or(at));
+        for file in ["memory.max", "memory.limit_in_bytes"] {
+            let path = cgroup.join(file);
+            let text = match std::fs::read_to_string(&path) {
+                Ok(text) => text,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => {
+                    // Not a limit that is not there: one that cannot be read.
+                    log::warn!("memory limit of cgroup {}: {e}", path.display());
+                    continue;
+                }
+            };
+            if let Ok(bytes) = text.trim().parse::<u64>() {
+                if bytes < UNLIMITED_BYTES {
+                    least = Some(least.map_or(bytes, |l| l.min(bytes)));
+                }
+            }
+        }
+        dir = at.parent();
+    }
+    least
+}
+
+impl PodCgroup {
+    /// What the pod's cgroup lets its processes use, in MiB: the least memory limit of the
+    /// cgroup and its ancestors (the kubelet's pod cgroup: its containers' limits and the
+    /// RuntimeClass's overhead), in any hierarchy; `None` when nothing limits it.
+    pub fn memory_limit_mib(&self) -> Option<u64> {
+        self.memory_limit_mib_under(&hierarchies())
+    }
+
+    fn memory_limit_mib_under(&self, hierarchies: &[PathBuf]) -> Option<u64> {
+        hierarchies
+            .iter()
+            .filter_map(|h| memory_limit_in(h, &self.path))
+            .min()
+            .map(|bytes| bytes >> 20)
+    }
+}
+
+/// Refuses a VM of `memory_mib` in a pod cgroup that allows less (`limit_mib`): the node's
+/// OOM killer would end QEMU as soon as the guest touched it. A kubelet's pod cgroup holds
+/// the containers' limits and the RuntimeClass's overhead; a pod that runs on vmlet without
+/// a RuntimeClass (vmlet as containerd's default handler) has no overhead in it.
+pub fn vm_fits(id: &str, memory_mib: u64, limit_mib: u64) -> Result<(), Error> {
+    if memory_mib <= limit_mib {
+        return Ok(());
+    }
+    Err(Error::FailedPrecondition(format!(
+        "pod {id}: its VM needs {memory_mib} MiB of memory, but the pod's cgroup allows {limit_mib} MiB (its containers' limits, without room for the VM itself): give the pod a RuntimeClass whose handler is vmlet and whose overhead.podFixed covers the VM, as deploy/runtimeclass.yaml does"
+    )))
+}
+
+/// A v1 cpuset cgroup starts with no CPUs and no memory nodes: copies its parent's.
+fn inherit_cpuset(parent: &Path, dir: &Path) -> Result<(), Error> {
+    for file in ["cpuset.cpus", "cpuset.mems"] {
+        let own = dir.join(file);
+        if !own.exists() {
+            continue;
+        }
+        let value = std::fs::read_to_string(parent.join(file))
+            .map_err(|e| Error::io(format!("read {}", parent.join(file).display()), e))?;
+        std::fs::write(&own, value.trim())
+            .map_err(|e| Error::io(format!("write {}", own.display()), e))?;
+    }
+    Ok(())
+}
+
+/// How long [`PodCgroup::remove`] waits, in all, for processes still on their way out.
+const REMOVE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+fn remove_when_empty(dir: &Path, deadline: std::time::Instant) -> Result<(), Error> {
+    loop {
+        match std::fs::remove_dir(dir) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) if std::time::Instant::now() >= deadline => {
+                return Err(Error::io(format!("remove cgroup {}", dir.display()), e))
+            }
+            Err(_) => std::thread::sleep(std::time::Duration::from_millis(50)),
+        }
+    }
+}
+
+/// systemd's slice name to its path: `a-b-c.slice` -> `/a.slice/a-b.slice/a-b-c.slice`.
+fn expand_slice(slice: &str) -> Result<PathBuf, String> {
+    let mut path = PathBuf::from("/");
+    if slice.is_empty() || slice == "-.slice" {
+        return Ok(path);
+    }
+    let Some(name) = slice.strip_suffix(".slice") else {
+        return Err(format!("{slice:?} is not a slice"));
+    };
+    if name.contains('/') || name.starts_with('-') || name.contains("--") {
+        return Err(format!("bad slice name {slice:?}"));
+    }
+    let mut prefix = String::new();
+    for part in name.split('-') {
+        if !prefix.is_empty() {
+            prefix.push('-');
+        }
+        prefix.push_str(part);
+        path.push(format!("{prefix}.slice"));
+    }
+    Ok(path)
+}
+
+/// The PIDs of the virtiofsd processes serving `share`, which libvirt starts: found by
+/// their command line (it names the directory), and taken only when what no local user can
+/// make also holds: the process runs as root (real and effective UID 0) and its executable
+/// is the node's virtiofsd (`binary`, the same file by device and inode, however the
+/// process's own root has moved since). A user's decoy (`exec -a virtiofsd ... source=`,
+/// or the binary run by hand) is not taken.
+pub fn virtiofsd_pids(share: &Path, binary: &Path) -> Vec<u32> {
+    virtiofsd_pids_in(Path::new("/proc"), share, binary)
+}
+
+fn virtiofsd_pids_in(proc_dir: &Path, share: &Path, binary: &Path) -> Vec<u32> {
+    use std::os::unix::fs::MetadataExt;
+    let needle = format!("source={}", share.display());
+    let Ok(binary) = std::fs::metadata(binary).map(|m| (m.dev(), m.ino())) else {
+        return Vec::new();
+    };
+    let Ok(entries) = std::fs::read_dir(proc_dir) else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            let dir = proc_dir.join(pid.to_string());
+            let cmdline = std::fs::read(dir.join("cmdline")).unwrap_or_default();
+            let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+            args.first().is_some_and(|a| a.ends_with(b"virtiofsd"))
+                && args.contains(&needle.as_bytes())
+                && runs_as_root(&dir)
+                && std::fs::metadata(dir.join("exe")).is_ok_and(|m| (m.dev(), m.ino()) == binary)
+        })
+        .collect()
+}
+
+/// Whether the process at `dir` (`/proc/PID`) has real and effective UID 0.
+fn runs_as_root(dir: &Path) -> bool {
+    let Ok(status) = std::fs::read_to_string(dir.join("status")) else {
+        return false;
+    };
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .is_some_and(|uids| {
+            let ids: Vec<&str> = uids.split_whitespace().collect();
+            ids.len() == 4 && ids[..2] == ["0", "0"]
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A `/proc` of three processes that all claim to be virtiofsd serving `share`: the
+    /// real one (root, the binary), a user's (the binary, run as the user) and a decoy
+    /// (root's, or so its status says, but another executable).
+    #[test]
+    fn only_roots_virtiofsd_binary_is_taken_for_the_pods() {
+        let dir = tempfile::tempdir().unwrap();
+        let (proc_dir, binary, decoy) = (
+            dir.path().join("proc"),
+            dir.path().join("virtiofsd"),
+            dir.path().join("decoy"),
+        );
+        std::fs::write(&binary, "binary").unwrap();
+        std::fs::write(&decoy, "decoy").unwrap();
+        let share = Path::new("/run/vmlet/p1/share");
+        let process = |pid: u32, uid: &str, exe: &Path| {
+            let d = proc_dir.join(pid.to_string());
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(
+                d.join("cmdline"),
+                format!(
+                    "/usr/libexec/virtiofsd\0--fd=3\0-o\0source={}\0",
+                    share.display()
+                ),
+            )
+            .unwrap();
+            std::fs::write(d.join("status"), format!("Name:\tvirtiofsd\nUid:\t{uid}\n")).unwrap();
+            std::os::unix::fs::symlink(exe, d.join("exe")).unwrap();
+        };
+        process(10, "0\t0\t0\t0", &binary);
+        process(11, "1000\t1000\t1000\t1000", &binary);
+        process(12, "0\t0\t0\t0", &decoy);
+        process(13, "1000\t0\t0\t0", &binary);
+        assert_eq!(virtiofsd_pids_in(&proc_dir, share, &binary), vec![10]);
+        assert_eq!(
+            virtiofsd_pids_in(&proc_dir, Path::new("/run/vmlet/p2/share"), &binary),
+            Vec::<u32>::new()
+        );
+    }
+
+    #[test]
+    fn cgroupfs_paths_and_systemd_slices() {
+        let p = |s: &str| PodCgroup::from_spec_path(s).map(|c| c.path);
+        assert_eq!(p("/default/t1").unwrap(), PathBuf::from("/default/t1"));
+        assert_eq!(
+            p("kubepods/besteffort/pod1/abc").unwrap(),
+            PathBuf::from("/kubepods/besteffort/pod1/abc")
+        );
+        assert_eq!(
+            p("kubepods-besteffort-pod1.slice:cri-containerd:abc").unwrap(),
+            PathBuf::from(
+                "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1.slice/cri-containerd-abc.scope"
+            )
+        );
+        assert_eq!(
+            p("system.slice::x").unwrap(),
+            PathBuf::from("/system.slice/x.scope")
+        );
+        for bad in ["/", "/a/../../etc", "a:b", "nots:p:n", "bad--x.slice:p:n"] {
+            let err = PodCgroup::from_spec_path(bad).unwrap_err();
+            assert!(
+                err.message().contains("cgroupsPath"),
+                "{bad}: {}",
+                err.message()
+            );
+        }
+    }
+
+    #[test]
+    fn a_vm_larger_than_the_pods_cgroup_is_refused_with_the_remedy() {
+        vm_fits("p", 256, 416).unwrap();
+        vm_fits("p", 256, 256).unwrap();
+        let err = vm_fits("p", 256, 128).unwrap_err();
+        assert!(matches!(err, Error::FailedPrecondition(_)), "{err:?}");
+        let text = err.to_string();
+        for part in [
+            "256 MiB",
+            "allows 128 MiB",
+            "RuntimeClass",
+            "overhead.podFixed",
+        ] {
+            assert!(text.contains(part), "{part}: {text}");
+        }
+    }
+
+    #[test]
+    fn the_memory_limit_is_the_least_of_the_cgroup_and_its_ancestors() {
+        let dir = tempfile::tempdir().unwrap();
+        let (v1, v2) = (dir.path().join("memory"), dir.path().join("unified"));
+        let write = |at: PathBuf, file: &str, value: &str| {
+            std::fs::create_dir_all(&at).unwrap();
+            std::fs::write(at.join(file), value).unwrap();
+        };
+        let cgroup = PodCgroup {
+            path: PathBuf::from("/kubepods/burstable/pod1/sandbox"),
+        };
+        // Nothing limits it: the sandbox's own cgroup is not made yet, "max" and v1's
+        // unlimited are none.
+        write(v2.join("kubepods"), "memory.max", "max\n");
+        write(
+            v1.join("kubepods"),
+            "memory.limit_in_bytes",
+            "9223372036854771712\n",
+        );
+        assert_eq!(
+            cgroup.memory_limit_mib_under(&[v1.clone(), v2.clone()]),
+            None
+        );
+        // The kubelet's pod cgroup (v1) and a larger limit above it (v2).
+        write(
+            v1.join("kubepods/burstable/pod1"),
+            "memory.limit_in_bytes",
+            "134217728\n",
+        );
+        write(v2.join("kubepods/burstable"), "memory.max", "1073741824\n");
+        assert_eq!(cgroup.memory_limit_mib_under(&[v1, v2]), Some(128));
+    }
+
+    #[test]
+    fn hierarchies_are_cgroup_mount_roots() {
+        let info = "30 25 0:26 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n\
+                    31 25 0:27 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw\n\
+                    32 25 0:27 /sub /mnt/sub rw - cgroup2 cgroup2 rw\n\
+                    33 25 0:28 / /run rw - tmpfs tmpfs rw\n";
+        assert_eq!(
+            hierarchies_in(info),
+            [
+                PathBuf::from("/sys/fs/cgroup/memory"),
+                PathBuf::from("/sys/fs/cgroup/unified")
+            ]
+        );
+    }
+}

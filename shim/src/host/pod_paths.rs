@@ -1,0 +1,69 @@
+//! Where one pod's files live under the node's state directory, and its domain's name.
+
+use std::path::{Path, PathBuf};
+
+use crate::host::share;
+
+pub fn domain_name(pod_id: &str) -> String {
+    format!("vmlet-{pod_id}")
+}
+
+/// The paths of one pod's state directory.
+#[derive(Debug, Clone)]
+pub struct PodPaths {
+    pub dir: PathBuf,
+    pub share: PathBuf,
+    pub vhost_socket: PathBuf,
+    pub vsock_uds: PathBuf,
+    pub console: PathBuf,
+    pub vsock_log: PathBuf,
+    pub tap_socket: PathBuf,
+    pub qmp_socket: PathBuf,
+    /// The agent's key, for QEMU to read as it starts (removed once it has).
+    pub agent_key: PathBuf,
+    /// A VM image's serial console, which QEMU connects.
+    pub console_socket: PathBuf,
+    /// Where the node's operator types into a VM image's console (`vmletctl console -i`).
+    pub console_input: PathBuf,
+    /// A VM image's disk (the overlay's backing file), bound read-only here, where QEMU's
+    /// user can reach it.
+    pub image_disk: PathBuf,
+    /// A VM image's cloud-init seed: its files, and their ISO 9660 volume.
+    pub seed_dir: PathBuf,
+    pub seed_iso: PathBuf,
+}
+
+/// A VM image's root disk, the qcow2 overlay its guest writes, in the pod's directory under
+/// the node's `vm_images.disk_dir` ([`disk_dir`]), never the state directory.
+pub const ROOT_DISK: &str = "root.qcow2";
+
+/// The directory of a VM-image pod's root disk under the node's `vm_images.disk_dir`.
+pub fn disk_dir(disks: &Path, pod_id: &str) -> PathBuf {
+    disks.join(pod_id)
+}
+
+/// The name of [`PodPaths::image_disk`] in the pod's directory.
+pub const IMAGE_DISK: &str = "image-disk";
+
+impl PodPaths {
+    pub fn new(state_dir: &Path, pod_id: &str) -> Self {
+        let dir = state_dir.join(pod_id);
+        let log = crate::host::log_dir::path(&dir);
+        Self {
+            share: dir.join(share::SHARE_DIR),
+            vhost_socket: dir.join("vhost-vsock.sock"),
+            vsock_uds: dir.join("vsock.sock"),
+            console: log.join("console.log"),
+            vsock_log: log.join("vhost-device-vsock.log"),
+            tap_socket: dir.join("taps.sock"),
+            qmp_socket: dir.join("qmp.sock"),
+            agent_key: dir.join("agent.key"),
+            console_socket: dir.join("console.sock"),
+            console_input: dir.join("console-input.sock"),
+            image_disk: dir.join(IMAGE_DISK),
+            seed_dir: dir.join("seed"),
+            seed_iso: dir.join("seed.iso"),
+            dir,
+        }
+    }
+}

@@ -1,0 +1,138 @@
+//! Removing what a pod made, from what its state file lists: the one teardown that a
+//! shim's delete, a failed boot, `shim delete` after a dead shim and `vmletctl gc` share.
+//! It uses the pod's record and the VM manager, nothing of the running shim.
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use vmlet_config::NodeConfig;
+
+use crate::host::share;
+use crate::host::state::PodState;
+use crate::vmm::VmManager;
+use crate::Error;
+
+/// Removes what `state` lists: domain, pod network wiring, host process, vsock backend,
+/// mounts, then the directory. Goes on past failures and reports the first.
+pub fn teardown(vmm: &dyn VmManager, state: &PodState) -> Result<(), Error> {
+    let mut first: Option<Error> = None;
+    let mut note = |r: Result<(), Error>| {
+        if let Err(e) = r {
+            log::warn!("teardown: {}", e.message());
+            first.get_or_insert(e);
+        }
+    };
+    if let Some(domain) = &state.domain {
+        note(vmm.remove(domain));
+    }
+    if let Some(netns) = &state.netns {
+        let pod_id = state.dir.file_name().unwrap_or_default().to_string_lossy();
+        match vmlet_netns::unwire(netns, &pod_id, &state.wirings) {
+            // The namespace is gone (CNI DEL ran first): so is everything in it.
+            Err(vmlet_netns::Error::Enter { .. }) => {}
+            other => note(other.map_err(Error::Network)),
+        }
+    }
+    if let Some(pid) = state.holder_pid {
+        crate::host::netns_holder::stop(pid);
+    }
+    if let Some(pid) = state.vsock_pid {
+        if is_vhost_device_vsock(pid) {
+            let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
+        }
+    }
+    // After the domain, which QEMU wrote it for. Were that left running (its removal
+    // failed), the disk's space comes back when `vmletctl gc` removes the marked domain;
+    // the name goes now, with the state that records it.
+    if let Some(dir) = &state.disk_dir {
+        note(crate::vm_mode::disk_dir::remove(dir));
+    }
+    note(share::unmount_recorded(&state.dir, &state.mounts));
+    if let Some(path) = &state.cgroup {
+        note(crate::host::pod_cgroup::PodCgroup { path: path.clone() }.remove());
+    }
+    // Whatever the state file did not list (it was lost): nothing may stop the removal.
+    if state.dir.exists() {
+        note(share::unmount_below(&state.dir));
+        note(share::remove_pod_dir(&state.dir));
+    }
+    first.map_or(Ok(()), Err)
+}
+
+/// Guards against killing a recycled PID.
+fn is_vhost_device_vsock(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/cmdline"))
+        .map(|c| c.contains("vhost-device-vsock"))
+        .unwrap_or(false)
+}
+
+/// Whether `pid` is the running shim of `pod_id` (checked by its command line, so that a
+/// recycled PID is never taken for it).
+pub fn live_shim(pid: u32, pod_id: &str) -> bool {
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+    args.first()
+        .is_some_and(|a| a.ends_with(b"containerd-shim-vmlet-v2"))
+        && args
+            .windows(2)
+            .any(|w| w[0] == b"-id" && w[1] == pod_id.as_bytes())
+}
+
+/// `shim delete`: containerd's cleanup after the shim is gone. Removes whatever the pod's
+/// state file lists.
+pub fn cleanup_after_shim(
+    config: &NodeConfig,
+    vmm: &dyn VmManager,
+    pod_id: &str,
+) -> Result<(), Error> {
+    let dir = crate::host::pod_paths::PodPaths::new(&config.state_dir, pod_id).dir;
+    if !dir.exists() {
+        return Ok(());
+    }
+    let state = crate::host::state::PodState::load(&dir).unwrap_or(crate::host::state::PodState {
+        dir: dir.clone(),
+        domain: Some(crate::host::pod_paths::domain_name(pod_id)),
+        disk_dir: Some(crate::host::pod_paths::disk_dir(
+            &config.vm_images.disk_dir,
+            pod_id,
+        )),
+        ..Default::default()
+    });
+    if let Some(pid) = state.shim_pid.filter(|p| *p != std::process::id()) {
+        // A shim containerd gave up on while it still ran: nothing will talk to it again.
+        if live_shim(pid, &state.shim_id()) {
+            log::warn!("pod {pod_id}: stopping its shim {pid}, which containerd gave up on");
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+    teardown(vmm, &state)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn teardown_removes_domain_and_dir() {
+        let dir = std::env::temp_dir().join(format!("vmlet-teardown-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("share")).unwrap();
+        let vmm = crate::vmm::FakeVmm::default();
+        vmm.start("<name>vmlet-p</name>").unwrap();
+        let state = PodState {
+            dir: dir.clone(),
+            domain: Some("vmlet-p".into()),
+            ..Default::default()
+        };
+        teardown(&vmm, &state).unwrap();
+        assert!(vmm.running.lock().unwrap().is_empty());
+        assert!(!dir.exists());
+    }
+
+    #[test]
+    fn a_pid_is_a_shim_only_by_its_command_line() {
+        assert!(!live_shim(std::process::id(), "x"));
+        assert!(!live_shim(0, "x"));
+    }
+}

@@ -1,0 +1,432 @@
+//! Per-pod figures for Prometheus (`vmletctl metrics`). Each shim serves its pod's figures
+//! ([`PodFigures`], as JSON) on `metrics.sock` in the pod's state directory, one answer a
+//! connection; `vmletctl metrics` asks every live pod's socket and renders them all as one
+//! Prometheus text exposition ([`render`]).
+//!
+//! A pod's figures: its VM's host-side CPU and memory (the pod's cgroup, where QEMU and its
+//! helpers run), how long the VM took to boot and its agent to answer, the agent's
+//! round-trip time (one call made for the scrape), the execs started, and the shim's own
+//! memory, CPU and threads. Labels: `pod` and `namespace` (Kubernetes' for a CRI pod,
+//! containerd's task id and namespace otherwise) and `pod_id` (the sandbox id).
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use tokio::io::AsyncWriteExt;
+
+use crate::vm::pod_vm::PodVm;
+use crate::Error;
+
+/// The socket's name in the pod's state directory.
+pub const SOCKET: &str = "metrics.sock";
+/// How long an answer may take (the agent call included).
+pub const ANSWER_DEADLINE: Duration = Duration::from_secs(3);
+/// The agent's share of it.
+const AGENT_DEADLINE: Duration = Duration::from_secs(2);
+/// The largest answer `fetch` reads.
+const ANSWER_LIMIT: u64 = 64 << 10;
+
+/// One pod's figures, as its shim serves them.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PodFigures {
+    pub pod_id: String,
+    /// Kubernetes' pod name (CRI), else the task id.
+    pub pod: String,
+    /// Kubernetes' namespace (CRI), else containerd's.
+    pub namespace: String,
+    pub vm_cpu_seconds: Option<f64>,
+    pub vm_memory_bytes: Option<u64>,
+    pub boot_seconds: Option<f64>,
+    pub agent_ready_seconds: Option<f64>,
+    pub agent_rtt_seconds: Option<f64>,
+    pub execs: u64,
+    pub shim_resident_bytes: Option<u64>,
+    pub shim_cpu_seconds: Option<f64>,
+    pub shim_threads: Option<u64>,
+}
+
+/// What the shim knows of its pod between scrapes.
+pub struct PodMeter {
+    pod_id: String,
+    pod: String,
+    namespace: String,
+    dir: PathBuf,
+    /// The pod's host cgroup (its state's), where its VM's figures are.
+    cgroup: Option<PathBuf>,
+    boot_seconds: f64,
+    agent_ready_seconds: Option<f64>,
+    execs: AtomicU64,
+    /// The pod's VM, for the agent's round trip (not kept alive by the meter).
+    vm: Weak<dyn PodVm>,
+    server: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl PodMeter {
+    /// Serves the figures of `vm`, booted in `boot` (its agent answering `agent_ready`
+    /// after the VM started), from its state directory `dir`; `names` are its (pod,
+    /// namespace) labels. None, logged, when the socket cannot be made: the pod runs on.
+    pub fn start(
+        vm: &Arc<dyn PodVm>,
+        dir: &Path,
+        names: (String, String),
+        boot: Duration,
+        agent_ready: Option<Duration>,
+    ) -> Option<Arc<Self>> {
+        let meter = Arc::new(Self {
+            pod_id: vm.pod_id().to_owned(),
+            pod: names.0,
+            namespace: names.1,
+            dir: dir.to_owned(),
+            cgroup: crate::host::state::PodState::load(dir)
+                .ok()
+                .and_then(|s| s.cgroup),
+            boot_seconds: boot.as_secs_f64(),
+            agent_ready_seconds: agent_ready.map(|d| d.as_secs_f64()),
+            execs: AtomicU64::new(0),
+            vm: Arc::downgrade(vm),
+            server: std::sync::Mutex::new(None),
+        });
+        match meter.serve() {
+            Ok(()) => Some(meter),
+            Err(e) => {
+                log::warn!("{}: no metrics: {}", meter.pod_id, e.message());
+                None
+            }
+        }
+    }
+
+    pub fn count_exec(&self) {
+        self.execs.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Serves the figures on [`SOCKET`] in the pod's directory (mode 0600) until
+    /// [`PodMeter::stop`].
+    fn serve(self: &Arc<Self>) -> Result<(), Error> {
+        let path = self.dir.join(SOCKET);
+        let _ = std::fs::remove_file(&path);
+        let listener = tokio::net::UnixListener::bind(&path)
+            .map_err(|e| Error::io(format!("listen on {}", path.display()), e))?;
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .map_err(|e| Error::io(format!("chmod {}", path.display()), e))?;
+        let meter = Arc::downgrade(self);
+        let server = tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let Some(meter) = meter.upgrade() else { return };
+                tokio::spawn(async move {
+                    let answer = async {
+                        let json = serde_json::to_vec(&meter.figures().await).unwrap_or_default();
+                        let _ = stream.write_all(&json).await;
+                    };
+                    let _ = tokio::time::timeout(ANSWER_DEADLINE, answer).await;
+                });
+            }
+        });
+        *self.server.lock().unwrap() = Some(server);
+        Ok(())
+    }
+
+    /// Stops serving and removes the socket.
+    pub fn stop(&self) {
+        if let Some(server) = self.server.lock().unwrap().take() {
+            server.abort();
+        }
+        let _ = std::fs::remove_file(self.dir.join(SOCKET));
+    }
+
+    /// The figures now.
+    pub async fn figures(&self) -> PodFigures {
+        let (vm_cpu_seconds, vm_memory_bytes) =
+            self.cgroup.as_deref().map_or((None, None), cgroup_usage);
+        let shim = ProcessFigures::of_self();
+        PodFigures {
+            pod_id: self.pod_id.clone(),
+            pod: self.pod.clone(),
+            namespace: self.namespace.clone(),
+            vm_cpu_seconds,
+            vm_memory_bytes,
+            boot_seconds: Some(self.boot_seconds),
+            agent_ready_seconds: self.agent_ready_seconds,
+            agent_rtt_seconds: self.agent_round_trip().await,
+            execs: self.execs.load(Ordering::Relaxed),
+            shim_resident_bytes: shim.resident_bytes,
+            shim_cpu_seconds: shim.cpu_seconds,
+            shim_threads: shim.threads,
+        }
+    }
+
+    /// One cheap agent call (the pod's processes), timed; None without an agent.
+    async fn agent_round_trip(&self) -> Option<f64> {
+        let vm = self.vm.upgrade()?;
+        if vm.has_ended() || vm.image_pod().is_some() {
+            return None;
+        }
+        let started = Instant::now();
+        let call = vm.guest().list_processes(&self.pod_id);
+        match tokio::time::timeout(AGENT_DEADLINE, call).await {
+            Ok(Ok(_)) => Some(started.elapsed().as_secs_f64()),
+            _ => None,
+        }
+    }
+}
+
+impl Drop for PodMeter {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// The pod cgroup's CPU seconds and memory bytes, from whichever hierarchy has them
+/// (cgroup v2's `cpu.stat` and `memory.current`, v1's `cpuacct.usage` and
+/// `memory.usage_in_bytes`).
+fn cgroup_usage(path: &Path) -> (Option<f64>, Option<u64>) {
+    let relative = path.strip_prefix("/").unwrap_or(path);
+    let (mut cpu, mut memory) = (None, None);
+    for hierarchy in crate::host::pod_cgroup::hierarchies() {
+        let dir = hierarchy.join(relative);
+        let read = |name: &str| read_small(&dir.join(name));
+        if cpu.is_none() {
+            cpu = read("cpuacct.usage")
+                .and_then(|t| t.trim().parse::<u64>().ok())
+                .map(|ns| ns as f64 / 1e9)
+                .or_else(|| {
+                    read("cpu.stat")?
+                        .lines()
+                        .find_map(|l| l.strip_prefix("usage_usec "))?
+                        .trim()
+                        .parse::<u64>()
+                        .ok()
+                        .map(|us| us as f64 / 1e6)
+                });
+        }
+        if memory.is_none() {
+            memory = read("memory.usage_in_bytes")
+                .or_else(|| read("memory.current"))
+                .and_then(|t| t.trim().parse().ok());
+        }
+    }
+    (cpu, memory)
+}
+
+fn read_small(path: &Path) -> Option<String> {
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .ok()?
+        .take(64 << 10)
+        .read_to_string(&mut text)
+        .ok()?;
+    Some(text)
+}
+
+/// A process's own figures, from `/proc/self`.
+struct ProcessFigures {
+    resident_bytes: Option<u64>,
+    cpu_seconds: Option<f64>,
+    threads: Option<u64>,
+}
+
+impl ProcessFigures {
+    fn of_self() -> Self {
+        let status = read_small(Path::new("/proc/self/status")).unwrap_or_default();
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+        };
+        // utime and stime, fields 14 and 15 of /proc/self/stat, after the command's ")".
+        let ticks = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+            .ok()
+            .flatten()
+            .unwrap_or(100) as f64;
+        let cpu_seconds = read_small(Path::new("/proc/self/stat")).and_then(|stat| {
+            let after = stat.rsplit_once(')')?.1;
+            let fields: Vec<&str> = after.split_whitespace().collect();
+            let utime: u64 = fields.get(11)?.parse().ok()?;
+            let stime: u64 = fields.get(12)?.parse().ok()?;
+            Some((utime + stime) as f64 / ticks)
+        });
+        Self {
+            resident_bytes: field("VmRSS:").map(|kib| kib * 1024),
+            cpu_seconds,
+            threads: field("Threads:"),
+        }
+    }
+}
+
+/// Asks the shim serving the pod in `dir` for its figures, within [`ANSWER_DEADLINE`].
+pub fn fetch(dir: &Path) -> Result<PodFigures, String> {
+    let path = dir.join(SOCKET);
+    let stream = std::os::unix::net::UnixStream::connect(&path)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    stream
+        .set_read_timeout(Some(ANSWER_DEADLINE))
+        .map_err(|e| e.to_string())?;
+    let mut answer = Vec::new();
+    stream
+        .take(ANSWER_LIMIT)
+        .read_to_end(&mut answer)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    serde_json::from_slice(&answer).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// One metric family: name, type, help, and each pod's value.
+struct Family {
+    name: &'static str,
+    kind: &'static str,
+    help: &'static str,
+    value: fn(&PodFigures) -> Option<f64>,
+}
+
+const FAMILIES: &[Family] = &[
+    Family {
+        name: "vmlet_pod_vm_cpu_seconds_total",
+        kind: "counter",
+        help: "CPU time of the pod's VM on the host (QEMU and its helpers, the pod's cgroup).",
+        value: |f| f.vm_cpu_seconds,
+    },
+    Family {
+        name: "vmlet_pod_vm_memory_bytes",
+        kind: "gauge",
+        help: "Memory of the pod's VM on the host (QEMU and its helpers, the pod's cgroup).",
+        value: |f| f.vm_memory_bytes.map(|b| b as f64),
+    },
+    Family {
+        name: "vmlet_pod_boot_seconds",
+        kind: "gauge",
+        help: "From the sandbox's create to its VM booted with its network configured.",
+        value: |f| f.boot_seconds,
+    },
+    Family {
+        name: "vmlet_pod_agent_ready_seconds",
+        kind: "gauge",
+        help: "From the VM's start to its agent's first answer.",
+        value: |f| f.agent_ready_seconds,
+    },
+    Family {
+        name: "vmlet_pod_agent_rtt_seconds",
+        kind: "gauge",
+        help: "Round trip of one agent call, made for this scrape.",
+        value: |f| f.agent_rtt_seconds,
+    },
+    Family {
+        name: "vmlet_pod_execs_total",
+        kind: "counter",
+        help: "Exec processes started in the pod.",
+        value: |f| Some(f.execs as f64),
+    },
+    Family {
+        name: "vmlet_shim_resident_bytes",
+        kind: "gauge",
+        help: "Resident memory of the pod's shim.",
+        value: |f| f.shim_resident_bytes.map(|b| b as f64),
+    },
+    Family {
+        name: "vmlet_shim_cpu_seconds_total",
+        kind: "counter",
+        help: "CPU time of the pod's shim.",
+        value: |f| f.shim_cpu_seconds,
+    },
+    Family {
+        name: "vmlet_shim_threads",
+        kind: "gauge",
+        help: "Threads of the pod's shim.",
+        value: |f| f.shim_threads.map(|t| t as f64),
+    },
+];
+
+/// The figures of every pod as Prometheus text (exposition format 0.0.4), and
+/// `vmlet_pods` and `vmlet_scrape_errors` for the node.
+pub fn render(pods: &[PodFigures], errors: usize) -> String {
+    let mut out = format!(
+        "# HELP vmlet_pods Pods whose shim answered this scrape.\n# TYPE vmlet_pods gauge\n\
+         vmlet_pods {}\n\
+         # HELP vmlet_scrape_errors Live pods whose shim did not answer this scrape.\n\
+         # TYPE vmlet_scrape_errors gauge\nvmlet_scrape_errors {errors}\n",
+        pods.len()
+    );
+    for f in FAMILIES {
+        out.push_str(&format!(
+            "# HELP {} {}\n# TYPE {} {}\n",
+            f.name, f.help, f.name, f.kind
+        ));
+        for pod in pods {
+            if let Some(value) = (f.value)(pod) {
+                out.push_str(&format!(
+                    "{}{{pod=\"{}\",namespace=\"{}\",pod_id=\"{}\"}} {}\n",
+                    f.name,
+                    escape(&pod.pod),
+                    escape(&pod.namespace),
+                    escape(&pod.pod_id),
+                    value
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// A label value escaped as the exposition format wants (`\\`, `\"`, `\n`).
+fn escape(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_pod_gets_a_sample_of_each_figure_it_has() {
+        let a = PodFigures {
+            pod_id: "sb1".into(),
+            pod: "web".into(),
+            namespace: "default".into(),
+            vm_cpu_seconds: Some(1.5),
+            vm_memory_bytes: Some(300 << 20),
+            boot_seconds: Some(2.25),
+            agent_ready_seconds: Some(1.0),
+            agent_rtt_seconds: Some(0.002),
+            execs: 3,
+            shim_resident_bytes: Some(20 << 20),
+            shim_cpu_seconds: Some(0.5),
+            shim_threads: Some(6),
+        };
+        let b = PodFigures {
+            pod_id: "sb2".into(),
+            pod: "we\"ird\\name".into(),
+            namespace: "k8s.io".into(),
+            ..Default::default()
+        };
+        let text = render(&[a, b], 1);
+        assert!(text.contains("vmlet_pods 2\n"), "{text}");
+        assert!(text.contains("vmlet_scrape_errors 1\n"), "{text}");
+        assert!(text.contains(
+            "vmlet_pod_vm_memory_bytes{pod=\"web\",namespace=\"default\",pod_id=\"sb1\"} 314572800\n"
+        ));
+        assert!(text.contains("vmlet_pod_execs_total{pod=\"we\\\"ird\\\\name\",namespace=\"k8s.io\",pod_id=\"sb2\"} 0\n"), "{text}");
+        assert!(
+            !text
+                .lines()
+                .any(|l| l.starts_with("vmlet_pod_boot_seconds{") && l.contains("sb2")),
+            "no figure, no sample"
+        );
+        // Every family has its HELP and TYPE once.
+        for f in FAMILIES {
+            assert_eq!(text.matches(&format!("# TYPE {} ", f.name)).count(), 1);
+        }
+    }
+
+    #[test]
+    fn the_shims_own_figures_are_read() {
+        let me = ProcessFigures::of_self();
+        assert!(me.resident_bytes.unwrap() > 0);
+        assert!(me.threads.unwrap() >= 1);
+        assert!(me.cpu_seconds.is_some());
+    }
+}

@@ -1,0 +1,579 @@
+//! A VM-mode pod's cloud-init seed: the NoCloud data source's files (`meta-data`,
+//! `user-data`, `network-config`) on an ISO 9660 volume labelled `cidata`, which cloud-init
+//! finds on any block device.
+//!
+//! - `meta-data`: `instance-id` (the pod's UID, so a new pod is a new instance) and
+//!   `local-hostname` (the pod's host name);
+//! - `user-data`: the pod's `vmlet.io/cloud-init-user-data`, with the keys of
+//!   `vmlet.io/ssh-keys` appended to its `ssh_authorized_keys` and the container spec's
+//!   environment written to `/etc/cloud/environment` (one `NAME=value` line each), as
+//!   Virtlet does;
+//! - `network-config` (version 2): each pod interface matched by its MAC, with the
+//!   addresses, routes and MTU CNI gave it and the pod's DNS servers and search domains.
+//!
+//! vmlet's files and parts are JSON (which YAML reads) built from typed values, never
+//! pasted together, so no annotation can add a key the seed did not mean to have, and
+//! every string stays a string under cloud-init's YAML 1.1 (a MAC address unquoted would
+//! read as a base-60 number). The pod's own user-data goes in as written, as one part of a
+//! MIME multipart beside vmlet's (cloud-init merges them).
+
+use std::net::IpAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::{json, Map, Value};
+use vmlet_netns::{Interface, IpNet};
+
+use crate::host::host_command;
+use crate::Error;
+
+/// The seed volume's label, which cloud-init's NoCloud source looks for.
+pub const VOLUME_LABEL: &str = "cidata";
+/// Where the container spec's environment is written in the guest (Virtlet's path).
+pub const ENVIRONMENT_FILE: &str = "/etc/cloud/environment";
+/// How long `xorrisofs` may take.
+const XORRISOFS_DEADLINE: Duration = Duration::from_secs(30);
+/// At most this many name servers and search domains are taken from the pod's resolv.conf
+/// (glibc's own limits are 3 and 6).
+const MAX_NAMESERVERS: usize = 3;
+const MAX_SEARCH: usize = 6;
+
+/// The pod's DNS, from the resolv.conf containerd wrote for it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Dns {
+    pub nameservers: Vec<IpAddr>,
+    pub search: Vec<String>,
+}
+
+/// The longest resolv.conf read (glibc reads at most 3 servers and 6 domains of it).
+const MAX_RESOLV_CONF: u64 = 64 * 1024;
+/// How long reading it may take.
+const RESOLV_CONF_DEADLINE: Duration = Duration::from_secs(5);
+
+/// The first `max` bytes of the regular file at `path`: looked at through an `O_PATH`
+/// descriptor that does not follow a trailing link, and opened for reading (through that
+/// descriptor, so the same file) only when it is a regular file.
+fn read_regular(path: &Path, max: u64) -> Result<Vec<u8>, Error> {
+    use std::io::Read;
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    let what = || format!("the pod's DNS from {}", path.display());
+    let handle = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|e| Error::io(format!("read {}", what()), e))?;
+    let kind = handle
+        .metadata()
+        .map_err(|e| Error::io(format!("read {}", what()), e))?
+        .file_type();
+    if !kind.is_file() {
+        let is = if kind.is_symlink() {
+            "a symbolic link"
+        } else if kind.is_fifo() {
+            "a FIFO"
+        } else if kind.is_char_device() || kind.is_block_device() {
+            "a device node"
+        } else if kind.is_socket() {
+            "a socket"
+        } else if kind.is_dir() {
+            "a directory"
+        } else {
+            "not a regular file"
+        };
+        return Err(Error::InvalidArgument(format!(
+            "{}: the file bound at /etc/resolv.conf is {is}, not a regular file",
+            path.display()
+        )));
+    }
+    let mut text = Vec::new();
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(format!("/proc/self/fd/{}", handle.as_raw_fd()))
+        .and_then(|f| f.take(max).read_to_end(&mut text))
+        .map_err(|e| Error::io(format!("read {}", what()), e))?;
+    Ok(text)
+}
+
+impl Dns {
+    /// Reads the resolv.conf at `path` (its first [`MAX_RESOLV_CONF`] bytes). The path is
+    /// the spec's (a pod's volume may be bound at `/etc/resolv.conf`): it must be a regular
+    /// file, looked at without following a link and before anything opens it for reading
+    /// (a FIFO would block the read, a device such as the watchdog acts when opened), and
+    /// it is read off the runtime's threads within [`RESOLV_CONF_DEADLINE`].
+    pub async fn read(path: &Path) -> Result<Dns, Error> {
+        let owned = path.to_owned();
+        let read = tokio::task::spawn_blocking(move || read_regular(&owned, MAX_RESOLV_CONF));
+        let text = tokio::time::timeout(RESOLV_CONF_DEADLINE, read)
+            .await
+            .map_err(|_| {
+                Error::Timeout(format!(
+                    "the pod's DNS: {} not read within {RESOLV_CONF_DEADLINE:?}",
+                    path.display()
+                ))
+            })?
+            .map_err(|e| Error::Internal(format!("reading the pod's DNS: {e}")))??;
+        Ok(Dns::from_resolv_conf(&String::from_utf8_lossy(&text)))
+    }
+
+    /// Reads `nameserver` and `search` lines; anything else (options, comments, lines that
+    /// do not parse) is left out.
+    pub fn from_resolv_conf(text: &str) -> Dns {
+        let mut dns = Dns::default();
+        for line in text.lines() {
+            let mut words = line.split_whitespace();
+            match words.next() {
+                Some("nameserver") => {
+                    if let Some(Ok(addr)) = words.next().map(str::parse::<IpAddr>) {
+                        if dns.nameservers.len() < MAX_NAMESERVERS {
+                            dns.nameservers.push(addr);
+                        }
+                    }
+                }
+                Some("search") => {
+                    dns.search = words.take(MAX_SEARCH).map(str::to_owned).collect();
+                }
+                _ => {}
+            }
+        }
+        dns
+    }
+}
+
+/// What a seed is made of.
+#[derive(Debug, Clone, Copy)]
+pub struct SeedInput<'a> {
+    pub instance_id: &'a str,
+    pub hostname: &'a str,
+    /// `vmlet.io/cloud-init-user-data` (a YAML mapping, checked by the config crate).
+    pub user_data: Option<&'a str>,
+    pub ssh_keys: &'a [String],
+    /// The container spec's environment (`NAME=value`).
+    pub env: &'a [String],
+    pub interfaces: &'a [Interface],
+    pub dns: &'a Dns,
+    /// Whether the seed has a `network-config` (without it, cloud-init falls back to DHCP
+    /// on the first interface).
+    pub network_config: bool,
+}
+
+/// The seed's files.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Seed {
+    pub meta_data: String,
+    pub user_data: String,
+    pub network_config: Option<String>,
+}
+
+/// The boundary between user-data's parts; a user-data that contains it is refused.
+const BOUNDARY: &str = "==vmlet-nocloud-boundary==";
+/// How cloud-init merges vmlet's part into the pod's: lists are appended to, mappings merged.
+const MERGE_TYPE: &str = "list(append)+dict(recurse_array)+str()";
+
+fn bad_user_data(what: &str) -> Error {
+    Error::InvalidArgument(format!("vmlet.io/cloud-init-user-data: {what}"))
+}
+
+impl Seed {
+    /// Builds the seed's files; a user-data that holds the MIME boundary vmlet uses is an
+    /// error that says so.
+    pub fn build(input: &SeedInput) -> Result<Seed, Error> {
+        let meta = json!({
+            "instance-id": input.instance_id,
+            "local-hostname": input.hostname,
+        });
+        Ok(Seed {
+            meta_data: meta.to_string(),
+            user_data: user_data(input)?,
+            network_config: input
+                .network_config
+                .then(|| network_config(input.interfaces, input.dns)),
+        })
+    }
+
+    /// Writes the files into `dir` (a directory of the shim's own, which must not hold
+    /// them yet) and makes the ISO 9660 volume `iso` of them with `xorrisofs`.
+    pub async fn write_iso(&self, dir: &Path, iso: &Path) -> Result<(), Error> {
+        let files = [
+            ("meta-data", Some(&self.meta_data)),
+            ("user-data", Some(&self.user_data)),
+            ("network-config", self.network_config.as_ref()),
+        ];
+        for (name, content) in files {
+            let Some(content) = content else { continue };
+            let path = dir.join(name);
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&path)
+                .and_then(|mut f| std::io::Write::write_all(&mut f, content.as_bytes()))
+                .map_err(|e| Error::io(format!("write {}", path.display()), e))?;
+        }
+        let args = [
+            "-quiet".as_ref(),
+            "-volid".as_ref(),
+            VOLUME_LABEL.as_ref(),
+            "-joliet".as_ref(),
+            "-rock".as_ref(),
+            "-output".as_ref(),
+            iso.as_os_str(),
+            dir.as_os_str(),
+        ];
+        let what = format!("{} (the cloud-init seed)", iso.display());
+        host_command::run_tool("xorrisofs", &args, XORRISOFS_DEADLINE, &what).await
+    }
+}
+
+/// vmlet's own cloud-config: the SSH keys and the environment file.
+fn vmlet_part(input: &SeedInput) -> Option<Value> {
+    let mut part = Map::new();
+    if !input.ssh_keys.is_empty() {
+        part.insert("ssh_authorized_keys".into(), json!(input.ssh_keys));
+    }
+    if !input.env.is_empty() {
+        let mut content = String::new();
+        for var in input.env {
+            // One line per variable: a newline in a value is written as `\n`.
+            content.push_str(&var.replace('\n', "\\n"));
+            content.push('\n');
+        }
+        part.insert(
+            "write_files".into(),
+            json!([{"path": ENVIRONMENT_FILE, "content": content, "permissions": "0644"}]),
+        );
+    }
+    (!part.is_empty()).then_some(Value::Object(part))
+}
+
+/// The pod's user-data as it was written (cloud-init reads it as YAML 1.1, which vmlet
+/// does not re-serialize), and vmlet's part beside it in a MIME multipart whose merge
+/// type appends vmlet's keys and files to the pod's own lists.
+fn user_data(input: &SeedInput) -> Result<String, Error> {
+    let ours = vmlet_part(input);
+    let theirs = input.user_data.map(|text| {
+        if text.starts_with("#cloud-config") {
+            text.to_owned()
+        } else {
+            format!("#cloud-config\n{text}")
+        }
+    });
+    match (theirs, ours) {
+        (None, None) => Ok("#cloud-config\n{}\n".into()),
+        (None, Some(ours)) => Ok(format!("#cloud-config\n{ours}\n")),
+        (Some(theirs), None) => Ok(theirs),
+        (Some(theirs), Some(ours)) => {
+            if theirs.contains(BOUNDARY) {
+                return Err(bad_user_data(&format!(
+                    "contains {BOUNDARY}, the boundary vmlet puts between its parts"
+                )));
+            }
+            Ok(format!(
+                "Content-Type: multipart/mixed; boundary=\"{BOUNDARY}\"\nMIME-Version: 1.0\n\n\
+                 --{BOUNDARY}\nContent-Type: text/cloud-config; charset=\"utf-8\"\n\n{theirs}\n\
+                 --{BOUNDARY}\nContent-Type: text/cloud-config; charset=\"utf-8\"\nMerge-Type: {MERGE_TYPE}\n\n\
+                 #cloud-config\n{ours}\n--{BOUNDARY}--\n"
+            ))
+        }
+    }
+}
+
+fn cidr(net: &IpNet) -> String {
+    format!("{}/{}", net.addr, net.prefix)
+}
+
+/// Version 2 network config, as JSON (which YAML reads): every value a quoted string or a
+/// number, so no MAC address reads as a YAML 1.1 base-60 integer.
+fn network_config(interfaces: &[Interface], dns: &Dns) -> String {
+    let mut ethernets = Map::new();
+    for iface in interfaces {
+        let addresses: Vec<String> = iface
+            .addresses
+            .iter()
+            .filter(|a| !vmlet_netns::is_link_local(&a.addr))
+            .map(cidr)
+            .collect();
+        // The default routes as gateway4 / gateway6 (which every renderer applies;
+        // ifupdown's needs no net-tools for them), other routes through a gateway as
+        // routes; the kernel makes the on-link ones from the addresses.
+        let mut gateways = Map::new();
+        let mut routes = Vec::new();
+        for route in &iface.routes {
+            let Some(via) = route.gateway else { continue };
+            match &route.destination {
+                None if via.is_ipv4() => {
+                    gateways.insert("gateway4".into(), json!(via.to_string()));
+                }
+                None => {
+                    gateways.insert("gateway6".into(), json!(via.to_string()));
+                }
+                Some(net) => routes.push(json!({"to": cidr(net), "via": via.to_string()})),
+            }
+        }
+        let mut eth = json!({
+            "match": {"macaddress": iface.mac_string()},
+            "set-name": iface.name,
+            "mtu": iface.mtu,
+            "addresses": addresses,
+        });
+        if let Value::Object(eth) = &mut eth {
+            eth.extend(gateways);
+        }
+        if !routes.is_empty() {
+            eth["routes"] = Value::Array(routes);
+        }
+        if !dns.nameservers.is_empty() || !dns.search.is_empty() {
+            let servers: Vec<String> = dns.nameservers.iter().map(|a| a.to_string()).collect();
+            eth["nameservers"] = json!({"addresses": servers, "search": dns.search});
+        }
+        ethernets.insert(iface.name.clone(), eth);
+    }
+    json!({"version": 2, "ethernets": ethernets}).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vmlet_netns::Route;
+
+    fn pod_interface() -> Interface {
+        Interface {
+            name: "eth0".into(),
+            index: 2,
+            mac: [0x52, 0x54, 0, 0x12, 0x34, 0x56],
+            mtu: 1450,
+            addresses: vec![
+                IpNet {
+                    addr: "10.88.0.5".parse().unwrap(),
+                    prefix: 16,
+                },
+                IpNet {
+                    addr: "fe80::1".parse().unwrap(),
+                    prefix: 64,
+                },
+            ],
+            routes: vec![
+                Route {
+                    destination: None,
+                    gateway: Some("10.88.0.1".parse().unwrap()),
+                },
+                Route {
+                    destination: Some(IpNet {
+                        addr: "10.88.0.0".parse().unwrap(),
+                        prefix: 16,
+                    }),
+                    gateway: None,
+                },
+                Route {
+                    destination: Some(IpNet {
+                        addr: "10.99.0.0".parse().unwrap(),
+                        prefix: 16,
+                    }),
+                    gateway: Some("10.88.0.254".parse().unwrap()),
+                },
+            ],
+        }
+    }
+
+    fn input<'a>(
+        user_data: Option<&'a str>,
+        ssh_keys: &'a [String],
+        env: &'a [String],
+        interfaces: &'a [Interface],
+        dns: &'a Dns,
+    ) -> SeedInput<'a> {
+        SeedInput {
+            instance_id: "0c5d-uid",
+            hostname: "web-0",
+            user_data,
+            ssh_keys,
+            env,
+            interfaces,
+            dns,
+            network_config: true,
+        }
+    }
+
+    fn parse(text: &str) -> Value {
+        serde_json::from_str(text).unwrap()
+    }
+
+    /// vmlet's part of a user-data (its last `#cloud-config` document).
+    fn our_part(user_data: &str) -> Value {
+        let json = user_data.rsplit("#cloud-config\n").next().unwrap();
+        let json = json.split(&format!("\n--{BOUNDARY}--")).next().unwrap();
+        parse(json)
+    }
+
+    #[test]
+    fn meta_data_names_the_instance_and_host() {
+        let dns = Dns::default();
+        let seed = Seed::build(&input(None, &[], &[], &[], &dns)).unwrap();
+        let meta = parse(&seed.meta_data);
+        assert_eq!(meta["instance-id"], "0c5d-uid");
+        assert_eq!(meta["local-hostname"], "web-0");
+        assert_eq!(seed.user_data, "#cloud-config\n{}\n");
+    }
+
+    #[test]
+    fn user_data_is_kept_as_written_beside_the_keys_and_the_environment() {
+        let dns = Dns::default();
+        let keys = vec!["ssh-ed25519 AAAAC3Nza new".to_owned()];
+        let env = vec!["PATH=/usr/bin".to_owned(), "TWO=a\nb".to_owned()];
+        let user = "ssh_pwauth: yes\nruncmd:\n  - echo hi\n";
+        let seed = Seed::build(&input(Some(user), &keys, &env, &[], &dns)).unwrap();
+        assert!(seed.user_data.starts_with("Content-Type: multipart/mixed"));
+        assert!(seed.user_data.contains(&format!("#cloud-config\n{user}\n")));
+        assert!(seed
+            .user_data
+            .contains(&format!("Merge-Type: {MERGE_TYPE}")));
+        let ours = our_part(&seed.user_data);
+        assert_eq!(
+            ours["ssh_authorized_keys"],
+            json!(["ssh-ed25519 AAAAC3Nza new"])
+        );
+        assert_eq!(ours["write_files"][0]["path"], ENVIRONMENT_FILE);
+        assert_eq!(
+            ours["write_files"][0]["content"],
+            "PATH=/usr/bin\nTWO=a\\nb\n"
+        );
+        assert_eq!(ours["write_files"][0]["permissions"], "0644");
+
+        // Alone, either part is the whole user-data.
+        let seed = Seed::build(&input(Some(user), &[], &[], &[], &dns)).unwrap();
+        assert_eq!(seed.user_data, format!("#cloud-config\n{user}"));
+        let seed = Seed::build(&input(None, &keys, &[], &[], &dns)).unwrap();
+        assert_eq!(
+            our_part(&seed.user_data)["ssh_authorized_keys"][0],
+            "ssh-ed25519 AAAAC3Nza new"
+        );
+    }
+
+    #[test]
+    fn user_data_holding_the_boundary_is_refused_by_name() {
+        let dns = Dns::default();
+        let keys = vec!["ssh-ed25519 AAAA k".to_owned()];
+        let user = format!("runcmd: ['echo --{BOUNDARY}']");
+        let err = Seed::build(&input(Some(&user), &keys, &[], &[], &dns))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("vmlet.io/cloud-init-user-data: contains"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn an_annotation_cannot_add_keys_to_meta_data() {
+        let dns = Dns::default();
+        let mut seed_input = input(None, &[], &[], &[], &dns);
+        seed_input.hostname = "x\ninstance-id: other";
+        let meta = parse(&Seed::build(&seed_input).unwrap().meta_data);
+        assert_eq!(meta["instance-id"], "0c5d-uid");
+        assert_eq!(meta["local-hostname"], "x\ninstance-id: other");
+    }
+
+    #[tokio::test]
+    async fn a_resolv_conf_is_read_up_to_its_bound() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("resolv.conf");
+        // A server past the bound is not read.
+        let text = format!(
+            "nameserver 10.0.0.1\n#{}\nnameserver 10.0.0.2\n",
+            "x".repeat(MAX_RESOLV_CONF as usize)
+        );
+        std::fs::write(&path, text).unwrap();
+        let dns = Dns::read(&path).await.unwrap();
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(dns.nameservers, ["10.0.0.1".parse::<IpAddr>().unwrap()]);
+        let err = Dns::read(&path).await.unwrap_err();
+        assert!(err.message().contains("read the pod's DNS"), "{err}");
+    }
+
+    /// What a pod's volume can put at `/etc/resolv.conf` besides a file is refused by
+    /// name, without opening it: a FIFO (whose open or read would wait for a writer), a
+    /// device node (the watchdog acts when opened), a link.
+    #[tokio::test]
+    async fn only_a_regular_file_is_read_for_the_pods_dns() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("fifo");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        let link = dir.path().join("link");
+        let target = dir.path().join("target");
+        std::fs::write(&target, "nameserver 10.0.0.1\n").unwrap();
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        for (path, named) in [
+            (fifo.as_path(), "a FIFO"),
+            (Path::new("/dev/null"), "a device node"),
+            (link.as_path(), "a symbolic link"),
+            (dir.path(), "a directory"),
+        ] {
+            let err = tokio::time::timeout(Duration::from_secs(2), Dns::read(path))
+                .await
+                .expect("refused at once, not blocked")
+                .unwrap_err();
+            assert!(matches!(err, Error::InvalidArgument(_)), "{err:?}");
+            assert!(err.message().contains(named), "{path:?}: {err}");
+        }
+        assert_eq!(Dns::read(&target).await.unwrap().nameservers.len(), 1);
+    }
+
+    #[test]
+    fn network_config_carries_what_cni_gave() {
+        let dns = Dns::from_resolv_conf(
+            "# written by containerd\nsearch default.svc cluster.local\nnameserver 10.96.0.10\nnameserver bogus\noptions ndots:5\n",
+        );
+        let interfaces = [pod_interface()];
+        let seed = Seed::build(&input(None, &[], &[], &interfaces, &dns)).unwrap();
+        let net = parse(seed.network_config.as_deref().unwrap());
+        assert_eq!(net["version"], 2);
+        let eth = &net["ethernets"]["eth0"];
+        assert_eq!(eth["match"]["macaddress"], "52:54:00:12:34:56");
+        assert_eq!(eth["set-name"], "eth0");
+        assert_eq!(eth["mtu"], 1450);
+        assert_eq!(eth["addresses"], json!(["10.88.0.5/16"]));
+        assert_eq!(eth["gateway4"], "10.88.0.1");
+        assert_eq!(
+            eth["routes"],
+            json!([{"to": "10.99.0.0/16", "via": "10.88.0.254"}])
+        );
+        assert_eq!(eth.get("gateway6"), None);
+        assert_eq!(eth["nameservers"]["addresses"], json!(["10.96.0.10"]));
+        assert_eq!(
+            eth["nameservers"]["search"],
+            json!(["default.svc", "cluster.local"])
+        );
+
+        let mut without = input(None, &[], &[], &interfaces, &dns);
+        without.network_config = false;
+        assert_eq!(Seed::build(&without).unwrap().network_config, None);
+    }
+
+    /// With `xorrisofs` (installed by scripts/install-deps): the volume has cloud-init's
+    /// label and the files.
+    #[tokio::test]
+    async fn the_seed_volume_is_labelled_cidata() {
+        let dns = Dns::default();
+        let interfaces = [pod_interface()];
+        let seed =
+            Seed::build(&input(Some("runcmd: [true]"), &[], &[], &interfaces, &dns)).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("files")).unwrap();
+        let iso = dir.path().join("seed.iso");
+        seed.write_iso(&dir.path().join("files"), &iso)
+            .await
+            .unwrap();
+        let listing = std::process::Command::new("xorriso")
+            .args(["-indev"])
+            .arg(&iso)
+            .args(["-pvd_info", "-ls", "/"])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&listing.stdout).into_owned()
+            + &String::from_utf8_lossy(&listing.stderr);
+        assert!(text.contains("Volume Id    : cidata"), "{text}");
+        for name in ["meta-data", "user-data", "network-config"] {
+            assert!(text.contains(&format!("'{name}'")), "{name}: {text}");
+        }
+    }
+}

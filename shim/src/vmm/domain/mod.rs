@@ -1,0 +1,641 @@
+//! The libvirt domain, rendered from typed structs (one per device) with serde + quick-xml.
+
+use serde::Serialize;
+use vmlet_config::CpuModel;
+
+use crate::Error;
+
+mod attrs;
+mod disk_xml;
+mod guest;
+mod xml;
+pub use attrs::*;
+pub use disk_xml::*;
+pub use guest::*;
+pub use xml::*;
+
+/// The QEMU namespace for `<qemu:commandline>`.
+const QEMU_NS: &str = "http://libvirt.org/schemas/domain/qemu/1.0";
+
+impl Cpu {
+    /// `cpu` with the one NUMA cell a VM that can grow needs (an empty `<cpu>` when the VM
+    /// had none: libvirt's default model).
+    fn with_numa(cpu: Option<Self>, p: &DomainParams) -> Option<Self> {
+        if p.hotplug_mib == 0 {
+            return cpu;
+        }
+        let mut cpu = cpu.unwrap_or_default();
+        cpu.numa = Some(Numa {
+            cell: NumaCell {
+                id: 0,
+                cpus: format!("0-{}", p.vcpus.saturating_sub(1)),
+                memory: p.memory_mib,
+                unit: "MiB",
+            },
+        });
+        Some(cpu)
+    }
+
+    fn mode(mode: &str) -> Self {
+        Cpu {
+            mode: Some(mode.into()),
+            ..Default::default()
+        }
+    }
+
+    /// The pod's CPU model; without one, the host's CPU under KVM and QEMU's default under
+    /// TCG.
+    fn for_model(model: Option<&CpuModel>, kvm: bool) -> Option<Self> {
+        match model {
+            None => kvm.then(|| Cpu::mode("host-passthrough")),
+            Some(CpuModel::Named(name)) => Some(Cpu {
+                match_: Some("exact".into()),
+                model: Some(CpuModelXml {
+                    fallback: Some("forbid".into()),
+                    name: name.clone(),
+                }),
+                ..Cpu::mode("custom")
+            }),
+            Some(CpuModel::Libvirt(s)) => Some(Cpu {
+                mode: s.mode.clone(),
+                match_: s.match_.clone(),
+                check: s.check.clone(),
+                model: s.model.as_ref().map(|m| CpuModelXml {
+                    fallback: m.fallback.clone(),
+                    name: m.name.clone(),
+                }),
+                vendor: s.vendor.clone(),
+                features: s
+                    .features
+                    .iter()
+                    .map(|f| CpuFeatureXml {
+                        policy: f.policy.clone(),
+                        name: f.name.clone(),
+                    })
+                    .collect(),
+                numa: None,
+            }),
+            Some(host) => host.host_mode().map(Cpu::mode),
+        }
+    }
+}
+
+/// Namespace of vmlet's own domain metadata (the pod id marks vmlet's domains).
+pub const VMLET_METADATA_NS: &str = "https://vmlet.io/xmlns/domain/1";
+
+/// Everything a domain is built from.
+#[derive(Debug, Clone)]
+pub struct DomainParams {
+    pub name: String,
+    pub pod_id: String,
+    pub kvm: bool,
+    /// A cap on QEMU's translation cache (MiB) when `kvm` is off (none: QEMU's default).
+    pub tcg_translation_cache_mib: Option<u64>,
+    /// A balloon that reports the guest's free pages (none when off).
+    pub free_page_reporting: bool,
+    pub vcpus: u32,
+    pub memory_mib: u64,
+    /// The virtio-mem region the VM may grow by (0: it cannot grow); a multiple of
+    /// [`crate::devices::memory::BLOCK_MIB`].
+    pub hotplug_mib: u64,
+    pub machine: String,
+    /// The pod's CPU model (`vmlet.io/cpu-model`), if it chose one.
+    pub cpu_model: Option<CpuModel>,
+    /// What the VM runs.
+    pub guest: GuestBoot,
+    pub emulator: String,
+    pub qemu: String,
+    pub console: ConsoleTarget,
+    /// The shim's tap socket, for `vmlet-vmwrapper`, when the pod has a network.
+    pub tap_socket: Option<String>,
+    /// The shim's socket vmlet's QMP monitor connects to (block device hot-plug).
+    pub qmp_socket: String,
+}
+
+impl DomainParams {
+    /// What the VM's QEMU opens that its command line beside libvirt's model names
+    /// (`<qemu:commandline>`, and the wrapper as its emulator): libvirt's AppArmor helper
+    /// sees none of it, so the pod's profile names it ([`crate::vmm::pod_apparmor`]).
+    pub fn qemu_files(&self) -> Vec<crate::vmm::pod_apparmor::PodFile> {
+        use crate::vmm::pod_apparmor::{Access, PodFile};
+        let file = |path: &str, access| PodFile {
+            path: path.to_owned(),
+            access,
+        };
+        let mut files = vec![file(&self.emulator, Access::Exec)];
+        if let Some(socket) = &self.tap_socket {
+            files.push(file(socket, Access::ReadWrite));
+        }
+        if let GuestBoot::Agent(agent) = &self.guest {
+            files.push(file(&agent.key_file, Access::Read));
+        }
+        match &self.guest {
+            GuestBoot::Agent(AgentGuest {
+                vsock: VsockDevice::VhostUser { socket },
+                ..
+            }) => files.push(file(socket, Access::ReadWrite)),
+            GuestBoot::Image(image) if image.root_bus == RootBus::Nvme => {
+                files.push(file(&image.overlay, Access::ReadWriteLock));
+                files.push(file(&image.backing, Access::ReadLock));
+            }
+            _ => {}
+        }
+        files.push(file(&self.qmp_socket, Access::ReadWrite));
+        files
+    }
+}
+
+/// Where the serial console (the guest's `ttyS0`) goes.
+#[derive(Debug, Clone)]
+pub enum ConsoleTarget {
+    /// A file (written by libvirt's virtlogd): vmlet's guest, whose console only the shim
+    /// and `vmletctl console` read.
+    File(String),
+    /// A Unix socket the shim listens on and QEMU connects: a VM image's console, which is
+    /// its task's stdout and stdin ([`crate::vm_mode::serial_console`]).
+    Socket(String),
+}
+
+impl ConsoleTarget {
+    fn serial(&self) -> Serial {
+        match self {
+            ConsoleTarget::File(path) => Serial {
+                kind: "file",
+                source: SerialSource {
+                    mode: None,
+                    path: path.clone(),
+                },
+            },
+            ConsoleTarget::Socket(path) => Serial {
+                kind: "unix",
+                source: SerialSource {
+                    mode: Some("connect"),
+                    path: path.clone(),
+                },
+            },
+        }
+    }
+}
+
+/// How the guest's vsock device is provided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VsockDevice {
+    /// Kernel vhost-vsock, CID chosen by libvirt.
+    Vhost,
+    /// `vhost-user-vsock-pci` connected to a `vhost-device-vsock` socket.
+    VhostUser { socket: String },
+}
+
+impl Domain {
+    pub fn new(p: &DomainParams) -> Self {
+        let (commandline, vsock) = qemu_commandline(p);
+        Domain {
+            kind: if p.kvm { "kvm" } else { "qemu" }.into(),
+            qemu_ns: QEMU_NS,
+            name: p.name.clone(),
+            metadata: metadata(p),
+            max_memory: (p.hotplug_mib > 0).then(|| MaxMemory {
+                slots: 1,
+                unit: "MiB",
+                value: p.memory_mib + p.hotplug_mib,
+            }),
+            memory: Memory {
+                unit: "MiB",
+                value: p.memory_mib,
+            },
+            vcpu: p.vcpus,
+            memory_backing: MemoryBacking {
+                source: TypeAttr {
+                    kind: "memfd".into(),
+                },
+                access: ModeAttr {
+                    mode: "shared".into(),
+                },
+            },
+            os: p.guest.os(OsType {
+                arch: "x86_64",
+                machine: p.machine.clone(),
+                value: "hvm",
+            }),
+            features: features(p),
+            cpu: Cpu::with_numa(Cpu::for_model(p.cpu_model.as_ref(), p.kvm), p),
+            on_poweroff: "destroy",
+            on_reboot: "destroy",
+            on_crash: "destroy",
+            devices: Devices {
+                emulator: p.emulator.clone(),
+                disk: p.guest.disks(),
+                filesystem: p.guest.filesystems(),
+                serial: p.console.serial(),
+                vsock,
+                controller: p.guest.controllers(),
+                memballoon: if p.free_page_reporting {
+                    Memballoon::reporting_free_pages()
+                } else {
+                    Memballoon::none()
+                },
+                memory: memory_device(p),
+            },
+            qemu_commandline: commandline,
+        }
+    }
+
+    pub fn to_xml(&self) -> Result<String, Error> {
+        let mut xml = String::new();
+        let ser = quick_xml::se::Serializer::new(&mut xml);
+        self.serialize(ser)
+            .map_err(|e| Error::Internal(format!("render domain XML: {e}")))?;
+        Ok(xml)
+    }
+}
+
+/// vmlet's part of QEMU's command line (`<qemu:commandline>`): the wrapper's environment,
+/// the agent's key on fw_cfg, the vsock device libvirt does not make (vhost-user), a VM
+/// image's NVMe root, the block devices' QMP; and the vsock device libvirt makes, if any.
+fn qemu_commandline(p: &DomainParams) -> (QemuCommandline, Option<Vsock>) {
+    let mut commandline = QemuCommandline::default();
+    commandline.env.push(QemuEnv {
+        name: "VMLET_QEMU".into(),
+        value: p.qemu.clone(),
+    });
+    if let Some(socket) = &p.tap_socket {
+        commandline.env.push(QemuEnv {
+            name: crate::host::taps::TAP_SOCKET_ENV.into(),
+            value: socket.clone(),
+        });
+    }
+    let vsock = match &p.guest {
+        GuestBoot::Image(_) => None,
+        GuestBoot::Agent(AgentGuest {
+            vsock: VsockDevice::Vhost,
+            ..
+        }) => Some(Vsock {
+            model: "virtio",
+            cid: Cid { auto: "yes" },
+        }),
+        GuestBoot::Agent(AgentGuest {
+            vsock: VsockDevice::VhostUser { socket },
+            ..
+        }) => {
+            for arg in [
+                "-chardev".to_string(),
+                format!("socket,id=vmlet-vsock,path={socket}"),
+                "-device".to_string(),
+                format!(
+                    "vhost-user-vsock-pci,chardev=vmlet-vsock,bus=pcie.0,addr={}",
+                    crate::devices::pci_layout::hex(crate::devices::pci_layout::VSOCK)
+                ),
+            ] {
+                commandline.args.push(QemuArg { value: arg });
+            }
+            None
+        }
+    };
+    if let GuestBoot::Agent(agent) = &p.guest {
+        commandline.args.push(QemuArg {
+            value: "-fw_cfg".into(),
+        });
+        commandline.args.push(QemuArg {
+            value: format!(
+                "name={},file={}",
+                vmlet_protocol::auth::FW_CFG_NAME,
+                agent.key_file
+            ),
+        });
+    }
+    if let GuestBoot::Image(image) = &p.guest {
+        for arg in image.nvme_root_args() {
+            commandline.args.push(QemuArg { value: arg });
+        }
+    }
+    for arg in crate::devices::block_devices::qemu_args(&p.qmp_socket) {
+        commandline.args.push(QemuArg { value: arg });
+    }
+    (commandline, vsock)
+}
+
+/// vmlet's metadata: the pod the domain is, and the files its QEMU may open.
+fn metadata(p: &DomainParams) -> Metadata {
+    Metadata {
+        pod: VmletPod {
+            ns: VMLET_METADATA_NS,
+            id: p.pod_id.clone(),
+            files: p
+                .qemu_files()
+                .into_iter()
+                .map(|f| VmletFile {
+                    path: f.path,
+                    access: f.access.as_str(),
+                })
+                .collect(),
+        },
+    }
+}
+
+/// ACPI, and TCG's translation cache where the node config sizes it.
+fn features(p: &DomainParams) -> Features {
+    Features {
+        acpi: Empty {},
+        tcg: p
+            .tcg_translation_cache_mib
+            .filter(|_| !p.kvm)
+            .map(|mib| Tcg {
+                tb_cache: Memory {
+                    unit: "MiB",
+                    value: mib,
+                },
+            }),
+    }
+}
+
+/// The virtio-mem device a VM that can grow has (none without hot-plug memory).
+fn memory_device(p: &DomainParams) -> Option<MemoryDevice> {
+    (p.hotplug_mib > 0).then(|| MemoryDevice {
+        model: "virtio-mem",
+        target: MemoryTarget {
+            size: Memory {
+                unit: "MiB",
+                value: p.hotplug_mib,
+            },
+            node: 0,
+            block: Memory {
+                unit: "MiB",
+                value: crate::devices::memory::BLOCK_MIB,
+            },
+            requested: Memory {
+                unit: "MiB",
+                value: 0,
+            },
+        },
+        alias: NameAttr {
+            name: crate::devices::memory::DEVICE_ID.into(),
+        },
+        address: PciAddress::root_bus(crate::devices::pci_layout::MEMORY_DEVICE),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vmlet_config::Firmware;
+
+    fn params(vsock: VsockDevice) -> DomainParams {
+        DomainParams {
+            name: "vmlet-t1".into(),
+            pod_id: "t1".into(),
+            kvm: false,
+            tcg_translation_cache_mib: Some(16),
+            free_page_reporting: true,
+            vcpus: 2,
+            memory_mib: 512,
+            hotplug_mib: 0,
+            machine: "q35".into(),
+            cpu_model: None,
+            guest: GuestBoot::Agent(AgentGuest {
+                kernel: "/img/vmlinuz".into(),
+                initrd: "/img/initrd.img".into(),
+                cmdline: "console=ttyS0 vmlet.share=vmlet".into(),
+                virtiofsd: "/usr/local/bin/virtiofsd".into(),
+                share_dir: "/run/vmlet/t1/share".into(),
+                share_tag: "vmlet".into(),
+                vsock,
+                key_file: "/run/vmlet/t1/agent.key".into(),
+            }),
+            emulator: "/usr/local/bin/vmlet-vmwrapper".into(),
+            qemu: "/usr/bin/qemu-system-x86_64".into(),
+            console: ConsoleTarget::File("/run/vmlet/t1/console.log".into()),
+            tap_socket: Some("/run/vmlet/t1/taps.sock".into()),
+            qmp_socket: "/run/vmlet/t1/qmp.sock".into(),
+        }
+    }
+
+    #[test]
+    fn renders_tcg_domain_with_vhost_user_vsock() {
+        let xml = Domain::new(&params(VsockDevice::VhostUser {
+            socket: "/run/vmlet/t1/vhost.sock".into(),
+        }))
+        .to_xml()
+        .unwrap();
+        for expected in [
+            "<domain type=\"qemu\" xmlns:qemu=\"http://libvirt.org/schemas/domain/qemu/1.0\">",
+            "<name>vmlet-t1</name>",
+            "<memory unit=\"MiB\">512</memory>",
+            "<vcpu>2</vcpu>",
+            "<source type=\"memfd\"/>",
+            "<access mode=\"shared\"/>",
+            "<type arch=\"x86_64\" machine=\"q35\">hvm</type>",
+            "<emulator>/usr/local/bin/vmlet-vmwrapper</emulator>",
+            "<driver type=\"virtiofs\"/>",
+            "<binary path=\"/usr/local/bin/virtiofsd\"/>",
+            "<source dir=\"/run/vmlet/t1/share\"/>",
+            "<target dir=\"vmlet\"/>",
+            "<serial type=\"file\"><source path=\"/run/vmlet/t1/console.log\"/></serial>",
+            "<qemu:arg value=\"socket,id=vmlet-vsock,path=/run/vmlet/t1/vhost.sock\"/>",
+            "<qemu:env name=\"VMLET_QEMU\" value=\"/usr/bin/qemu-system-x86_64\"/>",
+            "<qemu:env name=\"VMLET_TAP_SOCKET\" value=\"/run/vmlet/t1/taps.sock\"/>",
+            "<qemu:arg value=\"socket,id=vmlet-qmp,path=/run/vmlet/t1/qmp.sock\"/>",
+            "<qemu:arg value=\"chardev=vmlet-qmp,mode=control\"/>",
+            "<qemu:arg value=\"pcie-root-port,id=vmlet-hp3,bus=pcie.0,addr=0x1d,chassis=203,port=0x23\"/>",
+            "<qemu:arg value=\"-fw_cfg\"/><qemu:arg value=\"name=opt/vmlet/agent-key,file=/run/vmlet/t1/agent.key\"/>",
+            "<vmlet:pod xmlns:vmlet=\"https://vmlet.io/xmlns/domain/1\" id=\"t1\"><vmlet:file path=\"/usr/local/bin/vmlet-vmwrapper\" access=\"rmix\"/><vmlet:file path=\"/run/vmlet/t1/taps.sock\" access=\"rw\"/><vmlet:file path=\"/run/vmlet/t1/agent.key\" access=\"r\"/><vmlet:file path=\"/run/vmlet/t1/vhost.sock\" access=\"rw\"/><vmlet:file path=\"/run/vmlet/t1/qmp.sock\" access=\"rw\"/></vmlet:pod>",
+            "<features><acpi/><tcg><tb-cache unit=\"MiB\">16</tb-cache></tcg></features>",
+            "<memballoon model=\"virtio\" freePageReporting=\"on\"><address type=\"pci\" domain=\"0x0000\" bus=\"0x00\" slot=\"0x1e\" function=\"0x0\"/></memballoon>",
+        ] {
+            assert!(xml.contains(expected), "missing {expected} in\n{xml}");
+        }
+        assert!(!xml.contains("<vsock"), "{xml}");
+    }
+
+    /// A VM image's guest: its qcow2 disk under the overlay, the seed beside it.
+    fn image_guest(root_bus: RootBus, firmware: Firmware) -> GuestBoot {
+        GuestBoot::Image(ImageDisks {
+            overlay: "/run/vmlet/t1/root.qcow2".into(),
+            backing: "/run/vmlet/t1/rootfs/disk/debian.qcow2".into(),
+            backing_format: crate::vm_mode::vm_disk::DiskFormat::Qcow2,
+            seed: "/run/vmlet/t1/seed.iso".into(),
+            root_bus,
+            firmware,
+        })
+    }
+
+    #[test]
+    fn a_vm_image_boots_its_overlay_with_firmware_and_the_seed_beside_it() {
+        let mut p = params(VsockDevice::Vhost);
+        p.guest = image_guest(RootBus::Virtio, Firmware::Bios);
+        p.console = ConsoleTarget::Socket("/run/vmlet/t1/console.sock".into());
+        let xml = Domain::new(&p).to_xml().unwrap();
+        for expected in [
+            "<os><type arch=\"x86_64\" machine=\"q35\">hvm</type><boot dev=\"hd\"/></os>",
+            "<disk type=\"file\" device=\"disk\"><driver name=\"qemu\" type=\"qcow2\"/><source file=\"/run/vmlet/t1/root.qcow2\"/><backingStore type=\"file\"><format type=\"qcow2\"/><source file=\"/run/vmlet/t1/rootfs/disk/debian.qcow2\"><seclabel model=\"dac\" relabel=\"no\"/></source><backingStore/></backingStore><target dev=\"vda\" bus=\"virtio\"/></disk>",
+            "<disk type=\"file\" device=\"disk\"><driver name=\"qemu\" type=\"raw\"/><source file=\"/run/vmlet/t1/seed.iso\"/><backingStore/><target dev=\"vdb\" bus=\"virtio\"/><readonly/></disk>",
+            "<serial type=\"unix\"><source mode=\"connect\" path=\"/run/vmlet/t1/console.sock\"/></serial>",
+            "<qemu:env name=\"VMLET_TAP_SOCKET\" value=\"/run/vmlet/t1/taps.sock\"/>",
+        ] {
+            assert!(xml.contains(expected), "missing {expected} in\n{xml}");
+        }
+        for absent in ["<kernel>", "<filesystem", "<vsock", "vhost-user-vsock"] {
+            assert!(!xml.contains(absent), "{absent} in\n{xml}");
+        }
+    }
+
+    #[test]
+    fn a_vm_image_boots_with_ovmf_when_asked() {
+        let mut p = params(VsockDevice::Vhost);
+        p.guest = image_guest(RootBus::Virtio, Firmware::Uefi);
+        let xml = Domain::new(&p).to_xml().unwrap();
+        let os = "<os firmware=\"efi\"><type arch=\"x86_64\" machine=\"q35\">hvm</type><firmware><feature enabled=\"no\" name=\"secure-boot\"/><feature enabled=\"no\" name=\"enrolled-keys\"/></firmware><boot dev=\"hd\"/></os>";
+        assert!(xml.contains(os), "{xml}");
+    }
+
+    #[test]
+    fn a_vm_images_root_disk_takes_the_pods_disk_driver() {
+        let mut p = params(VsockDevice::Vhost);
+        p.guest = image_guest(RootBus::Scsi, Firmware::Bios);
+        let xml = Domain::new(&p).to_xml().unwrap();
+        assert!(xml.contains("<target dev=\"sda\" bus=\"scsi\"/>"), "{xml}");
+        assert!(
+            xml.contains("<controller type=\"scsi\" model=\"virtio-scsi\"/>"),
+            "{xml}"
+        );
+        assert!(
+            xml.contains("<target dev=\"vdb\" bus=\"virtio\"/>"),
+            "the seed: {xml}"
+        );
+        assert_eq!(RootBus::of(None), RootBus::Virtio);
+        assert_eq!(
+            RootBus::of(Some(vmlet_config::DiskDriver::Nvme)),
+            RootBus::Nvme
+        );
+        // NVMe: QEMU's own device, first in the boot order; the seed after it.
+        p.guest = image_guest(RootBus::Nvme, Firmware::Bios);
+        let xml = Domain::new(&p).to_xml().unwrap();
+        for expected in [
+            "<qemu:arg value=\"{&quot;driver&quot;:&quot;qcow2&quot;,&quot;file&quot;:{&quot;driver&quot;:&quot;file&quot;,&quot;filename&quot;:&quot;/run/vmlet/t1/root.qcow2&quot;},&quot;node-name&quot;:&quot;vmlet-root&quot;}\"/>",
+            "<qemu:arg value=\"nvme,id=vmlet-root-nvme,serial=vmlet-root,drive=vmlet-root,bootindex=1,bus=pcie.0,addr=0x10\"/>",
+            "<target dev=\"vdb\" bus=\"virtio\"/><boot order=\"2\"/><readonly/>",
+        ] {
+            assert!(xml.contains(expected), "missing {expected} in\n{xml}");
+        }
+        assert!(
+            !xml.contains("root.qcow2\"/>"),
+            "no libvirt disk for it: {xml}"
+        );
+        // libvirt's AppArmor helper does not see it: the pod's profile names it and the
+        // image's disk behind it.
+        let files: Vec<_> = crate::vmm::libvirt_xml::pod_files_in(&xml)
+            .unwrap()
+            .into_iter()
+            .map(|f| format!("{} {}", f.path, f.access.as_str()))
+            .collect();
+        assert_eq!(
+            files,
+            [
+                "/usr/local/bin/vmlet-vmwrapper rmix",
+                "/run/vmlet/t1/taps.sock rw",
+                "/run/vmlet/t1/root.qcow2 rwk",
+                "/run/vmlet/t1/rootfs/disk/debian.qcow2 rk",
+                "/run/vmlet/t1/qmp.sock rw",
+            ]
+        );
+        assert!(!xml.contains("<boot dev="), "{xml}");
+    }
+
+    #[test]
+    fn renders_kvm_domain_with_vhost_vsock() {
+        let mut p = params(VsockDevice::Vhost);
+        p.kvm = true;
+        let xml = Domain::new(&p).to_xml().unwrap();
+        assert!(xml.contains("<domain type=\"kvm\""), "{xml}");
+        assert!(xml.contains("<cpu mode=\"host-passthrough\"/>"), "{xml}");
+        assert!(xml.contains("<vsock model=\"virtio\">"), "{xml}");
+        assert!(!xml.contains("vhost-user-vsock-pci"), "{xml}");
+        assert!(
+            !xml.contains("<tcg>"),
+            "KVM has no translation cache: {xml}"
+        );
+    }
+
+    #[test]
+    fn a_vm_has_no_balloon_unless_free_page_reporting_is_on() {
+        let mut p = params(VsockDevice::Vhost);
+        p.free_page_reporting = false;
+        let xml = Domain::new(&p).to_xml().unwrap();
+        assert!(xml.contains("<memballoon model=\"none\"/>"), "{xml}");
+        assert!(!xml.contains("freePageReporting"), "{xml}");
+    }
+
+    #[test]
+    fn tcg_keeps_qemus_translation_cache_unless_the_node_caps_it() {
+        let mut p = params(VsockDevice::Vhost);
+        p.tcg_translation_cache_mib = None;
+        let xml = Domain::new(&p).to_xml().unwrap();
+        assert!(!xml.contains("<tcg>"), "{xml}");
+    }
+
+    #[test]
+    fn renders_the_pods_cpu_model() {
+        let mut p = params(VsockDevice::Vhost);
+        assert!(!Domain::new(&p).to_xml().unwrap().contains("<cpu"));
+        p.cpu_model = Some(CpuModel::Named("Skylake-Client".into()));
+        let xml = Domain::new(&p).to_xml().unwrap();
+        assert!(
+            xml.contains("<cpu mode=\"custom\" match=\"exact\"><model fallback=\"forbid\">Skylake-Client</model></cpu>"),
+            "{xml}"
+        );
+        p.kvm = true;
+        p.cpu_model = Some(CpuModel::HostModel);
+        let xml = Domain::new(&p).to_xml().unwrap();
+        assert!(xml.contains("<cpu mode=\"host-model\"/>"), "{xml}");
+    }
+
+    #[test]
+    fn renders_virtlets_libvirt_cpu_setting() {
+        let mut p = params(VsockDevice::Vhost);
+        let annotations = std::collections::HashMap::from([(
+            "VirtletLibvirtCPUSetting".to_string(),
+            "match: exact\ncheck: partial\nmodel: {value: Nehalem, fallback: allow}\nvendor: Intel\nfeatures:\n- {policy: disable, name: sse4.2}\n- {policy: require, name: vmx}\n".to_string(),
+        )]);
+        let pod = vmlet_config::PodAnnotations::from_map(
+            &annotations,
+            &["VirtletLibvirtCPUSetting".to_string()],
+        )
+        .unwrap();
+        p.cpu_model = pod.cpu_model;
+        let xml = Domain::new(&p).to_xml().unwrap();
+        assert!(
+            xml.contains("<cpu match=\"exact\" check=\"partial\"><model fallback=\"allow\">Nehalem</model><vendor>Intel</vendor><feature policy=\"disable\" name=\"sse4.2\"/><feature policy=\"require\" name=\"vmx\"/></cpu>"),
+            "{xml}"
+        );
+    }
+
+    #[test]
+    fn a_vm_that_can_grow_has_a_virtio_mem_device_and_a_numa_cell() {
+        let mut p = params(VsockDevice::Vhost);
+        p.hotplug_mib = 1536;
+        let xml = Domain::new(&p).to_xml().unwrap();
+        for expected in [
+            "<maxMemory slots=\"1\" unit=\"MiB\">2048</maxMemory>",
+            "<memory unit=\"MiB\">512</memory>",
+            "<cpu><numa><cell id=\"0\" cpus=\"0-1\" memory=\"512\" unit=\"MiB\"/></numa></cpu>",
+            "<memory model=\"virtio-mem\"><target><size unit=\"MiB\">1536</size><node>0</node><block unit=\"MiB\">4</block><requested unit=\"MiB\">0</requested></target><alias name=\"ua-vmlet-mem\"/><address type=\"pci\" domain=\"0x0000\" bus=\"0x00\" slot=\"0x11\" function=\"0x0\"/></memory>",
+        ] {
+            assert!(xml.contains(expected), "missing {expected} in\n{xml}");
+        }
+        p.kvm = true;
+        let xml = Domain::new(&p).to_xml().unwrap();
+        assert!(
+            xml.contains("<cpu mode=\"host-passthrough\"><numa>"),
+            "{xml}"
+        );
+    }
+
+    #[test]
+    fn values_are_escaped() {
+        let mut p = params(VsockDevice::Vhost);
+        if let GuestBoot::Agent(a) = &mut p.guest {
+            a.cmdline = "a<b & c".into();
+        }
+        let xml = Domain::new(&p).to_xml().unwrap();
+        assert!(xml.contains("<cmdline>a&lt;b &amp; c</cmdline>"), "{xml}");
+    }
+}

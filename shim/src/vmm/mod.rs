@@ -1,0 +1,93 @@
+//! The VM manager seam: libvirt (the `vmlet-libvirt` crate, which `vmletctl` and the
+//! `vmlet-libvirt` helper link; the shim goes through that helper, see `vmm_helper`), a
+//! fake in unit tests. Calls block; callers run them on a blocking thread.
+
+pub(crate) mod domain;
+pub mod helper;
+pub mod kvm_probe;
+pub mod libvirt_xml;
+pub mod pod_apparmor;
+
+#[cfg(any(test, feature = "fakes"))]
+use std::sync::Mutex;
+
+use crate::Error;
+
+pub trait VmManager: Send + Sync + 'static {
+    /// Whether libvirt can run `machine` guests of this emulator with KVM here.
+    fn kvm_usable(&self, emulator: &str, machine: &str) -> bool;
+    /// Defines and starts a domain; leaves nothing defined if the start fails.
+    fn start(&self, xml: &str) -> Result<(), Error>;
+    /// Stops (if running) and undefines the domain, with its UEFI variables; no such domain
+    /// is not an error.
+    fn remove(&self, name: &str) -> Result<(), Error>;
+    /// The live XML of a running domain.
+    fn live_xml(&self, name: &str) -> Result<String, Error>;
+    /// Whether the domain is running; no such domain is "not running".
+    fn is_active(&self, name: &str) -> Result<bool, Error>;
+    /// Every domain (running or only defined) carrying vmlet's pod metadata: its name,
+    /// pod id and whether it runs. Domains without the mark are not vmlet's.
+    fn vmlet_domains(&self) -> Result<Vec<VmletDomain>, Error>;
+}
+
+/// A domain vmlet made (its metadata names the pod).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct VmletDomain {
+    pub name: String,
+    pub pod_id: String,
+    pub active: bool,
+}
+
+/// An in-memory VM manager for unit tests: records what was started and removed.
+#[cfg(any(test, feature = "fakes"))]
+#[derive(Default)]
+pub struct FakeVmm {
+    pub running: Mutex<Vec<String>>,
+}
+
+#[cfg(any(test, feature = "fakes"))]
+impl VmManager for FakeVmm {
+    fn kvm_usable(&self, _: &str, _: &str) -> bool {
+        false
+    }
+
+    fn start(&self, xml: &str) -> Result<(), Error> {
+        let name = xml
+            .split("<name>")
+            .nth(1)
+            .and_then(|s| s.split("</name>").next())
+            .unwrap_or_default()
+            .to_owned();
+        self.running.lock().unwrap().push(name);
+        Ok(())
+    }
+
+    fn remove(&self, name: &str) -> Result<(), Error> {
+        self.running.lock().unwrap().retain(|n| n != name);
+        Ok(())
+    }
+
+    fn live_xml(&self, name: &str) -> Result<String, Error> {
+        Err(Error::NotFound(format!("domain {name}")))
+    }
+
+    fn is_active(&self, name: &str) -> Result<bool, Error> {
+        Ok(self.running.lock().unwrap().iter().any(|n| n == name))
+    }
+
+    fn vmlet_domains(&self) -> Result<Vec<VmletDomain>, Error> {
+        Ok(self
+            .running
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|n| {
+                Some(VmletDomain {
+                    name: n.clone(),
+                    pod_id: n.strip_prefix("vmlet-")?.to_owned(),
+                    active: true,
+                })
+            })
+            .collect())
+    }
+}
