@@ -1,0 +1,161 @@
+//! The DaemonSet installer and the cleanup Job as deploy/ ships them.
+
+use super::*;
+
+/// The installer image `make dist` writes (dist/vmlet-installer-VERSION.oci.tar).
+fn installer_image_archive() -> std::path::PathBuf {
+    let dist = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../dist"));
+    std::fs::read_dir(dist)
+        .ok()
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| {
+            let name = p.file_name().unwrap_or_default().to_string_lossy();
+            name.starts_with("vmlet-installer-") && name.ends_with(".oci.tar")
+        })
+        .expect("dist/vmlet-installer-VERSION.oci.tar: `make dist` writes it (make test does)")
+}
+
+/// A shipped manifest of deploy/ aimed at `root` instead of the node's `/`, and without the
+/// containerd restart (the scratch root has no systemd): the only changes.
+fn aimed_at(manifest: &str, root: &std::path::Path) -> String {
+    let text = std::fs::read_to_string(
+        std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy")).join(manifest),
+    )
+    .unwrap();
+    let host = "            path: /\n";
+    assert_eq!(text.matches(host).count(), 1, "{manifest}: one host path");
+    let restart = "            - --restart-containerd\n";
+    assert_eq!(text.matches(restart).count(), 1, "{manifest}: one restart");
+    text.replace(host, &format!("            path: {}\n", root.display()))
+        .replace(restart, "")
+}
+
+/// The DaemonSet installer and the cleanup Job as deploy/ ships them (aimed at a scratch root
+/// standing for the node's): the installer's pod installs vmlet there and labels the node
+/// through the API server (its Service address, by kube-proxy); the cleanup Job removes the
+/// label and gives the root back as it was.
+#[test]
+#[ignore = "needs the vmlet stack and its cluster: make test"]
+fn the_daemonset_installer_and_the_cleanup_job_run_as_shipped() {
+    let s = stack();
+    let k = cluster();
+    let archive = installer_image_archive();
+    let import = vmlet_integration::bounded::output(
+        std::process::Command::new("ctr")
+            .args(["-a", &s.containerd, "-n", "k8s.io", "images", "import"])
+            .arg(&archive),
+    )
+    .unwrap();
+    assert!(import.status.success(), "{}", text(&import.stderr));
+
+    // The node's label is the installer's to set and the cleanup's to remove: it goes
+    // first, and comes back however the test ends.
+    struct Relabel<'a>(&'a Cluster);
+    impl Drop for Relabel<'_> {
+        fn drop(&mut self) {
+            let _ = self.0.ok(&[
+                "label",
+                "node",
+                &self.0.node,
+                "vmlet.io/runtime=true",
+                "--overwrite",
+            ]);
+        }
+    }
+    let _relabel = Relabel(&k);
+    k.ok(&["label", "node", &k.node, "vmlet.io/runtime-"])
+        .unwrap();
+    let label = |k: &Cluster| {
+        k.jsonpath(
+            &["node", &k.node],
+            None,
+            "{.metadata.labels.vmlet\\.io/runtime}",
+        )
+        .unwrap()
+    };
+
+    // On disk (the release holds the guest image), removed however the test ends.
+    struct Scratch(std::path::PathBuf);
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    let scratch = Scratch(std::path::Path::new("/var/tmp").join(unique_id("vmlet-node-root")));
+    let root = scratch.0.clone();
+    // Made new (a name planted in /var/tmp, a link among them, is refused), root's alone.
+    std::os::unix::fs::DirBuilderExt::mode(&mut std::fs::DirBuilder::new(), 0o700)
+        .create(&root)
+        .unwrap();
+    std::fs::create_dir_all(root.join("etc/containerd")).unwrap();
+    let config =
+        "version = 3\n\n[plugins.'io.containerd.cri.v1.runtime']\n  enable_selinux = false\n";
+    std::fs::write(root.join("etc/containerd/config.toml"), config).unwrap();
+
+    let deploy = aimed_at("vmlet-deploy.yaml", &root);
+    k.apply(&deploy).unwrap();
+    let started = Instant::now();
+    eventually(Duration::from_secs(180), "the installer's label", || {
+        (label(&k) == "true").then_some(())
+    });
+    println!(
+        "the DaemonSet installed vmlet and labelled the node in {} s",
+        started.elapsed().as_secs()
+    );
+    assert!(root
+        .join("usr/local/bin/containerd-shim-vmlet-v2")
+        .is_file());
+    let merged = std::fs::read_to_string(root.join("etc/containerd/config.toml")).unwrap();
+    assert!(merged.contains("vmlet"), "{merged}");
+    // The label comes from the running container; the kubelet may not have seen it start
+    // yet (its relist), and until it has, `kubectl logs` answers "waiting to start".
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let logs = k.ok(&["logs", "-n", "kube-system", "daemonset/vmlet-installer"]);
+        match logs {
+            Ok(logs) if logs.contains("installed; waiting for SIGTERM") => break,
+            other => assert!(Instant::now() < deadline, "the installer's log: {other:?}"),
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+
+    // Off again: the DaemonSet first (its pods would install again), then the Job.
+    let deleted = k
+        .with_input(&["delete", "-f", "-", "--timeout=120s"], &deploy)
+        .unwrap();
+    assert!(deleted.status.success(), "{}", text(&deleted.stderr));
+    let cleanup = aimed_at("vmlet-cleanup.yaml", &root);
+    k.apply(&cleanup).unwrap();
+    let done = k
+        .run(
+            &[
+                "wait",
+                "-n",
+                "kube-system",
+                "--for=condition=complete",
+                "job/vmlet-cleanup",
+                "--timeout=180s",
+            ],
+            Duration::from_secs(200),
+        )
+        .unwrap();
+    let job_logs = k
+        .ok(&["logs", "-n", "kube-system", "job/vmlet-cleanup"])
+        .unwrap_or_default();
+    assert!(done.status.success(), "the cleanup Job: {job_logs}");
+    assert_eq!(label(&k), "", "the label after the cleanup");
+    assert_eq!(
+        std::fs::read_to_string(root.join("etc/containerd/config.toml")).unwrap(),
+        config,
+        "containerd's config after the cleanup"
+    );
+    assert!(!root.join("usr/local/bin/containerd-shim-vmlet-v2").exists());
+    let deleted = k
+        .with_input(&["delete", "-f", "-", "--timeout=120s"], &cleanup)
+        .unwrap();
+    assert!(deleted.status.success(), "{}", text(&deleted.stderr));
+    drop(scratch);
+}
