@@ -16,7 +16,7 @@ use clap::Parser;
 pub struct LibvirtHelper {
     /// The libvirt connection URI, e.g. qemu:///system.
     pub uri: String,
-    /// The operation and its arguments (the shim's vmm_helper protocol).
+    /// The operation and its arguments (the protocol of the shim's `vmm::helper`).
     #[arg(required = true, num_args = 1.., trailing_var_arg = true, allow_hyphen_values = true)]
     pub operation: Vec<String>,
 }

@@ -4,15 +4,15 @@
 //! A pod goes through the folders in this order:
 //! - [`task`]: containerd's task API, translated at the edge into calls on the pod's VM
 //!   (with its events, metrics and the features `-info` reports);
-//! - [`spec`]: the OCI spec, read once into the pod's and each container's plan (hooks,
-//!   capabilities, seccomp);
+//! - [`spec`]: the OCI spec's parts (the pod's side, a container's agent request, the
+//!   kubelet's volumes, hooks, capabilities, seccomp), which [`task`]'s create plan reads;
 //! - [`host`]: what a pod makes on the node (cgroup, share, log tmpfs, taps, the pod's host
-//!   process, its state record) and [`host::reclaim`], where all of it is undone;
+//!   process, its state record) and [`host::reclaim`], the teardown from that record;
 //! - [`vm`]: one pod's VM, its boot read top-down over one module per step;
 //! - [`vmm`]: how the VM is described to libvirt (the domain XML, the pod's AppArmor
 //!   profile) and the seam to libvirt, which the shim reaches through `vmlet-libvirt`;
-//! - [`devices`]: what is added to a running VM (block devices, memory) over vmlet's QMP
-//!   monitor;
+//! - [`devices`]: the VM's PCI slots, and what is added to it while it runs (block
+//!   devices, memory) over vmlet's QMP monitor;
 //! - [`guest`]: the agent's calls, the vsock route to it, the containers' stdio;
 //! - [`vm_mode`]: a pod that boots a VM image (its disk, cloud-init seed, serial console).
 //!

@@ -1,7 +1,7 @@
-//! What goes into a running VM after it booted, over vmlet's QMP monitor ([`qmp`], its
-//! lines bounded by [`qmp_lines`]): the spec's raw block devices ([`block_devices`],
-//! hot-plugged by [`hotplug`]) and memory for the containers' limits ([`memory`]), in the
-//! slots [`pci_layout`] keeps.
+//! The VM's PCI slots ([`pci_layout`]), and what goes into the VM while it runs, over
+//! vmlet's QMP monitor ([`qmp`], its lines bounded by [`qmp_lines`]): the spec's raw block
+//! devices ([`block_devices`], hot-plugged by [`hotplug`]) and memory for the containers'
+//! limits ([`memory`]).
 
 pub(crate) mod block_devices;
 pub(crate) mod hotplug;

@@ -1,5 +1,5 @@
 //! The VM manager seam: libvirt (the `vmlet-libvirt` crate, which `vmletctl` and the
-//! `vmlet-libvirt` helper link; the shim goes through that helper, see `vmm_helper`), a
+//! `vmlet-libvirt` helper link; the shim goes through that helper, see [`helper`]), a
 //! fake in unit tests. Calls block; callers run them on a blocking thread.
 
 pub(crate) mod domain;
