@@ -67,7 +67,7 @@ impl Cgroup {
         Self::create_at(&Path::new(ROOT).join(PARENT), id)
     }
 
-    fn create_at(parent: &Path, id: &str) -> Result<Self, Error> {
+    pub(crate) fn create_at(parent: &Path, id: &str) -> Result<Self, Error> {
         if id.is_empty() || id.contains('/') || id.starts_with('.') {
             return Err(Error::InvalidRequest(format!(
                 "container id {id:?} cannot name a cgroup"

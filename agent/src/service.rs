@@ -1,6 +1,8 @@
 //! The ttrpc `Agent` service: requests become calls on [`Containers`] ([`wire`]: each
 //! ttrpc method to its call here, errors to their ttrpc codes).
 
+#[cfg(test)]
+mod tests;
 mod wire;
 
 use std::path::PathBuf;

@@ -2,7 +2,7 @@
 
 use clap::Parser;
 
-/// `vmlet-libvirt`: see `vmlet_shim::vmm::helper`.
+/// `vmlet-libvirt`: see `vmlet_shim::vmm::libvirt_helper`.
 #[derive(Debug, Parser)]
 #[command(
     name = "vmlet-libvirt",
@@ -16,7 +16,7 @@ use clap::Parser;
 pub struct LibvirtHelper {
     /// The libvirt connection URI, e.g. qemu:///system.
     pub uri: String,
-    /// The operation and its arguments (the protocol of the shim's `vmm::helper`).
+    /// The operation and its arguments (the protocol of the shim's `vmm::libvirt_helper`).
     #[arg(required = true, num_args = 1.., trailing_var_arg = true, allow_hyphen_values = true)]
     pub operation: Vec<String>,
 }

@@ -1,5 +1,5 @@
 //! vmlet's libvirt: the [`VmManager`] that calls libvirt through the `virt` crate, for the
-//! `vmlet-libvirt` helper (the shim's one libvirt call at a time, `vmlet_shim::vmm::helper`)
+//! `vmlet-libvirt` helper (the shim's one libvirt call at a time, `vmlet_shim::vmm::libvirt_helper`)
 //! and for `vmletctl`. Only these two programs map libvirt's libraries: the shim crate does
 //! not depend on `virt`.
 

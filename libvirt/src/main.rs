@@ -1,5 +1,5 @@
 //! `vmlet-libvirt URI OPERATION [ARGS]`: one libvirt call for the shim (see
-//! `vmlet_shim::vmm::helper`), so that the shim, alive as long as its pod, never maps
+//! `vmlet_shim::vmm::libvirt_helper`), so that the shim, alive as long as its pod, never maps
 //! libvirt's libraries. The domain XML of `start` comes on stdin; stdout gets `ok` and the
 //! answer, or `error` and the message (exit status 1), each after a newline; called wrongly,
 //! usage on stderr and exit status 2 ([`vmlet_libvirt::cli::LibvirtHelper`]).
@@ -9,7 +9,7 @@ use std::io::Read;
 use clap::Parser;
 use vmlet_libvirt::cli::LibvirtHelper;
 use vmlet_libvirt::Libvirt;
-use vmlet_shim::vmm::helper::serve;
+use vmlet_shim::vmm::libvirt_helper::serve;
 use vmlet_shim::Error;
 
 /// The largest domain XML taken on stdin.

@@ -82,12 +82,12 @@ impl TaskService {
     pub(super) async fn metrics(&self, id: &str) -> Result<api::StatsResponse, Error> {
         let task = self.task(id)?;
         let stats = task.vm.guest().stats(&task.id).await?;
-        let metrics = crate::task::metrics::from_agent(&stats);
+        let metrics = crate::task::container_metrics::from_agent(&stats);
         let value = protobuf::Message::write_to_bytes(&metrics)
             .map_err(|e| Error::Internal(format!("encode metrics: {e}")))?;
         Ok(api::StatsResponse {
             stats: Some(protobuf::well_known_types::any::Any {
-                type_url: crate::task::metrics::TYPE_URL.into(),
+                type_url: crate::task::container_metrics::TYPE_URL.into(),
                 value,
                 ..Default::default()
             })

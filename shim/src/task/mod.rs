@@ -9,6 +9,7 @@
 //! - [`process`]: one process's state machine; [`exit`]: the exit statuses and when.
 
 mod api;
+pub(crate) mod container_metrics;
 mod control;
 mod create;
 mod delete;
@@ -16,7 +17,6 @@ pub(crate) mod events;
 mod exec;
 pub(crate) mod exit;
 pub(crate) mod features;
-pub(crate) mod metrics;
 pub mod phases;
 mod plan;
 pub mod pod_metrics;
@@ -176,7 +176,7 @@ impl TaskService {
 }
 
 #[cfg(test)]
-mod fakes;
+pub(crate) mod fakes;
 #[cfg(test)]
 mod harness;
 #[cfg(test)]

@@ -2,7 +2,7 @@
 //! goes (each mark closes the phase since the one before) and logged as one line:
 //!
 //! ```text
-//! phases of create pod1 (ms): config=2 plan=1 host_side=14 ... container=38 total=2603
+//! phases of create pod1 (ms): config=2 plan=1 host_setup=14 ... container=38 total=2603
 //! ```
 //!
 //! `make bench-start` reads these lines from containerd's log and prints each phase's median

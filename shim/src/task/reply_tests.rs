@@ -221,7 +221,7 @@ async fn pids_stats_resize_and_update_reach_the_guest_and_come_back() {
 
     let stats = h.service.metrics(SANDBOX).await.unwrap();
     let any = stats.stats.into_option().expect("stats");
-    assert_eq!(any.type_url, crate::task::metrics::TYPE_URL);
+    assert_eq!(any.type_url, crate::task::container_metrics::TYPE_URL);
     let metrics: Metrics = protobuf::Message::parse_from_bytes(&any.value).unwrap();
     assert_eq!(metrics.memory.usage, GUEST_STATS_MEMORY);
 

@@ -12,7 +12,7 @@ use crate::host::reclaim::cleanup_after_shim;
 use crate::task::events::EventSink;
 use crate::task::{TaskApi, TaskService};
 use crate::vm::LibvirtBooter;
-use crate::vmm::helper::LibvirtHelper;
+use crate::vmm::libvirt_helper::LibvirtHelper;
 
 /// containerd's runtime name for vmlet.
 pub const RUNTIME_ID: &str = "io.containerd.vmlet.v2";

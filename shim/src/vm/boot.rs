@@ -7,7 +7,7 @@ use vmlet_config::NodeConfig;
 use vmlet_protocol::agent_ttrpc::AgentClient;
 
 use super::net::{PodNet, TapServer};
-use super::{accel, agent_link, host_side, launch, net, vsock_backend, BootRequest, Recorder};
+use super::{accel, agent_link, host_setup, launch, net, vsock_backend, BootRequest, Recorder};
 use crate::devices::hotplug::Hotplug;
 use crate::guest::port_forward::PortForward;
 use crate::guest::vsock::Endpoint;
@@ -38,8 +38,8 @@ pub(super) async fn run(
     rec: &Recorder<'_>,
     phases: &Phases,
 ) -> Result<Booted, Error> {
-    host_side::prepare(config, req, paths, rec)?;
-    phases.mark("host_side");
+    host_setup::prepare(config, req, paths, rec)?;
+    phases.mark("host_setup");
     let (netns, net) = host_process_and_network(config, req, paths, rec, phases).await?;
     let vsock = vsock_backend::start(config, paths, rec).await?;
     phases.mark("vsock_backend");
@@ -78,8 +78,8 @@ async fn host_process_and_network(
     paths: &PodPaths,
     rec: &Recorder<'_>,
     phases: &Phases,
-) -> Result<(Option<host_side::PodNetns>, PodNet), Error> {
-    let netns = host_side::start_host_process(req, rec).await?;
+) -> Result<(Option<host_setup::PodNetns>, PodNet), Error> {
+    let netns = host_setup::start_host_process(req, rec).await?;
     phases.mark("host_process");
     let net = match &netns {
         Some(netns) => net::wire(config, &req.pod_id, paths, rec, netns).await?,
@@ -148,8 +148,8 @@ pub(super) async fn run_image(
         Some(path) => crate::vm_mode::nocloud::Dns::read(path).await?,
         None => crate::vm_mode::nocloud::Dns::default(),
     };
-    host_side::prepare(config, req, paths, rec)?;
-    phases.mark("host_side");
+    host_setup::prepare(config, req, paths, rec)?;
+    phases.mark("host_setup");
     let rootfs = crate::host::share::container_rootfs(&paths.dir, &req.container_id)?;
     let (mut disk, file) = crate::vm_mode::vm_disk::find(&rootfs)?;
     let size = crate::vm_mode::vm_disk::overlay_size(
@@ -210,7 +210,7 @@ pub(super) async fn run_image(
 /// A DHCP responder on each of the pod's taps that has an address to give (the guest's
 /// interface's, with the pod's DNS and `hostname`).
 async fn start_dhcp(
-    netns: &host_side::PodNetns,
+    netns: &host_setup::PodNetns,
     net: &PodNet,
     dns: &crate::vm_mode::nocloud::Dns,
     hostname: &str,

@@ -11,7 +11,7 @@ use super::{block, give_socket, BootRequest, Recorder};
 use crate::devices::hotplug::Hotplug;
 use crate::host::pod_paths::{domain_name, PodPaths};
 use crate::vm_mode::serial_console::SerialConsole;
-use crate::vmm::domain::{AgentGuest, ConsoleTarget, Domain, DomainParams, GuestBoot, VsockDevice};
+use crate::vmm::domain::{AgentBoot, ConsoleTarget, Domain, DomainParams, GuestBoot, VsockDevice};
 use crate::vmm::VmManager;
 use crate::Error;
 
@@ -38,7 +38,7 @@ pub(super) fn agent_guest(
     paths: &PodPaths,
     vsock: &VsockDevice,
 ) -> GuestBoot {
-    GuestBoot::Agent(AgentGuest {
+    GuestBoot::Agent(AgentBoot {
         kernel: config.guest.kernel.to_string_lossy().into_owned(),
         initrd: config.guest.initrd.to_string_lossy().into_owned(),
         // memhp_default_state: the guest onlines what virtio-mem plugs. swiotlb=noforce:

@@ -3,24 +3,30 @@
 //! [`crate::host::reclaim::teardown`].
 //!
 //! [`Vm::boot`] makes the pod's state directory and runs [`boot::run`], the boot read
-//! top-down: the host side ([`host_side`]: cgroup, log tmpfs, share, the pod's host process
+//! top-down: the host side ([`host_setup`]: cgroup, log tmpfs, share, the pod's host process
 //! and its hooks), the network ([`net`]: taps wired to the pod namespace's interfaces), the
 //! vsock backend ([`vsock_backend`]), the accelerator ([`accel`]), the domain and vmlet's QMP
 //! monitor ([`launch`]), then the agent ([`agent_link`]). When a step fails, what the steps
-//! recorded is torn down before the error returns. [`running`] is the booted VM as the task
-//! service sees it ([`PodVm`]).
+//! recorded is torn down before the error returns.
+//!
+//! The pod kinds, each a [`PodVm`] the task service drives: [`agent_vm`] (vmlet's guest with
+//! its agent: this [`Vm`]), [`image_vm`] (a VM image booted from its own disk, with
+//! [`image_guest`] for its one process) and [`pod_hold`] (a VM-mode pod's sandbox, which
+//! boots nothing).
 
 mod accel;
 mod agent_link;
+mod agent_vm;
 mod boot;
-mod host_side;
-mod image;
+#[cfg(test)]
+mod boot_tests;
+mod host_setup;
 mod image_guest;
+mod image_vm;
 mod launch;
 mod net;
 mod pod_hold;
 pub(crate) mod pod_vm;
-mod running;
 mod vsock_backend;
 
 use std::sync::{Arc, Mutex};
@@ -123,7 +129,7 @@ impl VmBooter for LibvirtBooter {
         let vmm = libvirt(config);
         if request.image.is_some() {
             return Ok(Arc::new(
-                image::ImageVm::boot(config, vmm, request, phases).await?,
+                image_vm::ImageVm::boot(config, vmm, request, phases).await?,
             ));
         }
         Ok(Arc::new(Vm::boot(config, vmm, request, phases).await?))
@@ -138,7 +144,7 @@ impl VmBooter for LibvirtBooter {
 
 /// The node's libvirt, through `vmlet-libvirt`.
 fn libvirt(config: &NodeConfig) -> Arc<dyn VmManager> {
-    Arc::new(crate::vmm::helper::LibvirtHelper::new(
+    Arc::new(crate::vmm::libvirt_helper::LibvirtHelper::new(
         &config.helpers.libvirt,
         &config.libvirt_uri,
     ))

@@ -4,7 +4,7 @@
 
 use vmlet_config::NodeConfig;
 
-use super::host_side::PodNetns;
+use super::host_setup::PodNetns;
 use super::{block, give_socket, Recorder};
 use crate::host::pod_paths::PodPaths;
 use crate::host::taps::TapDescription;

@@ -15,7 +15,7 @@ use tokio::sync::watch;
 use vmlet_config::NodeConfig;
 use vmlet_protocol::agent::{CreateContainerRequest, CreateExecRequest, Resources, StatsResponse};
 
-use super::{block, host_side, new_pod_state, reclaim_failed_boot, Recorder};
+use super::{block, host_setup, new_pod_state, reclaim_failed_boot, Recorder};
 use crate::devices::block_devices::BlockDevice;
 use crate::guest::stdio::{Copies, ProcessName, StdioPaths};
 use crate::guest::{Guest, GuestExit, ProcessId};
@@ -53,12 +53,12 @@ impl HeldPod {
             cgroup: req.cgroup.as_ref(),
         };
         let held = async {
-            host_side::dir_and_cgroup(&paths, req.cgroup.as_ref(), &recorder)?;
+            host_setup::dir_and_cgroup(&paths, req.cgroup.as_ref(), &recorder)?;
             // Subscribed before the start, so that the reaper's report cannot come first.
             let mut exits = monitor_subscribe(Topic::Pid)
                 .await
                 .map_err(|e| Error::Internal(format!("subscribe to exits: {e}")))?;
-            let started = host_side::spawn_host_process(
+            let started = host_setup::spawn_host_process(
                 req.netns.clone(),
                 &req.create_hooks,
                 &req.hook_state,

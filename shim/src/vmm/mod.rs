@@ -1,10 +1,10 @@
 //! The VM manager seam: libvirt (the `vmlet-libvirt` crate, which `vmletctl` and the
-//! `vmlet-libvirt` helper link; the shim goes through that helper, see [`helper`]), a
+//! `vmlet-libvirt` helper link; the shim goes through that helper, see [`libvirt_helper`]), a
 //! fake in unit tests. Calls block; callers run them on a blocking thread.
 
 pub(crate) mod domain;
-pub mod helper;
 pub mod kvm_probe;
+pub mod libvirt_helper;
 pub mod libvirt_xml;
 pub mod pod_apparmor;
 

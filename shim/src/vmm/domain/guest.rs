@@ -11,14 +11,14 @@ use super::*;
 pub enum GuestBoot {
     /// vmlet's guest: its kernel and initrd booted directly, the agent over vsock, the
     /// containers' files over virtio-fs.
-    Agent(AgentGuest),
+    Agent(AgentBoot),
     /// A VM image (docs/vm-mode.md): firmware boots the overlay of the image's disk; the
     /// cloud-init seed is a read-only disk beside it.
     Image(ImageDisks),
 }
 
 #[derive(Debug, Clone)]
-pub struct AgentGuest {
+pub struct AgentBoot {
     pub kernel: String,
     pub initrd: String,
     pub cmdline: String,

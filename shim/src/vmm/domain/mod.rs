@@ -130,7 +130,7 @@ impl DomainParams {
             files.push(file(&agent.key_file, Access::Read));
         }
         match &self.guest {
-            GuestBoot::Agent(AgentGuest {
+            GuestBoot::Agent(AgentBoot {
                 vsock: VsockDevice::VhostUser { socket },
                 ..
             }) => files.push(file(socket, Access::ReadWrite)),
@@ -266,14 +266,14 @@ fn qemu_commandline(p: &DomainParams) -> (QemuCommandline, Option<Vsock>) {
     }
     let vsock = match &p.guest {
         GuestBoot::Image(_) => None,
-        GuestBoot::Agent(AgentGuest {
+        GuestBoot::Agent(AgentBoot {
             vsock: VsockDevice::Vhost,
             ..
         }) => Some(Vsock {
             model: "virtio",
             cid: Cid { auto: "yes" },
         }),
-        GuestBoot::Agent(AgentGuest {
+        GuestBoot::Agent(AgentBoot {
             vsock: VsockDevice::VhostUser { socket },
             ..
         }) => {
@@ -391,7 +391,7 @@ mod tests {
             hotplug_mib: 0,
             machine: "q35".into(),
             cpu_model: None,
-            guest: GuestBoot::Agent(AgentGuest {
+            guest: GuestBoot::Agent(AgentBoot {
                 kernel: "/img/vmlinuz".into(),
                 initrd: "/img/initrd.img".into(),
                 cmdline: "console=ttyS0 vmlet.share=vmlet".into(),

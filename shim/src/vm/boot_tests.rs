@@ -1,0 +1,403 @@
+//! The boot's steps over fakes: a VM manager that records (or fails), a "QEMU" that connects
+//! vmlet's QMP monitor as the real one does, and a pod's state in a temporary directory.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use vmlet_config::{Accel, CpuModel, NodeConfig, VmOptions, VmShape, VsockTransport};
+
+use super::{
+    accel, host_setup, launch, new_pod_state, power_off_and_reclaim, reclaim_failed_boot,
+    vsock_backend, BootRequest, Recorder,
+};
+use crate::devices::memory::PodMemory;
+use crate::host::pod_paths::PodPaths;
+use crate::host::state::PodState;
+use crate::vm::RootfsSource;
+use crate::vmm::domain::VsockDevice;
+use crate::vmm::{FakeVmm, VmManager, VmletDomain};
+use crate::Error;
+
+/// A node config whose state lives under `dir`, whose QEMU user is the test's own.
+fn config(dir: &Path) -> NodeConfig {
+    let me = nix::unistd::User::from_uid(nix::unistd::geteuid())
+        .unwrap()
+        .unwrap();
+    NodeConfig {
+        state_dir: dir.join("state"),
+        qemu_user: me.name,
+        accel: Accel::Tcg,
+        vsock: VsockTransport::Vhost,
+        ..NodeConfig::default()
+    }
+}
+
+fn request(pod_id: &str) -> BootRequest {
+    BootRequest {
+        pod_id: pod_id.into(),
+        container_id: pod_id.into(),
+        shape: VmShape {
+            vcpus: 1,
+            memory_mib: 128,
+        },
+        memory: PodMemory::new(128, 0, 0, true),
+        options: VmOptions {
+            machine: "q35".into(),
+            cpu_model: None,
+            kernel_params: String::new(),
+            disk_driver: Default::default(),
+        },
+        rootfs: RootfsSource::Dir(PathBuf::from("/nonexistent")),
+        binds: Vec::new(),
+        netns: None,
+        host_process: None,
+        cgroup: None,
+        image: None,
+        sandbox_id: None,
+    }
+}
+
+/// A new pod's state directory and the recorder the steps save into.
+fn pod(config: &NodeConfig, pod_id: &str) -> (PodPaths, Arc<Mutex<PodState>>) {
+    new_pod_state(config, pod_id, None).unwrap()
+}
+
+/// What the pod's state file on disk says (what a restarted shim would find).
+fn saved(paths: &PodPaths) -> PodState {
+    PodState::load(&paths.dir).unwrap()
+}
+
+#[tokio::test]
+async fn the_accelerator_is_the_configs_when_it_names_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let vmm: Arc<dyn VmManager> = Arc::new(FakeVmm::default());
+    let options = request("p").options;
+    let mut config = config(dir.path());
+    config.accel = Accel::Tcg;
+    assert!(!accel::use_kvm(&config, &vmm, &options).await.unwrap());
+    config.accel = Accel::Kvm;
+    assert!(accel::use_kvm(&config, &vmm, &options).await.unwrap());
+}
+
+#[tokio::test]
+async fn auto_is_tcg_where_libvirt_offers_no_kvm() {
+    let dir = tempfile::tempdir().unwrap();
+    let vmm: Arc<dyn VmManager> = Arc::new(FakeVmm::default());
+    let mut config = config(dir.path());
+    config.accel = Accel::Auto;
+    let kvm = accel::use_kvm(&config, &vmm, &request("p").options).await;
+    assert!(!kvm.unwrap());
+}
+
+#[tokio::test]
+async fn a_host_cpu_model_under_tcg_is_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let vmm: Arc<dyn VmManager> = Arc::new(FakeVmm::default());
+    let mut options = request("p").options;
+    options.cpu_model = Some(CpuModel::HostPassthrough);
+    let err = accel::use_kvm(&config(dir.path()), &vmm, &options)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::FailedPrecondition(_)), "{err:?}");
+    assert!(err.message().contains("host-passthrough"), "{err:?}");
+    options.cpu_model = Some(CpuModel::Named("qemu64".into()));
+    assert!(!accel::use_kvm(&config(dir.path()), &vmm, &options)
+        .await
+        .unwrap());
+}
+
+#[test]
+fn a_pods_state_is_new_or_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path());
+    let (paths, state) = new_pod_state(&config, "p", Some("sandbox")).unwrap();
+    assert!(paths.dir.is_dir());
+    let state = state.lock().unwrap().clone();
+    assert_eq!(state.shim_pid, Some(std::process::id()));
+    assert_eq!(state.shim_id(), "sandbox");
+    let again = new_pod_state(&config, "p", None).unwrap_err();
+    assert!(matches!(again, Error::AlreadyExists(_)), "{again:?}");
+}
+
+#[test]
+fn the_first_step_saves_the_state_and_gives_the_pod_dir_its_mode() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path());
+    let (paths, state) = pod(&config, "p");
+    let rec = Recorder {
+        state,
+        cgroup: None,
+    };
+    host_setup::dir_and_cgroup(&paths, None, &rec).unwrap();
+    let mode = std::fs::metadata(&paths.dir).unwrap().permissions().mode();
+    assert_eq!(mode & 0o7777, crate::host::share::POD_DIR_MODE);
+    let state = saved(&paths);
+    assert_eq!(state.dir, paths.dir);
+    assert_eq!(state.cgroup, None);
+    // Without a cgroup, the VM's processes stay where they are.
+    rec.place(std::process::id(), "the test").unwrap();
+}
+
+#[tokio::test]
+async fn without_hooks_the_pods_namespace_is_the_one_given_and_no_process_starts() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path());
+    let (paths, state) = pod(&config, "p");
+    let rec = Recorder {
+        state,
+        cgroup: None,
+    };
+    let mut req = request("p");
+    assert!(host_setup::start_host_process(&req, &rec)
+        .await
+        .unwrap()
+        .is_none());
+    req.netns = Some(PathBuf::from("/var/run/netns/pod"));
+    let netns = host_setup::start_host_process(&req, &rec)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(netns.path, PathBuf::from("/var/run/netns/pod"));
+    assert!(!netns.may_be_empty);
+    assert_eq!(rec.state.lock().unwrap().holder_pid, None);
+    let _ = paths;
+}
+
+#[tokio::test]
+async fn the_kernels_vsock_needs_no_backend_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path());
+    let (paths, state) = pod(&config, "p");
+    let rec = Recorder {
+        state,
+        cgroup: None,
+    };
+    let device = vsock_backend::start(&config, &paths, &rec).await.unwrap();
+    assert_eq!(device, VsockDevice::Vhost);
+    assert_eq!(rec.state.lock().unwrap().vsock_pid, None);
+}
+
+#[test]
+fn the_guest_boots_the_nodes_kernel_with_the_share_and_the_pods_parameters() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path());
+    let paths = PodPaths::new(&config.state_dir, "p");
+    let mut req = request("p");
+    let plain = match launch::agent_guest(&config, &req, &paths, &VsockDevice::Vhost) {
+        crate::vmm::domain::GuestBoot::Agent(guest) => guest,
+        other => panic!("not vmlet's guest: {other:?}"),
+    };
+    assert!(
+        plain.cmdline.ends_with("vmlet.share=vmlet"),
+        "{}",
+        plain.cmdline
+    );
+    assert_eq!(plain.share_dir, paths.share.to_string_lossy());
+    assert_eq!(plain.key_file, paths.agent_key.to_string_lossy());
+    req.options.kernel_params = "loglevel=7".into();
+    let tuned = match launch::agent_guest(&config, &req, &paths, &VsockDevice::Vhost) {
+        crate::vmm::domain::GuestBoot::Agent(guest) => guest,
+        other => panic!("not vmlet's guest: {other:?}"),
+    };
+    assert!(tuned.cmdline.ends_with("vmlet.share=vmlet loglevel=7"));
+}
+
+/// A VM manager whose `start` runs a "QEMU": a thread that connects vmlet's QMP monitor at
+/// `qmp_socket`, greets and answers the capabilities' negotiation, then holds the
+/// connection until `quit` is dropped. `fail` makes the start fail instead.
+struct FakeQemu {
+    qmp_socket: PathBuf,
+    fail: bool,
+    started: Mutex<Vec<String>>,
+    quit: Mutex<Option<std::sync::mpsc::Receiver<()>>>,
+}
+
+impl FakeQemu {
+    fn new(qmp_socket: PathBuf, fail: bool) -> (Self, std::sync::mpsc::Sender<()>) {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let qemu = Self {
+            qmp_socket,
+            fail,
+            started: Mutex::new(Vec::new()),
+            quit: Mutex::new(Some(rx)),
+        };
+        (qemu, tx)
+    }
+}
+
+impl VmManager for FakeQemu {
+    fn kvm_usable(&self, _: &str, _: &str) -> bool {
+        false
+    }
+
+    fn start(&self, xml: &str) -> Result<(), Error> {
+        if self.fail {
+            return Err(Error::Internal("libvirt refused the domain".into()));
+        }
+        self.started.lock().unwrap().push(xml.to_owned());
+        let socket = self.qmp_socket.clone();
+        let quit = self.quit.lock().unwrap().take().expect("started once");
+        std::thread::spawn(move || {
+            let mut stream = UnixStream::connect(socket).unwrap();
+            stream
+                .write_all(b"{\"QMP\": {\"version\": {}, \"capabilities\": []}}\n")
+                .unwrap();
+            let mut line = String::new();
+            BufReader::new(stream.try_clone().unwrap())
+                .read_line(&mut line)
+                .unwrap();
+            let command: serde_json::Value = serde_json::from_str(&line).unwrap();
+            assert_eq!(command["execute"], "qmp_capabilities");
+            let reply = serde_json::json!({"return": {}, "id": command["id"]});
+            stream.write_all(format!("{reply}\n").as_bytes()).unwrap();
+            // QEMU runs until it is told to end; its end of the monitor then closes.
+            let _ = quit.recv();
+        });
+        Ok(())
+    }
+
+    fn remove(&self, _: &str) -> Result<(), Error> {
+        Ok(())
+    }
+
+    fn live_xml(&self, name: &str) -> Result<String, Error> {
+        Err(Error::NotFound(format!("domain {name}")))
+    }
+
+    fn is_active(&self, _: &str) -> Result<bool, Error> {
+        Ok(false)
+    }
+
+    fn vmlet_domains(&self) -> Result<Vec<VmletDomain>, Error> {
+        Ok(Vec::new())
+    }
+}
+
+fn devices() -> launch::Devices {
+    launch::Devices {
+        kvm: false,
+        guest: crate::vmm::domain::GuestBoot::Agent(crate::vmm::domain::AgentBoot {
+            kernel: "/boot/vmlinuz".into(),
+            initrd: "/boot/initrd".into(),
+            cmdline: "console=ttyS0".into(),
+            virtiofsd: "/usr/libexec/virtiofsd".into(),
+            share_dir: "/run/vmlet/p/share".into(),
+            share_tag: "vmlet".into(),
+            vsock: VsockDevice::Vhost,
+            key_file: "/run/vmlet/p/agent.key".into(),
+        }),
+        tap_socket: None,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_domain_is_recorded_before_it_starts_and_qemus_monitor_tells_its_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path());
+    let (paths, state) = pod(&config, "p");
+    let rec = Recorder {
+        state,
+        cgroup: None,
+    };
+    let (qemu, quit) = FakeQemu::new(paths.qmp_socket.clone(), false);
+    let qemu = Arc::new(qemu);
+    let vmm: Arc<dyn VmManager> = qemu.clone();
+    let launched = launch::start(&config, &vmm, &request("p"), &paths, &rec, devices())
+        .await
+        .unwrap();
+    assert_eq!(launched.name, "vmlet-p");
+    assert_eq!(saved(&paths).domain.as_deref(), Some("vmlet-p"));
+    // The monitor's peer is the process that connected it: QEMU's PID (here, the test's).
+    assert_eq!(launched.qemu_pid, std::process::id());
+    let xml = qemu.started.lock().unwrap().join("");
+    assert!(xml.contains(&*paths.qmp_socket.to_string_lossy()), "{xml}");
+    assert!(xml.contains("<name>vmlet-p</name>"), "{xml}");
+    // Only QEMU's user may connect the monitor.
+    let mode = std::fs::metadata(&paths.qmp_socket)
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
+    let mut ended = launched.ended.clone();
+    assert!(!*ended.borrow());
+    drop(quit);
+    tokio::time::timeout(std::time::Duration::from_secs(5), ended.wait_for(|e| *e))
+        .await
+        .expect("the monitor's close is seen")
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_start_libvirt_refuses_is_torn_down_from_what_was_recorded() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path());
+    let (paths, state) = pod(&config, "p");
+    let rec = Recorder {
+        state: state.clone(),
+        cgroup: None,
+    };
+    let (qemu, _quit) = FakeQemu::new(paths.qmp_socket.clone(), true);
+    let vmm: Arc<dyn VmManager> = Arc::new(qemu);
+    let err = launch::start(&config, &vmm, &request("p"), &paths, &rec, devices())
+        .await
+        .err()
+        .expect("the start fails");
+    assert!(err.message().contains("libvirt refused"), "{err:?}");
+    // Recorded before the start: a teardown finds the domain to remove.
+    assert_eq!(saved(&paths).domain.as_deref(), Some("vmlet-p"));
+    let fake = Arc::new(FakeVmm::default());
+    fake.running.lock().unwrap().push("vmlet-p".into());
+    let vmm: Arc<dyn VmManager> = fake.clone();
+    let returned = reclaim_failed_boot(&vmm, &state, "p", err).await;
+    assert!(
+        returned.message().contains("libvirt refused"),
+        "{returned:?}"
+    );
+    assert!(fake.running.lock().unwrap().is_empty());
+    assert!(!paths.dir.exists());
+}
+
+/// A state with a domain and a directory, as a booted pod's.
+fn booted_state(config: &NodeConfig, fake: &FakeVmm) -> (PodPaths, PodState) {
+    let (paths, state) = pod(config, "p");
+    let mut state = state.lock().unwrap().clone();
+    state.domain = Some("vmlet-p".into());
+    state.save().unwrap();
+    fake.running.lock().unwrap().push("vmlet-p".into());
+    (paths, state)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_running_guest_is_asked_to_power_off_before_everything_goes() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path());
+    let fake = Arc::new(FakeVmm::default());
+    let (paths, state) = booted_state(&config, &fake);
+    let vm = crate::task::fakes::FakeVm::default();
+    // The guest never powers off: the teardown goes on after its wait.
+    power_off_and_reclaim(&vm, state, fake.clone())
+        .await
+        .unwrap();
+    assert_eq!(vm.guest.called("shutdown"), 1);
+    assert!(fake.running.lock().unwrap().is_empty());
+    assert!(!paths.dir.exists());
+}
+
+#[tokio::test]
+async fn an_ended_vm_is_reclaimed_without_asking_its_guest() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path());
+    let fake = Arc::new(FakeVmm::default());
+    let (paths, state) = booted_state(&config, &fake);
+    let vm = crate::task::fakes::FakeVm::default();
+    vm.end();
+    power_off_and_reclaim(&vm, state, fake.clone())
+        .await
+        .unwrap();
+    assert_eq!(vm.guest.called("shutdown"), 0);
+    assert!(fake.running.lock().unwrap().is_empty());
+    assert!(!paths.dir.exists());
+}
