@@ -84,8 +84,35 @@ async fn only_the_pods_shim_reaches_its_agent() {
 
     let pod_dir = Path::new(&s.dir).join("state").join(&id);
     let uds = pod_dir.join("vsock.sock");
-    // Every socket of the pod has its mode set, not the umask's: the shim's own 0600 root,
-    // QEMU's 0600 QEMU's user.
+    the_pods_sockets_are_roots_or_qemus(&pod_dir);
+    root_without_the_key_gets_only_the_challenge(&uds, &id);
+    nobody_reaches_the_socket(&uds);
+
+    // The agent logged each refusal, and the pod's own shim still gets through.
+    let console = std::fs::read_to_string(pod_dir.join("log/console.log")).unwrap();
+    let refused = console.matches("refused a connection").count();
+    assert!(refused >= 6, "{refused} refusals logged:\n{console}");
+    let out = s
+        .ctr_output(&[
+            "task",
+            "exec",
+            "--exec-id",
+            "after",
+            &id,
+            "cat",
+            "/www/index.html",
+        ])
+        .unwrap();
+    assert!(out.status.success(), "exec: {}", text(&out.stderr));
+    assert_eq!(text(&out.stdout).trim(), CANARY);
+    s.kill_and_remove(&id).unwrap();
+    assert!(!pod_dir.exists(), "the pod's state is left");
+}
+
+/// Every socket of the pod has its mode set, not the umask's: the shim's own 0600 root,
+/// QEMU's 0600 QEMU's user; the key's file is gone once QEMU read it.
+fn the_pods_sockets_are_roots_or_qemus(pod_dir: &Path) {
+    let uds = pod_dir.join("vsock.sock");
     let qemu_uid = std::fs::symlink_metadata(pod_dir.join("qmp.sock"))
         .unwrap()
         .uid();
@@ -102,8 +129,11 @@ async fn only_the_pods_shim_reaches_its_agent() {
         !pod_dir.join("agent.key").exists(),
         "the key's file is gone once QEMU read it"
     );
+}
 
-    // Root without the key, each port with what its service would take, sent at once.
+/// Root without the key, each port with what its service would take, sent at once: the
+/// agent sends its challenge and nothing else.
+fn root_without_the_key_gets_only_the_challenge(uds: &Path, id: &str) {
     let attacks: Vec<(u32, Vec<u8>)> = vec![
         (FORWARD_PORT, b"FORWARD 8080\n".to_vec()),
         (STREAM_PORT, format!("STREAM {id} - stdout\n").into_bytes()),
@@ -126,7 +156,7 @@ async fn only_the_pods_shim_reaches_its_agent() {
     let threads: Vec<_> = attacks
         .into_iter()
         .map(|(port, request)| {
-            let uds = uds.clone();
+            let uds = uds.to_owned();
             std::thread::spawn(move || (port, attack(&uds, port, &request)))
         })
         .collect();
@@ -135,8 +165,10 @@ async fn only_the_pods_shim_reaches_its_agent() {
         only_the_challenge(port, &got);
         assert!(!text(&got).contains(CANARY));
     }
+}
 
-    // A user who is not root does not reach the socket at all.
+/// A user who is not root does not reach the socket at all.
+fn nobody_reaches_the_socket(uds: &Path) {
     let out = std::process::Command::new("setpriv")
         .args([
             "--reuid=nobody",
@@ -159,26 +191,6 @@ async fn only_the_pods_shim_reaches_its_agent() {
         "{}",
         text(&out.stderr)
     );
-
-    // The agent logged each refusal, and the pod's own shim still gets through.
-    let console = std::fs::read_to_string(pod_dir.join("log/console.log")).unwrap();
-    let refused = console.matches("refused a connection").count();
-    assert!(refused >= 6, "{refused} refusals logged:\n{console}");
-    let out = s
-        .ctr_output(&[
-            "task",
-            "exec",
-            "--exec-id",
-            "after",
-            &id,
-            "cat",
-            "/www/index.html",
-        ])
-        .unwrap();
-    assert!(out.status.success(), "exec: {}", text(&out.stderr));
-    assert_eq!(text(&out.stdout).trim(), CANARY);
-    s.kill_and_remove(&id).unwrap();
-    assert!(!pod_dir.exists(), "the pod's state is left");
 }
 
 /// A ttrpc request frame (10-byte header, then the `Request` message) for the agent's

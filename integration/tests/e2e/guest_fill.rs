@@ -131,6 +131,75 @@ fn vm_image_disk_mib(s: &Stack) -> u64 {
     info["virtual-size"].as_u64().unwrap().div_ceil(1 << 20)
 }
 
+/// `ctr run --rm` of VM image `image` as `id` with a root volume of `size_mib` and
+/// `user_data`, to its end (at most [`VM_FILL_DEADLINE`]).
+fn run_vm_image(
+    s: &Stack,
+    image: &str,
+    id: &str,
+    size_mib: u64,
+    user_data: &str,
+) -> std::process::Output {
+    let size = format!("vmlet.io/root-volume-size={size_mib}Mi");
+    let user_data = format!("vmlet.io/cloud-init-user-data={user_data}");
+    let args = [
+        "run",
+        "--rm",
+        "--runtime",
+        vmlet_integration::RUNTIME,
+        "--annotation",
+        "vmlet.io/image-type=vm",
+        "--annotation",
+        &size,
+        "--annotation",
+        &user_data,
+        "--annotation",
+        "vmlet.io/memory=256Mi",
+        image,
+        id,
+    ];
+    vmlet_integration::bounded::output_within(
+        s.ctr()
+            .args(args)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+        VM_FILL_DEADLINE,
+        "ctr run of a VM image",
+    )
+    .unwrap()
+}
+
+/// Watches the overlay at `disk` on the node's disk while the guest writes, until it goes
+/// with its pod (or grows past `cap_mib` and 16 MiB); the most blocks it held, in bytes.
+fn watch_overlay(disk: std::path::PathBuf, cap_mib: u64) -> std::thread::JoinHandle<u64> {
+    let cap_bytes = (cap_mib + 16) << 20;
+    std::thread::spawn(move || {
+        let mut largest = 0u64;
+        let started = Instant::now();
+        let mut seen = false;
+        while started.elapsed() < VM_FILL_DEADLINE {
+            match std::fs::metadata(&disk) {
+                Ok(m) => {
+                    use std::os::unix::fs::MetadataExt;
+                    largest = largest.max(m.blocks() * 512);
+                    seen = true;
+                }
+                // Removed with the pod.
+                Err(_) if seen => break,
+                Err(_) => {}
+            }
+            std::thread::sleep(Duration::from_millis(500));
+            if largest > cap_bytes {
+                break;
+            }
+        }
+        largest
+    })
+}
+
 /// A VM image's root disk is capped by the node (`vm_images.max_root_disk_mib`): a larger
 /// `vmlet.io/root-volume-size` is refused by name; a guest given the cap that writes until
 /// its file system is full gets ENOSPC inside, its overlay stays within the cap on the
@@ -152,36 +221,7 @@ fn a_vm_images_guest_fills_its_own_disk_and_nothing_of_the_node() {
         )
     });
     let run = |id: &str, size_mib: u64, user_data: &str| {
-        let size = format!("vmlet.io/root-volume-size={size_mib}Mi");
-        let user_data = format!("vmlet.io/cloud-init-user-data={user_data}");
-        let args = [
-            "run",
-            "--rm",
-            "--runtime",
-            vmlet_integration::RUNTIME,
-            "--annotation",
-            "vmlet.io/image-type=vm",
-            "--annotation",
-            &size,
-            "--annotation",
-            &user_data,
-            "--annotation",
-            "vmlet.io/memory=256Mi",
-            &image,
-            id,
-        ];
-        vmlet_integration::bounded::output_within(
-            s.ctr()
-                .args(args)
-                .stdin(std::process::Stdio::null())
-                .stdout(std::process::Stdio::piped())
-                .stderr(std::process::Stdio::piped())
-                .spawn()
-                .unwrap(),
-            VM_FILL_DEADLINE,
-            "ctr run of a VM image",
-        )
-        .unwrap()
+        run_vm_image(&s, &image, id, size_mib, user_data)
     };
 
     let over = unique_id("vmcap");
@@ -207,35 +247,7 @@ fn a_vm_images_guest_fills_its_own_disk_and_nothing_of_the_node() {
     // /run: / is full), gives the space back (cloud-init itself needs some to power off)
     // and powers off.
     let fill = "runcmd:\n  - dd if=/dev/zero of=/fill bs=1M conv=fsync 2>/run/dd; echo \"vmlet-filled $(grep -m1 -o 'No space left on device' /run/dd)\"; rm -f /fill; sync\npower_state:\n  mode: poweroff\n  condition: true\n";
-    let watcher = {
-        let (disk, cap_bytes) = (
-            Path::new(&disks).join(&pod).join("root.qcow2"),
-            (cap + 16) << 20,
-        );
-        std::thread::spawn(move || {
-            // The overlay's blocks on the node's disk while the guest writes.
-            let mut largest = 0u64;
-            let started = Instant::now();
-            let mut seen = false;
-            while started.elapsed() < VM_FILL_DEADLINE {
-                match std::fs::metadata(&disk) {
-                    Ok(m) => {
-                        use std::os::unix::fs::MetadataExt;
-                        largest = largest.max(m.blocks() * 512);
-                        seen = true;
-                    }
-                    // Removed with the pod.
-                    Err(_) if seen => break,
-                    Err(_) => {}
-                }
-                std::thread::sleep(Duration::from_millis(500));
-                if largest > cap_bytes {
-                    break;
-                }
-            }
-            largest
-        })
-    };
+    let watcher = watch_overlay(Path::new(&disks).join(&pod).join("root.qcow2"), cap);
     let out = run(&pod, cap, fill);
     let (_, free_after) = space(&state);
     let console = text(&out.stdout);

@@ -31,8 +31,6 @@ fn disk_hashes(s: &Stack) -> Vec<String> {
 #[test]
 #[ignore = "needs the vmlet stack: make test"]
 fn a_vm_image_runs_its_user_data_shows_its_console_takes_stdin_and_the_operator_and_powers_off() {
-    use std::io::{Read, Write};
-    use std::sync::{Arc, Mutex};
     let s = stack();
     let id = unique_id("vmimg");
     let before = disk_hashes(&s);
@@ -68,9 +66,56 @@ fn a_vm_image_runs_its_user_data_shows_its_console_takes_stdin_and_the_operator_
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let console = Arc::new(Mutex::new(Vec::new()));
+    let (console, reader) = read_console(child.stdout.take().unwrap());
+    // Typed at the console until the guest's reader took a line (before it reads, a line
+    // may be lost).
+    let got = "vmlet-got vmlet-input";
+    let mut stdin = child.stdin.take().unwrap();
+    type_until_shown(&mut stdin, b"vmlet-input\n", &console, got, started);
+    let operator_got = "vmlet-operator-got vmlet-operator";
+    the_operator_types_at_the_console(&s, &id, &console, operator_got, started);
+    // ctr's stdin ends here: the console goes on (its output, the power-off).
+    drop(stdin);
+    let left = BOOT_DEADLINE.saturating_sub(started.elapsed());
+    let out = bounded::output_within(child, left, "ctr run (a VM image)").unwrap();
+    reader.join().unwrap();
+    let stdout = text(&console.lock().unwrap());
+    assert!(
+        out.status.success(),
+        "exit {:?}: {}\n{stdout}",
+        out.status,
+        text(&out.stderr)
+    );
+    let expected = format!("vmlet-marker {id} GREETING=hello-from-the-spec");
+    for (shown, what) in [
+        (expected.as_str(), "the user-data's marker"),
+        (got, "stdin"),
+        (operator_got, "the operator's keys"),
+        ("Linux version", "the boot"),
+        ("reboot: Power down", "the console's end (the power-off)"),
+    ] {
+        assert!(
+            stdout.contains(shown),
+            "{what} ({shown:?}) not on the console:\n{stdout}"
+        );
+    }
+    assert!(
+        !std::path::Path::new(&format!("{}/state/{id}", s.dir)).exists(),
+        "the pod's state (overlay, seed) is left"
+    );
+    assert!(!s.has_pod_domain(&id), "domain left");
+    assert_eq!(disk_hashes(&s), before, "the image's disk changed");
+}
+
+/// What the console `stdout` has shown so far, gathered by the thread returned.
+type Console = std::sync::Arc<std::sync::Mutex<Vec<u8>>>;
+
+fn read_console(
+    mut stdout: impl std::io::Read + Send + 'static,
+) -> (Console, std::thread::JoinHandle<()>) {
+    let console = Console::default();
     let reader = {
-        let (console, mut stdout) = (console.clone(), child.stdout.take().unwrap());
+        let console = console.clone();
         std::thread::spawn(move || {
             let mut buf = [0u8; 4096];
             while let Ok(n) = stdout.read(&mut buf) {
@@ -81,21 +126,39 @@ fn a_vm_image_runs_its_user_data_shows_its_console_takes_stdin_and_the_operator_
             }
         })
     };
-    // Typed at the console until the guest's reader took a line (before it reads, a line
-    // may be lost).
-    let got = "vmlet-got vmlet-input";
-    let mut stdin = child.stdin.take().unwrap();
-    while !text(&console.lock().unwrap()).contains(got) && started.elapsed() < BOOT_DEADLINE {
-        if stdin.write_all(b"vmlet-input\n").is_err() {
+    (console, reader)
+}
+
+/// Writes `line` to `keys` every 2 s until `console` shows `shown` (or the boot's deadline
+/// from `started` passes, or `keys` closes).
+fn type_until_shown(
+    keys: &mut impl std::io::Write,
+    line: &[u8],
+    console: &Console,
+    shown: &str,
+    started: std::time::Instant,
+) {
+    while !text(&console.lock().unwrap()).contains(shown) && started.elapsed() < BOOT_DEADLINE {
+        if keys.write_all(line).is_err() {
             break;
         }
         std::thread::sleep(std::time::Duration::from_secs(2));
     }
-    // The node's operator types into the same console, until the guest took the line,
-    // then leaves with Ctrl-].
-    let operator_got = "vmlet-operator-got vmlet-operator";
+}
+
+/// The node's operator types into the same console (`vmletctl console -i`) until the guest
+/// took the line (`console` shows `operator_got`), then leaves with Ctrl-]; the session
+/// ends well and showed the guest's answer.
+fn the_operator_types_at_the_console(
+    s: &Stack,
+    id: &str,
+    console: &Console,
+    operator_got: &str,
+    started: std::time::Instant,
+) {
+    use std::io::Write;
     let mut operator = std::process::Command::new(format!("{}/bin/vmletctl", s.dir))
-        .args(["console", "--interactive", &id])
+        .args(["console", "--interactive", id])
         .env("VMLET_CONFIG", format!("{}/config.toml", s.dir))
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
@@ -103,14 +166,13 @@ fn a_vm_image_runs_its_user_data_shows_its_console_takes_stdin_and_the_operator_
         .spawn()
         .unwrap();
     let mut keys = operator.stdin.take().unwrap();
-    while !text(&console.lock().unwrap()).contains(operator_got)
-        && started.elapsed() < BOOT_DEADLINE
-    {
-        if keys.write_all(b"vmlet-operator\n").is_err() {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_secs(2));
-    }
+    type_until_shown(
+        &mut keys,
+        b"vmlet-operator\n",
+        console,
+        operator_got,
+        started,
+    );
     keys.write_all(&[vmletctl::operator_console::ESCAPE])
         .unwrap();
     let session = bounded::output_within(
@@ -130,45 +192,6 @@ fn a_vm_image_runs_its_user_data_shows_its_console_takes_stdin_and_the_operator_
         shown.contains(operator_got),
         "the operator's session does not show the guest's answer:\n{shown}"
     );
-    // ctr's stdin ends here: the console goes on (its output, the power-off).
-    drop(stdin);
-    let left = BOOT_DEADLINE.saturating_sub(started.elapsed());
-    let out = bounded::output_within(child, left, "ctr run (a VM image)").unwrap();
-    reader.join().unwrap();
-    let stdout = text(&console.lock().unwrap());
-    assert!(
-        out.status.success(),
-        "exit {:?}: {}\n{stdout}",
-        out.status,
-        text(&out.stderr)
-    );
-    let expected = format!("vmlet-marker {id} GREETING=hello-from-the-spec");
-    assert!(
-        stdout.contains(&expected),
-        "no {expected:?} on the console:\n{stdout}"
-    );
-    assert!(
-        stdout.contains(got),
-        "stdin did not reach the console:\n{stdout}"
-    );
-    assert!(
-        stdout.contains(operator_got),
-        "the operator's keys did not reach the console:\n{stdout}"
-    );
-    assert!(
-        stdout.contains("Linux version"),
-        "the boot is not on the console:\n{stdout}"
-    );
-    assert!(
-        stdout.contains("reboot: Power down"),
-        "the console's end (the power-off) is not on stdout:\n{stdout}"
-    );
-    assert!(
-        !std::path::Path::new(&format!("{}/state/{id}", s.dir)).exists(),
-        "the pod's state (overlay, seed) is left"
-    );
-    assert!(!s.has_pod_domain(&id), "domain left");
-    assert_eq!(disk_hashes(&s), before, "the image's disk changed");
 }
 
 /// A VM-mode `ctr run` of `image` fails with `expected` in its error and leaves nothing.
@@ -286,7 +309,6 @@ struct Boot {
 /// the CRI log, the host name served on the pod IP, nothing left. Returns the marker line
 /// and the console.
 async fn serve_from_a_cri_vm_pod(s: &Stack, boot: Boot) -> (String, String) {
-    use std::time::Instant;
     let network_config = boot.network_config;
     let node = std::env::var("VMLET_NODE_NETNS").expect("VMLET_NODE_NETNS (the stack's)");
     let image = if boot.uefi {
@@ -294,71 +316,21 @@ async fn serve_from_a_cri_vm_pod(s: &Stack, boot: Boot) -> (String, String) {
     } else {
         vm_image()
     };
-    let mut p = PodUnderTest::start_with(s, |c| {
-        if boot.uefi {
-            c.annotations
-                .insert("vmlet.io/firmware".into(), "uefi".into());
-        }
-        c.annotations
-            .insert("vmlet.io/disk-driver".into(), boot.disk_driver.into());
-        c.annotations
-            .insert("vmlet.io/image-type".into(), "vm".into());
-        c.annotations.insert(
-            "vmlet.io/cloud-init-user-data".into(),
-            SERVING_USER_DATA.into(),
-        );
-        c.annotations.insert(
-            "vmlet.io/cloud-init-network-config".into(),
-            network_config.into(),
-        );
-        c.annotations
-            .insert("vmlet.io/memory".into(), "256Mi".into());
-    })
-    .await;
+    let mut p = start_vm_pod(s, boot).await;
     let name = p.config.metadata.as_ref().unwrap().name.clone();
     let ip = p.cri.pod_ip(&p.pod).await.unwrap();
     // The command is the image's (`sh`), which a VM image does not run.
     let c = p.container("vm", &image, &[], 0).await;
     let log = p.logs.join("vm.log");
-    let deadline = Instant::now() + MARKER_DEADLINE;
-    let marker = loop {
-        let text = std::fs::read_to_string(&log).unwrap_or_default();
-        // The echo's own line on the console is the command, quoted; the marker follows
-        // a space.
-        if let Some(line) = text
-            .lines()
-            .find(|l| l.contains(" vmlet-marker ") && !l.contains("$(hostname)"))
-        {
-            break line.to_owned();
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no marker in the CRI log of pod {name} ({network_config}) within {MARKER_DEADLINE:?}:\n{text}"
-        );
-        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-    };
+    let marker = marker_in(&log, &name, network_config).await;
     // The container's VM is served by the pod's shim: vmlet sees both alive.
     let gc = vmletctl(s, &["gc", "--dry-run"]);
     let ps = vmletctl(s, &["ps"]);
     let page = {
         let (node, ip) = (node.clone(), ip.clone());
-        tokio::task::spawn_blocking(move || {
-            let deadline = Instant::now() + std::time::Duration::from_secs(60);
-            loop {
-                let page = vmlet_integration::testnet::tcp_exchange(
-                    &node,
-                    &ip,
-                    8080,
-                    "GET /name HTTP/1.0\r\n\r\n",
-                );
-                if page.is_some() || Instant::now() > deadline {
-                    return page;
-                }
-                std::thread::sleep(std::time::Duration::from_millis(500));
-            }
-        })
-        .await
-        .unwrap()
+        tokio::task::spawn_blocking(move || page_on(&node, &ip))
+            .await
+            .unwrap()
     };
     let console = std::fs::read_to_string(&log).unwrap_or_default();
     let pod_id = p.pod.clone();
@@ -374,6 +346,7 @@ async fn serve_from_a_cri_vm_pod(s: &Stack, boot: Boot) -> (String, String) {
         page.contains("200 OK") && page.trim_end().ends_with(&name),
         "the guest's server on {ip}:8080 answered {page:?}"
     );
+    // The pod's sandbox and its container's VM each had a state directory.
     for id in [&pod_id, &c] {
         assert!(
             !gc.contains(id.as_str()),
@@ -384,9 +357,6 @@ async fn serve_from_a_cri_vm_pod(s: &Stack, boot: Boot) -> (String, String) {
             line.is_some_and(|l| !l.contains("gone")),
             "{id} is not a live pod in ps:\n{ps}"
         );
-    }
-    // The pod's sandbox and its container's VM each had a state directory.
-    for id in [&pod_id, &c] {
         assert!(
             !std::path::Path::new(&format!("{}/state/{id}", s.dir)).exists(),
             "state of {id} is left"
@@ -394,6 +364,66 @@ async fn serve_from_a_cri_vm_pod(s: &Stack, boot: Boot) -> (String, String) {
         assert!(!s.has_pod_domain(id), "domain of {id} left");
     }
     (marker, console)
+}
+
+/// A VM-mode CRI pod with `boot`'s firmware, disk driver and network-config, and the
+/// serving user-data.
+async fn start_vm_pod(s: &Stack, boot: Boot) -> PodUnderTest {
+    PodUnderTest::start_with(s, |c| {
+        if boot.uefi {
+            c.annotations
+                .insert("vmlet.io/firmware".into(), "uefi".into());
+        }
+        c.annotations
+            .insert("vmlet.io/disk-driver".into(), boot.disk_driver.into());
+        c.annotations
+            .insert("vmlet.io/image-type".into(), "vm".into());
+        c.annotations.insert(
+            "vmlet.io/cloud-init-user-data".into(),
+            SERVING_USER_DATA.into(),
+        );
+        c.annotations.insert(
+            "vmlet.io/cloud-init-network-config".into(),
+            boot.network_config.into(),
+        );
+        c.annotations
+            .insert("vmlet.io/memory".into(), "256Mi".into());
+    })
+    .await
+}
+
+/// The marker line in the CRI log at `log` of pod `name`, within [`MARKER_DEADLINE`].
+async fn marker_in(log: &std::path::Path, name: &str, network_config: &str) -> String {
+    let deadline = std::time::Instant::now() + MARKER_DEADLINE;
+    loop {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        // The echo's own line on the console is the command, quoted; the marker follows
+        // a space.
+        if let Some(line) = text
+            .lines()
+            .find(|l| l.contains(" vmlet-marker ") && !l.contains("$(hostname)"))
+        {
+            return line.to_owned();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no marker in the CRI log of pod {name} ({network_config}) within {MARKER_DEADLINE:?}:\n{text}"
+        );
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    }
+}
+
+/// The answer to `GET /name` on `ip`:8080 from the node's namespace `node`, tried for 60 s.
+fn page_on(node: &str, ip: &str) -> Option<String> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let page =
+            vmlet_integration::testnet::tcp_exchange(node, ip, 8080, "GET /name HTTP/1.0\r\n\r\n");
+        if page.is_some() || std::time::Instant::now() > deadline {
+            return page;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
 }
 
 #[tokio::test]

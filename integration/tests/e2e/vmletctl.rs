@@ -53,72 +53,143 @@ fn gc_removes_orphans_only_and_ps_and_console_show_the_pods() {
     let with_ns = format!("network:{}", live_net.pod_path().display());
     s.run_detached_with(&live, &["--with-ns", &with_ns], &["sleep", "1000"])
         .unwrap();
+    let mut o = Orphans::make(&s);
+    ps_shows_the_pods(&s, &live, &o);
 
-    // The orphans: a marked domain without a shim, a state dir whose shim is gone.
-    let orphan_pod = unique_id("ctlorphan");
-    define_domain(&s, &format!("vmlet-{orphan_pod}"), Some(&orphan_pod));
-    let gone = unique_id("ctlgone");
-    let gone_dir = format!("{}/state/{gone}", s.dir);
-    std::fs::create_dir_all(&gone_dir).unwrap();
-    let dead_pid = {
-        let mut child = Command::new("true").spawn().unwrap();
-        child.wait().unwrap();
-        child.id()
-    };
-    std::fs::write(
-        format!("{gone_dir}/state.json"),
-        format!(r#"{{"dir": "{gone_dir}", "mounts": [], "shim_pid": {dead_pid}}}"#),
-    )
-    .unwrap();
-    // A tap whose pod left nothing else (its fd held here, as QEMU holds a live one's),
-    // beside an unmarked tap named like vmlet's.
-    let tap_net = TestNet::new("ctltap", 1500);
-    let tap_pod = unique_id("ctltap");
-    let held = vmlet_netns::wire(&tap_net.pod_path(), &tap_pod).unwrap();
-    ip(&["-n", &tap_net.pod, "tuntap", "add", "vmtap9", "mode", "tap"]);
-    // A vsock backend of a pod whose state file is lost: known by its socket's directory.
-    let helper_pod = unique_id("ctlhelper");
-    let helper_dir = format!("{}/state/{helper_pod}", s.dir);
-    std::fs::create_dir_all(&helper_dir).unwrap();
-    let mut helper = Command::new("vhost-device-vsock")
-        .arg("--vm")
-        .arg(format!(
-            "guest-cid=9,socket={helper_dir}/vhost-vsock.sock,uds-path={helper_dir}/vsock.sock"
-        ))
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
+    let console = vmletctl(&s, &["console", &live]);
+    assert!(console.contains("agent ready on vsock port"), "{console}");
+    // Following the console until the pod is gone.
+    let (mut follower, followed) = follow_console(&s, &live);
+
+    a_dry_run_removes_nothing(&s, &mut o);
+    gc_removes_the_orphans_only(&s, &live, &live_net, &mut o);
+
+    for d in [&o.foreign, &o.lookalike] {
+        assert!(virsh(&s, &["undefine", d]).status.success());
+    }
+    assert!(
+        follower.try_wait().unwrap().is_none(),
+        "console --follow waits while the pod lives"
+    );
+    s.kill_and_remove(&live).unwrap();
+    assert_eq!(live_net.vmlet_leftovers(), Vec::<String>::new());
+    drop(o);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while follower.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = follower.kill();
+            panic!("console --follow did not end with its pod");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let followed = followed.join().unwrap();
+    assert!(followed.contains("agent ready on vsock port"), "{followed}");
+}
+
+/// What `vmletctl gc` is to remove, beside what it must leave.
+struct Orphans {
+    /// A marked domain without a shim.
+    orphan_pod: String,
+    /// A state dir whose shim is gone.
+    gone: String,
+    gone_dir: String,
+    /// A tap whose pod left nothing else (its fd held here, as QEMU holds a live one's,
+    /// and let go before its namespace goes), beside an unmarked tap named like vmlet's.
+    _held: vmlet_netns::Wired,
+    tap_net: TestNet,
+    tap_pod: String,
+    /// A vsock backend of a pod whose state file is lost: known by its socket's directory.
+    helper_pod: String,
+    helper_dir: String,
+    helper: std::process::Child,
+    /// Not vmlet's: no mark, whatever the name.
+    foreign: String,
+    lookalike: String,
+}
+
+impl Orphans {
+    fn make(s: &Stack) -> Self {
+        let orphan_pod = unique_id("ctlorphan");
+        define_domain(s, &format!("vmlet-{orphan_pod}"), Some(&orphan_pod));
+        let gone = unique_id("ctlgone");
+        let gone_dir = format!("{}/state/{gone}", s.dir);
+        std::fs::create_dir_all(&gone_dir).unwrap();
+        let dead_pid = {
+            let mut child = Command::new("true").spawn().unwrap();
+            child.wait().unwrap();
+            child.id()
+        };
+        std::fs::write(
+            format!("{gone_dir}/state.json"),
+            format!(r#"{{"dir": "{gone_dir}", "mounts": [], "shim_pid": {dead_pid}}}"#),
+        )
         .unwrap();
-    // Not vmlet's: no mark, whatever the name.
-    let foreign = unique_id("notvmlet");
-    define_domain(&s, &foreign, None);
-    let lookalike = format!("vmlet-{}", unique_id("lookalike"));
-    define_domain(&s, &lookalike, None);
+        let tap_net = TestNet::new("ctltap", 1500);
+        let tap_pod = unique_id("ctltap");
+        let held = vmlet_netns::wire(&tap_net.pod_path(), &tap_pod).unwrap();
+        ip(&["-n", &tap_net.pod, "tuntap", "add", "vmtap9", "mode", "tap"]);
+        let helper_pod = unique_id("ctlhelper");
+        let helper_dir = format!("{}/state/{helper_pod}", s.dir);
+        std::fs::create_dir_all(&helper_dir).unwrap();
+        let helper = Command::new("vhost-device-vsock")
+            .arg("--vm")
+            .arg(format!(
+                "guest-cid=9,socket={helper_dir}/vhost-vsock.sock,uds-path={helper_dir}/vsock.sock"
+            ))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let foreign = unique_id("notvmlet");
+        define_domain(s, &foreign, None);
+        let lookalike = format!("vmlet-{}", unique_id("lookalike"));
+        define_domain(s, &lookalike, None);
+        Orphans {
+            orphan_pod,
+            gone,
+            gone_dir,
+            _held: held,
+            tap_net,
+            tap_pod,
+            helper_pod,
+            helper_dir,
+            helper,
+            foreign,
+            lookalike,
+        }
+    }
+}
 
-    let ps = vmletctl(&s, &["ps"]);
+/// `vmletctl ps` (as a table and as JSON) shows the live pod running with its tap, the
+/// orphans gone, and nothing not vmlet's.
+fn ps_shows_the_pods(s: &Stack, live: &str, o: &Orphans) {
+    let ps = vmletctl(s, &["ps"]);
     let line = |id: &str| {
         ps.lines()
             .find(|l| l.starts_with(id))
             .unwrap_or_else(|| panic!("{id} missing from ps:\n{ps}"))
             .to_owned()
     };
-    assert!(!line(&live).contains("gone"), "{ps}");
-    assert!(line(&live).contains("running"), "{ps}");
-    assert!(line(&orphan_pod).contains("gone"), "{ps}");
-    assert!(line(&gone).contains("gone"), "{ps}");
+    assert!(!line(live).contains("gone"), "{ps}");
+    assert!(line(live).contains("running"), "{ps}");
+    assert!(line(&o.orphan_pod).contains("gone"), "{ps}");
+    assert!(line(&o.gone).contains("gone"), "{ps}");
     let taps_column = |id: &str| line(id).split_whitespace().last().unwrap().to_owned();
-    assert_eq!(taps_column(&live), "1", "{ps}");
-    assert_eq!(taps_column(&tap_pod), "1", "{ps}");
-    assert!(line(&tap_pod).contains("gone"), "{ps}");
-    assert!(!ps.contains(&foreign) && !ps.contains(&lookalike), "{ps}");
+    assert_eq!(taps_column(live), "1", "{ps}");
+    assert_eq!(taps_column(&o.tap_pod), "1", "{ps}");
+    assert!(line(&o.tap_pod).contains("gone"), "{ps}");
+    assert!(
+        !ps.contains(&o.foreign) && !ps.contains(&o.lookalike),
+        "{ps}"
+    );
 
     let json: serde_json::Value =
-        serde_json::from_str(&vmletctl(&s, &["ps", "-o", "json"])).unwrap();
+        serde_json::from_str(&vmletctl(s, &["ps", "-o", "json"])).unwrap();
     let live_json = json
         .as_array()
         .unwrap()
         .iter()
-        .find(|p| p["pod"] == live.as_str())
+        .find(|p| p["pod"] == live)
         .unwrap_or_else(|| panic!("{live} missing from ps -o json: {json}"));
     assert_eq!(live_json["domain"], "running", "{live_json}");
     assert!(live_json["shim_pid"].as_u64().is_some(), "{live_json}");
@@ -127,12 +198,12 @@ fn gc_removes_orphans_only_and_ps_and_console_show_the_pods() {
         1,
         "{live_json}"
     );
+}
 
-    let console = vmletctl(&s, &["console", &live]);
-    assert!(console.contains("agent ready on vsock port"), "{console}");
-    // Following the console until the pod is gone.
+/// `vmletctl console --follow` of `pod`, and what it prints until it ends (16 MiB at most).
+fn follow_console(s: &Stack, pod: &str) -> (std::process::Child, std::thread::JoinHandle<String>) {
     let mut follower = Command::new(format!("{}/bin/vmletctl", s.dir))
-        .args(["console", "--follow", &live])
+        .args(["console", "--follow", pod])
         .env("VMLET_CONFIG", format!("{}/config.toml", s.dir))
         .stdout(std::process::Stdio::piped())
         .spawn()
@@ -147,46 +218,60 @@ fn gc_removes_orphans_only_and_ps_and_console_show_the_pods() {
         .unwrap();
         String::from_utf8_lossy(&bytes).into_owned()
     });
+    (follower, followed)
+}
 
-    let dry = vmletctl(&s, &["gc", "--dry-run"]);
-    assert!(dry.contains(&orphan_pod) && dry.contains(&gone), "{dry}");
-    assert!(dry.contains(&format!("pod {tap_pod}: tap vmtap0")), "{dry}");
-    let helper_line = format!("pod {helper_pod}: vhost-device-vsock {}", helper.id());
+/// `vmletctl gc --dry-run` names every orphan and removes or stops nothing.
+fn a_dry_run_removes_nothing(s: &Stack, o: &mut Orphans) {
+    let dry = vmletctl(s, &["gc", "--dry-run"]);
+    assert!(
+        dry.contains(&o.orphan_pod) && dry.contains(&o.gone),
+        "{dry}"
+    );
+    assert!(
+        dry.contains(&format!("pod {}: tap vmtap0", o.tap_pod)),
+        "{dry}"
+    );
+    let helper_line = format!("pod {}: vhost-device-vsock {}", o.helper_pod, o.helper.id());
     assert!(dry.contains(&helper_line), "{dry}");
     assert!(
-        all_domains(&s).contains(&orphan_pod),
+        all_domains(s).contains(&o.orphan_pod),
         "a dry run removes nothing"
     );
-    assert!(std::path::Path::new(&gone_dir).exists());
+    assert!(std::path::Path::new(&o.gone_dir).exists());
     assert!(
-        links(&tap_net).contains("vmtap0"),
+        links(&o.tap_net).contains("vmtap0"),
         "a dry run removes nothing"
     );
     assert!(
-        helper.try_wait().unwrap().is_none(),
+        o.helper.try_wait().unwrap().is_none(),
         "a dry run stops nothing"
     );
+}
 
-    let removed = vmletctl(&s, &["gc"]);
-    assert!(!removed.contains(&live), "{removed}");
-    let domains = all_domains(&s);
-    assert!(!domains.contains(&orphan_pod), "{domains}");
-    assert!(!std::path::Path::new(&gone_dir).exists());
+/// `vmletctl gc` removes the orphans, and leaves the live pod (its domain, its tap, its
+/// task) and what is not vmlet's.
+fn gc_removes_the_orphans_only(s: &Stack, live: &str, live_net: &TestNet, o: &mut Orphans) {
+    let removed = vmletctl(s, &["gc"]);
+    assert!(!removed.contains(live), "{removed}");
+    let domains = all_domains(s);
+    assert!(!domains.contains(&o.orphan_pod), "{domains}");
+    assert!(!std::path::Path::new(&o.gone_dir).exists());
     assert!(
-        domains.contains(&foreign) && domains.contains(&lookalike),
+        domains.contains(&o.foreign) && domains.contains(&o.lookalike),
         "{domains}"
     );
     assert!(domains.contains(&format!("vmlet-{live}")), "{domains}");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    while helper.try_wait().unwrap().is_none() {
+    while o.helper.try_wait().unwrap().is_none() {
         assert!(
             std::time::Instant::now() < deadline,
             "the orphaned vhost-device-vsock still runs"
         );
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
-    assert!(!std::path::Path::new(&helper_dir).exists());
-    let orphan_links = links(&tap_net);
+    assert!(!std::path::Path::new(&o.helper_dir).exists());
+    let orphan_links = links(&o.tap_net);
     assert!(!orphan_links.contains("vmtap0"), "{orphan_links}");
     assert!(orphan_links.contains("vmtap9"), "{orphan_links}");
     let live_tap = ip(&["-n", &live_net.pod, "-j", "link", "show", "vmtap0"]);
@@ -194,28 +279,7 @@ fn gc_removes_orphans_only_and_ps_and_console_show_the_pods() {
         live_tap.contains(&format!("vmlet:{live}:eth0")),
         "the live pod's tap is kept: {live_tap}"
     );
-    assert_eq!(s.task_status(&live).unwrap().as_deref(), Some("RUNNING"));
-
-    for d in [&foreign, &lookalike] {
-        assert!(virsh(&s, &["undefine", d]).status.success());
-    }
-    assert!(
-        follower.try_wait().unwrap().is_none(),
-        "console --follow waits while the pod lives"
-    );
-    s.kill_and_remove(&live).unwrap();
-    assert_eq!(live_net.vmlet_leftovers(), Vec::<String>::new());
-    drop(held);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while follower.try_wait().unwrap().is_none() {
-        if std::time::Instant::now() > deadline {
-            let _ = follower.kill();
-            panic!("console --follow did not end with its pod");
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
-    let followed = followed.join().unwrap();
-    assert!(followed.contains("agent ready on vsock port"), "{followed}");
+    assert_eq!(s.task_status(live).unwrap().as_deref(), Some("RUNNING"));
 }
 
 fn links(net: &TestNet) -> String {

@@ -65,6 +65,29 @@ fn pod(config: &NodeConfig, pod_id: &str) -> (PodPaths, Arc<Mutex<PodState>>) {
     new_pod_state(config, pod_id, None).unwrap()
 }
 
+/// Pod `p` with its state under a temporary directory (removed when dropped), no cgroup.
+struct Scratch {
+    _dir: tempfile::TempDir,
+    config: NodeConfig,
+    paths: PodPaths,
+    rec: Recorder<'static>,
+}
+
+fn scratch_pod() -> Scratch {
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path());
+    let (paths, state) = pod(&config, "p");
+    Scratch {
+        _dir: dir,
+        config,
+        paths,
+        rec: Recorder {
+            state,
+            cgroup: None,
+        },
+    }
+}
+
 /// What the pod's state file on disk says (what a restarted shim would find).
 fn saved(paths: &PodPaths) -> PodState {
     PodState::load(&paths.dir).unwrap()
@@ -124,13 +147,12 @@ fn a_pods_state_is_new_or_refused() {
 
 #[test]
 fn the_first_step_saves_the_state_and_gives_the_pod_dir_its_mode() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = config(dir.path());
-    let (paths, state) = pod(&config, "p");
-    let rec = Recorder {
-        state,
-        cgroup: None,
-    };
+    let Scratch {
+        _dir,
+        config: _,
+        paths,
+        rec,
+    } = scratch_pod();
     host_setup::dir_and_cgroup(&paths, None, &rec).unwrap();
     let mode = std::fs::metadata(&paths.dir).unwrap().permissions().mode();
     assert_eq!(mode & 0o7777, crate::host::share::POD_DIR_MODE);
@@ -143,13 +165,12 @@ fn the_first_step_saves_the_state_and_gives_the_pod_dir_its_mode() {
 
 #[tokio::test]
 async fn without_hooks_the_pods_namespace_is_the_one_given_and_no_process_starts() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = config(dir.path());
-    let (paths, state) = pod(&config, "p");
-    let rec = Recorder {
-        state,
-        cgroup: None,
-    };
+    let Scratch {
+        _dir,
+        config: _,
+        paths,
+        rec,
+    } = scratch_pod();
     let mut req = request("p");
     assert!(host_setup::start_host_process(&req, &rec)
         .await
@@ -163,18 +184,17 @@ async fn without_hooks_the_pods_namespace_is_the_one_given_and_no_process_starts
     assert_eq!(netns.path, PathBuf::from("/var/run/netns/pod"));
     assert!(!netns.may_be_empty);
     assert_eq!(rec.state.lock().unwrap().holder_pid, None);
-    let _ = paths;
+    assert!(!paths.dir.join(crate::host::state::STATE_FILE).exists());
 }
 
 #[tokio::test]
 async fn the_kernels_vsock_needs_no_backend_process() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = config(dir.path());
-    let (paths, state) = pod(&config, "p");
-    let rec = Recorder {
-        state,
-        cgroup: None,
-    };
+    let Scratch {
+        _dir,
+        config,
+        paths,
+        rec,
+    } = scratch_pod();
     let device = vsock_backend::start(&config, &paths, &rec).await.unwrap();
     assert_eq!(device, VsockDevice::Vhost);
     assert_eq!(rec.state.lock().unwrap().vsock_pid, None);
@@ -295,13 +315,12 @@ fn devices() -> launch::Devices {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_domain_is_recorded_before_it_starts_and_qemus_monitor_tells_its_end() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = config(dir.path());
-    let (paths, state) = pod(&config, "p");
-    let rec = Recorder {
-        state,
-        cgroup: None,
-    };
+    let Scratch {
+        _dir,
+        config,
+        paths,
+        rec,
+    } = scratch_pod();
     let (qemu, quit) = FakeQemu::new(paths.qmp_socket.clone(), false);
     let qemu = Arc::new(qemu);
     let vmm: Arc<dyn VmManager> = qemu.clone();

@@ -124,6 +124,56 @@ echo attacks done
     )
 }
 
+/// The attack script run by guest root in `pod` (aimed at the containers `rw`, `ro` and
+/// the `late` one to come): nothing says it planted anything where the host works.
+fn guest_root_attacks(s: &Stack, pod: &str, canaries: &Canaries, rw: &str, ro: &str, late: &str) {
+    let script = attack_script(pod, canaries, rw, ro, late);
+    let out = s
+        .ctr_output(&[
+            "task",
+            "exec",
+            "--exec-id",
+            "attack",
+            pod,
+            "sh",
+            "-c",
+            &script,
+        ])
+        .unwrap();
+    let said = text(&out.stdout);
+    println!("attack: {said}{}", text(&out.stderr));
+    assert!(
+        said.contains("attacks done"),
+        "the attack did not run: {said}"
+    );
+    let planted: Vec<&str> = said.lines().filter(|l| l.starts_with("planted")).collect();
+    assert_eq!(
+        planted,
+        Vec::<&str>::new(),
+        "the guest wrote where the host works"
+    );
+}
+
+/// The canary mount is still mounted and nothing of the host changed but the guest's own
+/// links in its read-write volume (which show that the attack reached the share).
+fn the_host_files_are_as_they_were(canaries: &Canaries) {
+    assert!(canaries.is_mounted(), "the canary mount was unmounted");
+    let after = snapshot(&canaries.root);
+    // The guest did reach the share: its links are in the read-write volume.
+    assert!(
+        after.iter().any(|(p, _)| p.ends_with("escape-file")),
+        "the guest could not write its volume: the attack had no reach"
+    );
+    let planted_by_guest = |p: &PathBuf| {
+        p.starts_with(&canaries.rw_volume)
+            && p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("escape-"))
+    };
+    let changed: Vec<_> = after.iter().filter(|e| !planted_by_guest(&e.0)).collect();
+    let before: Vec<_> = canaries.before.iter().collect();
+    assert_eq!(changed, before, "host files changed");
+}
+
 #[test]
 #[ignore = "needs the vmlet stack: make test"]
 fn guest_root_cannot_steer_the_share() {
@@ -165,31 +215,7 @@ fn guest_root_cannot_steer_the_share() {
     }
 
     let late = unique_id("late");
-    let script = attack_script(&pod, &canaries, &rw, &ro, &late);
-    let out = s
-        .ctr_output(&[
-            "task",
-            "exec",
-            "--exec-id",
-            "attack",
-            &pod,
-            "sh",
-            "-c",
-            &script,
-        ])
-        .unwrap();
-    let said = text(&out.stdout);
-    println!("attack: {said}{}", text(&out.stderr));
-    assert!(
-        said.contains("attacks done"),
-        "the attack did not run: {said}"
-    );
-    let planted: Vec<&str> = said.lines().filter(|l| l.starts_with("planted")).collect();
-    assert_eq!(
-        planted,
-        Vec::<&str>::new(),
-        "the guest wrote where the host works"
-    );
+    guest_root_attacks(&s, &pod, &canaries, &rw, &ro, &late);
 
     // The container the guest aimed at, added after the plants; then everything removed.
     let out = s
@@ -214,21 +240,7 @@ fn guest_root_cannot_steer_the_share() {
     }
     s.kill_and_remove(&pod).unwrap();
 
-    assert!(canaries.is_mounted(), "the canary mount was unmounted");
-    let after = snapshot(&canaries.root);
-    // The guest did reach the share: its links are in the read-write volume.
-    assert!(
-        after.iter().any(|(p, _)| p.ends_with("escape-file")),
-        "the guest could not write its volume: the attack had no reach"
-    );
-    let planted_by_guest = |p: &PathBuf| {
-        p.starts_with(&canaries.rw_volume)
-            && p.file_name()
-                .is_some_and(|n| n.to_string_lossy().starts_with("escape-"))
-    };
-    let changed: Vec<_> = after.iter().filter(|e| !planted_by_guest(&e.0)).collect();
-    let before: Vec<_> = canaries.before.iter().collect();
-    assert_eq!(changed, before, "host files changed");
+    the_host_files_are_as_they_were(&canaries);
     let pod_dir = Path::new(&s.dir).join("state").join(&pod);
     assert!(!pod_dir.exists(), "{} left", pod_dir.display());
 }

@@ -33,6 +33,64 @@ fn aimed_at(manifest: &str, root: &std::path::Path) -> String {
         .replace(restart, "")
 }
 
+/// The node's label is the installer's to set and the cleanup's to remove: it goes first
+/// ([`Relabel::off`]), and comes back however the test ends.
+struct Relabel<'a>(&'a Cluster);
+
+impl<'a> Relabel<'a> {
+    fn off(k: &'a Cluster) -> Self {
+        k.ok(&["label", "node", &k.node, "vmlet.io/runtime-"])
+            .unwrap();
+        Relabel(k)
+    }
+}
+
+impl Drop for Relabel<'_> {
+    fn drop(&mut self) {
+        let _ = self.0.ok(&[
+            "label",
+            "node",
+            &self.0.node,
+            "vmlet.io/runtime=true",
+            "--overwrite",
+        ]);
+    }
+}
+
+/// The node's `vmlet.io/runtime` label (empty: none).
+fn label(k: &Cluster) -> String {
+    k.jsonpath(
+        &["node", &k.node],
+        None,
+        "{.metadata.labels.vmlet\\.io/runtime}",
+    )
+    .unwrap()
+}
+
+/// A scratch root standing for the node's, on disk (the release holds the guest image),
+/// removed however the test ends.
+struct Scratch(std::path::PathBuf);
+
+impl Scratch {
+    /// Made new (a name planted in /var/tmp, a link among them, is refused), root's alone,
+    /// with containerd's `config`.
+    fn with_containerd_config(config: &str) -> Self {
+        let scratch = Scratch(std::path::Path::new("/var/tmp").join(unique_id("vmlet-node-root")));
+        std::os::unix::fs::DirBuilderExt::mode(&mut std::fs::DirBuilder::new(), 0o700)
+            .create(&scratch.0)
+            .unwrap();
+        std::fs::create_dir_all(scratch.0.join("etc/containerd")).unwrap();
+        std::fs::write(scratch.0.join("etc/containerd/config.toml"), config).unwrap();
+        scratch
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// The DaemonSet installer and the cleanup Job as deploy/ ships them (aimed at a scratch root
 /// standing for the node's): the installer's pod installs vmlet there and labels the node
 /// through the API server (its Service address, by kube-proxy); the cleanup Job removes the
@@ -50,56 +108,37 @@ fn the_daemonset_installer_and_the_cleanup_job_run_as_shipped() {
     )
     .unwrap();
     assert!(import.status.success(), "{}", text(&import.stderr));
-
-    // The node's label is the installer's to set and the cleanup's to remove: it goes
-    // first, and comes back however the test ends.
-    struct Relabel<'a>(&'a Cluster);
-    impl Drop for Relabel<'_> {
-        fn drop(&mut self) {
-            let _ = self.0.ok(&[
-                "label",
-                "node",
-                &self.0.node,
-                "vmlet.io/runtime=true",
-                "--overwrite",
-            ]);
-        }
-    }
-    let _relabel = Relabel(&k);
-    k.ok(&["label", "node", &k.node, "vmlet.io/runtime-"])
-        .unwrap();
-    let label = |k: &Cluster| {
-        k.jsonpath(
-            &["node", &k.node],
-            None,
-            "{.metadata.labels.vmlet\\.io/runtime}",
-        )
-        .unwrap()
-    };
-
-    // On disk (the release holds the guest image), removed however the test ends.
-    struct Scratch(std::path::PathBuf);
-    impl Drop for Scratch {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-    let scratch = Scratch(std::path::Path::new("/var/tmp").join(unique_id("vmlet-node-root")));
-    let root = scratch.0.clone();
-    // Made new (a name planted in /var/tmp, a link among them, is refused), root's alone.
-    std::os::unix::fs::DirBuilderExt::mode(&mut std::fs::DirBuilder::new(), 0o700)
-        .create(&root)
-        .unwrap();
-    std::fs::create_dir_all(root.join("etc/containerd")).unwrap();
+    let _relabel = Relabel::off(&k);
     let config =
         "version = 3\n\n[plugins.'io.containerd.cri.v1.runtime']\n  enable_selinux = false\n";
-    std::fs::write(root.join("etc/containerd/config.toml"), config).unwrap();
+    let scratch = Scratch::with_containerd_config(config);
+    let root = scratch.0.clone();
 
     let deploy = aimed_at("vmlet-deploy.yaml", &root);
     k.apply(&deploy).unwrap();
+    the_installer_installs_and_labels(&k, &root);
+
+    // Off again: the DaemonSet first (its pods would install again), then the Job.
+    let deleted = k
+        .with_input(&["delete", "-f", "-", "--timeout=120s"], &deploy)
+        .unwrap();
+    assert!(deleted.status.success(), "{}", text(&deleted.stderr));
+    let cleanup = aimed_at("vmlet-cleanup.yaml", &root);
+    k.apply(&cleanup).unwrap();
+    the_cleanup_gives_the_root_back(&k, &root, config);
+    let deleted = k
+        .with_input(&["delete", "-f", "-", "--timeout=120s"], &cleanup)
+        .unwrap();
+    assert!(deleted.status.success(), "{}", text(&deleted.stderr));
+    drop(scratch);
+}
+
+/// The applied DaemonSet's pod installs vmlet into `root`, merges containerd's config, labels
+/// the node, and says so in its log.
+fn the_installer_installs_and_labels(k: &Cluster, root: &std::path::Path) {
     let started = Instant::now();
     eventually(Duration::from_secs(180), "the installer's label", || {
-        (label(&k) == "true").then_some(())
+        (label(k) == "true").then_some(())
     });
     println!(
         "the DaemonSet installed vmlet and labelled the node in {} s",
@@ -121,14 +160,11 @@ fn the_daemonset_installer_and_the_cleanup_job_run_as_shipped() {
         }
         std::thread::sleep(Duration::from_secs(1));
     }
+}
 
-    // Off again: the DaemonSet first (its pods would install again), then the Job.
-    let deleted = k
-        .with_input(&["delete", "-f", "-", "--timeout=120s"], &deploy)
-        .unwrap();
-    assert!(deleted.status.success(), "{}", text(&deleted.stderr));
-    let cleanup = aimed_at("vmlet-cleanup.yaml", &root);
-    k.apply(&cleanup).unwrap();
+/// The applied cleanup Job completes, removes the node's label and leaves `root` as it
+/// was: containerd's `config` and no shim.
+fn the_cleanup_gives_the_root_back(k: &Cluster, root: &std::path::Path, config: &str) {
     let done = k
         .run(
             &[
@@ -146,16 +182,11 @@ fn the_daemonset_installer_and_the_cleanup_job_run_as_shipped() {
         .ok(&["logs", "-n", "kube-system", "job/vmlet-cleanup"])
         .unwrap_or_default();
     assert!(done.status.success(), "the cleanup Job: {job_logs}");
-    assert_eq!(label(&k), "", "the label after the cleanup");
+    assert_eq!(label(k), "", "the label after the cleanup");
     assert_eq!(
         std::fs::read_to_string(root.join("etc/containerd/config.toml")).unwrap(),
         config,
         "containerd's config after the cleanup"
     );
     assert!(!root.join("usr/local/bin/containerd-shim-vmlet-v2").exists());
-    let deleted = k
-        .with_input(&["delete", "-f", "-", "--timeout=120s"], &cleanup)
-        .unwrap();
-    assert!(deleted.status.success(), "{}", text(&deleted.stderr));
-    drop(scratch);
 }

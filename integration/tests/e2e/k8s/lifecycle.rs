@@ -185,59 +185,13 @@ spec:
     );
     k.apply(&pod).unwrap();
     wait_ready(&k, &ns.name, "resized", READY_DEADLINE);
-    let mem_total_kib = |k: &Cluster| -> u64 {
-        let meminfo = k
-            .ok(&[
-                "exec",
-                "resized",
-                "-n",
-                &ns.name,
-                "--",
-                "cat",
-                "/proc/meminfo",
-            ])
-            .unwrap();
-        meminfo
-            .lines()
-            .find_map(|l| l.strip_prefix("MemTotal:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .expect("MemTotal")
-    };
-    let before = mem_total_kib(&k);
+    let before = mem_total_kib(&k, &ns.name, "resized");
     // A resize to 192Mi, then one of 6 MiB more, as Kubernetes' own resize specs step (less
     // than the guest driver's plug step, 4 MiB on Linux 6.1: the VM grows a whole one).
     let mut after = before;
     for (cpu, limit) in [("1", "192Mi"), ("1", "198Mi")] {
-        let patch = format!(
-            r#"{{"spec":{{"containers":[{{"name":"app","resources":{{"requests":{{"cpu":"200m","memory":"96Mi"}},"limits":{{"cpu":"{cpu}","memory":"{limit}"}}}}}}]}}}}"#
-        );
-        k.ok(&[
-            "patch",
-            "pod",
-            "resized",
-            "-n",
-            &ns.name,
-            "--subresource",
-            "resize",
-            "-p",
-            &patch,
-        ])
-        .unwrap();
-        eventually(
-            Duration::from_secs(90),
-            &format!("the resize to {limit} applied"),
-            || {
-                let limits = k
-                    .jsonpath(
-                        &["pod", "resized"],
-                        Some(&ns.name),
-                        "{.status.containerStatuses[0].resources.limits.memory}",
-                    )
-                    .ok()?;
-                (limits.trim() == limit).then_some(())
-            },
-        );
-        let now = mem_total_kib(&k);
+        resize(&k, &ns.name, cpu, limit);
+        let now = mem_total_kib(&k, &ns.name, "resized");
         println!(
             "resize to a {limit} limit: the guest's MemTotal went from {} to {} MiB",
             after >> 10,
@@ -259,5 +213,51 @@ spec:
     assert!(
         !conditions.contains("PodResize"),
         "a resize still pending or in progress: {conditions}"
+    );
+}
+
+/// The guest's MemTotal (KiB) as `pod` in namespace `ns` reads it.
+fn mem_total_kib(k: &Cluster, ns: &str, pod: &str) -> u64 {
+    let meminfo = k
+        .ok(&["exec", pod, "-n", ns, "--", "cat", "/proc/meminfo"])
+        .unwrap();
+    meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("MemTotal")
+}
+
+/// Resizes the `app` container of pod `resized` in namespace `ns` in place to `cpu` and a
+/// memory `limit`, and waits (90 s at most) until the kubelet reports the limit applied.
+fn resize(k: &Cluster, ns: &str, cpu: &str, limit: &str) {
+    let patch = format!(
+        r#"{{"spec":{{"containers":[{{"name":"app","resources":{{"requests":{{"cpu":"200m","memory":"96Mi"}},"limits":{{"cpu":"{cpu}","memory":"{limit}"}}}}}}]}}}}"#
+    );
+    k.ok(&[
+        "patch",
+        "pod",
+        "resized",
+        "-n",
+        ns,
+        "--subresource",
+        "resize",
+        "-p",
+        &patch,
+    ])
+    .unwrap();
+    eventually(
+        Duration::from_secs(90),
+        &format!("the resize to {limit} applied"),
+        || {
+            let limits = k
+                .jsonpath(
+                    &["pod", "resized"],
+                    Some(ns),
+                    "{.status.containerStatuses[0].resources.limits.memory}",
+                )
+                .ok()?;
+            (limits.trim() == limit).then_some(())
+        },
     );
 }

@@ -108,6 +108,15 @@ pub(crate) fn wait_ready(k: &Cluster, ns: &str, pod: &str, limit: Duration) {
     );
 }
 
+/// What `sh -c script` prints in `container` of `pod` in namespace `ns` (`kubectl exec`),
+/// which must succeed.
+pub(super) fn sh_in(k: &Cluster, ns: &str, pod: &str, container: &str, script: &str) -> String {
+    k.ok(&[
+        "exec", pod, "-n", ns, "-c", container, "--", "sh", "-c", script,
+    ])
+    .unwrap()
+}
+
 /// Polls `probe` every second until it gives `Some`, at most `limit`.
 pub(super) fn eventually<T>(
     limit: Duration,

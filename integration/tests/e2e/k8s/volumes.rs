@@ -13,7 +13,27 @@ fn kubernetes_volumes_reach_the_vm_and_a_configmap_edit_follows() {
     let s = stack();
     let k = cluster();
     let ns = Namespace::new(&k, "volumes");
-    let manifest = format!(
+    k.apply(&manifest(&ns.name, &s.image)).unwrap();
+    wait_ready(&k, &ns.name, "volumes", READY_DEADLINE);
+    let sh_in = |container: &str, script: &str| sh_in(&k, &ns.name, "volumes", container, script);
+    let sh = |script: &str| sh_in("app", script);
+    assert_eq!(sh("cat /etc/settings/greeting"), "first");
+    assert_eq!(sh("cat /etc/secret/password"), "s3cret");
+    assert_eq!(sh("cat /etc/info/name"), "volumes");
+    assert!(sh("cat /etc/info/labels").contains("tier=\"test\""));
+    assert_eq!(
+        sh("echo on-disk >/scratch/f && echo in-memory >/memory/f && cat /scratch/f /memory/f"),
+        "on-disk\nin-memory\n"
+    );
+    the_memory_volume_is_the_guests(&s, &k, &ns.name, &sh_in);
+    let token = sh("cat /var/run/secrets/kubernetes.io/serviceaccount/token");
+    assert_eq!(token.split('.').count(), 3, "not a JWT: {token}");
+    a_configmap_edit_follows(&k, &ns.name, &sh);
+}
+
+/// The test's pod (in namespace `ns`, with `image`), its configMap and its secret.
+fn manifest(ns: &str, image: &str) -> String {
+    format!(
         r#"apiVersion: v1
 kind: ConfigMap
 metadata: {{name: settings, namespace: {ns}}}
@@ -68,30 +88,20 @@ spec:
       - {{path: name, fieldRef: {{fieldPath: metadata.name}}}}
   - {{name: scratch, emptyDir: {{}}}}
   - {{name: memory, emptyDir: {{medium: Memory, sizeLimit: 16Mi}}}}
-"#,
-        ns = ns.name,
-        image = s.image
-    );
-    k.apply(&manifest).unwrap();
-    wait_ready(&k, &ns.name, "volumes", READY_DEADLINE);
-    let sh_in = |container: &str, script: &str| {
-        k.ok(&[
-            "exec", "volumes", "-n", &ns.name, "-c", container, "--", "sh", "-c", script,
-        ])
-        .unwrap()
-    };
+"#
+    )
+}
+
+/// The emptyDir in memory is a tmpfs of the guest's, of the volume's size, that the pod's
+/// containers share (subPaths of it included); nothing of it reaches the node's tmpfs, it
+/// is the pod's fsGroup's as the node's is, and it holds no more than its size.
+fn the_memory_volume_is_the_guests(
+    s: &vmlet_integration::Stack,
+    k: &Cluster,
+    ns: &str,
+    sh_in: &dyn Fn(&str, &str) -> String,
+) {
     let sh = |script: &str| sh_in("app", script);
-    assert_eq!(sh("cat /etc/settings/greeting"), "first");
-    assert_eq!(sh("cat /etc/secret/password"), "s3cret");
-    assert_eq!(sh("cat /etc/info/name"), "volumes");
-    assert!(sh("cat /etc/info/labels").contains("tier=\"test\""));
-    assert_eq!(
-        sh("echo on-disk >/scratch/f && echo in-memory >/memory/f && cat /scratch/f /memory/f"),
-        "on-disk\nin-memory\n"
-    );
-    // The emptyDir in memory is a tmpfs of the guest's, of the volume's size, that the pod's
-    // containers share; nothing of it reaches the node's tmpfs, and it holds no more than
-    // its size.
     assert_eq!(sh("stat -f -c %T /memory"), "tmpfs\n");
     assert_eq!(sh("stat -f -c '%b*%S' /memory"), "4096*4096\n");
     assert_eq!(sh_in("peer", "cat /memory/f"), "in-memory\n");
@@ -107,7 +117,7 @@ spec:
         "1000\nmine\n"
     );
     let uid = k
-        .jsonpath(&["pod", "volumes"], Some(&ns.name), "{.metadata.uid}")
+        .jsonpath(&["pod", "volumes"], Some(ns), "{.metadata.uid}")
         .unwrap();
     let on_node = std::path::Path::new(&s.dir)
         .join("k8s/kubelet/pods")
@@ -151,7 +161,7 @@ spec:
                 "exec",
                 "volumes",
                 "-n",
-                &ns.name,
+                ns,
                 "-c",
                 "app",
                 "--",
@@ -167,16 +177,16 @@ spec:
         "17 MiB into a 16Mi emptyDir: {}",
         text(&overfill.stderr)
     );
+}
 
-    let token = sh("cat /var/run/secrets/kubernetes.io/serviceaccount/token");
-    assert_eq!(token.split('.').count(), 3, "not a JWT: {token}");
-
+/// An edit of the configMap reaches the file in the VM within the kubelet's sync.
+fn a_configmap_edit_follows(k: &Cluster, ns: &str, sh: &dyn Fn(&str) -> String) {
     k.ok(&[
         "patch",
         "configmap",
         "settings",
         "-n",
-        &ns.name,
+        ns,
         "-p",
         r#"{"data":{"greeting":"second"}}"#,
     ])

@@ -84,15 +84,23 @@ spec:
         sandboxes.len() >= 4,
         "sandboxes of the deployment: {sandboxes:?}"
     );
-    let ours = |names: Vec<String>| of_sandboxes(names, &sandboxes);
+    scaled_to_zero_nothing_is_left(&s, &k, &ns.name, &sandboxes);
+}
 
-    k.ok(&["scale", "deployment/web", "-n", &ns.name, "--replicas=0"])
+/// Scaled to zero, the deployment's pods go, then (the kubelet removes the sandboxes after
+/// their pods) every VM and pod state of `sandboxes`.
+fn scaled_to_zero_nothing_is_left(
+    s: &vmlet_integration::Stack,
+    k: &Cluster,
+    ns: &str,
+    sandboxes: &[String],
+) {
+    let ours = |names: Vec<String>| of_sandboxes(names, sandboxes);
+    k.ok(&["scale", "deployment/web", "-n", ns, "--replicas=0"])
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(180);
     loop {
-        let left = k
-            .ok(&["get", "pods", "-n", &ns.name, "-o", "name"])
-            .unwrap();
+        let left = k.ok(&["get", "pods", "-n", ns, "-o", "name"]).unwrap();
         if left.trim().is_empty() {
             break;
         }
