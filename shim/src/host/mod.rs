@@ -1,8 +1,9 @@
 //! What a pod makes on the node, and where it is undone.
 //!
 //! - [`pod_paths`]: where a pod's files are; [`state`]: what it made, recorded before each
-//!   thing is made; [`reclaim`]: the one teardown from that record (a shim's delete, a failed
-//!   boot, `shim delete` after a dead shim, `vmletctl gc`);
+//!   thing is made as an entry of the undo journal ([`journal`]: each kind of entry and its
+//!   undo); [`reclaim`]: the one teardown, undoing the journal in reverse (a shim's delete, a
+//!   failed boot, `shim delete` after a dead shim, `vmletctl gc`);
 //! - [`pod_cgroup`]: the pod's host cgroup; [`log_dir`]: the size-limited tmpfs for what the
 //!   guest can make the host log; [`share`]: the shared directory, over [`fd_mount`] (mounts,
 //!   unmounts and removal by file descriptor);
@@ -14,6 +15,7 @@
 pub(crate) mod fd_mount;
 pub(crate) mod file_lock;
 pub mod host_command;
+pub mod journal;
 pub(crate) mod log_dir;
 pub(crate) mod netns_holder;
 pub mod pod_cgroup;

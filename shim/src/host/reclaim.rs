@@ -1,18 +1,18 @@
-//! Removing what a pod made, from what its state file lists: the one teardown that a
-//! shim's delete, a failed boot, `shim delete` after a dead shim and `vmletctl gc` share.
-//! It uses the pod's record and the VM manager, nothing of the running shim.
+//! Removing what a pod made, from its state file's journal ([`crate::host::journal`]): the
+//! one teardown that a shim's delete, a failed boot, `shim delete` after a dead shim and
+//! `vmletctl gc` share. It uses the pod's record and the VM manager, nothing of the running
+//! shim.
 
-use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
 use vmlet_config::NodeConfig;
 
+use crate::host::journal::Made;
 use crate::host::share;
 use crate::host::state::PodState;
 use crate::vmm::VmManager;
 use crate::Error;
 
-/// Removes what `state` lists: domain, pod network wiring, host process, vsock backend,
-/// mounts, then the directory. Goes on past failures and reports the first.
+/// Undoes `state`'s journal, the last made first, then removes the directory. Goes on past
+/// failures and reports the first.
 pub fn teardown(vmm: &dyn VmManager, state: &PodState) -> Result<(), Error> {
     let mut first: Option<Error> = None;
     let mut note = |r: Result<(), Error>| {
@@ -21,34 +21,8 @@ pub fn teardown(vmm: &dyn VmManager, state: &PodState) -> Result<(), Error> {
             first.get_or_insert(e);
         }
     };
-    if let Some(domain) = &state.domain {
-        note(vmm.remove(domain));
-    }
-    if let Some(netns) = &state.netns {
-        let pod_id = state.dir.file_name().unwrap_or_default().to_string_lossy();
-        match vmlet_netns::unwire(netns, &pod_id, &state.wirings) {
-            // The namespace is gone (CNI DEL ran first): so is everything in it.
-            Err(vmlet_netns::Error::Enter { .. }) => {}
-            other => note(other.map_err(Error::Network)),
-        }
-    }
-    if let Some(pid) = state.holder_pid {
-        crate::host::netns_holder::stop(pid);
-    }
-    if let Some(pid) = state.vsock_pid {
-        if is_vhost_device_vsock(pid) {
-            let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
-        }
-    }
-    // After the domain, which QEMU wrote it for. Were that left running (its removal
-    // failed), the disk's space comes back when `vmletctl gc` removes the marked domain;
-    // the name goes now, with the state that records it.
-    if let Some(dir) = &state.disk_dir {
-        note(crate::vm_mode::disk_dir::remove(dir));
-    }
-    note(share::unmount_recorded(&state.dir, &state.mounts));
-    if let Some(path) = &state.cgroup {
-        note(crate::host::pod_cgroup::PodCgroup { path: path.clone() }.remove());
+    for made in state.made.iter().rev() {
+        note(made.undo(vmm, &state.dir));
     }
     // Whatever the state file did not list (it was lost): nothing may stop the removal.
     if state.dir.exists() {
@@ -56,13 +30,6 @@ pub fn teardown(vmm: &dyn VmManager, state: &PodState) -> Result<(), Error> {
         note(share::remove_pod_dir(&state.dir));
     }
     first.map_or(Ok(()), Err)
-}
-
-/// Guards against killing a recycled PID.
-fn is_vhost_device_vsock(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/cmdline"))
-        .map(|c| c.contains("vhost-device-vsock"))
-        .unwrap_or(false)
 }
 
 /// Whether `pid` is the running shim of `pod_id` (checked by its command line, so that a
@@ -88,13 +55,16 @@ pub fn cleanup_after_shim(
     if !dir.exists() {
         return Ok(());
     }
-    let state = crate::host::state::PodState::load(&dir).unwrap_or(crate::host::state::PodState {
+    // Without its state file, what any pod of that id may have left outside its directory.
+    let state = PodState::load(&dir).unwrap_or_else(|_| PodState {
         dir: dir.clone(),
-        domain: Some(crate::host::pod_paths::domain_name(pod_id)),
-        disk_dir: Some(crate::host::pod_paths::disk_dir(
-            &config.vm_images.disk_dir,
-            pod_id,
-        )),
+        made: vec![
+            Made::DiskDir(crate::host::pod_paths::disk_dir(
+                &config.vm_images.disk_dir,
+                pod_id,
+            )),
+            Made::Domain(crate::host::pod_paths::domain_name(pod_id)),
+        ],
         ..Default::default()
     });
     if let Some(pid) = state.shim_pid.filter(|p| *p != std::process::id()) {
@@ -122,12 +92,31 @@ mod tests {
         vmm.start("<name>vmlet-p</name>").unwrap();
         let state = PodState {
             dir: dir.clone(),
-            domain: Some("vmlet-p".into()),
+            made: vec![Made::Domain("vmlet-p".into())],
             ..Default::default()
         };
         teardown(&vmm, &state).unwrap();
         assert!(vmm.running.lock().unwrap().is_empty());
         assert!(!dir.exists());
+    }
+
+    #[test]
+    fn teardown_goes_on_past_a_failed_undo_and_reports_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let pod_dir = dir.path().join("p");
+        std::fs::create_dir(&pod_dir).unwrap();
+        let vmm = crate::vmm::FakeVmm::default();
+        vmm.start("<name>vmlet-p</name>").unwrap();
+        let state = PodState {
+            dir: pod_dir.clone(),
+            // Undone last: a mount outside the pod's directory is refused.
+            made: vec![Made::Mount("/etc".into()), Made::Domain("vmlet-p".into())],
+            ..Default::default()
+        };
+        let err = teardown(&vmm, &state).unwrap_err();
+        assert!(err.message().contains("not unmounting /etc"), "{err:?}");
+        assert!(vmm.running.lock().unwrap().is_empty());
+        assert!(!pod_dir.exists());
     }
 
     #[test]

@@ -5,45 +5,79 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::host::journal::Made;
 use crate::Error;
 
 /// File name inside the pod's state directory.
 pub const STATE_FILE: &str = "state.json";
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "StateFile")]
 pub struct PodState {
     /// The pod's state directory (removed last).
     pub dir: PathBuf,
-    /// libvirt domain name, once defining it was attempted.
-    pub domain: Option<String>,
-    /// PID of the pod's `vhost-device-vsock`, if one was started.
-    pub vsock_pid: Option<u32>,
-    /// Mount points created, in creation order.
-    pub mounts: Vec<PathBuf>,
-    /// The pod network namespace whose interfaces were wired to taps.
-    #[serde(default)]
-    pub netns: Option<PathBuf>,
-    /// What was wired there (removed again by teardown).
-    #[serde(default)]
-    pub wirings: Vec<vmlet_netns::Wiring>,
-    /// PID of the pod's host process (see `netns_holder`), when its spec has OCI hooks.
-    #[serde(default)]
-    pub holder_pid: Option<u32>,
     /// PID of the shim serving the pod: `shim delete` stops it if it still runs (containerd
     /// took it for dead, so nothing would ever talk to it again).
-    #[serde(default)]
     pub shim_pid: Option<u32>,
     /// The id that shim was started with, when it is not this directory's name: a VM-mode
     /// pod's VM is its container's, served by the shim of the pod's sandbox.
-    #[serde(default)]
     pub shim_id: Option<String>,
-    /// The pod's host cgroup (below each hierarchy's root), once it was made.
+    /// What the pod made, in the order it made it ([`Made`]: the undo journal).
+    pub made: Vec<Made>,
+}
+
+/// A state file as read: [`PodState`]'s fields, or the record a shim of an earlier version
+/// kept (a field per kind of resource), which becomes a journal in the order that version
+/// undid it.
+#[derive(Deserialize)]
+struct StateFile {
+    dir: PathBuf,
     #[serde(default)]
-    pub cgroup: Option<PathBuf>,
-    /// A VM image's directory under the node's `vm_images.disk_dir` (its root disk), once
-    /// making it was attempted.
+    shim_pid: Option<u32>,
     #[serde(default)]
-    pub disk_dir: Option<PathBuf>,
+    shim_id: Option<String>,
+    #[serde(default)]
+    made: Vec<Made>,
+    #[serde(default)]
+    domain: Option<String>,
+    #[serde(default)]
+    vsock_pid: Option<u32>,
+    #[serde(default)]
+    mounts: Vec<PathBuf>,
+    #[serde(default)]
+    netns: Option<PathBuf>,
+    #[serde(default)]
+    wirings: Vec<vmlet_netns::Wiring>,
+    #[serde(default)]
+    holder_pid: Option<u32>,
+    #[serde(default)]
+    cgroup: Option<PathBuf>,
+    #[serde(default)]
+    disk_dir: Option<PathBuf>,
+}
+
+impl From<StateFile> for PodState {
+    fn from(f: StateFile) -> Self {
+        // Undone last first: the domain, the network, the host process, the vsock backend,
+        // the disk directory, the mounts (the last made first), the cgroup.
+        let mut made: Vec<Made> = f.cgroup.into_iter().map(Made::Cgroup).collect();
+        made.extend(f.mounts.into_iter().map(Made::Mount));
+        made.extend(f.disk_dir.map(Made::DiskDir));
+        made.extend(f.vsock_pid.map(Made::VsockBackend));
+        made.extend(f.holder_pid.map(Made::HostProcess));
+        made.extend(f.netns.map(|netns| Made::Network {
+            netns,
+            wirings: f.wirings,
+        }));
+        made.extend(f.domain.map(Made::Domain));
+        made.extend(f.made);
+        PodState {
+            dir: f.dir,
+            shim_pid: f.shim_pid,
+            shim_id: f.shim_id,
+            made,
+        }
+    }
 }
 
 impl PodState {
@@ -52,6 +86,61 @@ impl PodState {
         let tmp = self.dir.join(".state.json.tmp");
         std::fs::write(&tmp, json).map_err(|e| Error::io("write pod state", e))?;
         std::fs::rename(&tmp, self.dir.join(STATE_FILE)).map_err(|e| Error::io("save pod state", e))
+    }
+
+    /// Records `made` in the journal (the caller saves).
+    pub fn record(&mut self, made: Made) {
+        self.made.push(made);
+    }
+
+    /// The libvirt domain, once starting it was attempted.
+    pub fn domain(&self) -> Option<&str> {
+        self.made.iter().find_map(|m| match m {
+            Made::Domain(name) => Some(name.as_str()),
+            _ => None,
+        })
+    }
+
+    /// The pod's host process, when one was started.
+    pub fn holder_pid(&self) -> Option<u32> {
+        self.made.iter().find_map(|m| match m {
+            Made::HostProcess(pid) => Some(*pid),
+            _ => None,
+        })
+    }
+
+    /// The pod's host cgroup, once making it was attempted.
+    pub fn cgroup(&self) -> Option<&Path> {
+        self.made.iter().find_map(|m| match m {
+            Made::Cgroup(path) => Some(path.as_path()),
+            _ => None,
+        })
+    }
+
+    /// Records what was wired in `netns`, whose wiring the journal has.
+    pub fn wired(&mut self, netns: &Path, wired: Vec<vmlet_netns::Wiring>) {
+        for made in &mut self.made {
+            if let Made::Network { netns: n, wirings } = made {
+                if n == netns {
+                    *wirings = wired;
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Takes the mounts at or below `dir` out of the journal (a container that goes takes
+    /// its own), in the order they were made.
+    pub fn take_mounts_below(&mut self, dir: &Path) -> Vec<PathBuf> {
+        let mut taken = Vec::new();
+        self.made.retain(|m| match m {
+            Made::Mount(target) if target.starts_with(dir) => {
+                taken.push(target.clone());
+                false
+            }
+            _ => true,
+        });
+        taken
     }
 
     /// The id of the shim that serves this pod: [`PodState::shim_id`], else the
@@ -79,24 +168,87 @@ mod tests {
 
     #[test]
     fn round_trip() {
-        let dir = std::env::temp_dir().join(format!("vmlet-state-test-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let dir = dir.path().to_owned();
         let state = PodState {
             dir: dir.clone(),
-            domain: Some("vmlet-x".into()),
-            vsock_pid: Some(42),
-            mounts: vec![dir.join("share/c/rootfs")],
-            netns: None,
-            wirings: vec![],
-            holder_pid: Some(43),
             shim_pid: Some(44),
             shim_id: Some("p".into()),
-            cgroup: Some(PathBuf::from("/kubepods/pod1/p")),
-            disk_dir: Some(PathBuf::from("/var/lib/vmlet/disks/p")),
+            made: vec![
+                Made::Cgroup("/kubepods/pod1/p".into()),
+                Made::Mount(dir.join("share/c/rootfs")),
+                Made::HostProcess(43),
+                Made::VsockBackend(42),
+                Made::DiskDir("/var/lib/vmlet/disks/p".into()),
+                Made::Domain("vmlet-x".into()),
+            ],
         };
         state.save().unwrap();
         assert_eq!(PodState::load(&dir).unwrap(), state);
-        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(state.domain(), Some("vmlet-x"));
+        assert_eq!(state.holder_pid(), Some(43));
+        assert_eq!(state.cgroup(), Some(Path::new("/kubepods/pod1/p")));
+    }
+
+    #[test]
+    fn an_earlier_versions_record_is_a_journal_undone_in_that_versions_order() {
+        let old = r#"{"dir": "/run/vmlet/p", "domain": "vmlet-p", "vsock_pid": 42,
+            "mounts": ["/run/vmlet/p/log", "/run/vmlet/p/share"], "netns": "/var/run/netns/p",
+            "wirings": [], "holder_pid": 43, "shim_pid": 44, "cgroup": "/kubepods/p",
+            "disk_dir": "/var/lib/vmlet/disks/p"}"#;
+        let state: PodState = serde_json::from_str(old).unwrap();
+        assert_eq!(state.shim_pid, Some(44));
+        let undone: Vec<Made> = state.made.into_iter().rev().collect();
+        assert_eq!(
+            undone,
+            [
+                Made::Domain("vmlet-p".into()),
+                Made::Network {
+                    netns: "/var/run/netns/p".into(),
+                    wirings: vec![]
+                },
+                Made::HostProcess(43),
+                Made::VsockBackend(42),
+                Made::DiskDir("/var/lib/vmlet/disks/p".into()),
+                Made::Mount("/run/vmlet/p/share".into()),
+                Made::Mount("/run/vmlet/p/log".into()),
+                Made::Cgroup("/kubepods/p".into()),
+            ]
+        );
+        // What `vmletctl gc`'s test plants: a directory and a dead shim.
+        let bare: PodState =
+            serde_json::from_str(r#"{"dir": "/run/vmlet/q", "mounts": [], "shim_pid": 7}"#)
+                .unwrap();
+        assert_eq!((bare.shim_pid, bare.made.len()), (Some(7), 0));
+    }
+
+    #[test]
+    fn a_containers_mounts_leave_the_journal_with_it() {
+        let mut state = PodState::default();
+        for m in [
+            "/p/log",
+            "/p/mounts/c1/rootfs",
+            "/p/mounts/c2/rootfs",
+            "/p/mounts/c1/b",
+        ] {
+            state.record(Made::Mount(m.into()));
+        }
+        state.record(Made::Network {
+            netns: "/n".into(),
+            wirings: vec![],
+        });
+        let taken = state.take_mounts_below(Path::new("/p/mounts/c1"));
+        assert_eq!(
+            taken,
+            [
+                PathBuf::from("/p/mounts/c1/rootfs"),
+                "/p/mounts/c1/b".into()
+            ]
+        );
+        assert_eq!(state.made.len(), 3);
+        state.wired(Path::new("/n"), vec![]);
+        state.wired(Path::new("/elsewhere"), vec![]);
+        assert_eq!(state.made.len(), 3);
     }
 
     #[test]

@@ -83,7 +83,7 @@ impl PodMeter {
             dir: dir.to_owned(),
             cgroup: crate::host::state::PodState::load(dir)
                 .ok()
-                .and_then(|s| s.cgroup),
+                .and_then(|s| s.cgroup().map(Path::to_owned)),
             boot_seconds: boot.as_secs_f64(),
             agent_ready_seconds: agent_ready.map(|d| d.as_secs_f64()),
             execs: AtomicU64::new(0),

@@ -1,7 +1,7 @@
 //! The booted VM as the task service sees it ([`PodVm`]): stdio, block devices, memory,
 //! containers in the share, the VM's end, and its teardown.
 
-use std::path::PathBuf;
+use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
@@ -12,6 +12,7 @@ use crate::devices::block_devices::BlockDevice;
 use crate::devices::memory::Fit;
 use crate::guest::stdio::{Copies, ProcessName, StdioPaths};
 use crate::guest::Guest;
+use crate::host::journal::Made;
 use crate::host::share::{self, RootfsSource};
 use crate::vm::pod_vm::PodVm;
 use crate::Error;
@@ -94,7 +95,7 @@ impl PodVm for Vm {
         let fit = self.memory.lock().unwrap().fit(container_id, limit_mib)?;
         if let Fit::Grow { plugged_mib } = fit {
             // The pod's cgroup as it is now (a kubelet raises it before a resize).
-            let cgroup = self.state.lock().unwrap().cgroup.clone();
+            let cgroup = self.state.lock().unwrap().cgroup().map(Path::to_owned);
             if let Some(limit) = cgroup
                 .and_then(|path| crate::host::pod_cgroup::PodCgroup { path }.memory_limit_mib())
             {
@@ -142,7 +143,7 @@ impl PodVm for Vm {
         let added =
             share::mount_container(&self.paths.dir, container_id, rootfs, binds, &|target| {
                 let mut state = self.state.lock().unwrap();
-                state.mounts.push(target.to_owned());
+                state.record(Made::Mount(target.to_owned()));
                 state.save()
             });
         if added.is_err() {
@@ -156,10 +157,7 @@ impl PodVm for Vm {
         self.memory.lock().unwrap().release(container_id);
         let dir = self.paths.dir.join(share::MOUNTS_DIR).join(container_id);
         let mut state = self.state.lock().unwrap();
-        let (theirs, ours): (Vec<PathBuf>, Vec<PathBuf>) = std::mem::take(&mut state.mounts)
-            .into_iter()
-            .partition(|m| m.starts_with(&dir));
-        state.mounts = ours;
+        let theirs = state.take_mounts_below(&dir);
         let unmounted = share::unmount_recorded(&self.paths.dir, &theirs);
         state.save()?;
         unmounted.and(share::remove_container_dir(&self.paths.dir, container_id))

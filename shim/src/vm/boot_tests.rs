@@ -158,7 +158,7 @@ fn the_first_step_saves_the_state_and_gives_the_pod_dir_its_mode() {
     assert_eq!(mode & 0o7777, crate::host::share::POD_DIR_MODE);
     let state = saved(&paths);
     assert_eq!(state.dir, paths.dir);
-    assert_eq!(state.cgroup, None);
+    assert_eq!(state.cgroup(), None);
     // Without a cgroup, the VM's processes stay where they are.
     rec.place(std::process::id(), "the test").unwrap();
 }
@@ -183,7 +183,7 @@ async fn without_hooks_the_pods_namespace_is_the_one_given_and_no_process_starts
         .unwrap();
     assert_eq!(netns.path, PathBuf::from("/var/run/netns/pod"));
     assert!(!netns.may_be_empty);
-    assert_eq!(rec.state.lock().unwrap().holder_pid, None);
+    assert!(rec.state.lock().unwrap().made.is_empty());
     assert!(!paths.dir.join(crate::host::state::STATE_FILE).exists());
 }
 
@@ -197,7 +197,7 @@ async fn the_kernels_vsock_needs_no_backend_process() {
     } = scratch_pod();
     let device = vsock_backend::start(&config, &paths, &rec).await.unwrap();
     assert_eq!(device, VsockDevice::Vhost);
-    assert_eq!(rec.state.lock().unwrap().vsock_pid, None);
+    assert!(rec.state.lock().unwrap().made.is_empty());
 }
 
 #[test]
@@ -328,7 +328,7 @@ async fn the_domain_is_recorded_before_it_starts_and_qemus_monitor_tells_its_end
         .await
         .unwrap();
     assert_eq!(launched.name, "vmlet-p");
-    assert_eq!(saved(&paths).domain.as_deref(), Some("vmlet-p"));
+    assert_eq!(saved(&paths).domain(), Some("vmlet-p"));
     // The monitor's peer is the process that connected it: QEMU's PID (here, the test's).
     assert_eq!(launched.qemu_pid, std::process::id());
     let xml = qemu.started.lock().unwrap().join("");
@@ -366,7 +366,7 @@ async fn a_start_libvirt_refuses_is_torn_down_from_what_was_recorded() {
         .expect("the start fails");
     assert!(err.message().contains("libvirt refused"), "{err:?}");
     // Recorded before the start: a teardown finds the domain to remove.
-    assert_eq!(saved(&paths).domain.as_deref(), Some("vmlet-p"));
+    assert_eq!(saved(&paths).domain(), Some("vmlet-p"));
     let fake = Arc::new(FakeVmm::default());
     fake.running.lock().unwrap().push("vmlet-p".into());
     let vmm: Arc<dyn VmManager> = fake.clone();
@@ -383,7 +383,7 @@ async fn a_start_libvirt_refuses_is_torn_down_from_what_was_recorded() {
 fn booted_state(config: &NodeConfig, fake: &FakeVmm) -> (PodPaths, PodState) {
     let (paths, state) = pod(config, "p");
     let mut state = state.lock().unwrap().clone();
-    state.domain = Some("vmlet-p".into());
+    state.record(crate::host::journal::Made::Domain("vmlet-p".into()));
     state.save().unwrap();
     fake.running.lock().unwrap().push("vmlet-p".into());
     (paths, state)

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use vmlet_config::NodeConfig;
 
 use super::{block, BootRequest, Recorder};
+use crate::host::journal::Made;
 use crate::host::pod_paths::PodPaths;
 use crate::host::share;
 use crate::Error;
@@ -47,7 +48,7 @@ pub(super) fn dir_and_cgroup(
     )
     .map_err(|e| Error::io("chmod pod dir", e))?;
     if let Some(cgroup) = cgroup {
-        rec.save(|s| s.cgroup = Some(cgroup.path.clone()))?;
+        rec.record(Made::Cgroup(cgroup.path.clone()))?;
         cgroup.create()?;
     }
     Ok(())
@@ -90,7 +91,7 @@ pub(super) async fn spawn_host_process(
     rec: &Recorder<'_>,
 ) -> Result<u32, Error> {
     let pid = block(move || crate::host::netns_holder::spawn(netns.as_deref())).await??;
-    rec.save(|s| s.holder_pid = Some(pid))?;
+    rec.record(Made::HostProcess(pid))?;
     rec.place(pid, "the pod's host process")?;
     let state = crate::spec::hooks::HookState {
         pid,

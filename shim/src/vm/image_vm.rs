@@ -67,7 +67,7 @@ impl ImageVm {
             pod_id: req.pod_id,
             container_id: req.container_id,
             host_pid: booted.qemu_pid,
-            holder_pid: state.holder_pid,
+            holder_pid: state.holder_pid(),
             state: Mutex::new(state),
             vmm,
             tap_server: booted.tap_server,

@@ -1,6 +1,6 @@
 //! One pod's VM: state directory, shared directory, vsock backend, libvirt domain, agent.
-//! Everything created is recorded in [`PodState`] first and removed by
-//! [`crate::host::reclaim::teardown`].
+//! Everything created is recorded in [`PodState`]'s undo journal first
+//! ([`crate::host::journal`]) and removed by [`crate::host::reclaim::teardown`].
 //!
 //! [`Vm::boot`] makes the pod's state directory and runs [`boot::run`], the boot read
 //! top-down: the host side ([`host_setup`]: cgroup, log tmpfs, share, the pod's host process
@@ -37,6 +37,7 @@ use crate::devices::hotplug::Hotplug;
 use crate::devices::memory::PodMemory;
 use crate::guest::vsock::Endpoint;
 use crate::guest::{AgentGuest, Guest};
+use crate::host::journal::Made;
 use crate::host::pod_paths::PodPaths;
 pub use crate::host::share::RootfsSource;
 use crate::host::state::PodState;
@@ -94,9 +95,15 @@ impl Recorder<'_> {
         s.save()
     }
 
+    /// Records what a step is about to make (or, a process, has just started) in the
+    /// journal, and saves it.
+    fn record(&self, made: Made) -> Result<(), Error> {
+        self.save(|s| s.record(made))
+    }
+
     /// Records a mount the share or the log directory made.
     fn mount(&self, target: &std::path::Path) -> Result<(), Error> {
-        self.save(|s| s.mounts.push(target.to_owned()))
+        self.record(Made::Mount(target.to_owned()))
     }
 
     /// Puts a host process of the VM into the pod's cgroup (when it has one).
@@ -172,7 +179,7 @@ impl Vm {
         let state = state.lock().unwrap().clone();
         Ok(Vm {
             shape: req.shape,
-            holder_pid: state.holder_pid,
+            holder_pid: state.holder_pid(),
             pod_id: req.pod_id,
             paths,
             endpoint: booted.endpoint,
@@ -238,7 +245,7 @@ async fn reclaim_failed_boot(
 
 /// Has libvirt destroy the domain `state` records (QEMU is killed), if there is one yet.
 async fn destroy_domain(state: &Mutex<PodState>, vmm: &Arc<dyn VmManager>) -> Result<(), Error> {
-    let Some(domain) = state.lock().unwrap().domain.clone() else {
+    let Some(domain) = state.lock().unwrap().domain().map(str::to_owned) else {
         return Ok(());
     };
     let vmm = vmm.clone();

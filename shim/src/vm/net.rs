@@ -46,7 +46,10 @@ pub(super) async fn wire(
     rec: &Recorder<'_>,
     netns: &PodNetns,
 ) -> Result<PodNet, Error> {
-    rec.save(|s| s.netns = Some(netns.path.clone()))?;
+    rec.record(crate::host::journal::Made::Network {
+        netns: netns.path.clone(),
+        wirings: Vec::new(),
+    })?;
     let (path, owner) = (netns.path.clone(), pod_id.to_owned());
     let wired = match block(move || vmlet_netns::wire(&path, &owner)).await? {
         Ok(wired) => wired,
@@ -55,7 +58,7 @@ pub(super) async fn wire(
         }
         Err(e) => return Err(Error::Network(e)),
     };
-    rec.save(|s| s.wirings = wired.wirings.clone())?;
+    rec.save(|s| s.wired(&netns.path, wired.wirings.clone()))?;
     let taps: Vec<TapDescription> = wired
         .wirings
         .iter()
