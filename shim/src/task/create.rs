@@ -16,36 +16,16 @@ use oci_spec::runtime::Spec;
 use vmlet_config::NodeConfig;
 use vmlet_protocol::agent::CreateContainerRequest;
 
-use super::plan::{CreatePlan, Target};
+use super::plan::{CreatePlan, RunningPods, Target};
 use super::process::Process;
 use super::{TaskEntry, TaskService};
 use crate::guest::stdio::ProcessName;
 use crate::guest::ProcessId;
-use crate::host::share::RootfsSource;
 use crate::spec::hooks::{HookState, HostHooks};
-use crate::spec::HostBind;
 use crate::task::phases::Phases;
 use crate::task::pod_metrics::PodMeter;
-use crate::vm::pod_vm::{BootRequest, PodHold, PodVm};
+use crate::vm::pod_vm::PodVm;
 use crate::Error;
-
-/// Where the container goes, its pod's VM found.
-enum PodTarget {
-    /// A new VM, for the pod `pod_id` (the task's own, or a VM-mode pod's whose sandbox
-    /// `pod` holds).
-    Boot {
-        boot: Box<BootRequest>,
-        pod_id: String,
-        pod: Option<Arc<dyn PodVm>>,
-    },
-    Hold(Box<PodHold>),
-    Join {
-        vm: Arc<dyn PodVm>,
-        sandbox_id: String,
-        rootfs: RootfsSource,
-        binds: Vec<HostBind>,
-    },
-}
 
 /// The pod's VM a create's container goes in.
 struct InVm {
@@ -70,7 +50,7 @@ impl TaskService {
         let spec = Spec::load(Path::new(&req.bundle).join("config.json"))
             .map_err(|e| Error::InvalidArgument(format!("read {}/config.json: {e}", req.bundle)))?;
         phases.mark("config");
-        let plan = CreatePlan::new(&req, &spec, &config, |id| self.pod_so_far(id))?;
+        let plan = CreatePlan::new(&req, &spec, &config, self)?;
         phases.mark("plan");
         let own_pid_namespace = plan.own_pid_namespace();
         let CreatePlan {
@@ -82,17 +62,30 @@ impl TaskService {
             block_devices,
             target,
         } = plan;
-        let target = self.place(&req.id, target, &hooks, &mut hook_state)?;
-        // A VM-mode pod's claim on its one container goes with a failed create.
+        // A VM-mode pod's container claims the pod (it has room for one); a failed create
+        // frees it again.
         let claimed = match &target {
-            PodTarget::Boot { pod: Some(pod), .. } => Some(pod.clone()),
+            Target::Boot {
+                pod: Some(pod),
+                pod_id,
+                ..
+            } => {
+                if let Some(image_pod) = pod.image_pod() {
+                    image_pod.claim(pod_id, &req.id)?;
+                }
+                Some(pod.clone())
+            }
             _ => None,
         };
         // From here a failure removes what was created, then runs the poststop hooks.
         let created = async {
             let in_vm = self
-                .bring_up(&config, &req.id, target, &hooks, &mut hook_state, &phases)
+                .bring_up(&config, &req.id, target, &hooks, &hook_state, &phases)
                 .await?;
+            if in_vm.owns_vm {
+                // The hooks from here on get the host process the new VM (or hold) started.
+                hook_state.pid = in_vm.vm.holder_pid().unwrap_or(0);
+            }
             let start = ContainerStart {
                 req: &req,
                 memory_limit,
@@ -158,96 +151,20 @@ impl TaskService {
         })
     }
 
-    /// What the shim knows of its running sandbox `sandbox_id`, for a container's plan.
-    fn pod_so_far(&self, sandbox_id: &str) -> Option<crate::spec::PodSoFar> {
-        let tasks = self.tasks.lock().unwrap();
-        let sandbox = tasks.get(sandbox_id)?;
-        Some(crate::spec::PodSoFar {
-            sandbox_pid: sandbox.init.pid,
-            own_pid_namespaces: tasks
-                .values()
-                .any(|t| t.pod_id == sandbox_id && !t.is_sandbox() && t.own_pid_namespace),
-        })
-    }
-
-    /// Where the plan's container goes, its pod's VM found: a VM-mode pod's container
-    /// claims its pod (and boots with what the pod holds); a container joining a pod with
-    /// hooks gives them the pod's host process.
-    fn place(
-        &self,
-        id: &str,
-        target: Target,
-        hooks: &HostHooks,
-        hook_state: &mut HookState,
-    ) -> Result<PodTarget, Error> {
-        Ok(match target {
-            Target::Boot(boot) => PodTarget::Boot {
-                boot,
-                pod_id: id.to_owned(),
-                pod: None,
-            },
-            Target::Hold(hold) => PodTarget::Hold(hold),
-            Target::BootInPod {
-                sandbox_id,
-                mut boot,
-            } => {
-                let sandbox = self.sandbox_vm(&sandbox_id)?;
-                let pod = sandbox.image_pod().ok_or_else(|| {
-                    Error::FailedPrecondition(format!(
-                        "container {id} is a VM image (vmlet.io/image-type: vm) but its pod {sandbox_id} is not a VM-mode pod: the annotation is the pod's"
-                    ))
-                })?;
-                sandbox.check_running()?;
-                pod.claim(&sandbox_id, id)?;
-                boot.netns = pod.netns.clone();
-                if let Some(image) = boot.image.as_mut() {
-                    image.instance_id = pod.instance_id.clone();
-                    image.hostname = pod.hostname.clone();
-                }
-                PodTarget::Boot {
-                    boot,
-                    pod_id: sandbox_id,
-                    pod: Some(sandbox),
-                }
-            }
-            Target::Join {
-                sandbox_id,
-                rootfs,
-                binds,
-            } => {
-                let vm = self.sandbox_vm(&sandbox_id)?;
-                if !hooks.is_empty() {
-                    hook_state.pid = vm.holder_pid().ok_or_else(|| {
-                        Error::Unimplemented(format!(
-                            "OCI hooks on a container of pod {sandbox_id}, whose sandbox has none (no host process to give them)"
-                        ))
-                    })?;
-                }
-                PodTarget::Join {
-                    vm,
-                    sandbox_id,
-                    rootfs,
-                    binds,
-                }
-            }
-        })
-    }
-
     /// The pod's VM for the container: booted, held, or joined (the create hooks run, the
-    /// container's share added). A VM it boots or holds gives the hooks its host process.
+    /// container's share added).
     async fn bring_up(
         &self,
         config: &NodeConfig,
         id: &str,
-        target: PodTarget,
+        target: Target,
         hooks: &HostHooks,
-        hook_state: &mut HookState,
+        hook_state: &HookState,
         phases: &Phases,
     ) -> Result<InVm, Error> {
         Ok(match target {
-            PodTarget::Boot { boot, pod_id, .. } => {
+            Target::Boot { boot, pod_id, .. } => {
                 let vm = self.booter.boot(config, *boot, phases).await?;
-                hook_state.pid = vm.holder_pid().unwrap_or(0);
                 InVm {
                     vm,
                     pod_id,
@@ -255,10 +172,9 @@ impl TaskService {
                     booted: Some((phases.elapsed(), phases.took("guest_boot"))),
                 }
             }
-            PodTarget::Hold(hold) => {
+            Target::Hold(hold) => {
                 let vm = self.booter.hold(config, *hold).await?;
                 phases.mark("hold");
-                hook_state.pid = vm.holder_pid().unwrap_or(0);
                 InVm {
                     vm,
                     pod_id: id.to_owned(),
@@ -266,7 +182,7 @@ impl TaskService {
                     booted: None,
                 }
             }
-            PodTarget::Join {
+            Target::Join {
                 vm,
                 sandbox_id,
                 rootfs,
@@ -361,9 +277,22 @@ impl TaskService {
             }),
         );
     }
+}
 
-    /// The running sandbox `sandbox_id`'s VM (or, for a VM-mode pod, its hold).
-    fn sandbox_vm(&self, sandbox_id: &str) -> Result<Arc<dyn PodVm>, Error> {
+/// The facts a plan takes in: the sandboxes of this shim's table.
+impl RunningPods for TaskService {
+    fn so_far(&self, sandbox_id: &str) -> Option<crate::spec::PodSoFar> {
+        let tasks = self.tasks.lock().unwrap();
+        let sandbox = tasks.get(sandbox_id)?;
+        Some(crate::spec::PodSoFar {
+            sandbox_pid: sandbox.init.pid,
+            own_pid_namespaces: tasks
+                .values()
+                .any(|t| t.pod_id == sandbox_id && !t.is_sandbox() && t.own_pid_namespace),
+        })
+    }
+
+    fn vm(&self, sandbox_id: &str) -> Result<Arc<dyn PodVm>, Error> {
         self.vms
             .lock()
             .unwrap()

@@ -249,6 +249,14 @@ impl Default for FakeVm {
 }
 
 impl FakeVm {
+    /// A VM-mode pod's sandbox, holding `pod`.
+    pub fn holding(pod: ImagePod) -> Self {
+        Self {
+            image_pod: Some(pod),
+            ..Self::default()
+        }
+    }
+
     /// QEMU exits (crash, OOM on the host, a guest that powered off).
     pub fn end(&self) {
         self.ended.send_replace(true);
@@ -409,14 +417,11 @@ impl VmBooter for FakeBooter {
 
     async fn hold(&self, _config: &NodeConfig, request: PodHold) -> Result<Arc<dyn PodVm>, Error> {
         let pod = &request.pod;
-        let vm = Arc::new(FakeVm {
-            image_pod: Some(ImagePod::new(
-                pod.netns.clone(),
-                pod.instance_id.clone(),
-                pod.hostname.clone(),
-            )),
-            ..FakeVm::default()
-        });
+        let vm = Arc::new(FakeVm::holding(ImagePod::new(
+            pod.netns.clone(),
+            pod.instance_id.clone(),
+            pod.hostname.clone(),
+        )));
         self.held.lock().unwrap().push((request, vm.clone()));
         Ok(vm)
     }

@@ -1,11 +1,14 @@
-//! A task's create as a plan: the create request, its bundle's spec and the node config in,
-//! everything the create will do out, checked before anything is made ([`CreatePlan::new`]
-//! reads no state and starts nothing). Where the container goes is a new VM (a sandbox or
-//! a plain task: [`Target::Boot`] with its [`BootRequest`]) or a running pod's VM
-//! ([`Target::Join`], which the service resolves).
+//! A task's create as a plan: the create request, its bundle's spec, the node config and
+//! what the shim knows of its running pods ([`RunningPods`]) in, everything the create
+//! will do out, checked before anything is made ([`CreatePlan::new`] makes nothing and
+//! starts nothing). Where the container goes is a new VM ([`Target::Boot`] with its
+//! [`BootRequest`]: a sandbox, a plain task, or a VM-mode pod's container with what its
+//! sandbox holds), a VM-mode pod's hold ([`Target::Hold`]) or a running pod's VM
+//! ([`Target::Join`]).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use containerd_shim::api;
 use oci_spec::runtime::Spec;
@@ -19,25 +22,34 @@ use crate::devices::memory::PodMemory;
 use crate::guest::stdio::StdioPaths;
 use crate::host::share::RootfsSource;
 use crate::spec::hooks::{HookState, HostHooks};
-use crate::spec::{HostBind, PodRole};
-use crate::vm::pod_vm::{BootRequest, HostProcess, ImagePod, ImageRequest, PodHold};
+use crate::spec::{HostBind, PodRole, PodSoFar};
+use crate::vm::pod_vm::{BootRequest, HostProcess, ImagePod, ImageRequest, PodHold, PodVm};
 use crate::vmm::domain::RootBus;
 use crate::Error;
 
+/// What the shim knows of its running pods: the facts a container's plan takes in.
+pub(super) trait RunningPods {
+    /// What a container's namespaces need of the running sandbox `sandbox_id`.
+    fn so_far(&self, sandbox_id: &str) -> Option<PodSoFar>;
+    /// The running sandbox `sandbox_id`'s VM (or, for a VM-mode pod, its hold).
+    fn vm(&self, sandbox_id: &str) -> Result<Arc<dyn PodVm>, Error>;
+}
+
 /// Where the container goes.
 pub(super) enum Target {
-    /// A new VM: a sandbox, or a task that is not part of a pod.
-    Boot(Box<BootRequest>),
+    /// A new VM, for the pod `pod_id`: a sandbox's or a plain task's (its own id), or a
+    /// VM-mode CRI pod's container's, booted with what the running sandbox `pod` holds
+    /// ([`ImagePod`]: the pod's network namespace and identity).
+    Boot {
+        boot: Box<BootRequest>,
+        pod_id: String,
+        pod: Option<Arc<dyn PodVm>>,
+    },
     /// A VM-mode CRI pod's sandbox: no VM, the pod held for its one container.
     Hold(Box<PodHold>),
-    /// A VM-mode CRI pod's container: a new VM, booted with what the running sandbox
-    /// `sandbox_id` holds ([`crate::vm::pod_vm::ImagePod`]).
-    BootInPod {
-        sandbox_id: String,
-        boot: Box<BootRequest>,
-    },
     /// The running VM of pod `sandbox_id`.
     Join {
+        vm: Arc<dyn PodVm>,
         sandbox_id: String,
         rootfs: RootfsSource,
         binds: Vec<HostBind>,
@@ -48,7 +60,8 @@ pub(super) enum Target {
 pub(super) struct CreatePlan {
     pub paths: StdioPaths,
     pub hooks: HostHooks,
-    /// The state the hooks get (the pod's host process PID is filled in later).
+    /// The state the hooks get. Its PID is the pod's host process: a joined pod's; a VM the
+    /// create boots or holds starts its own, whose PID the create gives the later hooks.
     pub hook_state: HookState,
     /// The container as the agent creates it (its block devices are filled in when they
     /// are attached).
@@ -69,15 +82,15 @@ impl CreatePlan {
             .any(|n| n == "pid")
     }
 
-    /// Plans the create of `req` from its bundle's `spec` under `config`. `pod_so_far`
-    /// tells what the shim knows of a running sandbox of this shim (a container joins its
-    /// namespaces). Bad input (annotations, stdio, hooks, devices, the spec) is
-    /// an error that names it.
+    /// Plans the create of `req` from its bundle's `spec` under `config`. `pods` tells
+    /// what the shim knows of its running sandboxes (a container joins one's namespaces and
+    /// VM). Bad input (annotations, stdio, hooks, devices, the spec, a pod that is not
+    /// there) is an error that names it.
     pub fn new(
         req: &api::CreateTaskRequest,
         spec: &Spec,
         config: &NodeConfig,
-        pod_so_far: impl Fn(&str) -> Option<crate::spec::PodSoFar>,
+        pods: &dyn RunningPods,
     ) -> Result<Self, Error> {
         let annotations = spec.annotations().clone().unwrap_or_default();
         let pod_annotations = PodAnnotations::from_map(&annotations, &config.annotations.allowed)?;
@@ -98,7 +111,7 @@ impl CreatePlan {
             ..Default::default()
         };
         let hooks = HostHooks::from_spec(spec)?;
-        let hook_state = HookState {
+        let mut hook_state = HookState {
             id: req.id.clone(),
             bundle: req.bundle.clone(),
             annotations: annotations.clone(),
@@ -108,7 +121,7 @@ impl CreatePlan {
         let memory_limit = memory_limit(spec);
         let block_devices = crate::devices::block_devices::from_spec(spec)?;
         let pod = match &role {
-            PodRole::Container { sandbox_id } => pod_so_far(sandbox_id),
+            PodRole::Container { sandbox_id } => pods.so_far(sandbox_id),
             PodRole::Sandbox => None,
         };
         agent_request.join_namespaces = crate::spec::shared_namespaces(spec, &role, pod)?;
@@ -140,22 +153,37 @@ impl CreatePlan {
             PodRole::Sandbox if vm_image && cri_sandbox => {
                 Target::Hold(Box::new(pod_hold(&req.id, spec, &hooks, &hook_state)?))
             }
-            PodRole::Sandbox => Target::Boot(Box::new(new_vm(rootfs, binds)?)),
+            PodRole::Sandbox => Target::Boot {
+                boot: Box::new(new_vm(rootfs, binds)?),
+                pod_id: req.id.clone(),
+                pod: None,
+            },
             PodRole::Container { sandbox_id } if vm_image => {
-                // The pod's identity and network namespace are the sandbox's: the service
-                // fills them in from it.
                 let mut boot = new_vm(rootfs, binds)?;
-                boot.sandbox_id = Some(sandbox_id.clone());
-                Target::BootInPod {
-                    sandbox_id,
+                let pod = pods.vm(&sandbox_id)?;
+                in_image_pod(&req.id, &sandbox_id, &*pod, &mut boot)?;
+                Target::Boot {
                     boot: Box::new(boot),
+                    pod_id: sandbox_id,
+                    pod: Some(pod),
                 }
             }
-            PodRole::Container { sandbox_id } => Target::Join {
-                sandbox_id,
-                rootfs,
-                binds,
-            },
+            PodRole::Container { sandbox_id } => {
+                let vm = pods.vm(&sandbox_id)?;
+                if !hooks.is_empty() {
+                    hook_state.pid = vm.holder_pid().ok_or_else(|| {
+                        Error::Unimplemented(format!(
+                            "OCI hooks on a container of pod {sandbox_id}, whose sandbox has none (no host process to give them)"
+                        ))
+                    })?;
+                }
+                Target::Join {
+                    vm,
+                    sandbox_id,
+                    rootfs,
+                    binds,
+                }
+            }
         };
         Ok(CreatePlan {
             paths,
@@ -167,6 +195,29 @@ impl CreatePlan {
             target,
         })
     }
+}
+
+/// A VM-mode CRI pod's container `id` boots in the pod `sandbox_id` its running `sandbox`
+/// holds: in the pod's network namespace, with the pod's identity for cloud-init.
+fn in_image_pod(
+    id: &str,
+    sandbox_id: &str,
+    sandbox: &dyn PodVm,
+    boot: &mut BootRequest,
+) -> Result<(), Error> {
+    let pod = sandbox.image_pod().ok_or_else(|| {
+        Error::FailedPrecondition(format!(
+            "container {id} is a VM image (vmlet.io/image-type: vm) but its pod {sandbox_id} is not a VM-mode pod: the annotation is the pod's"
+        ))
+    })?;
+    sandbox.check_running()?;
+    boot.sandbox_id = Some(sandbox_id.to_owned());
+    boot.netns = pod.netns.clone();
+    if let Some(image) = boot.image.as_mut() {
+        image.instance_id = pod.instance_id.clone();
+        image.hostname = pod.hostname.clone();
+    }
+    Ok(())
 }
 
 /// The container's root: the bundle's rootfs directory, or the mounts containerd passed.
@@ -375,16 +426,47 @@ mod tests {
         }
     }
 
-    fn no_sandbox(_: &str) -> Option<crate::spec::PodSoFar> {
-        None
+    /// A shim that runs no sandbox.
+    struct NoPods;
+
+    impl RunningPods for NoPods {
+        fn so_far(&self, _: &str) -> Option<PodSoFar> {
+            None
+        }
+
+        fn vm(&self, sandbox_id: &str) -> Result<Arc<dyn PodVm>, Error> {
+            Err(Error::NotFound(format!("pod sandbox {sandbox_id}")))
+        }
     }
 
-    /// A running sandbox that reported PID 42, its containers sharing its PID namespace.
-    fn pod_42(_: &str) -> Option<crate::spec::PodSoFar> {
-        Some(crate::spec::PodSoFar {
-            sandbox_pid: 42,
-            own_pid_namespaces: false,
-        })
+    /// A shim running sandbox `p1`, which reported PID 42, its containers sharing its PID
+    /// namespace, with its `vm`.
+    struct Pod42 {
+        vm: Arc<crate::task::fakes::FakeVm>,
+    }
+
+    impl RunningPods for Pod42 {
+        fn so_far(&self, sandbox_id: &str) -> Option<PodSoFar> {
+            (sandbox_id == "p1").then_some(PodSoFar {
+                sandbox_pid: 42,
+                own_pid_namespaces: false,
+            })
+        }
+
+        fn vm(&self, sandbox_id: &str) -> Result<Arc<dyn PodVm>, Error> {
+            match sandbox_id {
+                "p1" => Ok(self.vm.clone()),
+                _ => NoPods.vm(sandbox_id),
+            }
+        }
+    }
+
+    /// The boot a plan's target is (which must be one).
+    fn boot_of(target: Target) -> (Box<BootRequest>, String, bool) {
+        match target {
+            Target::Boot { boot, pod_id, pod } => (boot, pod_id, pod.is_some()),
+            _ => panic!("the plan boots no VM"),
+        }
     }
 
     #[test]
@@ -394,10 +476,9 @@ mod tests {
             json!({"vmlet.io/memory": "1.5Gi", "vmlet.io/vcpus": "2"}),
             None,
         );
-        let plan = CreatePlan::new(&request("p1"), &spec, &config, no_sandbox).unwrap();
-        let Target::Boot(boot) = plan.target else {
-            panic!("a sandbox boots a VM");
-        };
+        let plan = CreatePlan::new(&request("p1"), &spec, &config, &NoPods).unwrap();
+        let (boot, pod_id, in_pod) = boot_of(plan.target);
+        assert_eq!((pod_id.as_str(), in_pod), ("p1", false));
         assert_eq!(
             (boot.pod_id.as_str(), boot.container_id.as_str()),
             ("p1", "p1")
@@ -429,10 +510,8 @@ mod tests {
         let mut process = vm.process().clone().unwrap();
         process.set_env(Some(vec!["A=1".into()]));
         vm.set_process(Some(process));
-        let plan = CreatePlan::new(&request("v1"), &vm, &config, no_sandbox).unwrap();
-        let Target::Boot(boot) = plan.target else {
-            panic!("a VM-mode task boots a VM");
-        };
+        let plan = CreatePlan::new(&request("v1"), &vm, &config, &NoPods).unwrap();
+        let (boot, _, _) = boot_of(plan.target);
         let image = boot.image.expect("a VM image");
         assert_eq!(image.instance_id, "v1");
         assert_eq!(image.hostname, "web-0");
@@ -448,10 +527,8 @@ mod tests {
         );
         assert!(boot.sandbox_id.is_none());
         let container = spec(json!({"vmlet.io/image-type": "container"}), None);
-        let plan = CreatePlan::new(&request("c1"), &container, &config, no_sandbox).unwrap();
-        let Target::Boot(boot) = plan.target else {
-            panic!("a plain task boots a VM");
-        };
+        let plan = CreatePlan::new(&request("c1"), &container, &config, &NoPods).unwrap();
+        let (boot, _, _) = boot_of(plan.target);
         assert!(boot.image.is_none());
     }
 
@@ -463,7 +540,7 @@ mod tests {
                    SANDBOX_UID_ANNOTATION: "uid-1", SANDBOX_NAME_ANNOTATION: "web"}),
             None,
         );
-        let plan = CreatePlan::new(&request("p1"), &vm, &config, no_sandbox).unwrap();
+        let plan = CreatePlan::new(&request("p1"), &vm, &config, &NoPods).unwrap();
         let Target::Hold(hold) = plan.target else {
             panic!("a VM-mode CRI sandbox boots nothing");
         };
@@ -477,7 +554,7 @@ mod tests {
             "the pod's UID and, without a host name, its name"
         );
         vm.set_hostname(Some("web-0".into()));
-        let plan = CreatePlan::new(&request("p1"), &vm, &config, no_sandbox).unwrap();
+        let plan = CreatePlan::new(&request("p1"), &vm, &config, &NoPods).unwrap();
         let Target::Hold(hold) = plan.target else {
             panic!("a VM-mode CRI sandbox boots nothing");
         };
@@ -504,17 +581,41 @@ mod tests {
             .unwrap(),
         );
         container.set_mounts(Some(mounts));
-        let plan = CreatePlan::new(&request("c1"), &container, &config, pod_42).unwrap();
-        let Target::BootInPod { sandbox_id, boot } = plan.target else {
-            panic!("a VM-mode pod's container boots the VM");
+        // A running sandbox that is not a VM-mode pod's has no room for a VM image.
+        let plain = Pod42 {
+            vm: Arc::new(crate::task::fakes::FakeVm::default()),
         };
-        assert_eq!(sandbox_id, "p1");
+        let err = CreatePlan::new(&request("c1"), &container, &config, &plain)
+            .err()
+            .expect("refused");
+        assert_eq!(err.code(), ttrpc::Code::FAILED_PRECONDITION);
+        assert!(
+            err.message().contains("not a VM-mode pod"),
+            "{}",
+            err.message()
+        );
+        // The VM-mode pod's sandbox holds its namespace and identity.
+        let held = Pod42 {
+            vm: Arc::new(crate::task::fakes::FakeVm::holding(ImagePod::new(
+                Some(PathBuf::from("/run/netns/pod")),
+                "uid-1".into(),
+                "web-0".into(),
+            ))),
+        };
+        let plan = CreatePlan::new(&request("c1"), &container, &config, &held).unwrap();
+        let (boot, pod_id, in_pod) = boot_of(plan.target);
+        assert_eq!((pod_id.as_str(), in_pod), ("p1", true));
         assert_eq!(boot.sandbox_id.as_deref(), Some("p1"));
         assert_eq!(
             (boot.pod_id.as_str(), boot.container_id.as_str()),
             ("c1", "c1")
         );
+        assert_eq!(boot.netns.as_deref(), Some(Path::new("/run/netns/pod")));
         let image = boot.image.expect("a VM image");
+        assert_eq!(
+            (image.instance_id.as_str(), image.hostname.as_str()),
+            ("uid-1", "web-0")
+        );
         assert_eq!(image.resolv_conf.as_deref(), Some(resolv_conf.as_path()));
         std::fs::remove_file(&resolv_conf).unwrap();
         assert!(!image.network_config, "network-config: none");
@@ -524,11 +625,9 @@ mod tests {
     fn a_vm_sized_without_annotations_may_grow_to_the_node_maximum() {
         let config = NodeConfig::default();
         let spec = spec(json!({}), Some(64 << 20));
-        let plan = CreatePlan::new(&request("t1"), &spec, &config, no_sandbox).unwrap();
+        let plan = CreatePlan::new(&request("t1"), &spec, &config, &NoPods).unwrap();
         assert_eq!(plan.memory_limit, Some(64));
-        let Target::Boot(boot) = plan.target else {
-            panic!("a plain task boots a VM");
-        };
+        let (boot, _, _) = boot_of(plan.target);
         assert!(boot.memory.region_mib > 0);
     }
 
@@ -559,9 +658,11 @@ mod tests {
         let mut linux = linux;
         linux.set_namespaces(Some(namespaces));
         spec.set_linux(Some(linux));
-        let sandbox = |id: &str| pod_42(id).filter(|_| id == "p1");
-        let plan = CreatePlan::new(&request("c1"), &spec, &config, sandbox).unwrap();
-        let Target::Join { sandbox_id, .. } = plan.target else {
+        let pods = Pod42 {
+            vm: Arc::new(crate::task::fakes::FakeVm::default()),
+        };
+        let plan = CreatePlan::new(&request("c1"), &spec, &config, &pods).unwrap();
+        let Target::Join { sandbox_id, .. } = &plan.target else {
             panic!("a container joins its pod's VM");
         };
         assert_eq!(sandbox_id, "p1");
@@ -576,7 +677,7 @@ mod tests {
     fn bad_input_is_refused_by_name_before_anything_is_made() {
         let config = NodeConfig::default();
         let refused = |spec: &Spec, req: &api::CreateTaskRequest| {
-            CreatePlan::new(req, spec, &config, no_sandbox)
+            CreatePlan::new(req, spec, &config, &NoPods)
                 .err()
                 .expect("refused")
         };
