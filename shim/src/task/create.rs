@@ -62,21 +62,7 @@ impl TaskService {
             block_devices,
             target,
         } = plan;
-        // A VM-mode pod's container claims the pod (it has room for one); a failed create
-        // frees it again.
-        let claimed = match &target {
-            Target::Boot {
-                pod: Some(pod),
-                pod_id,
-                ..
-            } => {
-                if let Some(image_pod) = pod.image_pod() {
-                    image_pod.claim(pod_id, &req.id)?;
-                }
-                Some(pod.clone())
-            }
-            _ => None,
-        };
+        let claimed = claim_pod(&target, &req.id)?;
         // From here a failure removes what was created, then runs the poststop hooks.
         let created = async {
             let in_vm = self
@@ -304,6 +290,23 @@ impl RunningPods for TaskService {
                 ))
             })
     }
+}
+
+/// A VM-mode pod's container `id` claims its pod (which has room for one) and returns the
+/// pod's sandbox, whose claim a failed create gives back.
+fn claim_pod(target: &Target, id: &str) -> Result<Option<Arc<dyn PodVm>>, Error> {
+    let Target::Boot {
+        pod: Some(pod),
+        pod_id,
+        ..
+    } = target
+    else {
+        return Ok(None);
+    };
+    if let Some(image_pod) = pod.image_pod() {
+        image_pod.claim(pod_id, id)?;
+    }
+    Ok(Some(pod.clone()))
 }
 
 /// What [`TaskService::start_container`] needs of the create besides the VM.

@@ -98,18 +98,7 @@ impl CreatePlan {
         // A CRI sandbox (not a plain task, which has no role annotation).
         let cri_sandbox = annotations.contains_key(crate::spec::CONTAINER_TYPE_ANNOTATION);
         let role = crate::spec::pod_role(&annotations)?;
-        let paths = StdioPaths {
-            stdin: req.stdin.clone(),
-            stdout: req.stdout.clone(),
-            stderr: req.stderr.clone(),
-        };
-        paths.check()?;
-        let wanted = Stdio {
-            stdin: !paths.stdin.is_empty(),
-            stdout: !paths.stdout.is_empty(),
-            stderr: !paths.stderr.is_empty(),
-            ..Default::default()
-        };
+        let (paths, wanted) = stdio(req)?;
         let hooks = HostHooks::from_spec(spec)?;
         let mut hook_state = HookState {
             id: req.id.clone(),
@@ -171,11 +160,7 @@ impl CreatePlan {
             PodRole::Container { sandbox_id } => {
                 let vm = pods.vm(&sandbox_id)?;
                 if !hooks.is_empty() {
-                    hook_state.pid = vm.holder_pid().ok_or_else(|| {
-                        Error::Unimplemented(format!(
-                            "OCI hooks on a container of pod {sandbox_id}, whose sandbox has none (no host process to give them)"
-                        ))
-                    })?;
+                    hook_state.pid = host_process_of(&*vm, &sandbox_id)?;
                 }
                 Target::Join {
                     vm,
@@ -195,6 +180,33 @@ impl CreatePlan {
             target,
         })
     }
+}
+
+/// The task's stdio paths (checked) and which streams the agent makes for them.
+fn stdio(req: &api::CreateTaskRequest) -> Result<(StdioPaths, Stdio), Error> {
+    let paths = StdioPaths {
+        stdin: req.stdin.clone(),
+        stdout: req.stdout.clone(),
+        stderr: req.stderr.clone(),
+    };
+    paths.check()?;
+    let wanted = Stdio {
+        stdin: !paths.stdin.is_empty(),
+        stdout: !paths.stdout.is_empty(),
+        stderr: !paths.stderr.is_empty(),
+        ..Default::default()
+    };
+    Ok((paths, wanted))
+}
+
+/// The host process of the running pod `sandbox_id` (its `vm`), which a joining
+/// container's hooks get.
+fn host_process_of(vm: &dyn PodVm, sandbox_id: &str) -> Result<u32, Error> {
+    vm.holder_pid().ok_or_else(|| {
+        Error::Unimplemented(format!(
+            "OCI hooks on a container of pod {sandbox_id}, whose sandbox has none (no host process to give them)"
+        ))
+    })
 }
 
 /// A VM-mode CRI pod's container `id` boots in the pod `sandbox_id` its running `sandbox`
