@@ -330,7 +330,7 @@ mod tests {
         // A pod whose shim is gone (PID 0 is never a shim), with its domain.
         let orphan = PodState {
             dir: dir.join("gone"),
-            made: vec![vmlet_shim::host::journal::Made::Domain("vmlet-gone".into())],
+            made: vec![vmlet_shim::host::undo::Made::Domain("vmlet-gone".into())],
             shim_pid: Some(0),
             ..Default::default()
         };

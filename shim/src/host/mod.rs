@@ -1,7 +1,7 @@
 //! What a pod makes on the node, and where it is undone.
 //!
 //! - [`pod_paths`]: where a pod's files are; [`state`]: what it made, recorded before each
-//!   thing is made as an entry of the undo journal ([`journal`]: each kind of entry and its
+//!   thing is made as an entry of the undo journal ([`undo`]: each kind of entry and its
 //!   undo); [`reclaim`]: the one teardown, undoing the journal in reverse (a shim's delete, a
 //!   failed boot, `shim delete` after a dead shim, `vmletctl gc`);
 //! - [`pod_cgroup`]: the pod's host cgroup; [`log_dir`]: the size-limited tmpfs for what the
@@ -15,7 +15,6 @@
 pub(crate) mod fd_mount;
 pub(crate) mod file_lock;
 pub mod host_command;
-pub mod journal;
 pub(crate) mod log_dir;
 pub(crate) mod netns_holder;
 pub mod pod_cgroup;
@@ -25,3 +24,4 @@ pub(crate) mod share;
 pub(crate) mod sk_lookup;
 pub mod state;
 pub mod taps;
+pub mod undo;

@@ -1,18 +1,18 @@
-//! Removing what a pod made, from its state file's journal ([`crate::host::journal`]): the
+//! Removing what a pod made, from its state file's journal ([`crate::host::undo`]): the
 //! one teardown that a shim's delete, a failed boot, `shim delete` after a dead shim and
 //! `vmletctl gc` share. It uses the pod's record and the VM manager, nothing of the running
 //! shim.
 
 use vmlet_config::NodeConfig;
 
-use crate::host::journal::Made;
 use crate::host::share;
 use crate::host::state::PodState;
+use crate::host::undo::Made;
 use crate::vmm::VmManager;
 use crate::Error;
 
-/// Undoes `state`'s journal, the last made first, then removes the directory. Goes on past
-/// failures and reports the first.
+/// Undoes `state`'s journal: the VM first (the domain), then the rest, the last made first;
+/// then removes the directory. Goes on past failures and reports the first.
 pub fn teardown(vmm: &dyn VmManager, state: &PodState) -> Result<(), Error> {
     let mut first: Option<Error> = None;
     let mut note = |r: Result<(), Error>| {
@@ -21,7 +21,11 @@ pub fn teardown(vmm: &dyn VmManager, state: &PodState) -> Result<(), Error> {
             first.get_or_insert(e);
         }
     };
-    for made in state.made.iter().rev() {
+    let (vm, rest): (Vec<&Made>, Vec<&Made>) = state
+        .made
+        .iter()
+        .partition(|m| matches!(m, Made::Domain(_)));
+    for made in vm.into_iter().chain(rest.into_iter().rev()) {
         note(made.undo(vmm, &state.dir));
     }
     // Whatever the state file did not list (it was lost): nothing may stop the removal.

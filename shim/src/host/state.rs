@@ -5,14 +5,14 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::host::journal::Made;
+use crate::host::undo::Made;
 use crate::Error;
 
 /// File name inside the pod's state directory.
 pub const STATE_FILE: &str = "state.json";
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(from = "StateFile")]
+#[serde(from = "StateFile", into = "StateFile")]
 pub struct PodState {
     /// The pod's state directory (removed last).
     pub dir: PathBuf,
@@ -26,10 +26,11 @@ pub struct PodState {
     pub made: Vec<Made>,
 }
 
-/// A state file as read: [`PodState`]'s fields, or the record a shim of an earlier version
-/// kept (a field per kind of resource), which becomes a journal in the order that version
-/// undid it.
-#[derive(Deserialize)]
+/// The state file: [`PodState`]'s journal, and beside it the record an earlier version of
+/// vmlet kept (a field per kind of resource), so that its `shim delete` and `vmletctl gc`
+/// still find everything of a pod should a node go back to it. Read, a file without a
+/// journal (an earlier version's) becomes one in the order that version undid it.
+#[derive(Serialize, Deserialize)]
 struct StateFile {
     dir: PathBuf,
     #[serde(default)]
@@ -37,7 +38,7 @@ struct StateFile {
     #[serde(default)]
     shim_id: Option<String>,
     #[serde(default)]
-    made: Vec<Made>,
+    made: Option<Vec<Made>>,
     #[serde(default)]
     domain: Option<String>,
     #[serde(default)]
@@ -58,6 +59,14 @@ struct StateFile {
 
 impl From<StateFile> for PodState {
     fn from(f: StateFile) -> Self {
+        if let Some(made) = f.made {
+            return PodState {
+                dir: f.dir,
+                shim_pid: f.shim_pid,
+                shim_id: f.shim_id,
+                made,
+            };
+        }
         // Undone last first: the domain, the network, the host process, the vsock backend,
         // the disk directory, the mounts (the last made first), the cgroup.
         let mut made: Vec<Made> = f.cgroup.into_iter().map(Made::Cgroup).collect();
@@ -70,12 +79,51 @@ impl From<StateFile> for PodState {
             wirings: f.wirings,
         }));
         made.extend(f.domain.map(Made::Domain));
-        made.extend(f.made);
         PodState {
             dir: f.dir,
             shim_pid: f.shim_pid,
             shim_id: f.shim_id,
             made,
+        }
+    }
+}
+
+impl From<PodState> for StateFile {
+    fn from(s: PodState) -> Self {
+        let (netns, wirings) = s
+            .made
+            .iter()
+            .find_map(|m| match m {
+                Made::Network { netns, wirings } => Some((Some(netns.clone()), wirings.clone())),
+                _ => None,
+            })
+            .unwrap_or_default();
+        StateFile {
+            domain: s.domain().map(str::to_owned),
+            vsock_pid: s.made.iter().find_map(|m| match m {
+                Made::VsockBackend(pid) => Some(*pid),
+                _ => None,
+            }),
+            mounts: s
+                .made
+                .iter()
+                .filter_map(|m| match m {
+                    Made::Mount(target) => Some(target.clone()),
+                    _ => None,
+                })
+                .collect(),
+            netns,
+            wirings,
+            holder_pid: s.holder_pid(),
+            cgroup: s.cgroup().map(Path::to_owned),
+            disk_dir: s.made.iter().find_map(|m| match m {
+                Made::DiskDir(dir) => Some(dir.clone()),
+                _ => None,
+            }),
+            dir: s.dir,
+            shim_pid: s.shim_pid,
+            shim_id: s.shim_id,
+            made: Some(s.made),
         }
     }
 }
@@ -117,16 +165,20 @@ impl PodState {
         })
     }
 
-    /// Records what was wired in `netns`, whose wiring the journal has.
-    pub fn wired(&mut self, netns: &Path, wired: Vec<vmlet_netns::Wiring>) {
+    /// Records what was wired in `netns`, whose wiring the journal must have.
+    pub fn wired(&mut self, netns: &Path, wired: Vec<vmlet_netns::Wiring>) -> Result<(), Error> {
         for made in &mut self.made {
             if let Made::Network { netns: n, wirings } = made {
                 if n == netns {
                     *wirings = wired;
-                    return;
+                    return Ok(());
                 }
             }
         }
+        Err(Error::Internal(format!(
+            "the wiring of {} was not recorded before it was made",
+            netns.display()
+        )))
     }
 
     /// Takes the mounts at or below `dir` out of the journal (a container that goes takes
@@ -223,6 +275,62 @@ mod tests {
     }
 
     #[test]
+    fn an_earlier_version_reads_what_it_needs_from_a_journal() {
+        // The record as the version before the journal read it (`mounts` required).
+        #[derive(Deserialize)]
+        struct Earlier {
+            domain: Option<String>,
+            vsock_pid: Option<u32>,
+            mounts: Vec<PathBuf>,
+            netns: Option<PathBuf>,
+            holder_pid: Option<u32>,
+            cgroup: Option<PathBuf>,
+            disk_dir: Option<PathBuf>,
+            shim_pid: Option<u32>,
+        }
+        let state = PodState {
+            dir: "/run/vmlet/p".into(),
+            shim_pid: Some(44),
+            shim_id: None,
+            made: vec![
+                Made::Cgroup("/kubepods/p".into()),
+                Made::Mount("/run/vmlet/p/log".into()),
+                Made::HostProcess(43),
+                Made::Network {
+                    netns: "/var/run/netns/p".into(),
+                    wirings: vec![],
+                },
+                Made::VsockBackend(42),
+                Made::DiskDir("/var/lib/vmlet/disks/p".into()),
+                Made::Domain("vmlet-p".into()),
+                Made::Mount("/run/vmlet/p/mounts/c2/rootfs".into()),
+            ],
+        };
+        let json = serde_json::to_string(&state).unwrap();
+        let earlier: Earlier = serde_json::from_str(&json).unwrap();
+        assert_eq!(earlier.domain.as_deref(), Some("vmlet-p"));
+        assert_eq!(
+            (earlier.vsock_pid, earlier.holder_pid, earlier.shim_pid),
+            (Some(42), Some(43), Some(44))
+        );
+        assert_eq!(
+            earlier.mounts,
+            [
+                PathBuf::from("/run/vmlet/p/log"),
+                "/run/vmlet/p/mounts/c2/rootfs".into()
+            ]
+        );
+        assert_eq!(
+            earlier.netns.as_deref(),
+            Some(Path::new("/var/run/netns/p"))
+        );
+        assert_eq!(earlier.cgroup.as_deref(), Some(Path::new("/kubepods/p")));
+        assert!(earlier.disk_dir.is_some());
+        // Read back, the journal is the one written, not one made from those fields.
+        assert_eq!(serde_json::from_str::<PodState>(&json).unwrap(), state);
+    }
+
+    #[test]
     fn a_containers_mounts_leave_the_journal_with_it() {
         let mut state = PodState::default();
         for m in [
@@ -246,8 +354,9 @@ mod tests {
             ]
         );
         assert_eq!(state.made.len(), 3);
-        state.wired(Path::new("/n"), vec![]);
-        state.wired(Path::new("/elsewhere"), vec![]);
+        state.wired(Path::new("/n"), vec![]).unwrap();
+        let err = state.wired(Path::new("/elsewhere"), vec![]).unwrap_err();
+        assert!(err.message().contains("/elsewhere"), "{err:?}");
         assert_eq!(state.made.len(), 3);
     }
 

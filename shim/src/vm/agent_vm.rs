@@ -12,8 +12,8 @@ use crate::devices::block_devices::BlockDevice;
 use crate::devices::memory::Fit;
 use crate::guest::stdio::{Copies, ProcessName, StdioPaths};
 use crate::guest::Guest;
-use crate::host::journal::Made;
 use crate::host::share::{self, RootfsSource};
+use crate::host::undo::Made;
 use crate::vm::pod_vm::PodVm;
 use crate::Error;
 

@@ -254,7 +254,7 @@ async fn make_overlay(
     // On the node's disk, not the state directory (a tmpfs): the guest writes it, up to
     // `size`, which the node caps.
     let disk_dir = crate::host::pod_paths::disk_dir(&config.vm_images.disk_dir, &req.pod_id);
-    rec.record(crate::host::journal::Made::DiskDir(disk_dir.clone()))?;
+    rec.record(crate::host::undo::Made::DiskDir(disk_dir.clone()))?;
     let room = crate::vm_mode::disk_dir::room_for(&config.vm_images.disk_dir, size).await?;
     crate::vm_mode::disk_dir::make(&config.vm_images.disk_dir, &disk_dir)?;
     let overlay = disk_dir.join(crate::host::pod_paths::ROOT_DISK);

@@ -383,7 +383,7 @@ async fn a_start_libvirt_refuses_is_torn_down_from_what_was_recorded() {
 fn booted_state(config: &NodeConfig, fake: &FakeVmm) -> (PodPaths, PodState) {
     let (paths, state) = pod(config, "p");
     let mut state = state.lock().unwrap().clone();
-    state.record(crate::host::journal::Made::Domain("vmlet-p".into()));
+    state.record(crate::host::undo::Made::Domain("vmlet-p".into()));
     state.save().unwrap();
     fake.running.lock().unwrap().push("vmlet-p".into());
     (paths, state)

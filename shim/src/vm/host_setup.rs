@@ -9,9 +9,9 @@ use std::path::{Path, PathBuf};
 use vmlet_config::NodeConfig;
 
 use super::{block, BootRequest, Recorder};
-use crate::host::journal::Made;
 use crate::host::pod_paths::PodPaths;
 use crate::host::share;
+use crate::host::undo::Made;
 use crate::Error;
 
 /// Makes the host side of the pod's share and logs, each mount recorded first.

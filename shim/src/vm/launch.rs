@@ -108,7 +108,7 @@ pub(super) async fn start(
         shape.memory_mib,
         if kvm { "kvm" } else { "tcg" }
     );
-    rec.record(crate::host::journal::Made::Domain(name.clone()))?;
+    rec.record(crate::host::undo::Made::Domain(name.clone()))?;
     let started = Instant::now();
     {
         let vmm = vmm.clone();

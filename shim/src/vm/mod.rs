@@ -1,6 +1,6 @@
 //! One pod's VM: state directory, shared directory, vsock backend, libvirt domain, agent.
 //! Everything created is recorded in [`PodState`]'s undo journal first
-//! ([`crate::host::journal`]) and removed by [`crate::host::reclaim::teardown`].
+//! ([`crate::host::undo`]) and removed by [`crate::host::reclaim::teardown`].
 //!
 //! [`Vm::boot`] makes the pod's state directory and runs [`boot::run`], the boot read
 //! top-down: the host side ([`host_setup`]: cgroup, log tmpfs, share, the pod's host process
@@ -37,10 +37,10 @@ use crate::devices::hotplug::Hotplug;
 use crate::devices::memory::PodMemory;
 use crate::guest::vsock::Endpoint;
 use crate::guest::{AgentGuest, Guest};
-use crate::host::journal::Made;
 use crate::host::pod_paths::PodPaths;
 pub use crate::host::share::RootfsSource;
 use crate::host::state::PodState;
+use crate::host::undo::Made;
 use crate::task::phases::Phases;
 pub use crate::vm::pod_vm::{BootRequest, HostProcess};
 use crate::vm::pod_vm::{PodHold, PodVm, VmBooter};
@@ -92,6 +92,13 @@ impl Recorder<'_> {
     fn save(&self, f: impl FnOnce(&mut PodState)) -> Result<(), Error> {
         let mut s = self.state.lock().unwrap();
         f(&mut s);
+        s.save()
+    }
+
+    /// [`Recorder::save`] of a change that may be refused (nothing is saved then).
+    fn try_save(&self, f: impl FnOnce(&mut PodState) -> Result<(), Error>) -> Result<(), Error> {
+        let mut s = self.state.lock().unwrap();
+        f(&mut s)?;
         s.save()
     }
 

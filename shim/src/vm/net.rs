@@ -46,7 +46,7 @@ pub(super) async fn wire(
     rec: &Recorder<'_>,
     netns: &PodNetns,
 ) -> Result<PodNet, Error> {
-    rec.record(crate::host::journal::Made::Network {
+    rec.record(crate::host::undo::Made::Network {
         netns: netns.path.clone(),
         wirings: Vec::new(),
     })?;
@@ -58,7 +58,7 @@ pub(super) async fn wire(
         }
         Err(e) => return Err(Error::Network(e)),
     };
-    rec.save(|s| s.wired(&netns.path, wired.wirings.clone()))?;
+    rec.try_save(|s| s.wired(&netns.path, wired.wirings.clone()))?;
     let taps: Vec<TapDescription> = wired
         .wirings
         .iter()

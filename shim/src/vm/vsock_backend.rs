@@ -35,7 +35,7 @@ pub(super) async fn start(
     );
     let pid =
         block(move || vsock::start_vhost_device_vsock(&binary, &socket, &uds, &log)).await??;
-    rec.record(crate::host::journal::Made::VsockBackend(pid))?;
+    rec.record(crate::host::undo::Made::VsockBackend(pid))?;
     rec.place(pid, "vhost-device-vsock")?;
     give_socket(&paths.vhost_socket, &config.qemu_user)?;
     Ok(VsockDevice::VhostUser {

@@ -1,8 +1,9 @@
 //! The undo journal: each thing a pod makes on the node is an entry ([`Made`]), recorded in
 //! the pod's state (and saved) before it is made, and undone here. The teardown
-//! ([`crate::host::reclaim::teardown`]) undoes the journal in reverse, so what was made last
-//! goes first; a new kind of resource is a variant and its arm in [`Made::undo`], nothing
-//! else.
+//! ([`crate::host::reclaim::teardown`]) ends the VM first (its domain: everything else
+//! serves it, including a container's mounts made after the boot), then undoes the rest of
+//! the journal in reverse, so what was made last goes first. A new kind of resource is a
+//! variant and its arm in [`Made::undo`], nothing else.
 //!
 //! Who makes each entry: `vm/host_setup.rs` the cgroup, the log tmpfs and the share's mounts
 //! and the host process; `vm/net.rs` the network; `vm/vsock_backend.rs` the vsock backend;
