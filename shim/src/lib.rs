@@ -4,8 +4,9 @@
 //! A pod goes through the folders in this order:
 //! - [`task`]: containerd's task API, translated at the edge into calls on the pod's VM
 //!   (with its events, metrics and the features `-info` reports);
-//! - [`spec`]: the OCI spec's parts (the pod's side, a container's agent request, the
-//!   kubelet's volumes, hooks, capabilities, seccomp), which [`task`]'s create plan reads;
+//! - [`spec`]: every read of the OCI spec (the pod's side, a container's agent request, the
+//!   rest of the bundle, devices, the kubelet's volumes, hooks, capabilities, seccomp),
+//!   through which [`task`]'s create plan reads it;
 //! - [`host`]: what a pod makes on the node (cgroup, share, log tmpfs, taps, the pod's host
 //!   process, its state record) and [`host::reclaim`], the teardown from that record;
 //! - [`vm`]: one pod's VM, its boot read top-down over one module per step;

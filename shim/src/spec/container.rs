@@ -228,7 +228,7 @@ pub fn create_request(
             .unwrap_or_default()
             .into_iter()
             .collect(),
-        all_guest_devices: crate::devices::block_devices::every_device_allowed(spec),
+        all_guest_devices: crate::spec::devices::every_device_allowed(spec),
         ..Default::default()
     };
     Ok((request, binds))

@@ -1,11 +1,15 @@
-//! OCI spec -> what vmlet does with it: the pod's side ([`pod`]: its role, network
-//! namespace, the namespaces a container shares, the limits that size the VM) and the
-//! container's ([`container`]: the agent's create request, processes, resources, binds,
-//! and the kubelet's memory emptyDirs that become the guest's tmpfs: [`pod_volume`]).
-//! The shim checks the spec and keeps only what the guest uses.
+//! OCI spec -> what vmlet does with it; the shim reads the spec nowhere else. The pod's
+//! side ([`pod`]: its role, network namespace, the namespaces a container shares, the
+//! limits that size the VM), the container's ([`container`]: the agent's create request,
+//! processes, resources, binds, and the kubelet's memory emptyDirs that become the guest's
+//! tmpfs: [`pod_volume`]), the rest a create reads ([`bundle`]), the block devices
+//! ([`devices`]), the host hooks ([`hooks`]), capabilities and seccomp. The shim checks the
+//! spec and keeps only what the guest uses.
 
+pub(crate) mod bundle;
 pub mod capabilities;
 mod container;
+pub(crate) mod devices;
 pub mod hooks;
 mod pod;
 mod pod_volume;

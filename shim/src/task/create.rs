@@ -200,8 +200,7 @@ impl TaskService {
         let Some((boot, agent_ready)) = in_vm.booted else {
             return;
         };
-        let annotations = spec.annotations().clone().unwrap_or_default();
-        let names = crate::spec::kube_names(&annotations)
+        let names = crate::spec::kube_names(&crate::spec::bundle::annotations(spec))
             .unwrap_or_else(|| (id.to_owned(), self.namespace.clone()));
         let dir = crate::host::pod_paths::PodPaths::new(&config.state_dir, in_vm.vm.pod_id()).dir;
         if let Some(meter) = PodMeter::start(&in_vm.vm, &dir, names, boot, agent_ready) {

@@ -7,7 +7,7 @@
 //! ([`Target::Join`]).
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use containerd_shim::api;
@@ -92,7 +92,7 @@ impl CreatePlan {
         config: &NodeConfig,
         pods: &dyn RunningPods,
     ) -> Result<Self, Error> {
-        let annotations = spec.annotations().clone().unwrap_or_default();
+        let annotations = crate::spec::bundle::annotations(spec);
         let pod_annotations = PodAnnotations::from_map(&annotations, &config.annotations.allowed)?;
         let vm_image = pod_annotations.image_type == Some(ImageType::Vm);
         // A CRI sandbox (not a plain task, which has no role annotation).
@@ -107,8 +107,8 @@ impl CreatePlan {
             pid: 0,
         };
         let (mut agent_request, binds) = crate::spec::create_request(&req.id, spec, wanted)?;
-        let memory_limit = memory_limit(spec);
-        let block_devices = crate::devices::block_devices::from_spec(spec)?;
+        let memory_limit = crate::spec::bundle::memory_limit_mib(spec);
+        let block_devices = crate::spec::devices::block_devices(spec)?;
         let pod = match &role {
             PodRole::Container { sandbox_id } => pods.so_far(sandbox_id),
             PodRole::Sandbox => None,
@@ -237,16 +237,7 @@ fn rootfs_source(req: &api::CreateTaskRequest, spec: &Spec, bundle: &Path) -> Ro
     if !req.rootfs.is_empty() {
         return RootfsSource::Mounts(req.rootfs.to_vec());
     }
-    let root = spec
-        .root()
-        .as_ref()
-        .map(|r| r.path().clone())
-        .unwrap_or_else(|| PathBuf::from("rootfs"));
-    RootfsSource::Dir(if root.is_absolute() {
-        root
-    } else {
-        bundle.join(root)
-    })
+    RootfsSource::Dir(crate::spec::bundle::root(spec, bundle))
 }
 
 /// A sandbox's VM: its shape from the annotations, the pod's limits and the node's
@@ -289,7 +280,7 @@ fn boot_request(
         config.guest.overhead_memory_mib,
         fixed,
     );
-    let cgroup = pod_cgroup(spec)?;
+    let cgroup = crate::spec::bundle::cgroup(spec)?;
     if let Some(limit) = cgroup.as_ref().and_then(|c| c.memory_limit_mib()) {
         crate::host::pod_cgroup::vm_fits(id, shape.memory_mib, limit)?;
     }
@@ -318,34 +309,16 @@ fn pod_hold(
     hooks: &HostHooks,
     hook_state: &HookState,
 ) -> Result<PodHold, Error> {
-    let annotations = spec.annotations().clone().unwrap_or_default();
-    let named = |key: &str| annotations.get(key).filter(|v| !v.is_empty()).cloned();
     let netns = crate::spec::network_namespace(spec)?;
+    let (instance_id, hostname) = crate::spec::bundle::pod_identity(spec, id);
     Ok(PodHold {
         pod_id: id.to_owned(),
         netns: netns.clone(),
-        cgroup: pod_cgroup(spec)?,
+        cgroup: crate::spec::bundle::cgroup(spec)?,
         create_hooks: hooks.create.clone(),
         hook_state: hook_state.clone(),
-        pod: ImagePod::new(
-            netns,
-            named(crate::spec::SANDBOX_UID_ANNOTATION).unwrap_or_else(|| id.to_owned()),
-            spec.hostname()
-                .clone()
-                .filter(|h| !h.is_empty())
-                .or_else(|| named(crate::spec::SANDBOX_NAME_ANNOTATION))
-                .unwrap_or_else(|| id.to_owned()),
-        ),
+        pod: ImagePod::new(netns, instance_id, hostname),
     })
-}
-
-/// The host cgroup of the spec's `cgroupsPath`.
-fn pod_cgroup(spec: &Spec) -> Result<Option<crate::host::pod_cgroup::PodCgroup>, Error> {
-    spec.linux()
-        .as_ref()
-        .and_then(|l| l.cgroups_path().as_ref())
-        .map(|p| crate::host::pod_cgroup::PodCgroup::from_spec_path(&p.to_string_lossy()))
-        .transpose()
 }
 
 /// A VM image's boot (docs/vm-mode.md): cloud-init's instance is the task, its host name
@@ -355,49 +328,21 @@ fn image_request(id: &str, spec: &Spec, pod: &PodAnnotations) -> Result<ImageReq
     Ok(ImageRequest {
         root_volume_mib: pod.root_volume_mib,
         instance_id: id.to_owned(),
-        hostname: spec
-            .hostname()
-            .clone()
-            .filter(|h| !h.is_empty())
-            .unwrap_or_else(|| id.to_owned()),
+        hostname: crate::spec::bundle::hostname(spec).unwrap_or_else(|| id.to_owned()),
         user_data: pod.cloud_init_user_data.clone(),
         ssh_keys: pod.ssh_keys.clone().unwrap_or_default(),
-        env: spec
-            .process()
-            .as_ref()
-            .and_then(|p| p.env().clone())
-            .unwrap_or_default(),
-        resolv_conf: resolv_conf(spec),
+        env: crate::spec::bundle::env(spec),
+        resolv_conf: crate::spec::bundle::resolv_conf(spec),
         network_config: pod.cloud_init_network.unwrap_or_default() == CloudInitNetwork::V2,
         root_bus: RootBus::of(pod.disk_driver),
         firmware: pod.firmware.unwrap_or_default(),
     })
 }
 
-/// The host file the spec binds over `/etc/resolv.conf` (the one containerd's CRI plugin
-/// wrote for the pod).
-fn resolv_conf(spec: &Spec) -> Option<PathBuf> {
-    spec.mounts()
-        .as_ref()?
-        .iter()
-        .find(|m| m.destination() == Path::new("/etc/resolv.conf"))
-        .and_then(|m| m.source().clone())
-}
-
-/// The memory limit of a container's spec, in MiB.
-fn memory_limit(spec: &Spec) -> Option<u64> {
-    crate::devices::memory::limit_mib(
-        spec.linux()
-            .as_ref()
-            .and_then(|l| l.resources().as_ref())
-            .and_then(|r| r.memory().as_ref())
-            .and_then(|m| m.limit()),
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::PathBuf;
 
     use crate::spec::{
         CONTAINER_TYPE_ANNOTATION, SANDBOX_ID_ANNOTATION, SANDBOX_NAME_ANNOTATION,

@@ -38,16 +38,7 @@ impl Shim for VmletShim {
     async fn start_shim(&mut self, opts: StartOpts) -> Result<String, ShimError> {
         // One shim (and one VM) per pod: tasks group by io.kubernetes.cri.sandbox-id, read
         // from the bundle (containerd starts the shim in the bundle directory).
-        let annotations = std::fs::read("config.json")
-            .ok()
-            .and_then(|json| serde_json::from_slice::<serde_json::Value>(&json).ok())
-            .and_then(|spec| {
-                serde_json::from_value::<std::collections::HashMap<String, String>>(
-                    spec.get("annotations")?.clone(),
-                )
-                .ok()
-            })
-            .unwrap_or_default();
+        let annotations = crate::spec::bundle::annotations_in(std::path::Path::new("config.json"));
         let grouping = crate::spec::grouping(&annotations, &opts.id);
         let address = spawn(opts, &grouping, Vec::new()).await?;
         // The bundle's `address` is how containerd finds the shim again after a restart
