@@ -1,6 +1,8 @@
-//! What a task's create reads of its bundle's spec besides the agent's request: the
-//! container's root, memory limit, host name and environment, the pod's cgroup, the
-//! resolv.conf containerd wrote for it, and a VM-mode pod's identity.
+//! A task's bundle: its spec loaded ([`load`], at the create) and what the create reads of
+//! it besides the agent's request (the container's root, memory limit, host name and
+//! environment, the pod's cgroup, the resolv.conf containerd wrote for it, a VM-mode pod's
+//! identity), and the annotations the shim's start groups a pod's tasks by
+//! ([`annotations_in`]).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -9,6 +11,12 @@ use oci_spec::runtime::Spec;
 
 use crate::host::pod_cgroup::PodCgroup;
 use crate::Error;
+
+/// The spec of the bundle at `bundle` (its `config.json`).
+pub fn load(bundle: &Path) -> Result<Spec, Error> {
+    Spec::load(bundle.join("config.json"))
+        .map_err(|e| Error::InvalidArgument(format!("read {}/config.json: {e}", bundle.display())))
+}
 
 /// The spec's annotations (none: an empty map).
 pub fn annotations(spec: &Spec) -> HashMap<String, String> {

@@ -47,8 +47,7 @@ impl TaskService {
         }
         let phases = Phases::start(format!("create {}", req.id));
         let config = (self.config)()?;
-        let spec = Spec::load(Path::new(&req.bundle).join("config.json"))
-            .map_err(|e| Error::InvalidArgument(format!("read {}/config.json: {e}", req.bundle)))?;
+        let spec = crate::spec::bundle::load(Path::new(&req.bundle))?;
         phases.mark("config");
         let plan = CreatePlan::new(&req, &spec, &config, self)?;
         phases.mark("plan");

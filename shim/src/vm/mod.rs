@@ -5,8 +5,9 @@
 //! [`Vm::boot`] makes the pod's state directory and runs [`boot::run`], the boot read
 //! top-down: the host side ([`host_setup`]: cgroup, log tmpfs, share, the pod's host process
 //! and its hooks), the network ([`net`]: taps wired to the pod namespace's interfaces), the
-//! vsock backend ([`vsock_backend`]), the accelerator ([`accel`]), the domain and vmlet's QMP
-//! monitor ([`launch`]), then the agent ([`agent_link`]). When a step fails, what the steps
+//! vsock backend ([`vsock_backend`]), the agent's key ([`agent_link`]), the accelerator
+//! ([`accel`]), the domain and vmlet's QMP monitor ([`launch`]), then the agent and the
+//! guest's network ([`agent_link`]) and port-forwarding into the guest. When a step fails, what the steps
 //! recorded is torn down before the error returns.
 //!
 //! The pod kinds, each a [`PodVm`] the task service drives: [`agent_vm`] (vmlet's guest with
