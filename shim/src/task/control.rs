@@ -74,7 +74,10 @@ impl TaskService {
         let resources = crate::spec::update_resources(json, &req.id)?;
         // An update that leaves memory alone keeps the container's limit as it was.
         if let Some(limit) = crate::devices::memory::limit_mib(Some(resources.memory_limit)) {
-            task.vm.fit_memory(&task.id, Some(limit)).await?;
+            // A VM that is not shared (a VM image) is sized by its annotations alone.
+            if let Ok(shared) = task.vm.shared() {
+                shared.fit_memory(&task.id, Some(limit)).await?;
+            }
         }
         task.vm.guest().update_resources(&task.id, resources).await
     }

@@ -174,8 +174,11 @@ impl TaskService {
                 binds,
             } => {
                 vm.check_running()?;
+                let shared = vm
+                    .shared()
+                    .map_err(|n| n.refuse(&format!("another container, {id},"), &sandbox_id))?;
                 crate::spec::hooks::run(&hooks.create, hook_state, "creating").await?;
-                vm.add_container(id, &rootfs, &binds)?;
+                shared.add_container(id, &rootfs, &binds)?;
                 phases.mark("join");
                 InVm {
                     vm,
@@ -223,8 +226,19 @@ impl TaskService {
             paths,
             phases,
         } = start;
-        vm.fit_memory(&req.id, memory_limit).await?;
-        agent_request.block_devices = vm.attach_block_devices(&req.id, block_devices).await?;
+        match vm.shared() {
+            Ok(shared) => {
+                shared.fit_memory(&req.id, memory_limit).await?;
+                agent_request.block_devices =
+                    shared.attach_block_devices(&req.id, block_devices).await?;
+            }
+            Err(not_shared) if !block_devices.is_empty() => {
+                let what = format!("block devices for {}", req.id);
+                return Err(not_shared.refuse(&what, vm.pod_id()));
+            }
+            // A VM image's size is its annotations': a memory limit does not grow it.
+            Err(_) => {}
+        }
         phases.mark("devices");
         let pid = vm.guest().create_container(agent_request).await?;
         phases.mark("container");
@@ -323,10 +337,16 @@ async fn undo_start(vm: &Arc<dyn PodVm>, id: &str, owns_vm: bool) {
         vm.teardown().await
     } else {
         let _ = vm.guest().remove_container(id).await;
-        if let Err(e) = vm.detach_block_devices(id).await {
-            log::error!("{id}: {}", e.message());
+        match vm.shared() {
+            Ok(shared) => {
+                if let Err(e) = shared.detach_block_devices(id).await {
+                    log::error!("{id}: {}", e.message());
+                }
+                shared.remove_container(id)
+            }
+            // Nothing of the container was put in a VM that is not shared.
+            Err(_) => Ok(()),
         }
-        vm.remove_container(id)
     };
     if let Err(cleanup) = cleanup {
         log::error!("cleanup after failed create of {id}: {}", cleanup.message());

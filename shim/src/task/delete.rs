@@ -85,23 +85,29 @@ impl TaskService {
 /// host's part, which goes whatever the guest answers (an agent that fails, or will not,
 /// must not keep the container's mounts on the host).
 async fn remove_container(task: &TaskEntry) -> Result<(), Error> {
-    if task.vm.has_ended() {
-        // Nothing of the container is left in the guest; the sandbox's delete tears the
-        // rest down.
-        return task.vm.remove_container(&task.id);
+    // Once the VM ended nothing of the container is left in the guest; the sandbox's
+    // delete tears the rest down.
+    let running = !task.vm.has_ended();
+    if running {
+        if let Err(e) = task.vm.guest().remove_container(&task.id).await {
+            log::error!(
+                "{}: the agent did not remove the container ({}); removing the host's part",
+                task.id,
+                e.message()
+            );
+        }
     }
-    if let Err(e) = task.vm.guest().remove_container(&task.id).await {
-        log::error!(
-            "{}: the agent did not remove the container ({}); removing the host's part",
-            task.id,
-            e.message()
-        );
-    }
-    task.vm.remove_container(&task.id)?;
+    // A container has a host's part only in a VM its pod's containers share.
+    let Ok(shared) = task.vm.shared() else {
+        return Ok(());
+    };
+    shared.remove_container(&task.id)?;
     // The guest has let go of the devices with the container; the VM's end would release
     // one that fails to unplug.
-    if let Err(e) = task.vm.detach_block_devices(&task.id).await {
-        log::error!("{}: {}", task.id, e.message());
+    if running {
+        if let Err(e) = shared.detach_block_devices(&task.id).await {
+            log::error!("{}: {}", task.id, e.message());
+        }
     }
     Ok(())
 }

@@ -16,7 +16,7 @@ use crate::guest::{Guest, GuestExit, ProcessId};
 use crate::host::share::RootfsSource;
 use crate::spec::HostBind;
 use crate::task::phases::Phases;
-use crate::vm::pod_vm::{BootRequest, ImagePod, PodHold, PodVm, VmBooter};
+use crate::vm::pod_vm::{BootRequest, ImagePod, NotShared, PodHold, PodVm, SharedVm, VmBooter};
 use crate::Error;
 
 /// The PID the fake agent gives every process.
@@ -316,6 +316,31 @@ impl PodVm for FakeVm {
         Ok(())
     }
 
+    /// A hold runs nothing, as the real one; any other fake VM is shared.
+    fn shared(&self) -> Result<&dyn SharedVm, NotShared> {
+        match self.image_pod {
+            Some(_) => Err(NotShared("a fake hold runs nothing".into())),
+            None => Ok(self),
+        }
+    }
+
+    async fn attach_stdio(
+        &self,
+        _process: ProcessName<'_>,
+        _namespace: &str,
+        _paths: &StdioPaths,
+        _terminal: bool,
+    ) -> Result<Copies, Error> {
+        Ok(Copies::default())
+    }
+
+    fn image_pod(&self) -> Option<&ImagePod> {
+        self.image_pod.as_ref()
+    }
+}
+
+#[async_trait]
+impl SharedVm for FakeVm {
     async fn fit_memory(&self, container_id: &str, limit_mib: Option<u64>) -> Result<(), Error> {
         self.record(format!("fit_memory {container_id} {limit_mib:?}"));
         Ok(())
@@ -347,20 +372,6 @@ impl PodVm for FakeVm {
     fn remove_container(&self, container_id: &str) -> Result<(), Error> {
         self.record(format!("remove_container {container_id}"));
         Ok(())
-    }
-
-    async fn attach_stdio(
-        &self,
-        _process: ProcessName<'_>,
-        _namespace: &str,
-        _paths: &StdioPaths,
-        _terminal: bool,
-    ) -> Result<Copies, Error> {
-        Ok(Copies::default())
-    }
-
-    fn image_pod(&self) -> Option<&ImagePod> {
-        self.image_pod.as_ref()
     }
 }
 

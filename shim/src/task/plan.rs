@@ -159,6 +159,12 @@ impl CreatePlan {
             }
             PodRole::Container { sandbox_id } => {
                 let vm = pods.vm(&sandbox_id)?;
+                if vm.image_pod().is_some() {
+                    return Err(Error::FailedPrecondition(format!(
+                        "container {} of pod {sandbox_id}: a VM-mode pod's (vmlet.io/image-type: vm) container is a VM image, and this one is not",
+                        req.id
+                    )));
+                }
                 if !hooks.is_empty() {
                     hook_state.pid = host_process_of(&*vm, &sandbox_id)?;
                 }
@@ -559,6 +565,19 @@ mod tests {
                 "web-0".into(),
             ))),
         };
+        let plain_container = spec(
+            json!({CONTAINER_TYPE_ANNOTATION: "container", SANDBOX_ID_ANNOTATION: "p1"}),
+            None,
+        );
+        let err = CreatePlan::new(&request("c2"), &plain_container, &config, &held)
+            .err()
+            .expect("refused");
+        assert_eq!(err.code(), ttrpc::Code::FAILED_PRECONDITION);
+        assert!(
+            err.message().contains("this one is not"),
+            "{}",
+            err.message()
+        );
         let plan = CreatePlan::new(&request("c1"), &container, &config, &held).unwrap();
         let (boot, pod_id, in_pod) = boot_of(plan.target);
         assert_eq!((pod_id.as_str(), in_pod), ("p1", true));

@@ -14,7 +14,7 @@ use crate::guest::stdio::{Copies, ProcessName, StdioPaths};
 use crate::guest::Guest;
 use crate::host::share::{self, RootfsSource};
 use crate::host::undo::Made;
-use crate::vm::pod_vm::PodVm;
+use crate::vm::pod_vm::{NotShared, PodVm, SharedVm};
 use crate::Error;
 
 #[async_trait]
@@ -31,6 +31,11 @@ impl PodVm for Vm {
         self.holder_pid
     }
 
+    /// vmlet's guest runs every container of the pod.
+    fn shared(&self) -> Result<&dyn SharedVm, NotShared> {
+        Ok(self)
+    }
+
     async fn attach_stdio(
         &self,
         process: ProcessName<'_>,
@@ -39,23 +44,6 @@ impl PodVm for Vm {
         terminal: bool,
     ) -> Result<Copies, Error> {
         crate::guest::stdio::attach(&self.endpoint, process, namespace, paths, terminal).await
-    }
-
-    /// Hot-plugs `container_id`'s block devices and returns what the agent needs to find
-    /// them (nothing stays attached on failure).
-    async fn attach_block_devices(
-        &self,
-        container_id: &str,
-        devices: &[BlockDevice],
-    ) -> Result<Vec<vmlet_protocol::agent::BlockDevice>, Error> {
-        if devices.is_empty() {
-            return Ok(Vec::new());
-        }
-        let fds = devices
-            .iter()
-            .map(crate::devices::block_devices::open_host)
-            .collect::<Result<Vec<_>, _>>()?;
-        self.hotplug.attach(container_id, devices, fds).await
     }
 
     /// Whether QEMU is gone.
@@ -85,6 +73,40 @@ impl PodVm for Vm {
     async fn kill(&self) -> Result<(), Error> {
         self.stopping.store(true, Ordering::SeqCst);
         super::destroy_domain(&self.state, &self.vmm).await
+    }
+
+    /// Stops the VM (the guest asked to power off first) and removes everything the pod
+    /// created.
+    async fn teardown(&self) -> Result<(), Error> {
+        if let Some(server) = &self.tap_server {
+            server.stop();
+        }
+        if let Some(forward) = &self.port_forward {
+            forward.stop();
+        }
+        self.stopping.store(true, Ordering::SeqCst);
+        let state = self.state.lock().unwrap().clone();
+        super::power_off_and_reclaim(self, state, self.vmm.clone()).await
+    }
+}
+
+#[async_trait]
+impl SharedVm for Vm {
+    /// Hot-plugs `container_id`'s block devices and returns what the agent needs to find
+    /// them (nothing stays attached on failure).
+    async fn attach_block_devices(
+        &self,
+        container_id: &str,
+        devices: &[BlockDevice],
+    ) -> Result<Vec<vmlet_protocol::agent::BlockDevice>, Error> {
+        if devices.is_empty() {
+            return Ok(Vec::new());
+        }
+        let fds = devices
+            .iter()
+            .map(crate::devices::block_devices::open_host)
+            .collect::<Result<Vec<_>, _>>()?;
+        self.hotplug.attach(container_id, devices, fds).await
     }
 
     /// Grows the VM when it must so that it holds `container_id`'s memory limit (MiB; none:
@@ -127,7 +149,7 @@ impl PodVm for Vm {
         Ok(())
     }
 
-    /// Unplugs what [`Vm::attach_block_devices`] attached for `container_id`.
+    /// Unplugs what [`SharedVm::attach_block_devices`] attached for `container_id`.
     async fn detach_block_devices(&self, container_id: &str) -> Result<(), Error> {
         self.hotplug.detach(container_id).await
     }
@@ -161,19 +183,5 @@ impl PodVm for Vm {
         let unmounted = share::unmount_recorded(&self.paths.dir, &theirs);
         state.save()?;
         unmounted.and(share::remove_container_dir(&self.paths.dir, container_id))
-    }
-
-    /// Stops the VM (the guest asked to power off first) and removes everything the pod
-    /// created.
-    async fn teardown(&self) -> Result<(), Error> {
-        if let Some(server) = &self.tap_server {
-            server.stop();
-        }
-        if let Some(forward) = &self.port_forward {
-            forward.stop();
-        }
-        self.stopping.store(true, Ordering::SeqCst);
-        let state = self.state.lock().unwrap().clone();
-        super::power_off_and_reclaim(self, state, self.vmm.clone()).await
     }
 }

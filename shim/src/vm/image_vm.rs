@@ -11,13 +11,11 @@ use vmlet_config::NodeConfig;
 
 use super::image_guest::ImageGuest;
 use super::{boot, new_pod_state, reclaim_failed_boot, Recorder};
-use crate::devices::block_devices::BlockDevice;
 use crate::guest::stdio::{Copies, ProcessName, StdioPaths};
 use crate::guest::Guest;
-use crate::host::share::RootfsSource;
 use crate::host::state::PodState;
 use crate::task::phases::Phases;
-use crate::vm::pod_vm::{BootRequest, PodVm};
+use crate::vm::pod_vm::{BootRequest, NotShared, PodVm, SharedVm};
 use crate::vmm::VmManager;
 use crate::Error;
 
@@ -146,39 +144,13 @@ impl PodVm for ImageVm {
         super::power_off_and_reclaim(self, state, self.vmm.clone()).await
     }
 
-    /// A VM image is sized by its annotations; container limits do not grow it.
-    async fn fit_memory(&self, _container_id: &str, _limit_mib: Option<u64>) -> Result<(), Error> {
-        Ok(())
-    }
-
-    async fn attach_block_devices(
-        &self,
-        container_id: &str,
-        devices: &[BlockDevice],
-    ) -> Result<Vec<vmlet_protocol::agent::BlockDevice>, Error> {
-        if devices.is_empty() {
-            return Ok(Vec::new());
-        }
-        Err(Error::Unimplemented(format!(
-            "block devices for {container_id}: a VM-mode pod takes none yet"
+    /// Its one container is the VM: no other joins it, no block device or memory limit
+    /// reaches it (its size is its annotations').
+    fn shared(&self) -> Result<&dyn SharedVm, NotShared> {
+        Err(NotShared(format!(
+            "a VM-mode pod (vmlet.io/image-type: vm) runs its one container, {}, as the VM and takes nothing else into it yet",
+            self.container_id
         )))
-    }
-
-    async fn detach_block_devices(&self, _container_id: &str) -> Result<(), Error> {
-        Ok(())
-    }
-
-    fn add_container(
-        &self,
-        container_id: &str,
-        _rootfs: &RootfsSource,
-        _binds: &[crate::spec::HostBind],
-    ) -> Result<(), Error> {
-        Err(self.one_container(&format!("another container, {container_id},")))
-    }
-
-    fn remove_container(&self, _container_id: &str) -> Result<(), Error> {
-        Ok(())
     }
 
     /// The serial console as the container's stdout (from its first byte), and its stdin

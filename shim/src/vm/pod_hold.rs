@@ -16,12 +16,10 @@ use vmlet_config::NodeConfig;
 use vmlet_protocol::agent::{CreateContainerRequest, CreateExecRequest, Resources, StatsResponse};
 
 use super::{block, host_setup, new_pod_state, reclaim_failed_boot, Recorder};
-use crate::devices::block_devices::BlockDevice;
 use crate::guest::stdio::{Copies, ProcessName, StdioPaths};
 use crate::guest::{Guest, GuestExit, ProcessId};
-use crate::host::share::RootfsSource;
 use crate::host::state::PodState;
-use crate::vm::pod_vm::{ImagePod, PodHold, PodVm};
+use crate::vm::pod_vm::{ImagePod, NotShared, PodHold, PodVm, SharedVm};
 use crate::vmm::VmManager;
 use crate::Error;
 
@@ -203,40 +201,12 @@ impl PodVm for HeldPod {
         block(move || crate::host::reclaim::teardown(&*vmm, &state)).await?
     }
 
-    async fn fit_memory(&self, _container_id: &str, _limit_mib: Option<u64>) -> Result<(), Error> {
-        Ok(())
-    }
-
-    async fn attach_block_devices(
-        &self,
-        _container_id: &str,
-        devices: &[BlockDevice],
-    ) -> Result<Vec<vmlet_protocol::agent::BlockDevice>, Error> {
-        if devices.is_empty() {
-            return Ok(Vec::new());
-        }
-        Err(self.runs_nothing("block devices"))
-    }
-
-    async fn detach_block_devices(&self, _container_id: &str) -> Result<(), Error> {
-        Ok(())
-    }
-
-    /// A container that is not a VM image cannot join: there is no VM to run it in.
-    fn add_container(
-        &self,
-        container_id: &str,
-        _rootfs: &RootfsSource,
-        _binds: &[crate::spec::HostBind],
-    ) -> Result<(), Error> {
-        Err(Error::FailedPrecondition(format!(
-            "container {container_id} of pod {}: a VM-mode pod's (vmlet.io/image-type: vm) container is a VM image, and this one is not",
-            self.pod_id
-        )))
-    }
-
-    fn remove_container(&self, _container_id: &str) -> Result<(), Error> {
-        Ok(())
+    /// It runs nothing: the pod's one container boots the VM.
+    fn shared(&self) -> Result<&dyn SharedVm, NotShared> {
+        Err(NotShared(
+            "a VM-mode pod's (vmlet.io/image-type: vm) sandbox runs nothing, its container is the VM"
+                .into(),
+        ))
     }
 
     /// The host process writes nothing: no stream is copied.

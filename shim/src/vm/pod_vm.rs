@@ -1,9 +1,11 @@
-//! The pod's VM as the task service uses it, behind two small traits: [`PodVm`] (a booted
-//! VM: its guest, its host PIDs, its end, the containers' share, memory and block devices,
-//! stdio) and [`VmBooter`] (how a sandbox's create gets one, from a [`BootRequest`], or a
-//! VM-mode pod's sandbox its [`PodHold`]).
-//! [`crate::vm::Vm`] booted by [`crate::vm::LibvirtBooter`] is the real one; the task service's unit tests put fakes behind both,
-//! so that every lifecycle rule is tested without a VM.
+//! The pod's VM as the task service uses it, behind small traits: [`PodVm`] (any kind of
+//! pod: its guest, its host PIDs, its end, stdio), [`SharedVm`] (what only a VM its pod's
+//! containers share does: the containers' share, memory and block devices; the other kinds
+//! say why they have none, [`NotShared`]) and [`VmBooter`] (how a sandbox's create gets
+//! one, from a [`BootRequest`], or a VM-mode pod's sandbox its [`PodHold`]).
+//! [`crate::vm::Vm`] booted by [`crate::vm::LibvirtBooter`] is the real one; the task
+//! service's unit tests put fakes behind them, so that every lifecycle rule is tested
+//! without a VM.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -49,26 +51,9 @@ pub trait PodVm: Send + Sync {
     async fn kill(&self) -> Result<(), Error>;
     /// Stops the VM and removes everything the pod created.
     async fn teardown(&self) -> Result<(), Error>;
-    /// Grows the VM when it must to hold `container_id`'s memory limit (MiB; none:
-    /// unlimited) beside the other containers', then records the limit.
-    async fn fit_memory(&self, container_id: &str, limit_mib: Option<u64>) -> Result<(), Error>;
-    /// Hot-plugs a container's block devices; what the agent needs to find them.
-    async fn attach_block_devices(
-        &self,
-        container_id: &str,
-        devices: &[BlockDevice],
-    ) -> Result<Vec<vmlet_protocol::agent::BlockDevice>, Error>;
-    /// Unplugs what [`PodVm::attach_block_devices`] attached for `container_id`.
-    async fn detach_block_devices(&self, container_id: &str) -> Result<(), Error>;
-    /// Puts another container of the pod (rootfs and binds) into the running VM's share.
-    fn add_container(
-        &self,
-        container_id: &str,
-        rootfs: &RootfsSource,
-        binds: &[HostBind],
-    ) -> Result<(), Error>;
-    /// Removes a container's rootfs and binds from the share and forgets its memory limit.
-    fn remove_container(&self, container_id: &str) -> Result<(), Error>;
+    /// The side of the VM its containers share (vmlet's guest: memory, block devices,
+    /// containers in the share); else why this kind of pod has none.
+    fn shared(&self) -> Result<&dyn SharedVm, NotShared>;
     /// Connects a process's stdio (containerd's FIFOs or log URI) to its guest streams.
     async fn attach_stdio(
         &self,
@@ -94,6 +79,44 @@ pub trait PodVm: Send + Sync {
             )));
         }
         Ok(())
+    }
+}
+
+/// The side of a pod's VM its containers share: vmlet's guest, which runs every container
+/// of the pod. A VM image (its one container is the VM) and a VM-mode pod's hold (it runs
+/// nothing) have none ([`NotShared`]).
+#[async_trait]
+pub trait SharedVm: Send + Sync {
+    /// Grows the VM when it must to hold `container_id`'s memory limit (MiB; none:
+    /// unlimited) beside the other containers', then records the limit.
+    async fn fit_memory(&self, container_id: &str, limit_mib: Option<u64>) -> Result<(), Error>;
+    /// Hot-plugs a container's block devices; what the agent needs to find them.
+    async fn attach_block_devices(
+        &self,
+        container_id: &str,
+        devices: &[BlockDevice],
+    ) -> Result<Vec<vmlet_protocol::agent::BlockDevice>, Error>;
+    /// Unplugs what [`SharedVm::attach_block_devices`] attached for `container_id`.
+    async fn detach_block_devices(&self, container_id: &str) -> Result<(), Error>;
+    /// Puts another container of the pod (rootfs and binds) into the running VM's share.
+    fn add_container(
+        &self,
+        container_id: &str,
+        rootfs: &RootfsSource,
+        binds: &[HostBind],
+    ) -> Result<(), Error>;
+    /// Removes a container's rootfs and binds from the share and forgets its memory limit.
+    fn remove_container(&self, container_id: &str) -> Result<(), Error>;
+}
+
+/// Why a pod has no VM its containers share ([`PodVm::shared`]): the end of a refusal.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NotShared(pub String);
+
+impl NotShared {
+    /// UNIMPLEMENTED: `what` cannot be had in pod `pod_id`, for this reason.
+    pub fn refuse(&self, what: &str, pod_id: &str) -> Error {
+        Error::Unimplemented(format!("{what} in pod {pod_id}: {}", self.0))
     }
 }
 
