@@ -68,7 +68,8 @@ pub struct GuestExit {
     pub oom_killed: bool,
 }
 
-/// The agent's calls the shim makes once the VM runs.
+/// What runs a pod's processes once the VM runs: vmlet's agent, or for the other kinds of
+/// pod what stands in for it (a VM image's VM, a VM-mode pod's host process).
 #[async_trait]
 pub trait Guest: Send + Sync {
     /// Creates the container and its init process (not started); its guest PID.
@@ -83,9 +84,30 @@ pub trait Guest: Send + Sync {
         signal: u32,
         all: bool,
     ) -> Result<(), Error>;
+    async fn remove_container(&self, container_id: &str) -> Result<(), Error>;
+    /// Asks the guest to power itself off.
+    async fn shutdown(&self) -> Result<(), Error>;
+    /// The calls only vmlet's agent answers; else why this pod has no agent.
+    fn agent(&self) -> Result<&dyn AgentCalls, NoAgent>;
+}
+
+/// Why a pod has no vmlet agent ([`Guest::agent`]): the end of a refusal.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NoAgent(pub String);
+
+impl NoAgent {
+    /// UNIMPLEMENTED: `what` needs an agent, and this pod has none.
+    pub fn refuse(&self, what: &str) -> Error {
+        Error::Unimplemented(format!("{what}: {}", self.0))
+    }
+}
+
+/// The calls only vmlet's agent answers: execs, pause and resume, resources, stats, the
+/// container's processes and terminals.
+#[async_trait]
+pub trait AgentCalls: Send + Sync {
     async fn create_exec(&self, request: &CreateExecRequest) -> Result<(), Error>;
     async fn remove_exec(&self, process: &ProcessId) -> Result<(), Error>;
-    async fn remove_container(&self, container_id: &str) -> Result<(), Error>;
     async fn pause(&self, container_id: &str) -> Result<(), Error>;
     async fn resume(&self, container_id: &str) -> Result<(), Error>;
     async fn update_resources(&self, container_id: &str, resources: Resources)
@@ -99,8 +121,6 @@ pub trait Guest: Send + Sync {
         width: u32,
         height: u32,
     ) -> Result<(), Error>;
-    /// Asks the guest to power itself off.
-    async fn shutdown(&self) -> Result<(), Error>;
 }
 
 /// The agent over ttrpc.
@@ -131,6 +151,10 @@ fn container(container_id: &str) -> ContainerRequest {
 
 #[async_trait]
 impl Guest for AgentGuest {
+    fn agent(&self) -> Result<&dyn AgentCalls, NoAgent> {
+        Ok(self)
+    }
+
     async fn create_container(&self, request: &CreateContainerRequest) -> Result<u32, Error> {
         Ok(self.client.create_container(call(), request).await?.pid)
     }
@@ -174,6 +198,25 @@ impl Guest for AgentGuest {
         Ok(())
     }
 
+    async fn remove_container(&self, container_id: &str) -> Result<(), Error> {
+        let request = RemoveContainerRequest {
+            container_id: container_id.into(),
+            ..Default::default()
+        };
+        self.client.remove_container(call(), &request).await?;
+        Ok(())
+    }
+
+    async fn shutdown(&self) -> Result<(), Error> {
+        self.client
+            .shutdown(within(SHUTDOWN_DEADLINE), &ShutdownRequest::default())
+            .await?;
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl AgentCalls for AgentGuest {
     async fn create_exec(&self, request: &CreateExecRequest) -> Result<(), Error> {
         self.client.create_exec(call(), request).await?;
         Ok(())
@@ -181,15 +224,6 @@ impl Guest for AgentGuest {
 
     async fn remove_exec(&self, process: &ProcessId) -> Result<(), Error> {
         self.client.remove_exec(call(), &process.to_ref()).await?;
-        Ok(())
-    }
-
-    async fn remove_container(&self, container_id: &str) -> Result<(), Error> {
-        let request = RemoveContainerRequest {
-            container_id: container_id.into(),
-            ..Default::default()
-        };
-        self.client.remove_container(call(), &request).await?;
         Ok(())
     }
 
@@ -242,13 +276,6 @@ impl Guest for AgentGuest {
             ..Default::default()
         };
         self.client.resize_terminal(call(), &request).await?;
-        Ok(())
-    }
-
-    async fn shutdown(&self) -> Result<(), Error> {
-        self.client
-            .shutdown(within(SHUTDOWN_DEADLINE), &ShutdownRequest::default())
-            .await?;
         Ok(())
     }
 }

@@ -41,10 +41,12 @@ impl TaskService {
             (Phase::Paused, Phase::Running)
         };
         task.init.expect(from)?;
+        let what = if paused { "pause" } else { "resume" };
+        let agent = task.vm.guest().agent().map_err(|n| n.refuse(what))?;
         if paused {
-            task.vm.guest().pause(&task.id).await?;
+            agent.pause(&task.id).await?;
         } else {
-            task.vm.guest().resume(&task.id).await?;
+            agent.resume(&task.id).await?;
         }
         task.init.settle(from, to);
         let container_id = task.id.clone();
@@ -79,12 +81,18 @@ impl TaskService {
                 shared.fit_memory(&task.id, Some(limit)).await?;
             }
         }
-        task.vm.guest().update_resources(&task.id, resources).await
+        task.vm
+            .guest()
+            .agent()
+            .map_err(|n| n.refuse("a resources update"))?
+            .update_resources(&task.id, resources)
+            .await
     }
 
     pub(super) async fn metrics(&self, id: &str) -> Result<api::StatsResponse, Error> {
         let task = self.task(id)?;
-        let stats = task.vm.guest().stats(&task.id).await?;
+        let agent = task.vm.guest().agent().map_err(|n| n.refuse("stats"))?;
+        let stats = agent.stats(&task.id).await?;
         let metrics = crate::task::container_metrics::from_agent(&stats);
         let value = protobuf::Message::write_to_bytes(&metrics)
             .map_err(|e| Error::Internal(format!("encode metrics: {e}")))?;
@@ -105,7 +113,12 @@ impl TaskService {
     /// PIDs are in the shim's log.
     pub(super) async fn pids(&self, id: &str) -> Result<api::PidsResponse, Error> {
         let task = self.task(id)?;
-        let guest_pids = task.vm.guest().list_processes(&task.id).await?;
+        // Without an agent the guest has no processes of the task to list (a VM image's
+        // one process is the VM itself).
+        let guest_pids = match task.vm.guest().agent() {
+            Ok(agent) => agent.list_processes(&task.id).await?,
+            Err(_) => Vec::new(),
+        };
         // The guest chose how many: the log gets the count and the first few.
         let shown = &guest_pids[..guest_pids.len().min(16)];
         log::info!(
@@ -138,6 +151,8 @@ impl TaskService {
         }
         task.vm
             .guest()
+            .agent()
+            .map_err(|n| n.refuse("a terminal"))?
             .resize_terminal(&process.id, req.width, req.height)
             .await
     }

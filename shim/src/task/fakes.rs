@@ -12,7 +12,7 @@ use vmlet_protocol::agent::{CreateContainerRequest, CreateExecRequest, Resources
 
 use crate::devices::block_devices::BlockDevice;
 use crate::guest::stdio::{Copies, ProcessName, StdioPaths};
-use crate::guest::{Guest, GuestExit, ProcessId};
+use crate::guest::{AgentCalls, Guest, GuestExit, NoAgent, ProcessId};
 use crate::host::share::RootfsSource;
 use crate::spec::HostBind;
 use crate::task::phases::Phases;
@@ -114,6 +114,10 @@ impl FakeGuest {
 
 #[async_trait]
 impl Guest for FakeGuest {
+    fn agent(&self) -> Result<&dyn AgentCalls, NoAgent> {
+        Ok(self)
+    }
+
     async fn create_container(&self, request: &CreateContainerRequest) -> Result<u32, Error> {
         self.record(format!("create_container {}", request.container_id));
         match self.refuse_create.lock().unwrap().take() {
@@ -156,6 +160,19 @@ impl Guest for FakeGuest {
         Ok(())
     }
 
+    async fn remove_container(&self, container_id: &str) -> Result<(), Error> {
+        self.record(format!("remove_container {container_id}"));
+        Ok(())
+    }
+
+    async fn shutdown(&self) -> Result<(), Error> {
+        self.record("shutdown".into());
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl AgentCalls for FakeGuest {
     async fn create_exec(&self, request: &CreateExecRequest) -> Result<(), Error> {
         self.record(format!("create_exec {}", text(request)));
         Ok(())
@@ -163,11 +180,6 @@ impl Guest for FakeGuest {
 
     async fn remove_exec(&self, process: &ProcessId) -> Result<(), Error> {
         self.record(format!("remove_exec {process:?}"));
-        Ok(())
-    }
-
-    async fn remove_container(&self, container_id: &str) -> Result<(), Error> {
-        self.record(format!("remove_container {container_id}"));
         Ok(())
     }
 
@@ -214,11 +226,6 @@ impl Guest for FakeGuest {
             "resize_terminal {}/{} {width}x{height}",
             process.container_id, process.exec_id
         ));
-        Ok(())
-    }
-
-    async fn shutdown(&self) -> Result<(), Error> {
-        self.record("shutdown".into());
         Ok(())
     }
 }

@@ -161,11 +161,12 @@ impl PodMeter {
     /// One cheap agent call (the pod's processes), timed; None without an agent.
     async fn agent_round_trip(&self) -> Option<f64> {
         let vm = self.vm.upgrade()?;
-        if vm.has_ended() || vm.image_pod().is_some() {
+        if vm.has_ended() {
             return None;
         }
+        let agent = vm.guest().agent().ok()?;
         let started = Instant::now();
-        let call = vm.guest().list_processes(&self.pod_id);
+        let call = agent.list_processes(&self.pod_id);
         match tokio::time::timeout(AGENT_DEADLINE, call).await {
             Ok(Ok(_)) => Some(started.elapsed().as_secs_f64()),
             _ => None,

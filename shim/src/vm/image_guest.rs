@@ -9,10 +9,10 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use serde_json::json;
-use vmlet_protocol::agent::{CreateContainerRequest, CreateExecRequest, Resources, StatsResponse};
+use vmlet_protocol::agent::CreateContainerRequest;
 
 use crate::devices::qmp::Qmp;
-use crate::guest::{Guest, GuestExit, ProcessId};
+use crate::guest::{AgentCalls, Guest, GuestExit, NoAgent, ProcessId};
 use crate::vm::pod_vm::VM_ENDED_STATUS;
 use crate::Error;
 
@@ -23,10 +23,9 @@ pub struct ImageGuest {
     pub(super) killed: Arc<AtomicBool>,
 }
 
-fn no_agent(what: &str) -> Error {
-    Error::Unimplemented(format!(
-        "{what}: a VM-mode pod (vmlet.io/image-type: vm) runs no vmlet agent"
-    ))
+/// Why a VM image has no agent's calls.
+fn no_agent() -> NoAgent {
+    NoAgent("a VM-mode pod (vmlet.io/image-type: vm) runs no vmlet agent".into())
 }
 
 impl ImageGuest {
@@ -44,13 +43,17 @@ impl ImageGuest {
         if process.exec_id.is_empty() {
             Ok(())
         } else {
-            Err(no_agent("an exec"))
+            Err(no_agent().refuse("an exec"))
         }
     }
 }
 
 #[async_trait]
 impl Guest for ImageGuest {
+    fn agent(&self) -> Result<&dyn AgentCalls, NoAgent> {
+        Err(no_agent())
+    }
+
     /// The VM is the container: nothing more to create.
     async fn create_container(&self, _request: &CreateContainerRequest) -> Result<u32, Error> {
         Ok(0)
@@ -98,50 +101,8 @@ impl Guest for ImageGuest {
         Ok(())
     }
 
-    async fn create_exec(&self, _request: &CreateExecRequest) -> Result<(), Error> {
-        Err(no_agent("an exec"))
-    }
-
-    async fn remove_exec(&self, _process: &ProcessId) -> Result<(), Error> {
-        Err(no_agent("an exec"))
-    }
-
     async fn remove_container(&self, _container_id: &str) -> Result<(), Error> {
         Ok(())
-    }
-
-    async fn pause(&self, _container_id: &str) -> Result<(), Error> {
-        Err(no_agent("pause"))
-    }
-
-    async fn resume(&self, _container_id: &str) -> Result<(), Error> {
-        Err(no_agent("resume"))
-    }
-
-    async fn update_resources(
-        &self,
-        _container_id: &str,
-        _resources: Resources,
-    ) -> Result<(), Error> {
-        Err(no_agent("a resources update"))
-    }
-
-    async fn stats(&self, _container_id: &str) -> Result<StatsResponse, Error> {
-        Err(no_agent("stats"))
-    }
-
-    /// The VM's processes are not the host's to list: none.
-    async fn list_processes(&self, _container_id: &str) -> Result<Vec<u32>, Error> {
-        Ok(Vec::new())
-    }
-
-    async fn resize_terminal(
-        &self,
-        _process: &ProcessId,
-        _width: u32,
-        _height: u32,
-    ) -> Result<(), Error> {
-        Err(no_agent("a terminal"))
     }
 
     /// Presses the power button; the caller waits for the end and ends the VM itself when
@@ -204,8 +165,9 @@ mod tests {
         let err = guest.start_process(&exec).await.unwrap_err();
         assert_eq!(err.code(), ttrpc::Code::UNIMPLEMENTED);
         assert!(err.to_string().contains("runs no vmlet agent"), "{err}");
-        let err = guest.pause("vm").await.unwrap_err();
+        let err = guest.agent().err().expect("no agent").refuse("pause");
         assert!(err.to_string().starts_with("pause:"), "{err}");
+        assert!(err.to_string().contains("runs no vmlet agent"), "{err}");
         let err = guest
             .signal_process(&ProcessId::init("vm"), libc::SIGHUP as u32, false)
             .await

@@ -13,11 +13,11 @@ use containerd_shim::asynchronous::monitor::{monitor_subscribe, monitor_unsubscr
 use containerd_shim::monitor::{Subject, Topic};
 use tokio::sync::watch;
 use vmlet_config::NodeConfig;
-use vmlet_protocol::agent::{CreateContainerRequest, CreateExecRequest, Resources, StatsResponse};
+use vmlet_protocol::agent::CreateContainerRequest;
 
 use super::{block, host_setup, new_pod_state, reclaim_failed_boot, Recorder};
 use crate::guest::stdio::{Copies, ProcessName, StdioPaths};
-use crate::guest::{Guest, GuestExit, ProcessId};
+use crate::guest::{AgentCalls, Guest, GuestExit, NoAgent, ProcessId};
 use crate::host::state::PodState;
 use crate::vm::pod_vm::{ImagePod, NotShared, PodHold, PodVm, SharedVm};
 use crate::vmm::VmManager;
@@ -228,6 +228,13 @@ impl PodVm for HeldPod {
 /// The sandbox's one process is the host process.
 #[async_trait]
 impl Guest for HeldPod {
+    fn agent(&self) -> Result<&dyn AgentCalls, NoAgent> {
+        Err(NoAgent(format!(
+            "the sandbox of pod {} runs nothing: a VM-mode pod's (vmlet.io/image-type: vm) container is the VM",
+            self.pod_id
+        )))
+    }
+
     async fn create_container(&self, _request: &CreateContainerRequest) -> Result<u32, Error> {
         Ok(self.holder)
     }
@@ -260,49 +267,8 @@ impl Guest for HeldPod {
         self.signal(signal)
     }
 
-    async fn create_exec(&self, _request: &CreateExecRequest) -> Result<(), Error> {
-        Err(self.runs_nothing("an exec"))
-    }
-
-    async fn remove_exec(&self, _process: &ProcessId) -> Result<(), Error> {
-        Err(self.runs_nothing("an exec"))
-    }
-
     async fn remove_container(&self, _container_id: &str) -> Result<(), Error> {
         Ok(())
-    }
-
-    async fn pause(&self, _container_id: &str) -> Result<(), Error> {
-        Err(self.runs_nothing("pause"))
-    }
-
-    async fn resume(&self, _container_id: &str) -> Result<(), Error> {
-        Err(self.runs_nothing("resume"))
-    }
-
-    async fn update_resources(
-        &self,
-        _container_id: &str,
-        _resources: Resources,
-    ) -> Result<(), Error> {
-        Err(self.runs_nothing("a resources update"))
-    }
-
-    async fn stats(&self, _container_id: &str) -> Result<StatsResponse, Error> {
-        Err(self.runs_nothing("stats"))
-    }
-
-    async fn list_processes(&self, _container_id: &str) -> Result<Vec<u32>, Error> {
-        Ok(Vec::new())
-    }
-
-    async fn resize_terminal(
-        &self,
-        _process: &ProcessId,
-        _width: u32,
-        _height: u32,
-    ) -> Result<(), Error> {
-        Err(self.runs_nothing("a terminal"))
     }
 
     /// Nothing to power off.
