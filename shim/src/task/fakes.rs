@@ -70,6 +70,9 @@ pub struct FakeGuest {
     pub refuse_create: Mutex<Option<String>>,
     /// Whether a SIGKILL ends the process (a compromised or stuck guest ignores it).
     pub obeys_sigkill: AtomicBool,
+    /// What stands in for an agent where a pod has none (a VM image, a hold): the agent's
+    /// own calls are refused, as the real kinds refuse them.
+    pub no_agent: bool,
 }
 
 impl FakeGuest {
@@ -115,7 +118,10 @@ impl FakeGuest {
 #[async_trait]
 impl Guest for FakeGuest {
     fn agent(&self) -> Result<&dyn AgentCalls, NoAgent> {
-        Ok(self)
+        match self.no_agent {
+            true => Err(NoAgent("a fake pod without an agent".into())),
+            false => Ok(self),
+        }
     }
 
     async fn create_container(&self, request: &CreateContainerRequest) -> Result<u32, Error> {
@@ -238,6 +244,8 @@ pub struct FakeVm {
     stopping: AtomicBool,
     /// Given when this is a VM-mode pod's sandbox (the booter's hold).
     pub image_pod: Option<ImagePod>,
+    /// A VM image's VM (a VM-mode pod's container's): its containers share nothing.
+    pub image: bool,
 }
 
 impl Default for FakeVm {
@@ -251,15 +259,35 @@ impl Default for FakeVm {
             ended: watch::channel(false).0,
             stopping: AtomicBool::new(false),
             image_pod: None,
+            image: false,
         }
     }
 }
 
 impl FakeVm {
-    /// A VM-mode pod's sandbox, holding `pod`.
+    /// A VM-mode pod's sandbox, holding `pod`: no agent, nothing shared.
     pub fn holding(pod: ImagePod) -> Self {
         Self {
             image_pod: Some(pod),
+            ..Self::without_agent()
+        }
+    }
+
+    /// A VM image's VM, as a VM-mode pod's container boots it: no agent, nothing shared.
+    pub fn of_image() -> Self {
+        Self {
+            image: true,
+            ..Self::without_agent()
+        }
+    }
+
+    fn without_agent() -> Self {
+        Self {
+            guest: Arc::new(FakeGuest {
+                obeys_sigkill: AtomicBool::new(true),
+                no_agent: true,
+                ..FakeGuest::default()
+            }),
             ..Self::default()
         }
     }
@@ -323,11 +351,13 @@ impl PodVm for FakeVm {
         Ok(())
     }
 
-    /// A hold runs nothing, as the real one; any other fake VM is shared.
+    /// A hold and a VM image's VM share nothing, as the real ones; any other is shared.
     fn shared(&self) -> Result<&dyn SharedVm, NotShared> {
-        match self.image_pod {
-            Some(_) => Err(NotShared("a fake hold runs nothing".into())),
-            None => Ok(self),
+        match (&self.image_pod, self.image) {
+            (None, false) => Ok(self),
+            _ => Err(NotShared(
+                "a fake pod whose VM its containers do not share".into(),
+            )),
         }
     }
 
@@ -420,7 +450,7 @@ impl VmBooter for FakeBooter {
         }
         let vm = match &request.sandbox_id {
             Some(_) => {
-                let vm = Arc::new(FakeVm::default());
+                let vm = Arc::new(FakeVm::of_image());
                 self.own_vms
                     .lock()
                     .unwrap()

@@ -129,3 +129,25 @@ async fn sigkill_ends_the_containers_vm_when_its_guest_does_not_stop() {
     assert_eq!(hold_of(&h).called("kill"), 0, "not the pod");
     assert_eq!(h.wait("c1", "").await, 137);
 }
+
+#[tokio::test(start_paused = true)]
+async fn what_needs_an_agent_or_a_shared_vm_is_refused_by_name() {
+    let h = held_pod().await;
+    create_vm_container(&h, "c1").await.unwrap();
+    h.start("c1", "").await.unwrap();
+    for id in [SANDBOX, "c1"] {
+        let err = h.exec(id, "e1").await.unwrap_err();
+        assert_eq!(err.code(), ttrpc::Code::UNIMPLEMENTED, "{id}: {err:?}");
+        assert!(err.message().starts_with("an exec:"), "{id}: {err:?}");
+        let err = h.service.set_paused(id, true).await.unwrap_err();
+        assert_eq!(err.code(), ttrpc::Code::UNIMPLEMENTED, "{id}: {err:?}");
+        assert!(err.message().starts_with("pause:"), "{id}: {err:?}");
+        let err = h.service.metrics(id).await.unwrap_err();
+        assert!(err.message().starts_with("stats:"), "{id}: {err:?}");
+        // The host's view needs no agent: the one host PID.
+        assert_eq!(h.service.pids(id).await.unwrap().processes.len(), 1);
+    }
+    // The container's VM is the container: memory limits and the share are not asked of it.
+    assert_eq!(vm_of(&h, "c1").called("fit_memory"), 0);
+    assert_eq!(vm_of(&h, "c1").called("add_container"), 0);
+}
