@@ -158,13 +158,7 @@ impl CreatePlan {
                 }
             }
             PodRole::Container { sandbox_id } => {
-                let vm = pods.vm(&sandbox_id)?;
-                if vm.image_pod().is_some() {
-                    return Err(Error::FailedPrecondition(format!(
-                        "container {} of pod {sandbox_id}: a VM-mode pod's (vmlet.io/image-type: vm) container is a VM image, and this one is not",
-                        req.id
-                    )));
-                }
+                let vm = joinable(&req.id, &sandbox_id, pods)?;
                 if !hooks.is_empty() {
                     hook_state.pid = host_process_of(&*vm, &sandbox_id)?;
                 }
@@ -203,6 +197,18 @@ fn stdio(req: &api::CreateTaskRequest) -> Result<(StdioPaths, Stdio), Error> {
         ..Default::default()
     };
     Ok((paths, wanted))
+}
+
+/// The running VM of pod `sandbox_id`, which container `id` (not a VM image) joins: a
+/// VM-mode pod's container is a VM image.
+fn joinable(id: &str, sandbox_id: &str, pods: &dyn RunningPods) -> Result<Arc<dyn PodVm>, Error> {
+    let vm = pods.vm(sandbox_id)?;
+    if vm.image_pod().is_some() {
+        return Err(Error::FailedPrecondition(format!(
+            "container {id} of pod {sandbox_id}: a VM-mode pod's (vmlet.io/image-type: vm) container is a VM image, and this one is not"
+        )));
+    }
+    Ok(vm)
 }
 
 /// The host process of the running pod `sandbox_id` (its `vm`), which a joining
