@@ -1,12 +1,7 @@
 //! containerd's task API (shim v2) for vmlet. Tasks of one pod share its VM: the sandbox
-//! task boots it, container tasks join it.
-//!
-//! - [`api`]: the ttrpc face, each RPC a lookup, one call and its error mapping;
-//! - [`create`]: a task's create, from the bundle to a booted or joined VM;
-//! - [`start`]: start, the watch for the exit, kill;
-//! - [`exec`]: exec processes; [`control`]: pause, resume, update, stats;
-//!   [`delete`]: delete, with what it must leave and remove;
-//! - [`process`]: one process's state machine; [`exit`]: the exit statuses and when.
+//! task boots it, container tasks join it. A create is planned first ([`plan`]), then
+//! carried out ([`create`]); each RPC is one call of the task service ([`api`]). The
+//! files are catalogued once, in docs/design.md ("Crates").
 
 mod api;
 pub(crate) mod container_metrics;
