@@ -91,9 +91,10 @@ struct Recorder<'a> {
 
 impl Recorder<'_> {
     fn save(&self, f: impl FnOnce(&mut PodState)) -> Result<(), Error> {
-        let mut s = self.state.lock().unwrap();
-        f(&mut s);
-        s.save()
+        self.try_save(|s| {
+            f(s);
+            Ok(())
+        })
     }
 
     /// [`Recorder::save`] of a change that may be refused (nothing is saved then).
