@@ -9,9 +9,10 @@ use clap::Parser;
     version,
     about = "Make one libvirt call for the vmlet shim",
     long_about = "Make one libvirt call for the vmlet shim, so that the shim never maps \
-        libvirt's libraries. The domain XML of `start` comes on stdin; stdout gets `ok` and \
-        the answer, or `error` and the message (exit status 1), each after a newline. Called \
-        wrongly, it prints usage on stderr and exits with status 2."
+        libvirt's libraries. The request of `start` (the domain XML and its AppArmor files, \
+        as JSON) comes on stdin; stdout gets `ok` and the answer, or `error` and the message \
+        (exit status 1), each after a newline. Called wrongly, it prints usage on stderr and \
+        exits with status 2."
 )]
 pub struct LibvirtHelper {
     /// The libvirt connection URI, e.g. qemu:///system.

@@ -7,7 +7,7 @@ use virt::connect::Connect;
 use virt::domain::Domain;
 use vmlet_shim::vmm::libvirt_xml;
 use vmlet_shim::vmm::pod_apparmor::{self, ProfileDir};
-use vmlet_shim::vmm::{VmManager, VmletDomain};
+use vmlet_shim::vmm::{StartDomain, VmManager, VmletDomain};
 use vmlet_shim::Error;
 
 pub mod cli;
@@ -34,12 +34,12 @@ impl Libvirt {
     }
 
     /// Where libvirt confines QEMU with AppArmor, writes the pod's own profile for the
-    /// defined `domain` from the files `xml`'s metadata names; the domain's UUID then.
+    /// defined `domain` from the files `start` names; the domain's UUID then.
     fn write_profile(
         &self,
         conn: &Connect,
         domain: &Domain,
-        xml: &str,
+        start: &StartDomain,
     ) -> Result<Option<String>, Error> {
         // Without its template libvirt has no AppArmor driver: no need to ask it.
         if !self.profiles.has_libvirts_template() {
@@ -57,9 +57,7 @@ impl Libvirt {
         let uuid = domain
             .get_uuid_string()
             .map_err(|e| Error::Libvirt(format!("the domain's UUID: {e}")))?;
-        let pod_id = libvirt_xml::pod_id_in(xml).unwrap_or_default();
-        let files = libvirt_xml::pod_files_in(xml)?;
-        let profile = pod_apparmor::profile(&uuid, &pod_id, &files)?;
+        let profile = pod_apparmor::profile(&uuid, &start.pod_id, &start.apparmor_files)?;
         self.profiles.write(&uuid, &profile)?;
         Ok(Some(uuid))
     }
@@ -93,11 +91,11 @@ impl VmManager for Libvirt {
         .unwrap_or(false)
     }
 
-    fn start(&self, xml: &str) -> Result<(), Error> {
+    fn start(&self, start: &StartDomain) -> Result<(), Error> {
         self.with_conn(|conn| {
-            let domain = Domain::define_xml(conn, xml)
+            let domain = Domain::define_xml(conn, &start.xml)
                 .map_err(|e| Error::Libvirt(format!("define domain: {e}")))?;
-            let profile = match self.write_profile(conn, &domain, xml) {
+            let profile = match self.write_profile(conn, &domain, start) {
                 Ok(profile) => profile,
                 Err(e) => {
                     let _ = domain.undefine_flags(UNDEFINE_WITH_NVRAM);

@@ -1,8 +1,9 @@
 //! `vmlet-libvirt URI OPERATION [ARGS]`: one libvirt call for the shim (see
 //! `vmlet_shim::vmm::libvirt_helper`), so that the shim, alive as long as its pod, never maps
-//! libvirt's libraries. The domain XML of `start` comes on stdin; stdout gets `ok` and the
-//! answer, or `error` and the message (exit status 1), each after a newline; called wrongly,
-//! usage on stderr and exit status 2 ([`vmlet_libvirt::cli::LibvirtHelper`]).
+//! libvirt's libraries. The request of `start` (the domain XML and its AppArmor files, as
+//! JSON) comes on stdin; stdout gets `ok` and the answer, or `error` and the message (exit
+//! status 1), each after a newline; called wrongly, usage on stderr and exit status 2
+//! ([`vmlet_libvirt::cli::LibvirtHelper`]).
 
 use std::io::Read;
 
@@ -12,7 +13,7 @@ use vmlet_libvirt::Libvirt;
 use vmlet_shim::vmm::libvirt_helper::serve;
 use vmlet_shim::Error;
 
-/// The largest domain XML taken on stdin.
+/// The largest start request taken on stdin.
 const INPUT_LIMIT: u64 = 4 << 20;
 
 fn main() {
@@ -23,7 +24,7 @@ fn main() {
             .take(INPUT_LIMIT)
             .read_to_string(&mut input)
         {
-            eprintln!("vmlet-libvirt: read the domain XML: {e}");
+            eprintln!("vmlet-libvirt: read the start request: {e}");
             std::process::exit(2);
         }
     }

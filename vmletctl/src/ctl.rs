@@ -336,9 +336,11 @@ mod tests {
         };
         std::fs::create_dir_all(&orphan.dir).unwrap();
         orphan.save().unwrap();
-        vmm.start("<name>vmlet-gone</name>").unwrap();
+        vmm.start(&vmlet_shim::vmm::StartDomain::named("vmlet-gone", "gone"))
+            .unwrap();
         // A domain without a state directory.
-        vmm.start("<name>vmlet-bare</name>").unwrap();
+        vmm.start(&vmlet_shim::vmm::StartDomain::named("vmlet-bare", "bare"))
+            .unwrap();
         let config = NodeConfig {
             state_dir: dir.clone(),
             ..Default::default()

@@ -10,6 +10,7 @@ use std::path::PathBuf;
 
 use vmlet_shim::cli::{answer_help_or_version, wrapper_command};
 use vmlet_shim::host::taps::{fetch, qemu_args, TAP_SOCKET_ENV};
+use vmlet_shim::vmm::vm_spec::QEMU_ENV;
 
 /// QEMU used when the domain names none (libvirt's capability probes).
 const DEFAULT_QEMU: &str = "/usr/bin/qemu-system-x86_64";
@@ -19,7 +20,7 @@ fn main() {
     if answer_help_or_version(wrapper_command(), &args) {
         return;
     }
-    let qemu = std::env::var("VMLET_QEMU").unwrap_or_else(|_| DEFAULT_QEMU.into());
+    let qemu = std::env::var(QEMU_ENV).unwrap_or_else(|_| DEFAULT_QEMU.into());
     if let Some(socket) = std::env::var_os(TAP_SOCKET_ENV) {
         match fetch(&PathBuf::from(&socket)) {
             Ok((taps, fds)) => args.extend(qemu_args(&taps, &fds).into_iter().map(OsString::from)),

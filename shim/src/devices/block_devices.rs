@@ -4,7 +4,7 @@
 //!
 //! The shim opens the host device itself (QEMU runs as an unprivileged user that may not)
 //! and [`crate::devices::hotplug`] hands the fd to QEMU: `virtio-blk-pci` (`vdX`) or `nvme`
-//! (`nvmeXn1`) on one of the domain's hot-plug root ports (made here, [`qemu_args`]), or
+//! (`nvmeXn1`) on one of the domain's hot-plug root ports (named here, [`port_id`]), or
 //! `scsi-hd` (`sdX`) behind one `virtio-scsi-pci` controller. Each device gets a serial by
 //! which the agent finds it in the guest. The same path serves the pod's first container
 //! and containers created later in the running pod.
@@ -13,8 +13,6 @@ use std::os::fd::OwnedFd;
 use std::path::Path;
 
 use crate::Error;
-
-use crate::devices::pci_layout::{FIRST_HOTPLUG_PORT, HOTPLUG_PORTS};
 
 /// One block device the container asks for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -68,28 +66,6 @@ fn open_host_in(sys: &Path, dev: &Path, device: &BlockDevice) -> Result<OwnedFd,
         )));
     }
     Ok(OwnedFd::from(file))
-}
-
-/// QEMU arguments for vmlet's QMP monitor (a client of `qmp_socket`) and the hot-plug
-/// root ports.
-pub fn qemu_args(qmp_socket: &str) -> Vec<String> {
-    let mut args = vec![
-        "-chardev".to_string(),
-        format!("socket,id=vmlet-qmp,path={qmp_socket}"),
-        "-mon".to_string(),
-        "chardev=vmlet-qmp,mode=control".to_string(),
-    ];
-    for i in 0..HOTPLUG_PORTS {
-        args.push("-device".into());
-        args.push(format!(
-            "pcie-root-port,id={},bus=pcie.0,addr={},chassis={},port={:#x}",
-            port_id(i),
-            crate::devices::pci_layout::hex(FIRST_HOTPLUG_PORT + i),
-            200 + i,
-            0x20 + i
-        ));
-    }
-    args
 }
 
 /// The id of hot-plug root port `i`.

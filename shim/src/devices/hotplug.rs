@@ -1,7 +1,7 @@
 //! Hot-plugging a container's block devices into the running VM over vmlet's QMP monitor
 //! ([`crate::devices::qmp`]): `add-fd` with the host device's fd, a `host_device` block node on
 //! `/dev/fdset/N`, then the device, `virtio-blk-pci` or `nvme` on a hot-plug root port of
-//! its own ([`crate::devices::pci_layout`]), or `scsi-hd` behind the pod's one `virtio-scsi-pci`
+//! its own (the ports the VM's description makes, [`crate::vmm::vm_spec::VmSpec::hotplug_ports`]), or `scsi-hd` behind the pod's one `virtio-scsi-pci`
 //! controller (plugged with the first SCSI disk). Unplugging waits for the guest to release
 //! each device (`DEVICE_DELETED`). Containers attach and detach side by side: the port
 //! table is locked only between QMP calls, never across one.
@@ -15,8 +15,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use vmlet_config::DiskDriver;
 
-use crate::devices::block_devices::{port_id, BlockDevice};
-use crate::devices::pci_layout::HOTPLUG_PORTS;
+use crate::devices::block_devices::BlockDevice;
 use crate::devices::qmp::Qmp;
 use crate::Error;
 
@@ -34,9 +33,9 @@ struct Attached {
 }
 
 /// Which hot-plug ports are taken and what each container attached.
-#[derive(Default)]
 struct Table {
-    ports: [bool; HOTPLUG_PORTS],
+    /// Whether each port (of [`Hotplug::port_ids`]) is taken.
+    ports: Vec<bool>,
     attached: HashMap<String, Vec<Attached>>,
 }
 
@@ -44,6 +43,8 @@ struct Table {
 pub struct Hotplug {
     qmp: Qmp,
     driver: DiskDriver,
+    /// The VM's hot-plug root ports.
+    port_ids: Vec<String>,
     table: Mutex<Table>,
     /// The SCSI controller's port, once it is plugged (by the first SCSI disk; others
     /// arriving meanwhile wait for that one plug).
@@ -52,11 +53,16 @@ pub struct Hotplug {
 }
 
 impl Hotplug {
-    pub fn new(qmp: Qmp, driver: DiskDriver) -> Self {
+    /// The hot-plug state of a VM with hot-plug root ports `port_ids`, none taken.
+    pub fn new(qmp: Qmp, driver: DiskDriver, port_ids: Vec<String>) -> Self {
         Hotplug {
             qmp,
             driver,
-            table: Mutex::new(Table::default()),
+            table: Mutex::new(Table {
+                ports: vec![false; port_ids.len()],
+                attached: HashMap::new(),
+            }),
+            port_ids,
             scsi_port: tokio::sync::OnceCell::new(),
             next: AtomicU32::new(0),
         }
@@ -195,7 +201,7 @@ impl Hotplug {
             }
             DiskDriver::Virtio | DiskDriver::Nvme => {
                 let p = self.take_port(what)?;
-                props["bus"] = json!(port_id(p));
+                props["bus"] = json!(self.port_ids[p]);
                 Some(p)
             }
         };
@@ -212,8 +218,7 @@ impl Hotplug {
     async fn scsi_controller(&self, what: &str) -> Result<usize, Error> {
         let plug = || async {
             let p = self.take_port(what)?;
-            let controller =
-                json!({"driver": "virtio-scsi-pci", "id": SCSI_CONTROLLER, "bus": port_id(p)});
+            let controller = json!({"driver": "virtio-scsi-pci", "id": SCSI_CONTROLLER, "bus": self.port_ids[p]});
             if let Err(e) = self.qmp.execute("device_add", controller, Vec::new()).await {
                 self.free_port(p);
                 return Err(Error::Internal(format!("{what}: {}", e.message())));
@@ -228,7 +233,8 @@ impl Hotplug {
         let mut table = self.table.lock().unwrap();
         let p = table.ports.iter().position(|taken| !taken).ok_or_else(|| {
             Error::ResourceExhausted(format!(
-                "{what}: all {HOTPLUG_PORTS} hot-plug ports of the pod's VM are taken"
+                "{what}: all {} hot-plug ports of the pod's VM are taken",
+                self.port_ids.len()
             ))
         })?;
         table.ports[p] = true;
@@ -293,8 +299,8 @@ impl Hotplug {
 
     /// Which ports are taken.
     #[cfg(test)]
-    fn ports(&self) -> [bool; HOTPLUG_PORTS] {
-        self.table.lock().unwrap().ports
+    fn ports(&self) -> Vec<bool> {
+        self.table.lock().unwrap().ports.clone()
     }
 }
 
@@ -303,6 +309,11 @@ mod tests {
     use super::*;
     use crate::devices::block_devices::tests::device;
     use crate::devices::qmp::tests::fake_qemu;
+
+    /// A VM's four hot-plug ports, as [`crate::vmm::vm_spec::VmSpec::hotplug_ports`] names them.
+    fn port_ids() -> Vec<String> {
+        (0..4).map(crate::devices::block_devices::port_id).collect()
+    }
 
     fn null_fds(n: usize) -> Vec<OwnedFd> {
         (0..n)
@@ -346,7 +357,7 @@ mod tests {
     #[tokio::test]
     async fn scsi_disks_share_one_controller_on_one_port() {
         let (qmp, server) = qemu("").await;
-        let hp = Hotplug::new(qmp, DiskDriver::Scsi);
+        let hp = Hotplug::new(qmp, DiskDriver::Scsi, port_ids());
         let found = hp
             .attach(
                 "c1",
@@ -393,7 +404,7 @@ mod tests {
             (DiskDriver::Nvme, "nvme"),
         ] {
             let (qmp, server) = qemu("").await;
-            let hp = Hotplug::new(qmp, driver);
+            let hp = Hotplug::new(qmp, driver, port_ids());
             hp.attach("c1", &[device("/dev/a", false)], null_fds(1))
                 .await
                 .unwrap();
@@ -416,7 +427,7 @@ mod tests {
     #[tokio::test]
     async fn a_refused_device_is_undone_and_its_port_freed() {
         let (qmp, server) = qemu("nvme").await;
-        let hp = Hotplug::new(qmp, DiskDriver::Nvme);
+        let hp = Hotplug::new(qmp, DiskDriver::Nvme, port_ids());
         let err = hp
             .attach("c1", &[device("/dev/a", false)], null_fds(1))
             .await
@@ -425,7 +436,7 @@ mod tests {
             err.message(),
             "nvme for /dev/a: QEMU refused device_add: no"
         );
-        assert_eq!(hp.ports(), [false; HOTPLUG_PORTS]);
+        assert_eq!(hp.ports(), [false; 4]);
         drop(hp);
         let seen = crate::devices::qmp::tests::finished(server).await;
         assert_eq!(commands(&seen).last().unwrap(), "blockdev-del vmlet-blk0");
@@ -434,7 +445,7 @@ mod tests {
     #[tokio::test]
     async fn running_out_of_ports_is_resource_exhausted() {
         let (qmp, _server) = qemu("").await;
-        let hp = Hotplug::new(qmp, DiskDriver::Virtio);
+        let hp = Hotplug::new(qmp, DiskDriver::Virtio, port_ids());
         let four: Vec<_> = (0..4)
             .map(|i| device(&format!("/dev/d{i}"), false))
             .collect();
@@ -450,7 +461,7 @@ mod tests {
     #[tokio::test]
     async fn scsi_disks_attached_side_by_side_share_one_controller() {
         let (qmp, server) = qemu("").await;
-        let hp = Hotplug::new(qmp, DiskDriver::Scsi);
+        let hp = Hotplug::new(qmp, DiskDriver::Scsi, port_ids());
         let (first, second) = ([device("/dev/a", false)], [device("/dev/b", false)]);
         let (a, b) = tokio::join!(
             hp.attach("c1", &first, null_fds(1)),

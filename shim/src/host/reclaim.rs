@@ -93,7 +93,8 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("vmlet-teardown-{}", std::process::id()));
         std::fs::create_dir_all(dir.join("share")).unwrap();
         let vmm = crate::vmm::FakeVmm::default();
-        vmm.start("<name>vmlet-p</name>").unwrap();
+        vmm.start(&crate::vmm::StartDomain::named("vmlet-p", "p"))
+            .unwrap();
         let state = PodState {
             dir: dir.clone(),
             made: vec![Made::Domain("vmlet-p".into())],
@@ -110,7 +111,8 @@ mod tests {
         let pod_dir = dir.path().join("p");
         std::fs::create_dir(&pod_dir).unwrap();
         let vmm = crate::vmm::FakeVmm::default();
-        vmm.start("<name>vmlet-p</name>").unwrap();
+        vmm.start(&crate::vmm::StartDomain::named("vmlet-p", "p"))
+            .unwrap();
         let state = PodState {
             dir: pod_dir.clone(),
             // Undone last: a mount outside the pod's directory is refused.

@@ -17,27 +17,29 @@ use crate::Error;
 /// Environment variable naming the tap socket in the domain's `<qemu:env>`.
 pub const TAP_SOCKET_ENV: &str = "VMLET_TAP_SOCKET";
 /// Most taps one VM gets (a NIC slot each).
-pub const MAX_TAPS: usize = crate::devices::pci_layout::MAX_NICS;
+const MAX_TAPS: usize = crate::vmm::pci_slots::MAX_NICS;
 
-/// What the wrapper needs to know of each tap (the fd travels beside it).
+/// What the wrapper needs to know of each tap (the fd travels beside it): its NIC as the
+/// VM's description has it ([`crate::vmm::vm_spec::VmSpec::taps`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TapDescription {
     pub mac: String,
     pub mtu: u32,
+    /// The NIC's slot on the root bus.
+    pub slot: usize,
 }
 
 /// QEMU arguments for the taps, given the fd numbers the wrapper received.
 pub fn qemu_args(taps: &[TapDescription], fds: &[RawFd]) -> Vec<String> {
     let mut args = Vec::new();
     for (i, (tap, fd)) in taps.iter().zip(fds).enumerate() {
+        let slot = crate::vmm::pci_slots::hex(tap.slot);
         args.push("-netdev".into());
         args.push(format!("tap,id=vmletnet{i},fd={fd},vhost=off"));
         args.push("-device".into());
         args.push(format!(
-            "virtio-net-pci,netdev=vmletnet{i},mac={},host_mtu={},bus=pcie.0,addr={}",
-            tap.mac,
-            tap.mtu,
-            crate::devices::pci_layout::hex(crate::devices::pci_layout::FIRST_NIC + i)
+            "virtio-net-pci,netdev=vmletnet{i},mac={},host_mtu={},bus=pcie.0,addr={slot}",
+            tap.mac, tap.mtu,
         ));
     }
     args
@@ -153,10 +155,12 @@ mod tests {
             TapDescription {
                 mac: "0a:58:0a:00:00:05".into(),
                 mtu: 1400,
+                slot: 0x12,
             },
             TapDescription {
                 mac: "0a:58:0a:00:00:06".into(),
                 mtu: 1500,
+                slot: 0x13,
             },
         ];
         let args = qemu_args(&taps, &[7, 9]);
@@ -179,6 +183,7 @@ mod tests {
         vec![TapDescription {
             mac: "0a:00:00:00:00:01".into(),
             mtu: 1500,
+            slot: 0x12,
         }]
     }
 

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use vmlet_config::NodeConfig;
 use vmlet_protocol::agent_ttrpc::AgentClient;
 
-use super::net::{PodNet, TapServer};
+use super::net::{PendingTaps, PodNet, TapServer};
 use super::{accel, agent_link, host_setup, launch, net, vsock_backend, BootRequest, Recorder};
 use crate::devices::hotplug::Hotplug;
 use crate::guest::port_forward::PortForward;
@@ -40,12 +40,13 @@ pub(super) async fn run(
 ) -> Result<Booted, Error> {
     host_setup::prepare(config, req, paths, rec)?;
     phases.mark("host_setup");
-    let (netns, net) = host_process_and_network(config, req, paths, rec, phases).await?;
+    let (netns, mut net) = host_process_and_network(config, req, paths, rec, phases).await?;
     let vsock = vsock_backend::start(config, paths, rec).await?;
     phases.mark("vsock_backend");
     let (key, key_file) = agent_link::give_key(config, paths)?;
     let guest = launch::agent_guest(config, req, paths, &vsock);
-    let launched = launch_domain(config, &vmm, req, paths, rec, phases, guest, &net).await?;
+    let taps = net.taps.take();
+    let launched = launch_domain(config, &vmm, req, paths, rec, phases, guest, taps).await?;
     key_file.given()?;
     let (endpoint, agent, boot_id) =
         agent_link::connect(config, &vmm, &req.pod_id, paths, &vsock, &launched, key).await?;
@@ -64,7 +65,7 @@ pub(super) async fn run(
         hotplug: launched.hotplug,
         ended: launched.ended,
         qemu_pid: launched.qemu_pid,
-        tap_server: net.tap_server,
+        tap_server: launched.tap_server,
         port_forward,
     })
 }
@@ -100,7 +101,7 @@ async fn launch_domain(
     rec: &Recorder<'_>,
     phases: &Phases,
     guest: crate::vmm::domain::GuestBoot,
-    net: &PodNet,
+    taps: Option<PendingTaps>,
 ) -> Result<launch::Launched, Error> {
     let kvm = accel::use_kvm(config, vmm, &req.options).await?;
     phases.mark("accel");
@@ -110,11 +111,7 @@ async fn launch_domain(
         req,
         paths,
         rec,
-        launch::Devices {
-            kvm,
-            guest,
-            tap_socket: net.tap_socket.clone(),
-        },
+        launch::Devices { kvm, guest, taps },
     )
     .await?;
     phases.mark("domain");
@@ -163,7 +160,7 @@ pub(super) async fn run_image(
         crate::host::pod_paths::IMAGE_DISK,
         &|t| rec.mount(t),
     )?;
-    let (netns, net) = host_process_and_network(config, req, paths, rec, phases).await?;
+    let (netns, mut net) = host_process_and_network(config, req, paths, rec, phases).await?;
     let dhcp = match &netns {
         Some(netns) => start_dhcp(netns, &net, &dns, &image.hostname).await?,
         None => Vec::new(),
@@ -194,12 +191,13 @@ pub(super) async fn run_image(
         root_bus: image.root_bus,
         firmware: image.firmware,
     });
-    let launched = launch_domain(config, &vmm, req, paths, rec, phases, guest, &net).await?;
+    let taps = net.taps.take();
+    let launched = launch_domain(config, &vmm, req, paths, rec, phases, guest, taps).await?;
     Ok(BootedImage {
         hotplug: launched.hotplug,
         ended: launched.ended,
         qemu_pid: launched.qemu_pid,
-        tap_server: net.tap_server,
+        tap_server: launched.tap_server,
         dhcp,
         console: launched
             .console

@@ -253,11 +253,11 @@ impl VmManager for FakeQemu {
         false
     }
 
-    fn start(&self, xml: &str) -> Result<(), Error> {
+    fn start(&self, domain: &crate::vmm::StartDomain) -> Result<(), Error> {
         if self.fail {
             return Err(Error::Internal("libvirt refused the domain".into()));
         }
-        self.started.lock().unwrap().push(xml.to_owned());
+        self.started.lock().unwrap().push(domain.xml.clone());
         let socket = self.qmp_socket.clone();
         let quit = self.quit.lock().unwrap().take().expect("started once");
         std::thread::spawn(move || {
@@ -309,7 +309,7 @@ fn devices() -> launch::Devices {
             vsock: VsockDevice::Vhost,
             key_file: "/run/vmlet/p/agent.key".into(),
         }),
-        tap_socket: None,
+        taps: None,
     }
 }
 

@@ -1,5 +1,5 @@
-//! The VM itself: the libvirt domain (built by [`crate::vmm::domain`]) started, and vmlet's QMP
-//! monitor taken when QEMU connects it. QEMU's end of that monitor is how the shim learns,
+//! The VM itself: described ([`crate::vmm::vm_spec::VmSpec`]), its taps served with their
+//! slots, its libvirt domain started, and vmlet's QMP monitor taken when QEMU connects it. QEMU's end of that monitor is how the shim learns,
 //! at once, that the VM ended. QEMU and virtiofsd then join the pod's cgroup.
 
 use std::sync::Arc;
@@ -7,11 +7,14 @@ use std::time::{Duration, Instant};
 
 use vmlet_config::NodeConfig;
 
+use super::net::{PendingTaps, TapServer};
 use super::{block, give_socket, BootRequest, Recorder};
 use crate::devices::hotplug::Hotplug;
 use crate::host::pod_paths::{domain_name, PodPaths};
 use crate::vm_mode::serial_console::SerialConsole;
-use crate::vmm::domain::{AgentBoot, ConsoleTarget, Domain, DomainParams, GuestBoot, VsockDevice};
+use crate::vmm::domain::{AgentBoot, ConsoleTarget, GuestBoot, VsockDevice};
+use crate::vmm::pci_slots::PciSlots;
+use crate::vmm::vm_spec::VmSpec;
 use crate::vmm::VmManager;
 use crate::Error;
 
@@ -26,8 +29,8 @@ pub(super) struct Devices {
     pub kvm: bool,
     /// What the VM runs ([`agent_guest`] for vmlet's guest).
     pub guest: GuestBoot,
-    /// Where vmlet-vmwrapper fetches the taps (none: no NIC).
-    pub tap_socket: Option<String>,
+    /// The pod's taps (none: no NIC).
+    pub taps: Option<PendingTaps>,
 }
 
 /// vmlet's guest: the node's kernel and initrd with the pod's kernel parameters, the
@@ -69,6 +72,8 @@ pub(super) struct Launched {
     pub started: Instant,
     /// A VM image's serial console (vmlet's guest writes a file instead).
     pub console: Option<SerialConsole>,
+    /// The server that handed the taps to QEMU (none: no NIC).
+    pub tap_server: Option<TapServer>,
 }
 
 /// Defines and starts the pod's domain (recorded first) and takes vmlet's QMP monitor.
@@ -101,7 +106,9 @@ pub(super) async fn start(
     };
     let name = domain_name(pod_id);
     let kvm = devices.kvm;
-    let xml = Domain::new(&domain_params(config, req, paths, &name, devices, console)).to_xml()?;
+    let (spec, taps) = vm_spec(config, req, paths, &name, devices, console);
+    let request = spec.start_request()?;
+    let tap_server = taps.map(|taps| taps.serve(spec.taps()));
     log::info!(
         "pod {pod_id}: starting {name} ({} vCPU, {} MiB, {})",
         shape.vcpus,
@@ -112,14 +119,14 @@ pub(super) async fn start(
     let started = Instant::now();
     {
         let vmm = vmm.clone();
-        block(move || vmm.start(&xml)).await??;
+        block(move || vmm.start(&request)).await??;
     }
     log::info!(
         "pod {pod_id}: domain started in {} ms",
         started.elapsed().as_millis()
     );
     let (hotplug, ended, qemu_pid) =
-        accept_qmp(qmp_listener, req.options.disk_driver, qemu_uid).await?;
+        accept_qmp(qmp_listener, &spec, req.options.disk_driver, qemu_uid).await?;
     let console = match console_listener {
         Some(listener) => {
             let (stream, _) = accept_qemu(&listener, qemu_uid, "the serial console").await?;
@@ -141,20 +148,21 @@ pub(super) async fn start(
         qemu_pid,
         started,
         console,
+        tap_server,
     })
 }
 
-/// The domain of the pod's VM: `req`'s shape and options, the node's helpers, `devices`,
-/// and its console going to `console`.
-fn domain_params(
+/// The pod's VM: `req`'s shape and options, the node's helpers, `devices`, and its console
+/// going to `console`; and its taps, to serve as the description has them.
+fn vm_spec(
     config: &NodeConfig,
     req: &BootRequest,
     paths: &PodPaths,
     name: &str,
     devices: Devices,
     console: ConsoleTarget,
-) -> DomainParams {
-    DomainParams {
+) -> (VmSpec, Option<PendingTaps>) {
+    let spec = VmSpec {
         name: name.to_owned(),
         pod_id: req.pod_id.clone(),
         kvm: devices.kvm,
@@ -169,9 +177,11 @@ fn domain_params(
         emulator: config.helpers.vmwrapper.to_string_lossy().into_owned(),
         qemu: config.helpers.qemu.to_string_lossy().into_owned(),
         console,
-        tap_socket: devices.tap_socket,
+        network: devices.taps.as_ref().map(|t| t.network.clone()),
         qmp_socket: paths.qmp_socket.to_string_lossy().into_owned(),
-    }
+        slots: PciSlots::assign(),
+    };
+    (spec, devices.taps)
 }
 
 /// QEMU (`qemu_pid`) and the virtiofsd serving the pod's share into the pod's cgroup.
@@ -206,13 +216,15 @@ fn place_in_pod_cgroup(
 /// without polling libvirt. QEMU's PID is returned.
 async fn accept_qmp(
     listener: tokio::net::UnixListener,
+    spec: &VmSpec,
     driver: vmlet_config::DiskDriver,
     qemu_uid: u32,
 ) -> Result<(Hotplug, tokio::sync::watch::Receiver<bool>, u32), Error> {
     let (stream, qemu_pid) = accept_qemu(&listener, qemu_uid, "vmlet's QMP monitor").await?;
     let qmp = crate::devices::qmp::Qmp::handshake(stream).await?;
     let ended = qmp.ended();
-    Ok((Hotplug::new(qmp, driver), ended, qemu_pid))
+    let ports = spec.hotplug_ports().into_iter().map(|p| p.id).collect();
+    Ok((Hotplug::new(qmp, driver, ports), ended, qemu_pid))
 }
 
 /// Takes QEMU's connection to `listener` (`what` it is), within [`QEMU_CONNECT_WAIT`].

@@ -1,6 +1,9 @@
 //! The pod network in the VM: every interface of the pod namespace is wired to a tap
-//! ([`vmlet_netns::wire`]), and a tap server hands the taps' fds to vmlet-vmwrapper (QEMU's
-//! side) once. The agent gets the addresses and routes later ([`super::agent_link`]).
+//! ([`vmlet_netns::wire`]); once the VM is described, a tap server hands the taps' fds, each
+//! with its NIC's slot, to vmlet-vmwrapper (QEMU's side) once ([`PendingTaps::serve`]). The
+//! agent gets the addresses and routes later ([`super::agent_link`]).
+
+use std::os::fd::OwnedFd;
 
 use vmlet_config::NodeConfig;
 
@@ -8,6 +11,7 @@ use super::host_setup::PodNetns;
 use super::{block, give_socket, Recorder};
 use crate::host::pod_paths::PodPaths;
 use crate::host::taps::TapDescription;
+use crate::vmm::vm_spec::{Network, Nic};
 use crate::Error;
 
 /// The tap server of a pod; stopping it (or dropping it) closes the shim's copies of the
@@ -33,9 +37,30 @@ pub(super) struct PodNet {
     pub interfaces: Vec<vmlet_netns::Interface>,
     /// Each interface's tap, in the same order.
     pub tap_names: Vec<String>,
-    /// Where vmlet-vmwrapper fetches the taps (none: no NIC).
-    pub tap_socket: Option<String>,
-    pub tap_server: Option<TapServer>,
+    /// The taps, until the VM's description gives each NIC its slot (none: no NIC).
+    pub taps: Option<PendingTaps>,
+}
+
+/// The taps of a pod, with the socket vmlet-vmwrapper will fetch them from, not yet served.
+pub(super) struct PendingTaps {
+    /// The VM's NICs (slots come with the VM's description).
+    pub network: Network,
+    listener: tokio::net::UnixListener,
+    fds: Vec<OwnedFd>,
+    qemu_uid: u32,
+}
+
+impl PendingTaps {
+    /// Serves the taps as `described` (the VM's NICs, each with its slot) to the first
+    /// connection of the QEMU user.
+    pub fn serve(self, described: Vec<TapDescription>) -> TapServer {
+        TapServer(crate::host::taps::serve(
+            self.listener,
+            described,
+            self.fds,
+            self.qemu_uid,
+        ))
+    }
 }
 
 /// Wires the interfaces of `netns` to taps (recorded in the pod's state) and serves them.
@@ -59,18 +84,18 @@ pub(super) async fn wire(
         Err(e) => return Err(Error::Network(e)),
     };
     rec.try_save(|s| s.wired(&netns.path, wired.wirings.clone()))?;
-    let taps: Vec<TapDescription> = wired
+    let nics: Vec<Nic> = wired
         .wirings
         .iter()
-        .map(|w| TapDescription {
+        .map(|w| Nic {
             mac: w.interface.mac_string(),
             mtu: w.interface.mtu,
         })
         .collect();
-    if taps.len() > crate::host::taps::MAX_TAPS {
+    if nics.len() > crate::vmm::pci_slots::MAX_NICS {
         return Err(Error::Unimplemented(format!(
             "more than {} pod interfaces",
-            crate::host::taps::MAX_TAPS
+            crate::vmm::pci_slots::MAX_NICS
         )));
     }
     let tap_names: Vec<_> = wired.wirings.iter().map(|w| w.tap_name.clone()).collect();
@@ -80,7 +105,7 @@ pub(super) async fn wire(
         interfaces.len(),
         netns.path.display()
     );
-    if taps.is_empty() {
+    if nics.is_empty() {
         return Ok(PodNet {
             interfaces,
             tap_names,
@@ -93,9 +118,14 @@ pub(super) async fn wire(
     Ok(PodNet {
         interfaces,
         tap_names,
-        tap_socket: Some(paths.tap_socket.to_string_lossy().into_owned()),
-        tap_server: Some(TapServer(crate::host::taps::serve(
-            listener, taps, wired.taps, qemu_uid,
-        ))),
+        taps: Some(PendingTaps {
+            network: Network {
+                tap_socket: paths.tap_socket.to_string_lossy().into_owned(),
+                nics,
+            },
+            listener,
+            fds: wired.taps,
+            qemu_uid,
+        }),
     })
 }

@@ -4,8 +4,9 @@
 //! remove); each costs a process start. The helper's answers are bounded and every call
 //! has a deadline.
 //!
-//! The helper's interface: `vmlet-libvirt URI OPERATION [ARGS]`, the domain XML on stdin
-//! for `start`; on stdout `ok` and the answer, or `error` and the message, each after a
+//! The helper's interface: `vmlet-libvirt URI OPERATION [ARGS]`, for `start` the request on
+//! stdin ([`StartDomain`] as JSON: the domain XML and the files of the pod's AppArmor
+//! profile); on stdout `ok` and the answer, or `error` and the message, each after a
 //! newline.
 
 use std::io::{Read, Write};
@@ -14,7 +15,7 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use crate::vmm::{VmManager, VmletDomain};
+use crate::vmm::{StartDomain, VmManager, VmletDomain};
 use crate::Error;
 
 /// The most a helper may print on stdout (a domain's XML, or the list of domains).
@@ -160,8 +161,10 @@ impl VmManager for LibvirtHelper {
             .unwrap_or(false)
     }
 
-    fn start(&self, xml: &str) -> Result<(), Error> {
-        self.call(&["start"], xml.as_bytes()).map(drop)
+    fn start(&self, domain: &StartDomain) -> Result<(), Error> {
+        let request = serde_json::to_vec(domain)
+            .map_err(|e| Error::Internal(format!("encode the start request: {e}")))?;
+        self.call(&["start"], &request).map(drop)
     }
 
     fn remove(&self, name: &str) -> Result<(), Error> {
@@ -189,7 +192,7 @@ pub fn serve(vmm: &dyn VmManager, args: &[String], input: &str) -> Result<String
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     match args.as_slice() {
         ["kvm-usable", emulator, machine] => Ok(say(vmm.kvm_usable(emulator, machine))),
-        ["start"] => vmm.start(input).map(|()| String::new()),
+        ["start"] => vmm.start(&start_request(input)?).map(|()| String::new()),
         ["remove", name] => vmm.remove(name).map(|()| String::new()),
         ["live-xml", name] => vmm.live_xml(name),
         ["is-active", name] => vmm.is_active(name).map(say),
@@ -201,6 +204,21 @@ pub fn serve(vmm: &dyn VmManager, args: &[String], input: &str) -> Result<String
             args.join(" ")
         ))),
     }
+}
+
+/// The request `start` takes on stdin. Bare domain XML is what shims before the request
+/// carried the profile's files sent: refused by name, so that a shim older than the helper
+/// (an upgrade half done) fails its pod's start with an error that says why.
+fn start_request(input: &str) -> Result<StartDomain, Error> {
+    if input.trim_start().starts_with('<') {
+        return Err(Error::FailedPrecondition(
+            "start: the request is bare domain XML, from a vmlet shim older than this \
+             vmlet-libvirt; restart the pod once the node's vmlet is upgraded"
+                .into(),
+        ));
+    }
+    serde_json::from_str(input)
+        .map_err(|e| Error::InvalidArgument(format!("start: the request: {e}")))
 }
 
 #[cfg(test)]
@@ -225,7 +243,38 @@ mod tests {
     fn the_fakes_answers_cross_the_helper_interface() {
         let fake = FakeVmm::default();
         let arg = |s: &[&str]| s.iter().map(|a| a.to_string()).collect::<Vec<_>>();
-        serve(&fake, &arg(&["start"]), "<name>vmlet-p1</name>").unwrap();
+        let request = serde_json::to_string(&StartDomain::named("vmlet-p1", "p1")).unwrap();
+        serve(&fake, &arg(&["start"]), &request).unwrap();
+        // A shim older than the helper sends bare XML: refused, saying why.
+        let err = serve(
+            &fake,
+            &arg(&["start"]),
+            "<domain><name>vmlet-p0</name></domain>",
+        )
+        .unwrap_err();
+        assert!(
+            err.message()
+                .contains("from a vmlet shim older than this vmlet-libvirt"),
+            "{err}"
+        );
+        let err = serve(&fake, &arg(&["start"]), "{}").unwrap_err();
+        assert!(
+            err.message().contains("start: the request: missing field"),
+            "{err}"
+        );
+        // The profile's files: only with an access vmlet grants a pod's QEMU.
+        let mut request = serde_json::to_value(StartDomain::named("vmlet-p3", "p3")).unwrap();
+        request["apparmor_files"] = serde_json::json!([{"path": "/w", "access": "rmix"}]);
+        serve(&fake, &arg(&["start"]), &request.to_string()).unwrap();
+        for odd in [
+            serde_json::json!({"path": "/x", "access": "ux"}),
+            serde_json::json!({"path": "/x"}),
+            serde_json::json!({"access": "rw"}),
+        ] {
+            request["apparmor_files"] = serde_json::json!([odd]);
+            let err = serve(&fake, &arg(&["start"]), &request.to_string()).unwrap_err();
+            assert!(err.message().starts_with("start: the request: "), "{err}");
+        }
         assert_eq!(
             serve(&fake, &arg(&["is-active", "vmlet-p1"]), "").unwrap(),
             "yes"
@@ -252,9 +301,7 @@ mod tests {
         assert!(helper.is_active("vmlet-p1").unwrap());
         let (helper, dir2) =
             script(r#"[ "$2" = start ] && grep -q '<name>vmlet-p2</name>' && echo ok"#);
-        helper
-            .start("<domain><name>vmlet-p2</name></domain>")
-            .unwrap();
+        helper.start(&StartDomain::named("vmlet-p2", "p2")).unwrap();
         // Its exit status does not matter (the shim's reaper may have taken it).
         let (helper, dir3) = script("printf 'ok\n<domain/>'; exit 3");
         assert_eq!(helper.live_xml("vmlet-p").unwrap(), "<domain/>");
@@ -266,7 +313,7 @@ mod tests {
     #[test]
     fn a_failing_slow_crashing_or_chatty_helper_is_an_error_that_says_so() {
         let (helper, dir) = script("printf 'error\ndefine domain: XML error: no name\n'");
-        let err = helper.start("<domain/>").unwrap_err();
+        let err = helper.start(&StartDomain::named("", "p")).unwrap_err();
         assert_eq!(err.message(), "libvirt: define domain: XML error: no name");
         let (mut helper, dir2) = script("sleep 30");
         helper.deadline = Duration::from_millis(200);

@@ -1,15 +1,13 @@
 //! What vmlet reads back from libvirt's domain XML, with an XML reader (namespaces
 //! resolved, entities unescaped), never by splitting strings: the pod a domain belongs to
-//! and the files of its AppArmor profile (vmlet's metadata), the vsock CID libvirt gave
-//! the guest; and the security drivers of its host capabilities.
+//! (vmlet's metadata), the vsock CID libvirt gave the guest; and the security drivers of its
+//! host capabilities.
 
 use quick_xml::events::{BytesStart, Event};
 use quick_xml::name::{Namespace, ResolveResult};
 use quick_xml::reader::NsReader;
 
 use crate::vmm::domain::VMLET_METADATA_NS;
-use crate::vmm::pod_apparmor::{self, Access, PodFile};
-use crate::Error;
 
 /// The value of attribute `name` of `element`, unescaped.
 fn attribute(element: &BytesStart, name: &[u8]) -> Option<String> {
@@ -33,38 +31,6 @@ pub fn pod_id_in(xml: &str) -> Option<String> {
                 return attribute(&e, b"id");
             }
             (_, Event::Eof) => return None,
-            _ => {}
-        }
-    }
-}
-
-/// The files vmlet's metadata names for the pod's AppArmor profile (`<file path access>`
-/// elements of vmlet's namespace), in order; one without a path or with an access vmlet
-/// does not grant is an error.
-pub fn pod_files_in(xml: &str) -> Result<Vec<PodFile>, Error> {
-    let mut reader = NsReader::from_str(xml);
-    let mut files = Vec::new();
-    loop {
-        let event = reader
-            .read_resolved_event()
-            .map_err(|e| Error::InvalidArgument(format!("the domain XML: {e}")))?;
-        match event {
-            (ResolveResult::Bound(Namespace(ns)), Event::Start(e) | Event::Empty(e))
-                if ns == VMLET_METADATA_NS.as_bytes()
-                    && e.local_name().as_ref() == pod_apparmor::FILE_ELEMENT.as_bytes() =>
-            {
-                let (Some(path), Some(access)) = (attribute(&e, b"path"), attribute(&e, b"access"))
-                else {
-                    return Err(Error::InvalidArgument(
-                        "the domain XML: a vmlet file element without its path or access".into(),
-                    ));
-                };
-                files.push(PodFile {
-                    path,
-                    access: Access::parse(&access)?,
-                });
-            }
-            (_, Event::Eof) => return Ok(files),
             _ => {}
         }
     }
@@ -159,31 +125,6 @@ mod tests {
         assert_eq!(pod_id_in(&other_prefix).as_deref(), Some("p&2"));
         let foreign = r#"<domain><metadata><y:pod xmlns:y="https://example.com/x" id="p3"/></metadata><pod id="p4"/></domain>"#;
         assert_eq!(pod_id_in(foreign), None);
-    }
-
-    #[test]
-    fn the_pods_files_come_from_vmlets_namespace_and_only_with_an_access_vmlet_grants() {
-        let xml = format!(
-            r#"<domain><metadata><v:pod xmlns:v="{VMLET_METADATA_NS}" id="p1"><v:file path="/run/vmlet/p1/qmp.sock" access="rw"/><v:file path="/w" access="rmix"></v:file></v:pod></metadata><devices><file path="/etc/shadow" access="rw"/></devices></domain>"#
-        );
-        assert_eq!(
-            pod_files_in(&xml).unwrap(),
-            [
-                PodFile {
-                    path: "/run/vmlet/p1/qmp.sock".into(),
-                    access: Access::ReadWrite
-                },
-                PodFile {
-                    path: "/w".into(),
-                    access: Access::Exec
-                }
-            ]
-        );
-        assert!(pod_files_in("<domain/>").unwrap().is_empty());
-        for odd in [r#"path="/x" access="ux""#, r#"path="/x""#, r#"access="rw""#] {
-            let xml = format!(r#"<v:file xmlns:v="{VMLET_METADATA_NS}" {odd}/>"#);
-            assert!(pod_files_in(&xml).is_err(), "{xml}");
-        }
     }
 
     #[test]

@@ -6,7 +6,9 @@ pub(crate) mod domain;
 pub mod kvm_probe;
 pub mod libvirt_helper;
 pub mod libvirt_xml;
+pub mod pci_slots;
 pub mod pod_apparmor;
+pub mod vm_spec;
 
 #[cfg(any(test, feature = "fakes"))]
 use std::sync::Mutex;
@@ -16,8 +18,9 @@ use crate::Error;
 pub trait VmManager: Send + Sync + 'static {
     /// Whether libvirt can run `machine` guests of this emulator with KVM here.
     fn kvm_usable(&self, emulator: &str, machine: &str) -> bool;
-    /// Defines and starts a domain; leaves nothing defined if the start fails.
-    fn start(&self, xml: &str) -> Result<(), Error>;
+    /// Defines and starts a domain (with the pod's AppArmor profile, where libvirt confines
+    /// QEMU with AppArmor); leaves nothing defined if the start fails.
+    fn start(&self, domain: &StartDomain) -> Result<(), Error>;
     /// Stops (if running) and undefines the domain, with its UEFI variables; no such domain
     /// is not an error.
     fn remove(&self, name: &str) -> Result<(), Error>;
@@ -28,6 +31,29 @@ pub trait VmManager: Send + Sync + 'static {
     /// Every domain (running or only defined) carrying vmlet's pod metadata: its name,
     /// pod id and whether it runs. Domains without the mark are not vmlet's.
     fn vmlet_domains(&self) -> Result<Vec<VmletDomain>, Error>;
+}
+
+/// What starting a pod's domain takes ([`vm_spec::VmSpec::start_request`]).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct StartDomain {
+    pub pod_id: String,
+    /// The domain XML.
+    pub xml: String,
+    /// What QEMU opens beside libvirt's model of the domain, for the pod's AppArmor profile.
+    pub apparmor_files: Vec<pod_apparmor::PodFile>,
+}
+
+#[cfg(any(test, feature = "fakes"))]
+impl StartDomain {
+    /// A domain named `name` of pod `pod_id` with nothing else (for fakes, which read
+    /// only its name).
+    pub fn named(name: &str, pod_id: &str) -> Self {
+        StartDomain {
+            pod_id: pod_id.into(),
+            xml: format!("<domain><name>{name}</name></domain>"),
+            apparmor_files: Vec::new(),
+        }
+    }
 }
 
 /// A domain vmlet made (its metadata names the pod).
@@ -51,8 +77,9 @@ impl VmManager for FakeVmm {
         false
     }
 
-    fn start(&self, xml: &str) -> Result<(), Error> {
-        let name = xml
+    fn start(&self, domain: &StartDomain) -> Result<(), Error> {
+        let name = domain
+            .xml
             .split("<name>")
             .nth(1)
             .and_then(|s| s.split("</name>").next())

@@ -11,10 +11,10 @@
 //! sockets, a VM image's root disk on NVMe), for this pod's paths only. One pod's QEMU
 //! thus reaches none of another pod's files.
 //!
-//! The shim names those files in the domain's metadata ([`FILE_ELEMENT`] elements under
-//! vmlet's `<pod>`), where the domain XML is built; `vmlet-libvirt` writes the profile
-//! from them ([`crate::vmm::Libvirt`]) when libvirt's security driver is AppArmor, and
-//! removes it with the domain (libvirt unloads it, but leaves the file). Tested by
+//! The shim names those files beside the domain XML in its start request
+//! ([`crate::vmm::vm_spec::VmSpec::apparmor_files`], [`crate::vmm::StartDomain`]);
+//! `vmlet-libvirt` writes the profile from them when libvirt's security driver is AppArmor,
+//! and removes it with the domain (libvirt unloads it, but leaves the file). Tested by
 //! `scripts/check-apparmor`: a pod's profile reads its own disk and not another pod's.
 
 use std::io::Write;
@@ -26,15 +26,14 @@ use crate::Error;
 pub const PROFILE_DIR: &str = "/etc/apparmor.d/libvirt";
 /// libvirt's template for the profiles of its QEMU VMs.
 const TEMPLATE: &str = "TEMPLATE.qemu";
-/// The element of vmlet's metadata that names one file of the pod's profile.
-pub const FILE_ELEMENT: &str = "file";
 /// The first line of every profile vmlet writes: only such files are vmlet's to remove.
 const MARK: &str = "# vmlet: this pod's QEMU profile";
 /// The most of a profile file [`ProfileDir::remove`] reads to find vmlet's mark.
 const MARK_READ_LIMIT: u64 = 4096;
 
-/// What a pod's QEMU may do with a file.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What a pod's QEMU may do with a file; in the start request, its AppArmor letters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(into = "&str", try_from = "String")]
 pub enum Access {
     /// Run it in the same profile (the emulator wrapper).
     Exec,
@@ -77,8 +76,22 @@ impl Access {
     }
 }
 
+impl From<Access> for &'static str {
+    fn from(access: Access) -> Self {
+        access.as_str()
+    }
+}
+
+impl TryFrom<String> for Access {
+    type Error = String;
+
+    fn try_from(text: String) -> Result<Self, String> {
+        Access::parse(&text).map_err(|e| e.message())
+    }
+}
+
 /// One file of a pod's profile.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct PodFile {
     pub path: String,
     pub access: Access,

@@ -93,7 +93,7 @@ impl ImageDisks {
     /// QEMU's arguments for a root disk on NVMe: the overlay (QEMU opens its backing file,
     /// with the format, as the overlay's header names them: the checked image disk), and
     /// the `nvme` device, first in the boot order.
-    pub(super) fn nvme_root_args(&self) -> Vec<String> {
+    pub(crate) fn nvme_root_args(&self, slot: usize) -> Vec<String> {
         if self.root_bus != RootBus::Nvme {
             return Vec::new();
         }
@@ -108,7 +108,7 @@ impl ImageDisks {
             "-device".into(),
             format!(
                 "nvme,id={ROOT_NVME_NODE}-nvme,serial={ROOT_NVME_NODE},drive={ROOT_NVME_NODE},bootindex=1,bus=pcie.0,addr={}",
-                crate::devices::pci_layout::hex(crate::devices::pci_layout::IMAGE_ROOT_NVME)
+                crate::vmm::pci_slots::hex(slot)
             ),
         ]
     }

@@ -3,6 +3,7 @@
 use serde::Serialize;
 use vmlet_config::CpuModel;
 
+use crate::vmm::vm_spec::VmSpec;
 use crate::Error;
 
 mod attrs;
@@ -20,7 +21,7 @@ const QEMU_NS: &str = "http://libvirt.org/schemas/domain/qemu/1.0";
 impl Cpu {
     /// `cpu` with the one NUMA cell a VM that can grow needs (an empty `<cpu>` when the VM
     /// had none: libvirt's default model).
-    fn with_numa(cpu: Option<Self>, p: &DomainParams) -> Option<Self> {
+    fn with_numa(cpu: Option<Self>, p: &VmSpec) -> Option<Self> {
         if p.hotplug_mib == 0 {
             return cpu;
         }
@@ -83,68 +84,6 @@ impl Cpu {
 /// Namespace of vmlet's own domain metadata (the pod id marks vmlet's domains).
 pub const VMLET_METADATA_NS: &str = "https://vmlet.io/xmlns/domain/1";
 
-/// Everything a domain is built from.
-#[derive(Debug, Clone)]
-pub struct DomainParams {
-    pub name: String,
-    pub pod_id: String,
-    pub kvm: bool,
-    /// A cap on QEMU's translation cache (MiB) when `kvm` is off (none: QEMU's default).
-    pub tcg_translation_cache_mib: Option<u64>,
-    /// A balloon that reports the guest's free pages (none when off).
-    pub free_page_reporting: bool,
-    pub vcpus: u32,
-    pub memory_mib: u64,
-    /// The virtio-mem region the VM may grow by (0: it cannot grow); a multiple of
-    /// [`crate::devices::memory::BLOCK_MIB`].
-    pub hotplug_mib: u64,
-    pub machine: String,
-    /// The pod's CPU model (`vmlet.io/cpu-model`), if it chose one.
-    pub cpu_model: Option<CpuModel>,
-    /// What the VM runs.
-    pub guest: GuestBoot,
-    pub emulator: String,
-    pub qemu: String,
-    pub console: ConsoleTarget,
-    /// The shim's tap socket, for `vmlet-vmwrapper`, when the pod has a network.
-    pub tap_socket: Option<String>,
-    /// The shim's socket vmlet's QMP monitor connects to (block device hot-plug).
-    pub qmp_socket: String,
-}
-
-impl DomainParams {
-    /// What the VM's QEMU opens that its command line beside libvirt's model names
-    /// (`<qemu:commandline>`, and the wrapper as its emulator): libvirt's AppArmor helper
-    /// sees none of it, so the pod's profile names it ([`crate::vmm::pod_apparmor`]).
-    pub fn qemu_files(&self) -> Vec<crate::vmm::pod_apparmor::PodFile> {
-        use crate::vmm::pod_apparmor::{Access, PodFile};
-        let file = |path: &str, access| PodFile {
-            path: path.to_owned(),
-            access,
-        };
-        let mut files = vec![file(&self.emulator, Access::Exec)];
-        if let Some(socket) = &self.tap_socket {
-            files.push(file(socket, Access::ReadWrite));
-        }
-        if let GuestBoot::Agent(agent) = &self.guest {
-            files.push(file(&agent.key_file, Access::Read));
-        }
-        match &self.guest {
-            GuestBoot::Agent(AgentBoot {
-                vsock: VsockDevice::VhostUser { socket },
-                ..
-            }) => files.push(file(socket, Access::ReadWrite)),
-            GuestBoot::Image(image) if image.root_bus == RootBus::Nvme => {
-                files.push(file(&image.overlay, Access::ReadWriteLock));
-                files.push(file(&image.backing, Access::ReadLock));
-            }
-            _ => {}
-        }
-        files.push(file(&self.qmp_socket, Access::ReadWrite));
-        files
-    }
-}
-
 /// Where the serial console (the guest's `ttyS0`) goes.
 #[derive(Debug, Clone)]
 pub enum ConsoleTarget {
@@ -187,7 +126,7 @@ pub enum VsockDevice {
 }
 
 impl Domain {
-    pub fn new(p: &DomainParams) -> Self {
+    pub fn new(p: &VmSpec) -> Self {
         let (commandline, vsock) = qemu_commandline(p);
         Domain {
             kind: if p.kvm { "kvm" } else { "qemu" }.into(),
@@ -230,7 +169,7 @@ impl Domain {
                 vsock,
                 controller: p.guest.controllers(),
                 memballoon: if p.free_page_reporting {
-                    Memballoon::reporting_free_pages()
+                    Memballoon::reporting_free_pages(p.slots.balloon)
                 } else {
                     Memballoon::none()
                 },
@@ -249,23 +188,25 @@ impl Domain {
     }
 }
 
-/// vmlet's part of QEMU's command line (`<qemu:commandline>`): the wrapper's environment,
-/// the agent's key on fw_cfg, the vsock device libvirt does not make (vhost-user), a VM
-/// image's NVMe root, the block devices' QMP; and the vsock device libvirt makes, if any.
-fn qemu_commandline(p: &DomainParams) -> (QemuCommandline, Option<Vsock>) {
-    let mut commandline = QemuCommandline::default();
-    commandline.env.push(QemuEnv {
-        name: "VMLET_QEMU".into(),
-        value: p.qemu.clone(),
-    });
-    if let Some(socket) = &p.tap_socket {
-        commandline.env.push(QemuEnv {
-            name: crate::host::taps::TAP_SOCKET_ENV.into(),
-            value: socket.clone(),
-        });
-    }
+/// `<qemu:commandline>` ([`VmSpec::qemu_env`], [`VmSpec::qemu_args`]), and the vsock device
+/// libvirt makes, if any (kernel vhost-vsock).
+fn qemu_commandline(p: &VmSpec) -> (QemuCommandline, Option<Vsock>) {
+    let commandline = QemuCommandline {
+        env: p
+            .qemu_env()
+            .into_iter()
+            .map(|(name, value)| QemuEnv {
+                name: name.into(),
+                value,
+            })
+            .collect(),
+        args: p
+            .qemu_args()
+            .into_iter()
+            .map(|value| QemuArg { value })
+            .collect(),
+    };
     let vsock = match &p.guest {
-        GuestBoot::Image(_) => None,
         GuestBoot::Agent(AgentBoot {
             vsock: VsockDevice::Vhost,
             ..
@@ -273,67 +214,23 @@ fn qemu_commandline(p: &DomainParams) -> (QemuCommandline, Option<Vsock>) {
             model: "virtio",
             cid: Cid { auto: "yes" },
         }),
-        GuestBoot::Agent(AgentBoot {
-            vsock: VsockDevice::VhostUser { socket },
-            ..
-        }) => {
-            for arg in [
-                "-chardev".to_string(),
-                format!("socket,id=vmlet-vsock,path={socket}"),
-                "-device".to_string(),
-                format!(
-                    "vhost-user-vsock-pci,chardev=vmlet-vsock,bus=pcie.0,addr={}",
-                    crate::devices::pci_layout::hex(crate::devices::pci_layout::VSOCK)
-                ),
-            ] {
-                commandline.args.push(QemuArg { value: arg });
-            }
-            None
-        }
+        _ => None,
     };
-    if let GuestBoot::Agent(agent) = &p.guest {
-        commandline.args.push(QemuArg {
-            value: "-fw_cfg".into(),
-        });
-        commandline.args.push(QemuArg {
-            value: format!(
-                "name={},file={}",
-                vmlet_protocol::auth::FW_CFG_NAME,
-                agent.key_file
-            ),
-        });
-    }
-    if let GuestBoot::Image(image) = &p.guest {
-        for arg in image.nvme_root_args() {
-            commandline.args.push(QemuArg { value: arg });
-        }
-    }
-    for arg in crate::devices::block_devices::qemu_args(&p.qmp_socket) {
-        commandline.args.push(QemuArg { value: arg });
-    }
     (commandline, vsock)
 }
 
-/// vmlet's metadata: the pod the domain is, and the files its QEMU may open.
-fn metadata(p: &DomainParams) -> Metadata {
+/// vmlet's metadata: the pod the domain is.
+fn metadata(p: &VmSpec) -> Metadata {
     Metadata {
         pod: VmletPod {
             ns: VMLET_METADATA_NS,
             id: p.pod_id.clone(),
-            files: p
-                .qemu_files()
-                .into_iter()
-                .map(|f| VmletFile {
-                    path: f.path,
-                    access: f.access.as_str(),
-                })
-                .collect(),
         },
     }
 }
 
 /// ACPI, and TCG's translation cache where the node config sizes it.
-fn features(p: &DomainParams) -> Features {
+fn features(p: &VmSpec) -> Features {
     Features {
         acpi: Empty {},
         tcg: p
@@ -349,7 +246,7 @@ fn features(p: &DomainParams) -> Features {
 }
 
 /// The virtio-mem device a VM that can grow has (none without hot-plug memory).
-fn memory_device(p: &DomainParams) -> Option<MemoryDevice> {
+fn memory_device(p: &VmSpec) -> Option<MemoryDevice> {
     (p.hotplug_mib > 0).then(|| MemoryDevice {
         model: "virtio-mem",
         target: MemoryTarget {
@@ -370,7 +267,7 @@ fn memory_device(p: &DomainParams) -> Option<MemoryDevice> {
         alias: NameAttr {
             name: crate::devices::memory::DEVICE_ID.into(),
         },
-        address: PciAddress::root_bus(crate::devices::pci_layout::MEMORY_DEVICE),
+        address: PciAddress::root_bus(p.slots.memory),
     })
 }
 
@@ -379,35 +276,7 @@ mod tests {
     use super::*;
     use vmlet_config::Firmware;
 
-    fn params(vsock: VsockDevice) -> DomainParams {
-        DomainParams {
-            name: "vmlet-t1".into(),
-            pod_id: "t1".into(),
-            kvm: false,
-            tcg_translation_cache_mib: Some(16),
-            free_page_reporting: true,
-            vcpus: 2,
-            memory_mib: 512,
-            hotplug_mib: 0,
-            machine: "q35".into(),
-            cpu_model: None,
-            guest: GuestBoot::Agent(AgentBoot {
-                kernel: "/img/vmlinuz".into(),
-                initrd: "/img/initrd.img".into(),
-                cmdline: "console=ttyS0 vmlet.share=vmlet".into(),
-                virtiofsd: "/usr/local/bin/virtiofsd".into(),
-                share_dir: "/run/vmlet/t1/share".into(),
-                share_tag: "vmlet".into(),
-                vsock,
-                key_file: "/run/vmlet/t1/agent.key".into(),
-            }),
-            emulator: "/usr/local/bin/vmlet-vmwrapper".into(),
-            qemu: "/usr/bin/qemu-system-x86_64".into(),
-            console: ConsoleTarget::File("/run/vmlet/t1/console.log".into()),
-            tap_socket: Some("/run/vmlet/t1/taps.sock".into()),
-            qmp_socket: "/run/vmlet/t1/qmp.sock".into(),
-        }
-    }
+    use crate::vmm::vm_spec::tests::spec as params;
 
     #[test]
     fn renders_tcg_domain_with_vhost_user_vsock() {
@@ -437,7 +306,7 @@ mod tests {
             "<qemu:arg value=\"chardev=vmlet-qmp,mode=control\"/>",
             "<qemu:arg value=\"pcie-root-port,id=vmlet-hp3,bus=pcie.0,addr=0x1d,chassis=203,port=0x23\"/>",
             "<qemu:arg value=\"-fw_cfg\"/><qemu:arg value=\"name=opt/vmlet/agent-key,file=/run/vmlet/t1/agent.key\"/>",
-            "<vmlet:pod xmlns:vmlet=\"https://vmlet.io/xmlns/domain/1\" id=\"t1\"><vmlet:file path=\"/usr/local/bin/vmlet-vmwrapper\" access=\"rmix\"/><vmlet:file path=\"/run/vmlet/t1/taps.sock\" access=\"rw\"/><vmlet:file path=\"/run/vmlet/t1/agent.key\" access=\"r\"/><vmlet:file path=\"/run/vmlet/t1/vhost.sock\" access=\"rw\"/><vmlet:file path=\"/run/vmlet/t1/qmp.sock\" access=\"rw\"/></vmlet:pod>",
+            "<metadata><vmlet:pod xmlns:vmlet=\"https://vmlet.io/xmlns/domain/1\" id=\"t1\"/></metadata>",
             "<features><acpi/><tcg><tb-cache unit=\"MiB\">16</tb-cache></tcg></features>",
             "<memballoon model=\"virtio\" freePageReporting=\"on\"><address type=\"pci\" domain=\"0x0000\" bus=\"0x00\" slot=\"0x1e\" function=\"0x0\"/></memballoon>",
         ] {
@@ -522,8 +391,8 @@ mod tests {
         );
         // libvirt's AppArmor helper does not see it: the pod's profile names it and the
         // image's disk behind it.
-        let files: Vec<_> = crate::vmm::libvirt_xml::pod_files_in(&xml)
-            .unwrap()
+        let files: Vec<_> = p
+            .apparmor_files()
             .into_iter()
             .map(|f| format!("{} {}", f.path, f.access.as_str()))
             .collect();

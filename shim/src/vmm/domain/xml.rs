@@ -47,18 +47,6 @@ pub struct VmletPod {
     pub ns: &'static str,
     #[serde(rename = "@id")]
     pub id: String,
-    /// What the pod's QEMU opens beside libvirt's model, for its AppArmor profile
-    /// ([`crate::vmm::pod_apparmor`]).
-    #[serde(rename = "vmlet:file")]
-    pub files: Vec<VmletFile>,
-}
-
-#[derive(Debug, Serialize)]
-pub struct VmletFile {
-    #[serde(rename = "@path")]
-    pub path: String,
-    #[serde(rename = "@access")]
-    pub access: &'static str,
 }
 
 #[derive(Debug, Serialize)]
@@ -240,12 +228,12 @@ impl Memballoon {
         }
     }
 
-    /// A virtio balloon at [`crate::devices::pci_layout::BALLOON`] with free page reporting on.
-    pub fn reporting_free_pages() -> Self {
+    /// A virtio balloon at `slot` with free page reporting on.
+    pub fn reporting_free_pages(slot: usize) -> Self {
         Self {
             model: "virtio",
             free_page_reporting: Some("on"),
-            address: Some(PciAddress::root_bus(crate::devices::pci_layout::BALLOON)),
+            address: Some(PciAddress::root_bus(slot)),
         }
     }
 }
@@ -285,14 +273,14 @@ pub struct PciAddress {
 }
 
 impl PciAddress {
-    /// Function 0 of `slot` on the root bus (`pcie.0`), where [`crate::devices::pci_layout`] places
+    /// Function 0 of `slot` on the root bus (`pcie.0`), where [`crate::vmm::pci_slots`] places
     /// vmlet's devices.
     pub fn root_bus(slot: usize) -> Self {
         Self {
             kind: "pci",
             domain: "0x0000",
             bus: "0x00",
-            slot: crate::devices::pci_layout::hex(slot),
+            slot: crate::vmm::pci_slots::hex(slot),
             function: "0x0",
         }
     }

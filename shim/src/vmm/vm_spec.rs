@@ -1,0 +1,319 @@
+//! The pod's VM, described once ([`VmSpec`]): its shape, what it runs, its devices and the
+//! PCI slot of each ([`crate::vmm::pci_slots`]). Everything that names a device is derived
+//! from it:
+//!
+//! - the domain XML libvirt gets ([`crate::vmm::domain::Domain::new`]);
+//! - vmlet's part of QEMU's command line beside libvirt's model ([`VmSpec::qemu_args`],
+//!   [`VmSpec::qemu_env`]);
+//! - the NICs `vmlet-vmwrapper` appends ([`VmSpec::taps`]: each tap with its slot);
+//! - the files of the pod's AppArmor profile ([`VmSpec::apparmor_files`]);
+//! - the hot-plug ports the shim plugs disks into ([`VmSpec::hotplug_ports`]);
+//! - and the whole request to `vmlet-libvirt` ([`VmSpec::start_request`]).
+
+use vmlet_config::CpuModel;
+
+use crate::host::taps::{TapDescription, TAP_SOCKET_ENV};
+use crate::vmm::domain::{AgentBoot, ConsoleTarget, Domain, GuestBoot, RootBus, VsockDevice};
+use crate::vmm::pci_slots::{hex, PciSlots};
+use crate::vmm::pod_apparmor::{Access, PodFile};
+use crate::vmm::StartDomain;
+use crate::Error;
+
+/// Environment variable naming the real QEMU for `vmlet-vmwrapper`.
+pub const QEMU_ENV: &str = "VMLET_QEMU";
+
+/// Everything the pod's VM is made of.
+#[derive(Debug, Clone)]
+pub struct VmSpec {
+    pub name: String,
+    pub pod_id: String,
+    pub kvm: bool,
+    /// A cap on QEMU's translation cache (MiB) when `kvm` is off (none: QEMU's default).
+    pub tcg_translation_cache_mib: Option<u64>,
+    /// A balloon that reports the guest's free pages (none when off).
+    pub free_page_reporting: bool,
+    pub vcpus: u32,
+    pub memory_mib: u64,
+    /// The virtio-mem region the VM may grow by (0: it cannot grow); a multiple of
+    /// [`crate::devices::memory::BLOCK_MIB`].
+    pub hotplug_mib: u64,
+    pub machine: String,
+    /// The pod's CPU model (`vmlet.io/cpu-model`), if it chose one.
+    pub cpu_model: Option<CpuModel>,
+    /// What the VM runs.
+    pub guest: GuestBoot,
+    /// `vmlet-vmwrapper`, the domain's `<emulator>`.
+    pub emulator: String,
+    pub qemu: String,
+    pub console: ConsoleTarget,
+    /// The pod's NICs, when it has a network.
+    pub network: Option<Network>,
+    /// The shim's socket vmlet's QMP monitor connects to (block device hot-plug).
+    pub qmp_socket: String,
+    /// Where each device sits.
+    pub slots: PciSlots,
+}
+
+/// The pod's NICs: taps the shim hands `vmlet-vmwrapper` over `tap_socket`.
+#[derive(Debug, Clone)]
+pub struct Network {
+    pub tap_socket: String,
+    /// In the order of the taps' fds; at most [`crate::vmm::pci_slots::MAX_NICS`].
+    pub nics: Vec<Nic>,
+}
+
+/// One NIC (its tap's fd travels beside it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Nic {
+    pub mac: String,
+    pub mtu: u32,
+}
+
+/// A hot-plug root port: its device id and slot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HotplugPort {
+    pub id: String,
+    pub slot: usize,
+}
+
+impl VmSpec {
+    /// The request `vmlet-libvirt start` takes: the domain XML, and the files QEMU opens
+    /// beside it for the pod's AppArmor profile.
+    pub fn start_request(&self) -> Result<StartDomain, Error> {
+        Ok(StartDomain {
+            pod_id: self.pod_id.clone(),
+            xml: Domain::new(self).to_xml()?,
+            apparmor_files: self.apparmor_files(),
+        })
+    }
+
+    /// Each NIC as `vmlet-vmwrapper` gets it, with its slot.
+    pub fn taps(&self) -> Vec<TapDescription> {
+        let nics = self.network.iter().flat_map(|n| &n.nics);
+        // The network step refuses more NICs than slots, so none is left out here.
+        nics.zip(self.slots.nics.clone())
+            .map(|(nic, slot)| TapDescription {
+                mac: nic.mac.clone(),
+                mtu: nic.mtu,
+                slot,
+            })
+            .collect()
+    }
+
+    /// The hot-plug root ports, each on its slot.
+    pub fn hotplug_ports(&self) -> Vec<HotplugPort> {
+        self.slots
+            .hotplug_ports
+            .clone()
+            .enumerate()
+            .map(|(i, slot)| HotplugPort {
+                id: crate::devices::block_devices::port_id(i),
+                slot,
+            })
+            .collect()
+    }
+
+    /// `<qemu:env>`: the real QEMU for the wrapper, and the tap socket it fetches the
+    /// NICs from.
+    pub fn qemu_env(&self) -> Vec<(&'static str, String)> {
+        let mut env = vec![(QEMU_ENV, self.qemu.clone())];
+        if let Some(network) = &self.network {
+            env.push((TAP_SOCKET_ENV, network.tap_socket.clone()));
+        }
+        env
+    }
+
+    /// vmlet's part of QEMU's command line (`<qemu:commandline>`): the vsock device
+    /// libvirt does not make (vhost-user), the agent's key on fw_cfg, a VM image's NVMe
+    /// root, vmlet's QMP monitor and the hot-plug root ports.
+    pub fn qemu_args(&self) -> Vec<String> {
+        let mut args = Vec::new();
+        match &self.guest {
+            GuestBoot::Agent(agent) => {
+                if let VsockDevice::VhostUser { socket } = &agent.vsock {
+                    args.extend([
+                        "-chardev".to_string(),
+                        format!("socket,id=vmlet-vsock,path={socket}"),
+                        "-device".to_string(),
+                        format!(
+                            "vhost-user-vsock-pci,chardev=vmlet-vsock,bus=pcie.0,addr={}",
+                            hex(self.slots.vsock_or_root)
+                        ),
+                    ]);
+                }
+                args.extend([
+                    "-fw_cfg".to_string(),
+                    format!(
+                        "name={},file={}",
+                        vmlet_protocol::auth::FW_CFG_NAME,
+                        agent.key_file
+                    ),
+                ]);
+            }
+            GuestBoot::Image(image) => {
+                args.extend(image.nvme_root_args(self.slots.vsock_or_root));
+            }
+        }
+        args.extend([
+            "-chardev".to_string(),
+            format!("socket,id=vmlet-qmp,path={}", self.qmp_socket),
+            "-mon".to_string(),
+            "chardev=vmlet-qmp,mode=control".to_string(),
+        ]);
+        for (i, port) in self.hotplug_ports().into_iter().enumerate() {
+            args.push("-device".into());
+            args.push(format!(
+                "pcie-root-port,id={},bus=pcie.0,addr={},chassis={},port={:#x}",
+                port.id,
+                hex(port.slot),
+                200 + i,
+                0x20 + i
+            ));
+        }
+        args
+    }
+
+    /// What the VM's QEMU opens that its command line beside libvirt's model names
+    /// (`<qemu:commandline>`, and the wrapper as its emulator): libvirt's AppArmor helper
+    /// sees none of it, so the pod's profile names it ([`crate::vmm::pod_apparmor`]).
+    pub fn apparmor_files(&self) -> Vec<PodFile> {
+        let file = |path: &str, access| PodFile {
+            path: path.to_owned(),
+            access,
+        };
+        let mut files = vec![file(&self.emulator, Access::Exec)];
+        if let Some(network) = &self.network {
+            files.push(file(&network.tap_socket, Access::ReadWrite));
+        }
+        match &self.guest {
+            GuestBoot::Agent(AgentBoot {
+                key_file, vsock, ..
+            }) => {
+                files.push(file(key_file, Access::Read));
+                if let VsockDevice::VhostUser { socket } = vsock {
+                    files.push(file(socket, Access::ReadWrite));
+                }
+            }
+            GuestBoot::Image(image) if image.root_bus == RootBus::Nvme => {
+                files.push(file(&image.overlay, Access::ReadWriteLock));
+                files.push(file(&image.backing, Access::ReadLock));
+            }
+            GuestBoot::Image(_) => {}
+        }
+        files.push(file(&self.qmp_socket, Access::ReadWrite));
+        files
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// A pod's VM: vmlet's guest with `vsock`, one NIC, 2 vCPUs and 512 MiB under TCG.
+    pub(crate) fn spec(vsock: VsockDevice) -> VmSpec {
+        VmSpec {
+            name: "vmlet-t1".into(),
+            pod_id: "t1".into(),
+            kvm: false,
+            tcg_translation_cache_mib: Some(16),
+            free_page_reporting: true,
+            vcpus: 2,
+            memory_mib: 512,
+            hotplug_mib: 0,
+            machine: "q35".into(),
+            cpu_model: None,
+            guest: GuestBoot::Agent(AgentBoot {
+                kernel: "/img/vmlinuz".into(),
+                initrd: "/img/initrd.img".into(),
+                cmdline: "console=ttyS0 vmlet.share=vmlet".into(),
+                virtiofsd: "/usr/local/bin/virtiofsd".into(),
+                share_dir: "/run/vmlet/t1/share".into(),
+                share_tag: "vmlet".into(),
+                vsock,
+                key_file: "/run/vmlet/t1/agent.key".into(),
+            }),
+            emulator: "/usr/local/bin/vmlet-vmwrapper".into(),
+            qemu: "/usr/bin/qemu-system-x86_64".into(),
+            console: ConsoleTarget::File("/run/vmlet/t1/console.log".into()),
+            network: Some(Network {
+                tap_socket: "/run/vmlet/t1/taps.sock".into(),
+                nics: vec![
+                    Nic {
+                        mac: "0a:58:0a:00:00:05".into(),
+                        mtu: 1400,
+                    },
+                    Nic {
+                        mac: "0a:58:0a:00:00:06".into(),
+                        mtu: 1500,
+                    },
+                ],
+            }),
+            qmp_socket: "/run/vmlet/t1/qmp.sock".into(),
+            slots: PciSlots::assign(),
+        }
+    }
+
+    #[test]
+    fn each_nic_goes_to_the_wrapper_with_its_slot() {
+        let taps = spec(VsockDevice::Vhost).taps();
+        let slots: Vec<_> = taps.iter().map(|t| (t.mac.as_str(), t.slot)).collect();
+        assert_eq!(
+            slots,
+            [("0a:58:0a:00:00:05", 0x12), ("0a:58:0a:00:00:06", 0x13)]
+        );
+        let mut offline = spec(VsockDevice::Vhost);
+        offline.network = None;
+        assert!(offline.taps().is_empty());
+        assert_eq!(offline.qemu_env(), [(QEMU_ENV, offline.qemu.clone())]);
+    }
+
+    #[test]
+    fn the_hot_plug_ports_the_shim_uses_are_the_ones_qemu_makes() {
+        let spec = spec(VsockDevice::Vhost);
+        let args = spec.qemu_args();
+        let ports = spec.hotplug_ports();
+        assert_eq!(ports.len(), crate::vmm::pci_slots::HOTPLUG_PORTS);
+        for port in &ports {
+            let made = format!(
+                "pcie-root-port,id={},bus=pcie.0,addr={},",
+                port.id,
+                hex(port.slot)
+            );
+            assert!(
+                args.iter().any(|a| a.starts_with(&made)),
+                "{made} in {args:?}"
+            );
+        }
+        assert_eq!(ports[0].id, "vmlet-hp0");
+    }
+
+    #[test]
+    fn the_start_request_carries_the_profiles_files_beside_the_xml() {
+        let request = spec(VsockDevice::VhostUser {
+            socket: "/run/vmlet/t1/vhost.sock".into(),
+        })
+        .start_request()
+        .unwrap();
+        assert_eq!(request.pod_id, "t1");
+        assert!(
+            request.xml.contains("<name>vmlet-t1</name>"),
+            "{}",
+            request.xml
+        );
+        let files: Vec<_> = request
+            .apparmor_files
+            .iter()
+            .map(|f| format!("{} {}", f.path, f.access.as_str()))
+            .collect();
+        assert_eq!(
+            files,
+            [
+                "/usr/local/bin/vmlet-vmwrapper rmix",
+                "/run/vmlet/t1/taps.sock rw",
+                "/run/vmlet/t1/agent.key r",
+                "/run/vmlet/t1/vhost.sock rw",
+                "/run/vmlet/t1/qmp.sock rw",
+            ]
+        );
+    }
+}
