@@ -21,11 +21,15 @@ fn main() {
     let mut input = String::new();
     if operation.first().map(String::as_str) == Some("start") {
         if let Err(e) = std::io::stdin()
-            .take(INPUT_LIMIT)
+            .take(INPUT_LIMIT + 1)
             .read_to_string(&mut input)
         {
             eprintln!("vmlet-libvirt: read the start request: {e}");
             std::process::exit(2);
+        }
+        if input.len() as u64 > INPUT_LIMIT {
+            print!("error\nstart: the request is larger than {INPUT_LIMIT} bytes");
+            std::process::exit(1);
         }
     }
     // libvirt would print each error to stderr itself as well; the shim wants one message.

@@ -1,8 +1,9 @@
 //! Hot-plugging a container's block devices into the running VM over vmlet's QMP monitor
-//! ([`crate::devices::qmp`]): `add-fd` with the host device's fd, a `host_device` block node on
-//! `/dev/fdset/N`, then the device, `virtio-blk-pci` or `nvme` on a hot-plug root port of
-//! its own (the ports the VM's description makes, [`crate::vmm::vm_spec::VmSpec::hotplug_ports`]), or `scsi-hd` behind the pod's one `virtio-scsi-pci`
-//! controller (plugged with the first SCSI disk). Unplugging waits for the guest to release
+//! ([`crate::devices::qmp`]): `add-fd` with the host device's fd, a `host_device` block node
+//! on `/dev/fdset/N`, then the device, `virtio-blk-pci` or `nvme` on a hot-plug root port of
+//! its own (the ports the VM's description makes,
+//! [`crate::vmm::vm_spec::VmSpec::hotplug_ports`]), or `scsi-hd` behind the pod's one
+//! `virtio-scsi-pci` controller (plugged with the first SCSI disk). Unplugging waits for the guest to release
 //! each device (`DEVICE_DELETED`). Containers attach and detach side by side: the port
 //! table is locked only between QMP calls, never across one.
 

@@ -232,6 +232,8 @@ struct FakeQemu {
     qmp_socket: PathBuf,
     fail: bool,
     started: Mutex<Vec<String>>,
+    /// The taps the "wrapper" fetched from the domain's tap socket, as QEMU starts.
+    fetched: Mutex<Option<Result<Vec<crate::host::taps::TapDescription>, String>>>,
     quit: Mutex<Option<std::sync::mpsc::Receiver<()>>>,
 }
 
@@ -242,6 +244,7 @@ impl FakeQemu {
             qmp_socket,
             fail,
             started: Mutex::new(Vec::new()),
+            fetched: Mutex::new(None),
             quit: Mutex::new(Some(rx)),
         };
         (qemu, tx)
@@ -258,6 +261,32 @@ impl VmManager for FakeQemu {
             return Err(Error::Internal("libvirt refused the domain".into()));
         }
         self.started.lock().unwrap().push(domain.xml.clone());
+        // The wrapper: fetches the taps (within 5 s: a tap server not yet serving would hold
+        // it forever) before QEMU runs.
+        let tap_socket = domain
+            .xml
+            .split("name=\"VMLET_TAP_SOCKET\" value=\"")
+            .nth(1)
+            .and_then(|rest| rest.split('"').next());
+        if let Some(socket) = tap_socket {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let socket = PathBuf::from(socket);
+            std::thread::spawn(move || tx.send(crate::host::taps::fetch(&socket)));
+            let fetched = match rx.recv_timeout(std::time::Duration::from_secs(5)) {
+                Ok(Ok((taps, fds))) => {
+                    for fd in fds {
+                        // SAFETY: received just now, owned by nobody else.
+                        drop(unsafe {
+                            <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd)
+                        });
+                    }
+                    Ok(taps)
+                }
+                Ok(Err(e)) => Err(e.message()),
+                Err(_) => Err("no taps within 5 s".to_owned()),
+            };
+            *self.fetched.lock().unwrap() = Some(fetched);
+        }
         let socket = self.qmp_socket.clone();
         let quit = self.quit.lock().unwrap().take().expect("started once");
         std::thread::spawn(move || {
@@ -347,6 +376,56 @@ async fn the_domain_is_recorded_before_it_starts_and_qemus_monitor_tells_its_end
         .await
         .expect("the monitor's close is seen")
         .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_taps_are_served_with_their_slots_before_qemu_starts() {
+    let Scratch {
+        _dir,
+        config,
+        paths,
+        rec,
+    } = scratch_pod();
+    let (qemu, _quit) = FakeQemu::new(paths.qmp_socket.clone(), false);
+    let qemu = Arc::new(qemu);
+    let vmm: Arc<dyn VmManager> = qemu.clone();
+    let listener = tokio::net::UnixListener::bind(&paths.tap_socket).unwrap();
+    let nic = |mac: &str| crate::vmm::vm_spec::Nic {
+        mac: mac.into(),
+        mtu: 1500,
+    };
+    let network = crate::vmm::vm_spec::Network {
+        tap_socket: paths.tap_socket.to_string_lossy().into_owned(),
+        nics: vec![nic("0a:00:00:00:00:01"), nic("0a:00:00:00:00:02")],
+    };
+    let fds = (0..2)
+        .map(|_| std::fs::File::open("/dev/null").unwrap().into())
+        .collect();
+    let uid = nix::unistd::geteuid().as_raw();
+    let mut devices = devices();
+    devices.taps = Some(super::net::PendingTaps::new(network, listener, fds, uid));
+    let launched = launch::start(&config, &vmm, &request("p"), &paths, &rec, devices)
+        .await
+        .unwrap();
+    let fetched = qemu
+        .fetched
+        .lock()
+        .unwrap()
+        .clone()
+        .expect("the wrapper ran");
+    let slots: Vec<_> = fetched
+        .expect("the taps were served as QEMU started")
+        .into_iter()
+        .map(|t| (t.mac, t.slot))
+        .collect();
+    assert_eq!(
+        slots,
+        [
+            ("0a:00:00:00:00:01".to_owned(), 0x12),
+            ("0a:00:00:00:00:02".to_owned(), 0x13)
+        ]
+    );
+    assert!(launched.tap_server.is_some());
 }
 
 #[tokio::test]

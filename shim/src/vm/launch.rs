@@ -1,6 +1,7 @@
 //! The VM itself: described ([`crate::vmm::vm_spec::VmSpec`]), its taps served with their
-//! slots, its libvirt domain started, and vmlet's QMP monitor taken when QEMU connects it. QEMU's end of that monitor is how the shim learns,
-//! at once, that the VM ended. QEMU and virtiofsd then join the pod's cgroup.
+//! slots, its libvirt domain started, and vmlet's QMP monitor taken when QEMU connects it.
+//! QEMU's end of that monitor is how the shim learns, at once, that the VM ended. QEMU and
+//! virtiofsd then join the pod's cgroup.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -108,7 +109,8 @@ pub(super) async fn start(
     let kvm = devices.kvm;
     let (spec, taps) = vm_spec(config, req, paths, &name, devices, console);
     let request = spec.start_request()?;
-    let tap_server = taps.map(|taps| taps.serve(spec.taps()));
+    // Served before QEMU starts: the wrapper fetches the taps before it executes QEMU.
+    let tap_server = taps.map(|taps| taps.serve(spec.taps())).transpose()?;
     log::info!(
         "pod {pod_id}: starting {name} ({} vCPU, {} MiB, {})",
         shape.vcpus,
@@ -210,10 +212,11 @@ fn place_in_pod_cgroup(
     Ok(())
 }
 
-/// Takes the connection of vmlet's QMP monitor, which QEMU makes as it starts. Its end is
-/// QEMU's: the kernel closes QEMU's side however it ends (killed, crashed, the guest
-/// powered off or panicked), and the monitor reports it at once ([`crate::devices::qmp::Qmp::ended`]),
-/// without polling libvirt. QEMU's PID is returned.
+/// Takes the connection of vmlet's QMP monitor, which QEMU makes as it starts, for
+/// hot-plugging into the ports `spec` made. Its end is QEMU's: the kernel closes QEMU's side
+/// however it ends (killed, crashed, the guest powered off or panicked), and the monitor
+/// reports it at once ([`crate::devices::qmp::Qmp::ended`]), without polling libvirt.
+/// QEMU's PID is returned.
 async fn accept_qmp(
     listener: tokio::net::UnixListener,
     spec: &VmSpec,

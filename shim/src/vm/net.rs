@@ -51,19 +51,42 @@ pub(super) struct PendingTaps {
 }
 
 impl PendingTaps {
+    /// Taps `fds` described by `network`, for `listener`'s first connection by `qemu_uid`.
+    pub fn new(
+        network: Network,
+        listener: tokio::net::UnixListener,
+        fds: Vec<OwnedFd>,
+        qemu_uid: u32,
+    ) -> Self {
+        PendingTaps {
+            network,
+            listener,
+            fds,
+            qemu_uid,
+        }
+    }
+
     /// Serves the taps as `described` (the VM's NICs, each with its slot) to the first
-    /// connection of the QEMU user.
-    pub fn serve(self, described: Vec<TapDescription>) -> TapServer {
-        TapServer(crate::host::taps::serve(
+    /// connection of the QEMU user; a description per fd, or an error.
+    pub fn serve(self, described: Vec<TapDescription>) -> Result<TapServer, Error> {
+        if described.len() != self.fds.len() {
+            return Err(Error::Internal(format!(
+                "{} NICs described for {} taps",
+                described.len(),
+                self.fds.len()
+            )));
+        }
+        Ok(TapServer(crate::host::taps::serve(
             self.listener,
             described,
             self.fds,
             self.qemu_uid,
-        ))
+        )))
     }
 }
 
-/// Wires the interfaces of `netns` to taps (recorded in the pod's state) and serves them.
+/// Wires the interfaces of `netns` to taps (recorded in the pod's state) and binds the socket
+/// they will be served on; [`PendingTaps::serve`] serves them once the VM is described.
 pub(super) async fn wire(
     config: &NodeConfig,
     pod_id: &str,
@@ -118,14 +141,14 @@ pub(super) async fn wire(
     Ok(PodNet {
         interfaces,
         tap_names,
-        taps: Some(PendingTaps {
-            network: Network {
+        taps: Some(PendingTaps::new(
+            Network {
                 tap_socket: paths.tap_socket.to_string_lossy().into_owned(),
                 nics,
             },
             listener,
-            fds: wired.taps,
+            wired.taps,
             qemu_uid,
-        }),
+        )),
     })
 }

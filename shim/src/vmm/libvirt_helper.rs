@@ -164,7 +164,15 @@ impl VmManager for LibvirtHelper {
     fn start(&self, domain: &StartDomain) -> Result<(), Error> {
         let request = serde_json::to_vec(domain)
             .map_err(|e| Error::Internal(format!("encode the start request: {e}")))?;
-        self.call(&["start"], &request).map(drop)
+        self.call(&["start"], &request)
+            .map(drop)
+            .map_err(|e| match e {
+                // What libvirt says of JSON where it expects XML: a helper older than the shim.
+                Error::Libvirt(text) if text.contains("Start tag expected") => Error::Libvirt(
+                    format!("{text} (is vmlet-libvirt older than the shim? Install them together)"),
+                ),
+                other => other,
+            })
     }
 
     fn remove(&self, name: &str) -> Result<(), Error> {
@@ -315,6 +323,15 @@ mod tests {
         let (helper, dir) = script("printf 'error\ndefine domain: XML error: no name\n'");
         let err = helper.start(&StartDomain::named("", "p")).unwrap_err();
         assert_eq!(err.message(), "libvirt: define domain: XML error: no name");
+        let (old, dir6) =
+            script("printf 'error\ndefine domain: (domain_definition):1: Start tag expected, <'");
+        let err = old.start(&StartDomain::named("vmlet-p", "p")).unwrap_err();
+        assert!(
+            err.message()
+                .ends_with("(is vmlet-libvirt older than the shim? Install them together)"),
+            "{err}"
+        );
+        std::fs::remove_dir_all(dir6).unwrap();
         let (mut helper, dir2) = script("sleep 30");
         helper.deadline = Duration::from_millis(200);
         let started = Instant::now();

@@ -1,6 +1,9 @@
-//! The VM manager seam: libvirt (the `vmlet-libvirt` crate, which `vmletctl` and the
-//! `vmlet-libvirt` helper link; the shim goes through that helper, see [`libvirt_helper`]), a
-//! fake in unit tests. Calls block; callers run them on a blocking thread.
+//! The VM as libvirt and QEMU are told it: its one description ([`vm_spec`], each device's
+//! slot from [`pci_slots`]), rendered as domain XML ([`domain`]) with the pod's AppArmor
+//! profile ([`pod_apparmor`]); and the VM manager seam that starts it: libvirt (the
+//! `vmlet-libvirt` crate, which `vmletctl` and the `vmlet-libvirt` helper link; the shim goes
+//! through that helper, see [`libvirt_helper`]), a fake in unit tests. Calls block; callers
+//! run them on a blocking thread.
 
 pub(crate) mod domain;
 pub mod kvm_probe;

@@ -27,7 +27,7 @@ pub const MAX_NICS: usize = 8;
 /// Hot-plug root ports each VM gets (each PCI disk takes one; SCSI disks share one).
 pub const HOTPLUG_PORTS: usize = 4;
 
-/// Hands out consecutive slots from [`FIRST`]; never one past the chipset's.
+/// Hands out consecutive slots from [`FIRST`]; never the chipset's (0x1f).
 struct Allocator {
     next: usize,
 }
@@ -60,7 +60,8 @@ pub struct PciSlots {
 }
 
 impl PciSlots {
-    /// Every kind's slots, in the order of the module's table.
+    /// Every kind's slots, in the order of the module's table. A guest names its devices by
+    /// slot: a new kind of device is taken after the others, never between them.
     pub const fn assign() -> Self {
         let mut slots = Allocator { next: FIRST };
         let vsock_or_root = slots.take(1).start;

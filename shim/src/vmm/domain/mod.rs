@@ -21,16 +21,16 @@ const QEMU_NS: &str = "http://libvirt.org/schemas/domain/qemu/1.0";
 impl Cpu {
     /// `cpu` with the one NUMA cell a VM that can grow needs (an empty `<cpu>` when the VM
     /// had none: libvirt's default model).
-    fn with_numa(cpu: Option<Self>, p: &VmSpec) -> Option<Self> {
-        if p.hotplug_mib == 0 {
+    fn with_numa(cpu: Option<Self>, spec: &VmSpec) -> Option<Self> {
+        if spec.hotplug_mib == 0 {
             return cpu;
         }
         let mut cpu = cpu.unwrap_or_default();
         cpu.numa = Some(Numa {
             cell: NumaCell {
                 id: 0,
-                cpus: format!("0-{}", p.vcpus.saturating_sub(1)),
-                memory: p.memory_mib,
+                cpus: format!("0-{}", spec.vcpus.saturating_sub(1)),
+                memory: spec.memory_mib,
                 unit: "MiB",
             },
         });
@@ -126,23 +126,23 @@ pub enum VsockDevice {
 }
 
 impl Domain {
-    pub fn new(p: &VmSpec) -> Self {
-        let (commandline, vsock) = qemu_commandline(p);
+    pub fn new(spec: &VmSpec) -> Self {
+        let (commandline, vsock) = qemu_commandline(spec);
         Domain {
-            kind: if p.kvm { "kvm" } else { "qemu" }.into(),
+            kind: if spec.kvm { "kvm" } else { "qemu" }.into(),
             qemu_ns: QEMU_NS,
-            name: p.name.clone(),
-            metadata: metadata(p),
-            max_memory: (p.hotplug_mib > 0).then(|| MaxMemory {
+            name: spec.name.clone(),
+            metadata: metadata(spec),
+            max_memory: (spec.hotplug_mib > 0).then(|| MaxMemory {
                 slots: 1,
                 unit: "MiB",
-                value: p.memory_mib + p.hotplug_mib,
+                value: spec.memory_mib + spec.hotplug_mib,
             }),
             memory: Memory {
                 unit: "MiB",
-                value: p.memory_mib,
+                value: spec.memory_mib,
             },
-            vcpu: p.vcpus,
+            vcpu: spec.vcpus,
             memory_backing: MemoryBacking {
                 source: TypeAttr {
                     kind: "memfd".into(),
@@ -151,29 +151,29 @@ impl Domain {
                     mode: "shared".into(),
                 },
             },
-            os: p.guest.os(OsType {
+            os: spec.guest.os(OsType {
                 arch: "x86_64",
-                machine: p.machine.clone(),
+                machine: spec.machine.clone(),
                 value: "hvm",
             }),
-            features: features(p),
-            cpu: Cpu::with_numa(Cpu::for_model(p.cpu_model.as_ref(), p.kvm), p),
+            features: features(spec),
+            cpu: Cpu::with_numa(Cpu::for_model(spec.cpu_model.as_ref(), spec.kvm), spec),
             on_poweroff: "destroy",
             on_reboot: "destroy",
             on_crash: "destroy",
             devices: Devices {
-                emulator: p.emulator.clone(),
-                disk: p.guest.disks(),
-                filesystem: p.guest.filesystems(),
-                serial: p.console.serial(),
+                emulator: spec.emulator.clone(),
+                disk: spec.guest.disks(),
+                filesystem: spec.guest.filesystems(),
+                serial: spec.console.serial(),
                 vsock,
-                controller: p.guest.controllers(),
-                memballoon: if p.free_page_reporting {
-                    Memballoon::reporting_free_pages(p.slots.balloon)
+                controller: spec.guest.controllers(),
+                memballoon: if spec.free_page_reporting {
+                    Memballoon::reporting_free_pages(spec.slots.balloon)
                 } else {
                     Memballoon::none()
                 },
-                memory: memory_device(p),
+                memory: memory_device(spec),
             },
             qemu_commandline: commandline,
         }
@@ -190,9 +190,9 @@ impl Domain {
 
 /// `<qemu:commandline>` ([`VmSpec::qemu_env`], [`VmSpec::qemu_args`]), and the vsock device
 /// libvirt makes, if any (kernel vhost-vsock).
-fn qemu_commandline(p: &VmSpec) -> (QemuCommandline, Option<Vsock>) {
+fn qemu_commandline(spec: &VmSpec) -> (QemuCommandline, Option<Vsock>) {
     let commandline = QemuCommandline {
-        env: p
+        env: spec
             .qemu_env()
             .into_iter()
             .map(|(name, value)| QemuEnv {
@@ -200,13 +200,13 @@ fn qemu_commandline(p: &VmSpec) -> (QemuCommandline, Option<Vsock>) {
                 value,
             })
             .collect(),
-        args: p
+        args: spec
             .qemu_args()
             .into_iter()
             .map(|value| QemuArg { value })
             .collect(),
     };
-    let vsock = match &p.guest {
+    let vsock = match &spec.guest {
         GuestBoot::Agent(AgentBoot {
             vsock: VsockDevice::Vhost,
             ..
@@ -220,22 +220,22 @@ fn qemu_commandline(p: &VmSpec) -> (QemuCommandline, Option<Vsock>) {
 }
 
 /// vmlet's metadata: the pod the domain is.
-fn metadata(p: &VmSpec) -> Metadata {
+fn metadata(spec: &VmSpec) -> Metadata {
     Metadata {
         pod: VmletPod {
             ns: VMLET_METADATA_NS,
-            id: p.pod_id.clone(),
+            id: spec.pod_id.clone(),
         },
     }
 }
 
 /// ACPI, and TCG's translation cache where the node config sizes it.
-fn features(p: &VmSpec) -> Features {
+fn features(spec: &VmSpec) -> Features {
     Features {
         acpi: Empty {},
-        tcg: p
+        tcg: spec
             .tcg_translation_cache_mib
-            .filter(|_| !p.kvm)
+            .filter(|_| !spec.kvm)
             .map(|mib| Tcg {
                 tb_cache: Memory {
                     unit: "MiB",
@@ -246,13 +246,13 @@ fn features(p: &VmSpec) -> Features {
 }
 
 /// The virtio-mem device a VM that can grow has (none without hot-plug memory).
-fn memory_device(p: &VmSpec) -> Option<MemoryDevice> {
-    (p.hotplug_mib > 0).then(|| MemoryDevice {
+fn memory_device(spec: &VmSpec) -> Option<MemoryDevice> {
+    (spec.hotplug_mib > 0).then(|| MemoryDevice {
         model: "virtio-mem",
         target: MemoryTarget {
             size: Memory {
                 unit: "MiB",
-                value: p.hotplug_mib,
+                value: spec.hotplug_mib,
             },
             node: 0,
             block: Memory {
@@ -267,7 +267,7 @@ fn memory_device(p: &VmSpec) -> Option<MemoryDevice> {
         alias: NameAttr {
             name: crate::devices::memory::DEVICE_ID.into(),
         },
-        address: PciAddress::root_bus(p.slots.memory),
+        address: PciAddress::root_bus(spec.slots.memory),
     })
 }
 
@@ -276,11 +276,11 @@ mod tests {
     use super::*;
     use vmlet_config::Firmware;
 
-    use crate::vmm::vm_spec::tests::spec as params;
+    use crate::vmm::vm_spec::tests::spec;
 
     #[test]
     fn renders_tcg_domain_with_vhost_user_vsock() {
-        let xml = Domain::new(&params(VsockDevice::VhostUser {
+        let xml = Domain::new(&spec(VsockDevice::VhostUser {
             socket: "/run/vmlet/t1/vhost.sock".into(),
         }))
         .to_xml()
@@ -329,7 +329,7 @@ mod tests {
 
     #[test]
     fn a_vm_image_boots_its_overlay_with_firmware_and_the_seed_beside_it() {
-        let mut p = params(VsockDevice::Vhost);
+        let mut p = spec(VsockDevice::Vhost);
         p.guest = image_guest(RootBus::Virtio, Firmware::Bios);
         p.console = ConsoleTarget::Socket("/run/vmlet/t1/console.sock".into());
         let xml = Domain::new(&p).to_xml().unwrap();
@@ -349,7 +349,7 @@ mod tests {
 
     #[test]
     fn a_vm_image_boots_with_ovmf_when_asked() {
-        let mut p = params(VsockDevice::Vhost);
+        let mut p = spec(VsockDevice::Vhost);
         p.guest = image_guest(RootBus::Virtio, Firmware::Uefi);
         let xml = Domain::new(&p).to_xml().unwrap();
         let os = "<os firmware=\"efi\"><type arch=\"x86_64\" machine=\"q35\">hvm</type><firmware><feature enabled=\"no\" name=\"secure-boot\"/><feature enabled=\"no\" name=\"enrolled-keys\"/></firmware><boot dev=\"hd\"/></os>";
@@ -358,7 +358,7 @@ mod tests {
 
     #[test]
     fn a_vm_images_root_disk_takes_the_pods_disk_driver() {
-        let mut p = params(VsockDevice::Vhost);
+        let mut p = spec(VsockDevice::Vhost);
         p.guest = image_guest(RootBus::Scsi, Firmware::Bios);
         let xml = Domain::new(&p).to_xml().unwrap();
         assert!(xml.contains("<target dev=\"sda\" bus=\"scsi\"/>"), "{xml}");
@@ -411,7 +411,7 @@ mod tests {
 
     #[test]
     fn renders_kvm_domain_with_vhost_vsock() {
-        let mut p = params(VsockDevice::Vhost);
+        let mut p = spec(VsockDevice::Vhost);
         p.kvm = true;
         let xml = Domain::new(&p).to_xml().unwrap();
         assert!(xml.contains("<domain type=\"kvm\""), "{xml}");
@@ -426,7 +426,7 @@ mod tests {
 
     #[test]
     fn a_vm_has_no_balloon_unless_free_page_reporting_is_on() {
-        let mut p = params(VsockDevice::Vhost);
+        let mut p = spec(VsockDevice::Vhost);
         p.free_page_reporting = false;
         let xml = Domain::new(&p).to_xml().unwrap();
         assert!(xml.contains("<memballoon model=\"none\"/>"), "{xml}");
@@ -435,7 +435,7 @@ mod tests {
 
     #[test]
     fn tcg_keeps_qemus_translation_cache_unless_the_node_caps_it() {
-        let mut p = params(VsockDevice::Vhost);
+        let mut p = spec(VsockDevice::Vhost);
         p.tcg_translation_cache_mib = None;
         let xml = Domain::new(&p).to_xml().unwrap();
         assert!(!xml.contains("<tcg>"), "{xml}");
@@ -443,7 +443,7 @@ mod tests {
 
     #[test]
     fn renders_the_pods_cpu_model() {
-        let mut p = params(VsockDevice::Vhost);
+        let mut p = spec(VsockDevice::Vhost);
         assert!(!Domain::new(&p).to_xml().unwrap().contains("<cpu"));
         p.cpu_model = Some(CpuModel::Named("Skylake-Client".into()));
         let xml = Domain::new(&p).to_xml().unwrap();
@@ -459,7 +459,7 @@ mod tests {
 
     #[test]
     fn renders_virtlets_libvirt_cpu_setting() {
-        let mut p = params(VsockDevice::Vhost);
+        let mut p = spec(VsockDevice::Vhost);
         let annotations = std::collections::HashMap::from([(
             "VirtletLibvirtCPUSetting".to_string(),
             "match: exact\ncheck: partial\nmodel: {value: Nehalem, fallback: allow}\nvendor: Intel\nfeatures:\n- {policy: disable, name: sse4.2}\n- {policy: require, name: vmx}\n".to_string(),
@@ -479,7 +479,7 @@ mod tests {
 
     #[test]
     fn a_vm_that_can_grow_has_a_virtio_mem_device_and_a_numa_cell() {
-        let mut p = params(VsockDevice::Vhost);
+        let mut p = spec(VsockDevice::Vhost);
         p.hotplug_mib = 1536;
         let xml = Domain::new(&p).to_xml().unwrap();
         for expected in [
@@ -500,7 +500,7 @@ mod tests {
 
     #[test]
     fn values_are_escaped() {
-        let mut p = params(VsockDevice::Vhost);
+        let mut p = spec(VsockDevice::Vhost);
         if let GuestBoot::Agent(a) = &mut p.guest {
             a.cmdline = "a<b & c".into();
         }
