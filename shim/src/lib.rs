@@ -8,12 +8,15 @@
 //!   rest of the bundle, devices, the kubelet's volumes, hooks, capabilities, seccomp),
 //!   through which [`task`]'s create plan reads it;
 //! - [`host`]: what a pod makes on the node (cgroup, share, log tmpfs, taps, the pod's host
-//!   process, its state record) and [`host::reclaim`], the teardown from that record;
+//!   process), its undo journal ([`host::undo`]) and [`host::reclaim`], the teardown from
+//!   it;
 //! - [`vm`]: one pod's VM, its boot read top-down over one module per step;
-//! - [`vmm`]: how the VM is described to libvirt (the domain XML, the pod's AppArmor
-//!   profile) and the seam to libvirt, which the shim reaches through `vmlet-libvirt`;
-//! - [`devices`]: the VM's PCI slots, and what is added to it while it runs (block
-//!   devices, memory) over vmlet's QMP monitor;
+//! - [`vmm`]: the VM's one description (`vmm::vm_spec`: its devices, each with its PCI
+//!   slot) and what is derived from it (the domain XML, QEMU's arguments, the NICs, the pod's
+//!   AppArmor profile), and the seam to libvirt, which the shim reaches through
+//!   `vmlet-libvirt`;
+//! - [`devices`]: what is added to the VM while it runs (block devices, memory) over vmlet's
+//!   QMP monitor;
 //! - [`guest`]: the agent's calls, the vsock route to it, the containers' stdio;
 //! - [`vm_mode`]: a pod that boots a VM image (its disk, cloud-init seed, serial console).
 //!

@@ -24,7 +24,7 @@ use crate::host::share::RootfsSource;
 use crate::spec::hooks::{HookState, HostHooks};
 use crate::spec::{HostBind, PodRole, PodSoFar};
 use crate::vm::pod_vm::{BootRequest, HostProcess, ImagePod, ImageRequest, PodHold, PodVm};
-use crate::vmm::domain::RootBus;
+use crate::vmm::vm_spec::RootBus;
 use crate::Error;
 
 /// What the shim knows of its running pods: the facts a container's plan takes in.

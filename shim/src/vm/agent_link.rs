@@ -16,7 +16,7 @@ use super::block;
 use super::launch::Launched;
 use crate::guest::vsock::Endpoint;
 use crate::host::pod_paths::PodPaths;
-use crate::vmm::domain::VsockDevice;
+use crate::vmm::vm_spec::VsockDevice;
 use crate::vmm::VmManager;
 use crate::Error;
 use vmlet_protocol::auth::AgentKey;

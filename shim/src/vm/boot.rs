@@ -100,7 +100,7 @@ async fn launch_domain(
     paths: &PodPaths,
     rec: &Recorder<'_>,
     phases: &Phases,
-    guest: crate::vmm::domain::GuestBoot,
+    guest: crate::vmm::vm_spec::GuestBoot,
     taps: Option<PendingTaps>,
 ) -> Result<launch::Launched, Error> {
     let kvm = accel::use_kvm(config, vmm, &req.options).await?;
@@ -183,7 +183,7 @@ pub(super) async fn run_image(
     let seed_iso = &paths.seed_iso;
     seed.write_iso(seed_dir, seed_iso).await?;
     phases.mark("disks");
-    let guest = crate::vmm::domain::GuestBoot::Image(crate::vmm::domain::ImageDisks {
+    let guest = crate::vmm::vm_spec::GuestBoot::Image(crate::vmm::vm_spec::ImageDisks {
         overlay: overlay.to_string_lossy().into_owned(),
         backing: disk.path.to_string_lossy().into_owned(),
         backing_format: disk.format,
@@ -258,7 +258,7 @@ async fn make_overlay(
     let overlay = disk_dir.join(crate::host::pod_paths::ROOT_DISK);
     crate::vm_mode::vm_disk::create_overlay(disk, &overlay, size).await?;
     drop(room);
-    if image.root_bus == crate::vmm::domain::RootBus::Nvme {
+    if image.root_bus == crate::vmm::vm_spec::RootBus::Nvme {
         // QEMU opens it itself (libvirt, which would give it to QEMU's user, has no NVMe
         // disk): its backing file is world-readable already.
         super::chown_to_user(&overlay, &config.qemu_user)?;

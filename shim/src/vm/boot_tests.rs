@@ -17,7 +17,7 @@ use crate::devices::memory::PodMemory;
 use crate::host::pod_paths::PodPaths;
 use crate::host::state::PodState;
 use crate::vm::RootfsSource;
-use crate::vmm::domain::VsockDevice;
+use crate::vmm::vm_spec::VsockDevice;
 use crate::vmm::{FakeVmm, VmManager, VmletDomain};
 use crate::Error;
 
@@ -207,7 +207,7 @@ fn the_guest_boots_the_nodes_kernel_with_the_share_and_the_pods_parameters() {
     let paths = PodPaths::new(&config.state_dir, "p");
     let mut req = request("p");
     let plain = match launch::agent_guest(&config, &req, &paths, &VsockDevice::Vhost) {
-        crate::vmm::domain::GuestBoot::Agent(guest) => guest,
+        crate::vmm::vm_spec::GuestBoot::Agent(guest) => guest,
         other => panic!("not vmlet's guest: {other:?}"),
     };
     assert!(
@@ -219,7 +219,7 @@ fn the_guest_boots_the_nodes_kernel_with_the_share_and_the_pods_parameters() {
     assert_eq!(plain.key_file, paths.agent_key.to_string_lossy());
     req.options.kernel_params = "loglevel=7".into();
     let tuned = match launch::agent_guest(&config, &req, &paths, &VsockDevice::Vhost) {
-        crate::vmm::domain::GuestBoot::Agent(guest) => guest,
+        crate::vmm::vm_spec::GuestBoot::Agent(guest) => guest,
         other => panic!("not vmlet's guest: {other:?}"),
     };
     assert!(tuned.cmdline.ends_with("vmlet.share=vmlet loglevel=7"));
@@ -328,7 +328,7 @@ impl VmManager for FakeQemu {
 fn devices() -> launch::Devices {
     launch::Devices {
         kvm: false,
-        guest: crate::vmm::domain::GuestBoot::Agent(crate::vmm::domain::AgentBoot {
+        guest: crate::vmm::vm_spec::GuestBoot::Agent(crate::vmm::vm_spec::AgentBoot {
             kernel: "/boot/vmlinuz".into(),
             initrd: "/boot/initrd".into(),
             cmdline: "console=ttyS0".into(),

@@ -13,9 +13,8 @@ use super::{block, give_socket, BootRequest, Recorder};
 use crate::devices::hotplug::Hotplug;
 use crate::host::pod_paths::{domain_name, PodPaths};
 use crate::vm_mode::serial_console::SerialConsole;
-use crate::vmm::domain::{AgentBoot, ConsoleTarget, GuestBoot, VsockDevice};
 use crate::vmm::pci_slots::PciSlots;
-use crate::vmm::vm_spec::VmSpec;
+use crate::vmm::vm_spec::{AgentBoot, ConsoleTarget, GuestBoot, VmSpec, VsockDevice};
 use crate::vmm::VmManager;
 use crate::Error;
 
@@ -108,7 +107,7 @@ pub(super) async fn start(
     let name = domain_name(pod_id);
     let kvm = devices.kvm;
     let (spec, taps) = vm_spec(config, req, paths, &name, devices, console);
-    let request = spec.start_request()?;
+    let request = crate::vmm::domain::start_request(&spec)?;
     // Served before QEMU starts: the wrapper fetches the taps before it executes QEMU.
     let tap_server = taps.map(|taps| taps.serve(spec.taps())).transpose()?;
     log::info!(

@@ -242,7 +242,7 @@ pub struct ImageRequest {
     /// Whether the seed has a network-config (without one, the image uses DHCP).
     pub network_config: bool,
     /// How the root disk is attached (the pod's `vmlet.io/disk-driver`, else virtio).
-    pub root_bus: crate::vmm::domain::RootBus,
+    pub root_bus: crate::vmm::vm_spec::RootBus,
     /// SeaBIOS or OVMF (`vmlet.io/firmware`).
     pub firmware: vmlet_config::Firmware,
 }

@@ -9,7 +9,7 @@ use vmlet_config::{NodeConfig, VsockTransport};
 use super::{block, give_socket, Recorder};
 use crate::guest::vsock;
 use crate::host::pod_paths::PodPaths;
-use crate::vmm::domain::VsockDevice;
+use crate::vmm::vm_spec::VsockDevice;
 use crate::Error;
 
 /// Picks the transport (`vsock` in the node config, `auto` by what the node has) and

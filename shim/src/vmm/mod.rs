@@ -36,7 +36,7 @@ pub trait VmManager: Send + Sync + 'static {
     fn vmlet_domains(&self) -> Result<Vec<VmletDomain>, Error>;
 }
 
-/// What starting a pod's domain takes ([`vm_spec::VmSpec::start_request`]).
+/// What starting a pod's domain takes ([`domain::start_request`]).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct StartDomain {
     pub pod_id: String,

@@ -3,7 +3,8 @@
 use serde::Serialize;
 use vmlet_config::CpuModel;
 
-use crate::vmm::vm_spec::VmSpec;
+use crate::vmm::vm_spec::{AgentBoot, ConsoleTarget, GuestBoot, VmSpec, VsockDevice};
+use crate::vmm::StartDomain;
 use crate::Error;
 
 mod attrs;
@@ -12,7 +13,6 @@ mod guest;
 mod xml;
 pub use attrs::*;
 pub use disk_xml::*;
-pub use guest::*;
 pub use xml::*;
 
 /// The QEMU namespace for `<qemu:commandline>`.
@@ -84,17 +84,6 @@ impl Cpu {
 /// Namespace of vmlet's own domain metadata (the pod id marks vmlet's domains).
 pub const VMLET_METADATA_NS: &str = "https://vmlet.io/xmlns/domain/1";
 
-/// Where the serial console (the guest's `ttyS0`) goes.
-#[derive(Debug, Clone)]
-pub enum ConsoleTarget {
-    /// A file (written by libvirt's virtlogd): vmlet's guest, whose console only the shim
-    /// and `vmletctl console` read.
-    File(String),
-    /// A Unix socket the shim listens on and QEMU connects: a VM image's console, which is
-    /// its task's stdout and stdin ([`crate::vm_mode::serial_console`]).
-    Socket(String),
-}
-
 impl ConsoleTarget {
     fn serial(&self) -> Serial {
         match self {
@@ -114,15 +103,6 @@ impl ConsoleTarget {
             },
         }
     }
-}
-
-/// How the guest's vsock device is provided.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum VsockDevice {
-    /// Kernel vhost-vsock, CID chosen by libvirt.
-    Vhost,
-    /// `vhost-user-vsock-pci` connected to a `vhost-device-vsock` socket.
-    VhostUser { socket: String },
 }
 
 impl Domain {
@@ -186,6 +166,16 @@ impl Domain {
             .map_err(|e| Error::Internal(format!("render domain XML: {e}")))?;
         Ok(xml)
     }
+}
+
+/// The request `vmlet-libvirt start` takes: the domain XML of `spec`, and the files its QEMU
+/// opens beside it for the pod's AppArmor profile.
+pub fn start_request(spec: &VmSpec) -> Result<StartDomain, Error> {
+    Ok(StartDomain {
+        pod_id: spec.pod_id.clone(),
+        xml: Domain::new(spec).to_xml()?,
+        apparmor_files: spec.apparmor_files(),
+    })
 }
 
 /// `<qemu:commandline>` ([`VmSpec::qemu_env`], [`VmSpec::qemu_args`]), and the vsock device
@@ -274,6 +264,7 @@ fn memory_device(spec: &VmSpec) -> Option<MemoryDevice> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::vmm::vm_spec::{ImageDisks, RootBus};
     use vmlet_config::Firmware;
 
     use crate::vmm::vm_spec::tests::spec;
@@ -506,5 +497,34 @@ mod tests {
         }
         let xml = Domain::new(&p).to_xml().unwrap();
         assert!(xml.contains("<cmdline>a&lt;b &amp; c</cmdline>"), "{xml}");
+    }
+
+    #[test]
+    fn the_start_request_carries_the_profiles_files_beside_the_xml() {
+        let request = start_request(&spec(VsockDevice::VhostUser {
+            socket: "/run/vmlet/t1/vhost.sock".into(),
+        }))
+        .unwrap();
+        assert_eq!(request.pod_id, "t1");
+        assert!(
+            request.xml.contains("<name>vmlet-t1</name>"),
+            "{}",
+            request.xml
+        );
+        let files: Vec<_> = request
+            .apparmor_files
+            .iter()
+            .map(|f| format!("{} {}", f.path, f.access.as_str()))
+            .collect();
+        assert_eq!(
+            files,
+            [
+                "/usr/local/bin/vmlet-vmwrapper rmix",
+                "/run/vmlet/t1/taps.sock rw",
+                "/run/vmlet/t1/agent.key r",
+                "/run/vmlet/t1/vhost.sock rw",
+                "/run/vmlet/t1/qmp.sock rw",
+            ]
+        );
     }
 }

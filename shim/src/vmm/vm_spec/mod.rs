@@ -1,6 +1,6 @@
-//! The pod's VM, described once ([`VmSpec`]): its shape, what it runs, its devices and the
-//! PCI slot of each ([`crate::vmm::pci_slots`]). Everything that names a device is derived
-//! from it:
+//! The pod's VM, described once ([`VmSpec`]): its shape, what it runs ([`GuestBoot`]), its
+//! devices and the PCI slot of each ([`crate::vmm::pci_slots`]). Everything that names a
+//! device is derived from it:
 //!
 //! - the domain XML libvirt gets ([`crate::vmm::domain::Domain::new`]);
 //! - vmlet's part of QEMU's command line beside libvirt's model ([`VmSpec::qemu_args`],
@@ -8,16 +8,16 @@
 //! - the NICs `vmlet-vmwrapper` appends ([`VmSpec::taps`]: each tap with its slot);
 //! - the files of the pod's AppArmor profile ([`VmSpec::apparmor_files`]);
 //! - the hot-plug ports the shim plugs disks into ([`VmSpec::hotplug_ports`]);
-//! - and the whole request to `vmlet-libvirt` ([`VmSpec::start_request`]).
+//! - and so the whole request to `vmlet-libvirt` ([`crate::vmm::domain::start_request`]).
 
 use vmlet_config::CpuModel;
 
 use crate::host::taps::{TapDescription, TAP_SOCKET_ENV};
-use crate::vmm::domain::{AgentBoot, ConsoleTarget, Domain, GuestBoot, RootBus, VsockDevice};
 use crate::vmm::pci_slots::{hex, PciSlots};
 use crate::vmm::pod_apparmor::{Access, PodFile};
-use crate::vmm::StartDomain;
-use crate::Error;
+
+mod guest;
+pub use guest::*;
 
 /// Environment variable naming the real QEMU for `vmlet-vmwrapper`.
 pub const QEMU_ENV: &str = "VMLET_QEMU";
@@ -77,16 +77,6 @@ pub struct HotplugPort {
 }
 
 impl VmSpec {
-    /// The request `vmlet-libvirt start` takes: the domain XML, and the files QEMU opens
-    /// beside it for the pod's AppArmor profile.
-    pub fn start_request(&self) -> Result<StartDomain, Error> {
-        Ok(StartDomain {
-            pod_id: self.pod_id.clone(),
-            xml: Domain::new(self).to_xml()?,
-            apparmor_files: self.apparmor_files(),
-        })
-    }
-
     /// Each NIC as `vmlet-vmwrapper` gets it, with its slot.
     pub fn taps(&self) -> Vec<TapDescription> {
         let nics = self.network.iter().flat_map(|n| &n.nics);
@@ -285,35 +275,5 @@ pub(crate) mod tests {
             );
         }
         assert_eq!(ports[0].id, "vmlet-hp0");
-    }
-
-    #[test]
-    fn the_start_request_carries_the_profiles_files_beside_the_xml() {
-        let request = spec(VsockDevice::VhostUser {
-            socket: "/run/vmlet/t1/vhost.sock".into(),
-        })
-        .start_request()
-        .unwrap();
-        assert_eq!(request.pod_id, "t1");
-        assert!(
-            request.xml.contains("<name>vmlet-t1</name>"),
-            "{}",
-            request.xml
-        );
-        let files: Vec<_> = request
-            .apparmor_files
-            .iter()
-            .map(|f| format!("{} {}", f.path, f.access.as_str()))
-            .collect();
-        assert_eq!(
-            files,
-            [
-                "/usr/local/bin/vmlet-vmwrapper rmix",
-                "/run/vmlet/t1/taps.sock rw",
-                "/run/vmlet/t1/agent.key r",
-                "/run/vmlet/t1/vhost.sock rw",
-                "/run/vmlet/t1/qmp.sock rw",
-            ]
-        );
     }
 }

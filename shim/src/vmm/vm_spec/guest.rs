@@ -1,0 +1,117 @@
+//! What the VM runs ([`GuestBoot`]): vmlet's guest (kernel and initrd, the agent over
+//! vsock, the containers' files over virtio-fs) or a VM image's disks under firmware; and
+//! where its serial console goes ([`ConsoleTarget`]).
+
+use vmlet_config::Firmware;
+
+/// What the VM runs, and the devices that takes.
+#[derive(Debug, Clone)]
+pub enum GuestBoot {
+    /// vmlet's guest: its kernel and initrd booted directly, the agent over vsock, the
+    /// containers' files over virtio-fs.
+    Agent(AgentBoot),
+    /// A VM image (docs/vm-mode.md): firmware boots the overlay of the image's disk; the
+    /// cloud-init seed is a read-only disk beside it.
+    Image(ImageDisks),
+}
+
+#[derive(Debug, Clone)]
+pub struct AgentBoot {
+    pub kernel: String,
+    pub initrd: String,
+    pub cmdline: String,
+    pub virtiofsd: String,
+    pub share_dir: String,
+    pub share_tag: String,
+    pub vsock: VsockDevice,
+    /// The file QEMU reads the agent's key from, into the fw_cfg entry the agent reads
+    /// ([`vmlet_protocol::auth::FW_CFG_NAME`]).
+    pub key_file: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct ImageDisks {
+    /// The qcow2 overlay the VM writes.
+    pub overlay: String,
+    /// The image's disk, the overlay's backing file, and its format.
+    pub backing: String,
+    pub backing_format: crate::vm_mode::vm_disk::DiskFormat,
+    /// The NoCloud seed (ISO 9660).
+    pub seed: String,
+    /// How the root disk (the overlay) is attached.
+    pub root_bus: RootBus,
+    /// SeaBIOS (QEMU's default) or OVMF.
+    pub firmware: Firmware,
+}
+
+/// The bus a VM image's root disk is on: the pod's disk driver (`vmlet.io/disk-driver`), else
+/// virtio.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RootBus {
+    /// virtio-blk: `vda`, what cloud images expect.
+    #[default]
+    Virtio,
+    /// virtio-scsi: `sda`.
+    Scsi,
+    /// NVMe: `nvme0n1`. libvirt 9.0 has no NVMe disk bus: QEMU's own `nvme` device, given
+    /// on its command line, at the head of the boot order.
+    Nvme,
+}
+
+impl RootBus {
+    pub fn of(driver: Option<vmlet_config::DiskDriver>) -> Self {
+        match driver {
+            None | Some(vmlet_config::DiskDriver::Virtio) => RootBus::Virtio,
+            Some(vmlet_config::DiskDriver::Scsi) => RootBus::Scsi,
+            Some(vmlet_config::DiskDriver::Nvme) => RootBus::Nvme,
+        }
+    }
+}
+
+/// The node name of a VM image's NVMe root disk in QEMU.
+const ROOT_NVME_NODE: &str = "vmlet-root";
+
+impl ImageDisks {
+    /// QEMU's arguments for a root disk on NVMe: the overlay (QEMU opens its backing file,
+    /// with the format, as the overlay's header names them: the checked image disk), and
+    /// the `nvme` device, first in the boot order.
+    pub(crate) fn nvme_root_args(&self, slot: usize) -> Vec<String> {
+        if self.root_bus != RootBus::Nvme {
+            return Vec::new();
+        }
+        let blockdev = serde_json::json!({
+            "driver": "qcow2",
+            "node-name": ROOT_NVME_NODE,
+            "file": {"driver": "file", "filename": self.overlay},
+        });
+        vec![
+            "-blockdev".into(),
+            blockdev.to_string(),
+            "-device".into(),
+            format!(
+                "nvme,id={ROOT_NVME_NODE}-nvme,serial={ROOT_NVME_NODE},drive={ROOT_NVME_NODE},bootindex=1,bus=pcie.0,addr={}",
+                crate::vmm::pci_slots::hex(slot)
+            ),
+        ]
+    }
+}
+
+/// Where the serial console (the guest's `ttyS0`) goes.
+#[derive(Debug, Clone)]
+pub enum ConsoleTarget {
+    /// A file (written by libvirt's virtlogd): vmlet's guest, whose console only the shim
+    /// and `vmletctl console` read.
+    File(String),
+    /// A Unix socket the shim listens on and QEMU connects: a VM image's console, which is
+    /// its task's stdout and stdin ([`crate::vm_mode::serial_console`]).
+    Socket(String),
+}
+
+/// How the guest's vsock device is provided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VsockDevice {
+    /// Kernel vhost-vsock, CID chosen by libvirt.
+    Vhost,
+    /// `vhost-user-vsock-pci` connected to a `vhost-device-vsock` socket.
+    VhostUser { socket: String },
+}
