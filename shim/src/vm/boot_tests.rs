@@ -1,14 +1,13 @@
 //! The boot's steps over fakes: a VM manager that records (or fails), a "QEMU" that connects
 //! vmlet's QMP monitor as the real one does, and a pod's state in a temporary directory.
 
-use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::PermissionsExt;
-use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use vmlet_config::{Accel, CpuModel, NodeConfig, VmOptions, VmShape, VsockTransport};
 
+use super::fake_qemu::FakeQemu;
 use super::{
     accel, host_setup, launch, new_pod_state, power_off_and_reclaim, reclaim_failed_boot,
     vsock_backend, BootRequest, Recorder,
@@ -18,7 +17,7 @@ use crate::host::pod_paths::PodPaths;
 use crate::host::state::PodState;
 use crate::vm::RootfsSource;
 use crate::vmm::vm_spec::VsockDevice;
-use crate::vmm::{FakeVmm, VmManager, VmletDomain};
+use crate::vmm::{FakeVmm, VmManager};
 use crate::Error;
 
 /// A node config whose state lives under `dir`, whose QEMU user is the test's own.
@@ -225,106 +224,6 @@ fn the_guest_boots_the_nodes_kernel_with_the_share_and_the_pods_parameters() {
     assert!(tuned.cmdline.ends_with("vmlet.share=vmlet loglevel=7"));
 }
 
-/// A VM manager whose `start` runs a "QEMU": a thread that connects vmlet's QMP monitor at
-/// `qmp_socket`, greets and answers the capabilities' negotiation, then holds the
-/// connection until `quit` is dropped. `fail` makes the start fail instead.
-struct FakeQemu {
-    qmp_socket: PathBuf,
-    fail: bool,
-    started: Mutex<Vec<String>>,
-    /// The taps the "wrapper" fetched from the domain's tap socket, as QEMU starts.
-    fetched: Mutex<Option<Result<Vec<crate::host::taps::TapDescription>, String>>>,
-    quit: Mutex<Option<std::sync::mpsc::Receiver<()>>>,
-}
-
-impl FakeQemu {
-    fn new(qmp_socket: PathBuf, fail: bool) -> (Self, std::sync::mpsc::Sender<()>) {
-        let (tx, rx) = std::sync::mpsc::channel();
-        let qemu = Self {
-            qmp_socket,
-            fail,
-            started: Mutex::new(Vec::new()),
-            fetched: Mutex::new(None),
-            quit: Mutex::new(Some(rx)),
-        };
-        (qemu, tx)
-    }
-}
-
-impl VmManager for FakeQemu {
-    fn kvm_usable(&self, _: &str, _: &str) -> bool {
-        false
-    }
-
-    fn start(&self, domain: &crate::vmm::StartDomain) -> Result<(), Error> {
-        if self.fail {
-            return Err(Error::Internal("libvirt refused the domain".into()));
-        }
-        self.started.lock().unwrap().push(domain.xml.clone());
-        // The wrapper: fetches the taps (within 5 s: a tap server not yet serving would hold
-        // it forever) before QEMU runs.
-        let tap_socket = domain
-            .xml
-            .split("name=\"VMLET_TAP_SOCKET\" value=\"")
-            .nth(1)
-            .and_then(|rest| rest.split('"').next());
-        if let Some(socket) = tap_socket {
-            let (tx, rx) = std::sync::mpsc::channel();
-            let socket = PathBuf::from(socket);
-            std::thread::spawn(move || tx.send(crate::host::taps::fetch(&socket)));
-            let fetched = match rx.recv_timeout(std::time::Duration::from_secs(5)) {
-                Ok(Ok((taps, fds))) => {
-                    for fd in fds {
-                        // SAFETY: received just now, owned by nobody else.
-                        drop(unsafe {
-                            <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd)
-                        });
-                    }
-                    Ok(taps)
-                }
-                Ok(Err(e)) => Err(e.message()),
-                Err(_) => Err("no taps within 5 s".to_owned()),
-            };
-            *self.fetched.lock().unwrap() = Some(fetched);
-        }
-        let socket = self.qmp_socket.clone();
-        let quit = self.quit.lock().unwrap().take().expect("started once");
-        std::thread::spawn(move || {
-            let mut stream = UnixStream::connect(socket).unwrap();
-            stream
-                .write_all(b"{\"QMP\": {\"version\": {}, \"capabilities\": []}}\n")
-                .unwrap();
-            let mut line = String::new();
-            BufReader::new(stream.try_clone().unwrap())
-                .read_line(&mut line)
-                .unwrap();
-            let command: serde_json::Value = serde_json::from_str(&line).unwrap();
-            assert_eq!(command["execute"], "qmp_capabilities");
-            let reply = serde_json::json!({"return": {}, "id": command["id"]});
-            stream.write_all(format!("{reply}\n").as_bytes()).unwrap();
-            // QEMU runs until it is told to end; its end of the monitor then closes.
-            let _ = quit.recv();
-        });
-        Ok(())
-    }
-
-    fn remove(&self, _: &str) -> Result<(), Error> {
-        Ok(())
-    }
-
-    fn live_xml(&self, name: &str) -> Result<String, Error> {
-        Err(Error::NotFound(format!("domain {name}")))
-    }
-
-    fn is_active(&self, _: &str) -> Result<bool, Error> {
-        Ok(false)
-    }
-
-    fn vmlet_domains(&self) -> Result<Vec<VmletDomain>, Error> {
-        Ok(Vec::new())
-    }
-}
-
 fn devices() -> launch::Devices {
     launch::Devices {
         kvm: false,
@@ -350,9 +249,7 @@ async fn the_domain_is_recorded_before_it_starts_and_qemus_monitor_tells_its_end
         paths,
         rec,
     } = scratch_pod();
-    let (qemu, quit) = FakeQemu::new(paths.qmp_socket.clone(), false);
-    let qemu = Arc::new(qemu);
-    let vmm: Arc<dyn VmManager> = qemu.clone();
+    let (qemu, vmm, quit) = FakeQemu::manager(paths.qmp_socket.clone(), false);
     let launched = launch::start(&config, &vmm, &request("p"), &paths, &rec, devices())
         .await
         .unwrap();
@@ -386,9 +283,7 @@ async fn the_taps_are_served_with_their_slots_before_qemu_starts() {
         paths,
         rec,
     } = scratch_pod();
-    let (qemu, _quit) = FakeQemu::new(paths.qmp_socket.clone(), false);
-    let qemu = Arc::new(qemu);
-    let vmm: Arc<dyn VmManager> = qemu.clone();
+    let (qemu, vmm, _quit) = FakeQemu::manager(paths.qmp_socket.clone(), false);
     let listener = tokio::net::UnixListener::bind(&paths.tap_socket).unwrap();
     let nic = |mac: &str| crate::vmm::vm_spec::Nic {
         mac: mac.into(),
@@ -437,8 +332,7 @@ async fn a_start_libvirt_refuses_is_torn_down_from_what_was_recorded() {
         state: state.clone(),
         cgroup: None,
     };
-    let (qemu, _quit) = FakeQemu::new(paths.qmp_socket.clone(), true);
-    let vmm: Arc<dyn VmManager> = Arc::new(qemu);
+    let (_, vmm, _quit) = FakeQemu::manager(paths.qmp_socket.clone(), true);
     let err = launch::start(&config, &vmm, &request("p"), &paths, &rec, devices())
         .await
         .err()

@@ -21,6 +21,8 @@ mod agent_vm;
 mod boot;
 #[cfg(test)]
 mod boot_tests;
+#[cfg(test)]
+mod fake_qemu;
 mod host_setup;
 mod image_guest;
 mod image_vm;

@@ -269,6 +269,14 @@ mod tests {
 
     use crate::vmm::vm_spec::tests::spec;
 
+    /// Each file of a profile as `PATH ACCESS`.
+    fn file_lines(files: &[crate::vmm::pod_apparmor::PodFile]) -> Vec<String> {
+        files
+            .iter()
+            .map(|f| format!("{} {}", f.path, f.access.as_str()))
+            .collect()
+    }
+
     #[test]
     fn renders_tcg_domain_with_vhost_user_vsock() {
         let xml = Domain::new(&spec(VsockDevice::VhostUser {
@@ -382,11 +390,7 @@ mod tests {
         );
         // libvirt's AppArmor helper does not see it: the pod's profile names it and the
         // image's disk behind it.
-        let files: Vec<_> = p
-            .apparmor_files()
-            .into_iter()
-            .map(|f| format!("{} {}", f.path, f.access.as_str()))
-            .collect();
+        let files = file_lines(&p.apparmor_files());
         assert_eq!(
             files,
             [
@@ -511,11 +515,7 @@ mod tests {
             "{}",
             request.xml
         );
-        let files: Vec<_> = request
-            .apparmor_files
-            .iter()
-            .map(|f| format!("{} {}", f.path, f.access.as_str()))
-            .collect();
+        let files = file_lines(&request.apparmor_files);
         assert_eq!(
             files,
             [
