@@ -25,7 +25,8 @@ impl RootBus {
 }
 
 impl GuestBoot {
-    pub(super) fn os(&self, kind: OsType) -> Os {
+    /// The domain's `<os>`; `cmdline` is the kernel command line ([`VmSpec::kernel_cmdline`]).
+    pub(super) fn os(&self, kind: OsType, cmdline: Option<String>) -> Os {
         match self {
             GuestBoot::Agent(a) => Os {
                 firmware_kind: None,
@@ -33,7 +34,7 @@ impl GuestBoot {
                 firmware: None,
                 kernel: Some(a.kernel.clone()),
                 initrd: Some(a.initrd.clone()),
-                cmdline: Some(a.cmdline.clone()),
+                cmdline,
                 boot: None,
             },
             GuestBoot::Image(image) => Os {
@@ -52,7 +53,7 @@ impl GuestBoot {
                 }),
                 kernel: None,
                 initrd: None,
-                cmdline: None,
+                cmdline,
                 // A root disk on NVMe heads the boot order itself (libvirt takes either
                 // `<os><boot>` or each device's order, not both).
                 boot: (image.root_bus != RootBus::Nvme).then_some(BootDev { dev: "hd" }),

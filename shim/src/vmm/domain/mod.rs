@@ -131,11 +131,14 @@ impl Domain {
                     mode: "shared".into(),
                 },
             },
-            os: spec.guest.os(OsType {
-                arch: "x86_64",
-                machine: spec.machine.clone(),
-                value: "hvm",
-            }),
+            os: spec.guest.os(
+                OsType {
+                    arch: "x86_64",
+                    machine: spec.machine.clone(),
+                    value: "hvm",
+                },
+                spec.kernel_cmdline(),
+            ),
             features: features(spec),
             cpu: Cpu::with_numa(Cpu::for_model(spec.cpu_model.as_ref(), spec.kvm), spec),
             on_poweroff: "destroy",
@@ -264,7 +267,7 @@ fn memory_device(spec: &VmSpec) -> Option<MemoryDevice> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::vmm::vm_spec::{ImageDisks, RootBus};
+    use crate::vmm::vm_spec::{ImageDisks, RootBus, TCG_KERNEL_PARAMS};
     use vmlet_config::Firmware;
 
     use crate::vmm::vm_spec::tests::spec;
@@ -499,8 +502,28 @@ mod tests {
         if let GuestBoot::Agent(a) = &mut p.guest {
             a.cmdline = "a<b & c".into();
         }
+        p.kvm = true;
         let xml = Domain::new(&p).to_xml().unwrap();
         assert!(xml.contains("<cmdline>a&lt;b &amp; c</cmdline>"), "{xml}");
+    }
+
+    #[test]
+    fn under_tcg_the_guest_zeroes_what_it_allocates() {
+        let mut p = spec(VsockDevice::Vhost);
+        let tcg = Domain::new(&p).to_xml().unwrap();
+        let expected =
+            format!("<cmdline>console=ttyS0 vmlet.share=vmlet {TCG_KERNEL_PARAMS}</cmdline>");
+        assert!(tcg.contains(&expected), "{tcg}");
+        p.kvm = true;
+        let kvm = Domain::new(&p).to_xml().unwrap();
+        assert!(
+            kvm.contains("<cmdline>console=ttyS0 vmlet.share=vmlet</cmdline>"),
+            "{kvm}"
+        );
+        p.kvm = false;
+        p.guest = image_guest(RootBus::Virtio, Firmware::Bios);
+        let image = Domain::new(&p).to_xml().unwrap();
+        assert!(!image.contains("<cmdline>"), "{image}");
     }
 
     #[test]

@@ -22,6 +22,14 @@ pub use guest::*;
 /// Environment variable naming the real QEMU for `vmlet-vmwrapper`.
 pub const QEMU_ENV: &str = "VMLET_QEMU";
 
+/// What vmlet's guest kernel gets under TCG. `init_on_alloc=1`: the guest zeroes each page
+/// it allocates. TCG keeps the code it translated from guest RAM until a vCPU (or QEMU
+/// itself) writes that RAM; virtiofsd writes file data into it behind TCG's back, so a page
+/// the page cache reuses could run stale code from before (QEMU 10: containers' processes
+/// died of SIGSEGV and SIGILL; 7.2 did not show it). The zeroing is a vCPU's write, which
+/// drops the page's translations before virtiofsd fills it.
+pub const TCG_KERNEL_PARAMS: &str = "init_on_alloc=1";
+
 /// Everything the pod's VM is made of.
 #[derive(Debug, Clone)]
 pub struct VmSpec {
@@ -88,6 +96,18 @@ impl VmSpec {
                 slot,
             })
             .collect()
+    }
+
+    /// vmlet's guest's kernel command line: the guest's own, and under TCG
+    /// [`TCG_KERNEL_PARAMS`] (none for a VM image, whose boot loader has its own).
+    pub fn kernel_cmdline(&self) -> Option<String> {
+        let GuestBoot::Agent(agent) = &self.guest else {
+            return None;
+        };
+        Some(match self.kvm {
+            true => agent.cmdline.clone(),
+            false => format!("{} {TCG_KERNEL_PARAMS}", agent.cmdline),
+        })
     }
 
     /// The hot-plug root ports, each on its slot.
