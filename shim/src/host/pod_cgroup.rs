@@ -275,7 +275,6 @@ pub fn virtiofsd_pids(share: &Path, binary: &Path) -> Vec<u32> {
 
 fn virtiofsd_pids_in(proc_dir: &Path, share: &Path, binary: &Path) -> Vec<u32> {
     use std::os::unix::fs::MetadataExt;
-    let needle = format!("source={}", share.display());
     let Ok(binary) = std::fs::metadata(binary).map(|m| (m.dev(), m.ino())) else {
         return Vec::new();
     };
@@ -289,11 +288,23 @@ fn virtiofsd_pids_in(proc_dir: &Path, share: &Path, binary: &Path) -> Vec<u32> {
             let cmdline = std::fs::read(dir.join("cmdline")).unwrap_or_default();
             let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
             args.first().is_some_and(|a| a.ends_with(b"virtiofsd"))
-                && args.contains(&needle.as_bytes())
+                && names_share(&args, share)
                 && runs_as_root(&dir)
                 && std::fs::metadata(dir.join("exe")).is_ok_and(|m| (m.dev(), m.ino()) == binary)
         })
         .collect()
+}
+
+/// Whether virtiofsd's arguments name `share` as the directory it serves, as libvirt
+/// writes it: `-o source=SHARE` (libvirt 9 and 10) or `--shared-dir SHARE` (11).
+fn names_share(args: &[&[u8]], share: &Path) -> bool {
+    let share = share.as_os_str().as_encoded_bytes();
+    let option = |arg: &[u8], name: &[u8]| arg.strip_prefix(name) == Some(share);
+    args.iter()
+        .any(|a| option(a, b"source=") || option(a, b"--shared-dir="))
+        || args
+            .windows(2)
+            .any(|pair| pair[0] == b"--shared-dir" && pair[1] == share)
 }
 
 /// Whether the process at `dir` (`/proc/PID`) has real and effective UID 0.
@@ -351,6 +362,23 @@ mod tests {
             virtiofsd_pids_in(&proc_dir, Path::new("/run/vmlet/p2/share"), &binary),
             Vec::<u32>::new()
         );
+    }
+
+    #[test]
+    fn the_share_is_found_as_each_libvirt_names_it() {
+        let share = Path::new("/run/vmlet/p1/share");
+        let named = |line: &str| {
+            let args: Vec<&[u8]> = line.split(' ').map(str::as_bytes).collect();
+            names_share(&args, share)
+        };
+        assert!(named("virtiofsd --fd=3 -o source=/run/vmlet/p1/share"));
+        assert!(named("virtiofsd --fd=31 --shared-dir /run/vmlet/p1/share"));
+        assert!(named("virtiofsd --fd=31 --shared-dir=/run/vmlet/p1/share"));
+        assert!(!named(
+            "virtiofsd --fd=31 --shared-dir /run/vmlet/p1/share/sub"
+        ));
+        assert!(!named("virtiofsd --fd=31 /run/vmlet/p1/share"));
+        assert!(!named("virtiofsd --shared-dir"));
     }
 
     #[test]

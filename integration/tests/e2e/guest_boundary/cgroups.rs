@@ -36,7 +36,8 @@ async fn a_cri_pods_vm_runs_in_the_pods_cgroup() {
 
     let state = format!("{}/state/{pod}/", s.dir);
     let qemu = pids_of(&s, &["qemu-system", &format!("guest=vmlet-{pod},")]);
-    let virtiofsd = pids_of(&s, &["virtiofsd", &format!("source={state}share")]);
+    // libvirt names the share as `-o source=SHARE` (9, 10) or `--shared-dir SHARE` (11).
+    let virtiofsd = pids_of(&s, &["virtiofsd", &format!("{state}share")]);
     let vsock = pids_of(&s, &["vhost-device-vsock", &state]);
     let mut placed = Vec::new();
     for (what, pids) in [
@@ -333,14 +334,14 @@ fn a_decoy_virtiofsd_is_neither_moved_nor_fatal() {
     // The decoys are running (their command lines set) before the pod starts.
     let deadline = Instant::now() + Duration::from_secs(10);
     let decoy_pids: Vec<u32> = decoys.iter().map(|d| d.id()).collect();
-    while pids_of(&s, &["virtiofsd", &format!("source={share}")]).len() < 2 {
+    while pids_of(&s, &["virtiofsd", &share]).len() < 2 {
         assert!(Instant::now() < deadline, "the decoys did not start");
         std::thread::sleep(Duration::from_millis(50));
     }
     let before: Vec<Vec<String>> = decoy_pids.iter().map(|p| cgroups_of(*p)).collect();
 
     let started = s.run_detached_with(&pod, &["--cgroup", &parent], &["sleep", "1000"]);
-    let real: Vec<u32> = pids_of(&s, &["virtiofsd", &format!("source={share}")])
+    let real: Vec<u32> = pids_of(&s, &["virtiofsd", &share])
         .into_iter()
         .filter(|p| !decoy_pids.contains(p))
         .collect();
