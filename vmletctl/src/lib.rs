@@ -13,6 +13,7 @@
 pub mod cli;
 pub mod containerd_config;
 pub mod ctl;
+pub mod distro_virtiofsd;
 pub mod host_check;
 pub mod metrics_server;
 pub mod node_apparmor;

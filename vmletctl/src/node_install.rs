@@ -13,7 +13,8 @@
 //!   without a block as written is left as it is, named). A config that registers vmlet
 //!   already is not touched.
 //! - `/etc/vmlet/config.toml` is written only when absent, and removed by uninstall only
-//!   when it is still as written.
+//!   when it is still as written. Where the distribution's virtiofsd is new enough
+//!   ([`crate::distro_virtiofsd`]), it names that one.
 //! - Where libvirt has its AppArmor profiles, vmlet's rules for libvirtd
 //!   ([`crate::node_apparmor`]) are appended to its site-local file as a marked block,
 //!   libvirtd's profile is reloaded, and uninstall takes the block off again (byte for byte).
@@ -30,7 +31,7 @@ use serde::{Deserialize, Serialize};
 use vmlet_vm_image::{sha256_file, sha256_hex};
 
 use crate::containerd_config::{add_runtime, ConfigLayout, BLOCK_START};
-use crate::node_apparmor;
+use crate::{distro_virtiofsd, node_apparmor};
 use vmlet_config::NodeConfig;
 use vmlet_shim::Error;
 
@@ -144,8 +145,17 @@ pub fn install(release: &Path, root: &Path, default_layout: ConfigLayout) -> Res
     let node_config = root.join(NODE_CONFIG);
     let defaults = release.join(NODE_CONFIG);
     if !node_config.exists() && defaults.is_file() {
-        let hash = copy_file(&defaults, &node_config, 0o644)?;
-        record.node_config = Some(hash);
+        let mut text = std::fs::read_to_string(&defaults)
+            .map_err(|e| Error::io(format!("read {}", defaults.display()), e))?;
+        if let Some(version) = distro_virtiofsd::found(root) {
+            text = distro_virtiofsd::node_config(&text);
+            steps.push(format!(
+                "the distribution's virtiofsd {version} (/{}) serves the pods' shares",
+                distro_virtiofsd::PATH
+            ));
+        }
+        write_file(&node_config, text.as_bytes(), 0o644)?;
+        record.node_config = Some(sha256_hex(text.as_bytes()));
         steps.push(format!("wrote /{NODE_CONFIG}"));
     }
     if record.apparmor.is_empty() && root.join(node_apparmor::LIBVIRTD_PROFILE).is_file() {

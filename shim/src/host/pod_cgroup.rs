@@ -98,23 +98,31 @@ impl PodCgroup {
     /// its parent's CPUs and memory nodes, without which nothing can join it); where the
     /// hierarchy has the v1 memory controller, the charges of a process move with it.
     pub fn create(&self) -> Result<(), Error> {
-        for hierarchy in hierarchies() {
-            let mut dir = hierarchy.clone();
-            for part in self.relative().iter() {
-                let parent = dir.clone();
-                dir.push(part);
-                match std::fs::create_dir(&dir) {
-                    Ok(()) => inherit_cpuset(&parent, &dir)?,
-                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-                    Err(e) => return Err(Error::io(format!("create cgroup {}", dir.display()), e)),
-                }
+        hierarchies()
+            .iter()
+            .try_for_each(|hierarchy| self.create_in(hierarchy))
+    }
+
+    fn create_in(&self, hierarchy: &Path) -> Result<(), Error> {
+        // cgroup v2 has `cgroup.controllers` in every cgroup; its cpuset files start empty,
+        // which means the parent's (and its root has no `cpuset.cpus` to copy).
+        let v1 = !hierarchy.join("cgroup.controllers").exists();
+        let mut dir = hierarchy.to_path_buf();
+        for part in self.relative().iter() {
+            let parent = dir.clone();
+            dir.push(part);
+            match std::fs::create_dir(&dir) {
+                Ok(()) if v1 => inherit_cpuset(&parent, &dir)?,
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(Error::io(format!("create cgroup {}", dir.display()), e)),
             }
-            let immigrate = dir.join("memory.move_charge_at_immigrate");
-            if immigrate.exists() {
-                // Deprecated in recent kernels, but where it works the VM's memory that
-                // QEMU touched before it moved is counted for the pod too.
-                let _ = std::fs::write(&immigrate, "3");
-            }
+        }
+        let immigrate = dir.join("memory.move_charge_at_immigrate");
+        if immigrate.exists() {
+            // Deprecated in recent kernels, but where it works the VM's memory that
+            // QEMU touched before it moved is counted for the pod too.
+            let _ = std::fs::write(&immigrate, "3");
         }
         Ok(())
     }
@@ -362,6 +370,30 @@ mod tests {
             virtiofsd_pids_in(&proc_dir, Path::new("/run/vmlet/p2/share"), &binary),
             Vec::<u32>::new()
         );
+    }
+
+    /// On cgroup v2 the root has no `cpuset.cpus` and a new cgroup's empty one is its
+    /// parent's: nothing is copied (a CRI pod on Debian 13 failed here). On v1 the parent's
+    /// CPUs and memory nodes are copied, without which no process could join.
+    #[test]
+    fn cpusets_are_copied_on_v1_only() {
+        let v2 = tempfile::tempdir().unwrap();
+        std::fs::write(v2.path().join("cgroup.controllers"), "cpuset cpu memory\n").unwrap();
+        let cgroup = PodCgroup::from_spec_path("/kubepods/pod1").unwrap();
+        cgroup.create_in(v2.path()).unwrap();
+        assert!(v2.path().join("kubepods/pod1").is_dir());
+
+        let v1 = tempfile::tempdir().unwrap();
+        std::fs::write(v1.path().join("cpuset.cpus"), "0-1\n").unwrap();
+        std::fs::write(v1.path().join("cpuset.mems"), "0\n").unwrap();
+        // A real v1 cgroupfs gives a new cgroup empty cpuset files; here the first level
+        // has them already, made as the kernel would.
+        std::fs::create_dir(v1.path().join("kubepods")).unwrap();
+        for file in ["cpuset.cpus", "cpuset.mems"] {
+            std::fs::write(v1.path().join("kubepods").join(file), "0-1").unwrap();
+        }
+        cgroup.create_in(v1.path()).unwrap();
+        assert!(v1.path().join("kubepods/pod1").is_dir());
     }
 
     #[test]

@@ -137,6 +137,10 @@ pub fn profile(uuid: &str, pod_id: &str, files: &[PodFile]) -> Result<String, Er
          #include <abstractions/libvirt-qemu>\n  \
          #include <libvirt/libvirt-{uuid}.files>\n\
          \n  \
+         # QEMU 10 reads whether a host block device it was handed (a hot-plugged one) is\n  \
+         # zoned; libvirt 11's abstraction grants only its max_segments.\n  \
+         /sys/devices/**/block/*/queue/zoned r,\n\
+         \n  \
          # What vmlet passes to QEMU beside libvirt's model, for this pod only.\n\
          {rules}}}\n"
     ))
@@ -271,7 +275,10 @@ mod tests {
             assert!(text.contains(line), "{line:?} in {text}");
         }
         assert!(text.ends_with("rwk,\n}\n"), "{text}");
-        assert!(!text.contains('*'), "no glob: {text}");
+        let zoned = "  /sys/devices/**/block/*/queue/zoned r,\n";
+        assert!(text.contains(zoned), "{text}");
+        let files = text.replace(zoned, "");
+        assert!(!files.contains('*'), "no glob but the sysfs read: {text}");
     }
 
     #[test]
