@@ -1,11 +1,12 @@
-//! The lean guest kernel: Debian's kernel source package built with `make allnoconfig` and
-//! the options of `kernel/vmlet.config` (each commented with why the guest needs it), into an
+//! The lean guest kernel: Debian's kernel source package with the patches of `kernel/`
+//! ([`PATCHES`], each saying why in its header), built with `make allnoconfig` and the options
+//! of `kernel/vmlet.config` (each commented with why the guest needs it), into an
 //! uncompressed `vmlinux` that QEMU starts at its PVH entry point. No modules: everything the
 //! guest needs is built in.
 //!
 //! The result is cached under `cache/lean-<hash>` by the source package's file name (it
-//! carries its version), the fragment and this builder's version; the source tree is removed
-//! once the kernel is built.
+//! carries its version), the fragment, the patches and this builder's version; the source
+//! tree is removed once the kernel is built.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -18,6 +19,18 @@ pub const SOURCE_PACKAGE: &str = "linux-source-6.1";
 
 /// The configuration fragment, kept in the repository.
 pub const FRAGMENT: &str = include_str!("../kernel/vmlet.config");
+
+/// The patches applied to the source, in order: (file name, text for `patch -p1`).
+pub const PATCHES: &[(&str, &str)] = &[
+    (
+        "virtiofs-zero-reply-pages.patch",
+        include_str!("../kernel/virtiofs-zero-reply-pages.patch"),
+    ),
+    (
+        "fuse-keep-unchanged-cache.patch",
+        include_str!("../kernel/fuse-keep-unchanged-cache.patch"),
+    ),
+];
 
 /// A built lean kernel.
 pub struct LeanKernel {
@@ -55,7 +68,9 @@ pub fn build(cache: &Path) -> Result<LeanKernel, Error> {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let key = manifest::inputs_hash(&[&source, FRAGMENT, env!("CARGO_PKG_VERSION")]);
+    let mut inputs = vec![source.as_str(), FRAGMENT, env!("CARGO_PKG_VERSION")];
+    inputs.extend(PATCHES.iter().flat_map(|(name, text)| [*name, *text]));
+    let key = manifest::inputs_hash(&inputs);
     let dir = cache.join(format!("lean-{}", &key[..16]));
     let vmlinux = dir.join("vmlinux");
     let release_file = dir.join("release");
@@ -98,6 +113,16 @@ fn build_in(deb: &Path, tree: &Path, out: &Path) -> Result<String, Error> {
         .arg(deb)
         .arg(&tarball)
         .arg(tree))?;
+    for (name, text) in PATCHES {
+        progress(&format!("applying kernel/{name}"));
+        let file = tree.join(name);
+        std::fs::write(&file, text).map_err(|e| Error::io("write kernel patch", e))?;
+        run(Command::new("patch")
+            .args(["-p1", "--forward", "--batch", "--quiet", "-d"])
+            .arg(tree)
+            .arg("-i")
+            .arg(&file))?;
+    }
     let fragment = tree.join("vmlet.config");
     std::fs::write(&fragment, FRAGMENT).map_err(|e| Error::io("write config fragment", e))?;
     let make = |args: &[&str]| {
@@ -170,6 +195,26 @@ mod tests {
             "CONFIG_VIRTIO_FS=y",
         ] {
             assert!(options.contains(&needed), "{needed}");
+        }
+    }
+
+    #[test]
+    fn every_patch_says_why_and_touches_only_the_files_it_names() {
+        for (name, text) in PATCHES {
+            let header: Vec<&str> = text
+                .lines()
+                .take_while(|l| !l.starts_with("--- "))
+                .collect();
+            assert!(header.len() >= 3, "{name}: a header says why");
+            let files: Vec<&str> = text
+                .lines()
+                .filter_map(|l| l.strip_prefix("+++ b/"))
+                .collect();
+            assert!(!files.is_empty(), "{name}: patches a file");
+            for file in files {
+                assert!(!file.contains(".."), "{name}: {file}");
+                assert!(text.contains(&format!("--- a/{file}")), "{name}: {file}");
+            }
         }
     }
 

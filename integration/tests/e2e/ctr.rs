@@ -304,6 +304,73 @@ fn bind_mounts_reach_the_container() {
     assert_eq!(file_after, "file-content\n");
 }
 
+/// The guest keeps an unchanged file's pages across opens (`fuse.keep_unchanged_cache`); a
+/// file the host changes, in place and at the same size, is seen at its next open, and a
+/// script changed the same way runs its new text.
+#[test]
+#[ignore = "needs the vmlet stack: make test"]
+fn a_file_changed_on_the_host_is_seen_at_its_next_open() {
+    let s = stack();
+    let dir = std::env::temp_dir().join(unique_id("vmlet-changed"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let script = |word: &str| format!("#!/bin/sh\necho {word}\n");
+    let write = |name: &str, text: &str| {
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(dir.join(name))
+            .unwrap();
+        file.write_all(text.as_bytes()).unwrap();
+        file.sync_all().unwrap();
+    };
+    write("data.txt", "first\n");
+    write("prog", &script("one"));
+    std::fs::set_permissions(
+        dir.join("prog"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let id = unique_id("changed");
+    let mount = format!("type=bind,src={},dst=/data,options=rbind:ro", dir.display());
+    s.run_detached_with(&id, &["--mount", &mount], &["sleep", "1000"])
+        .unwrap();
+    let read = |exec_id: &str| {
+        let out = s
+            .ctr_output(&[
+                "task",
+                "exec",
+                "--exec-id",
+                exec_id,
+                &id,
+                "sh",
+                "-c",
+                "cat /data/data.txt; /data/prog",
+            ])
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let before = [read("r1"), read("r2")];
+    // The same sizes, written over the old bytes: only the mtime says they changed.
+    write("data.txt", "later\n");
+    write("prog", &script("two"));
+    let after = read("r3");
+    s.kill_and_remove(&id).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    for seen in &before {
+        assert_eq!(seen, "first\none\n");
+    }
+    assert_eq!(
+        after, "later\ntwo\n",
+        "the host's change was not seen at the next open"
+    );
+}
+
 #[test]
 #[ignore = "needs the vmlet stack: make test"]
 fn containers_of_a_pod_share_its_vm() {

@@ -47,8 +47,12 @@ pub(super) fn agent_guest(
         // memhp_default_state: the guest onlines what virtio-mem plugs. swiotlb=noforce:
         // a hot-plug region above 4 GiB would make the kernel reserve 64 MiB of bounce
         // buffers, which the guest's devices (virtio without an IOMMU) never use.
+        // fuse.keep_unchanged_cache: an open keeps an unchanged file's pages (the lean
+        // kernel's `fuse-keep-unchanged-cache.patch`), so an exec does not read its binary
+        // again; Debian's cloud kernel ignores it.
         cmdline: format!(
-            "console=ttyS0 panic=-1 quiet memhp_default_state=online swiotlb=noforce vmlet.share={SHARE_TAG} {}",
+            "console=ttyS0 panic=-1 quiet memhp_default_state=online swiotlb=noforce \
+             fuse.keep_unchanged_cache=1 vmlet.share={SHARE_TAG} {}",
             req.options.kernel_params
         )
         .trim_end()

@@ -11,6 +11,7 @@ use Verdict::{Fail, Ok, Warn};
 pub fn assess(config: &NodeConfig, facts: &HostFacts) -> Vec<Finding> {
     let mut out = vec![accel(config, facts), vsock(config, facts), vhost_net(facts)];
     out.extend(libvirt(config, facts));
+    out.extend(platform(facts));
     out.extend(programs(config, facts));
     out.push(match &facts.guest_image {
         Result::Ok(what) => finding(Ok, "guest image", what.clone()),
@@ -141,6 +142,56 @@ fn libvirt(config: &NodeConfig, facts: &HostFacts) -> Vec<Finding> {
         out.push(finding(Warn, "confinement", "libvirt confines QEMU with SELinux: vmlet's own QEMU arguments (the vsock and QMP sockets in the state directory) have no labels from vmlet; untested".into()));
     }
     out
+}
+
+/// The QEMU and libvirt releases (major.minor) `make test` runs vmlet on, and the
+/// distribution each pair is from.
+pub const TESTED_PLATFORMS: &[(&str, &str, &str)] = &[
+    ("7.2", "9.0", "Debian 12"),
+    (
+        "10.0",
+        "11.3",
+        "Debian 13, and Debian 12's bookworm-backports",
+    ),
+];
+
+/// `major.minor` of a version like `10.0.2`.
+fn major_minor(version: &str) -> &str {
+    match version.match_indices('.').nth(1) {
+        Some((end, _)) => &version[..end],
+        None => version,
+    }
+}
+
+/// Whether libvirt's QEMU and libvirt itself are a pair vmlet is tested on (none when
+/// libvirt is unreachable: [`libvirt`] says so).
+fn platform(facts: &HostFacts) -> Option<Finding> {
+    let host = facts.libvirt.as_ref().ok()?;
+    let (qemu, libvirt) = (&host.hypervisor_version, &host.version);
+    let tested = TESTED_PLATFORMS
+        .iter()
+        .find(|(q, l, _)| major_minor(qemu) == *q && major_minor(libvirt) == *l);
+    Some(match tested {
+        Some((_, _, from)) => finding(
+            Ok,
+            "platform",
+            format!("QEMU {qemu} and libvirt {libvirt}: tested (as in {from})"),
+        ),
+        None => {
+            let pairs: Vec<String> = TESTED_PLATFORMS
+                .iter()
+                .map(|(q, l, from)| format!("QEMU {q} with libvirt {l}, as in {from}"))
+                .collect();
+            finding(
+                Warn,
+                "platform",
+                format!(
+                    "QEMU {qemu} and libvirt {libvirt}: not a pair vmlet is tested on ({})",
+                    pairs.join("; ")
+                ),
+            )
+        }
+    })
 }
 
 /// The programs a pod's VM runs: vmlet's own must be of this vmletctl's version.
@@ -290,6 +341,45 @@ mod tests {
 
     fn line<'a>(findings: &'a [Finding], subject: &str) -> &'a Finding {
         findings.iter().find(|f| f.subject == subject).unwrap()
+    }
+
+    #[test]
+    fn the_platform_is_tested_or_named_as_untested() {
+        let config = NodeConfig::default();
+        let with = |qemu: &str, libvirt: &str| {
+            let mut facts = facts();
+            facts.libvirt = Result::Ok(LibvirtHost {
+                version: libvirt.into(),
+                hypervisor_version: qemu.into(),
+                security_models: vec![],
+            });
+            line(&assess(&config, &facts), "platform").clone()
+        };
+        let bookworm = with("7.2.0", "9.0.0");
+        assert_eq!(bookworm.verdict, Verdict::Ok, "{bookworm}");
+        assert!(bookworm.text.contains("Debian 12"), "{bookworm}");
+        let trixie = with("10.0.13", "11.3.0");
+        assert_eq!(trixie.verdict, Verdict::Ok, "{trixie}");
+        assert!(
+            trixie.text.contains("QEMU 10.0.13 and libvirt 11.3.0"),
+            "{trixie}"
+        );
+        let noble = with("8.2.2", "10.0.0");
+        assert_eq!(noble.verdict, Verdict::Warn, "{noble}");
+        assert!(
+            noble.text.contains("not a pair vmlet is tested on"),
+            "{noble}"
+        );
+        assert!(
+            noble.text.contains("QEMU 10.0 with libvirt 11.3"),
+            "{noble}"
+        );
+        // A mixed pair is not a tested one either.
+        assert_eq!(with("10.0.2", "9.0.0").verdict, Verdict::Warn);
+        let mut unreachable = facts();
+        unreachable.libvirt = Err("refused".into());
+        let findings = assess(&config, &unreachable);
+        assert!(findings.iter().all(|f| f.subject != "platform"));
     }
 
     #[test]

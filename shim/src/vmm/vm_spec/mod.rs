@@ -22,13 +22,16 @@ pub use guest::*;
 /// Environment variable naming the real QEMU for `vmlet-vmwrapper`.
 pub const QEMU_ENV: &str = "VMLET_QEMU";
 
-/// What vmlet's guest kernel gets under TCG. `init_on_alloc=1`: the guest zeroes each page
-/// it allocates. TCG keeps the code it translated from guest RAM until a vCPU (or QEMU
-/// itself) writes that RAM; virtiofsd writes file data into it behind TCG's back, so a page
-/// the page cache reuses could run stale code from before (QEMU 10: containers' processes
-/// died of SIGSEGV and SIGILL; 7.2 did not show it). The zeroing is a vCPU's write, which
-/// drops the page's translations before virtiofsd fills it.
-pub const TCG_KERNEL_PARAMS: &str = "init_on_alloc=1";
+/// What vmlet's guest kernel gets under TCG. TCG keeps the code it translated from guest
+/// RAM until a vCPU (or QEMU itself) writes that RAM; virtiofsd writes file data into it
+/// behind TCG's back, so a page the page cache reuses could run stale code from before
+/// (QEMU 10: containers' processes died of SIGSEGV and SIGILL; 7.2 did not show it).
+/// `virtiofs.zero_reply_pages=1` switches on the lean kernel's patch
+/// (`vm-image/kernel/virtiofs-zero-reply-pages.patch`): the guest zeroes a page cache page
+/// before virtiofsd fills it, a vCPU's write that drops the page's translations. Debian's
+/// cloud kernel zeroes every page it allocates already (`init_on_alloc` is on by default
+/// there) and ignores the parameter.
+pub const TCG_KERNEL_PARAMS: &str = "virtiofs.zero_reply_pages=1";
 
 /// Everything the pod's VM is made of.
 #[derive(Debug, Clone)]
