@@ -304,6 +304,32 @@ fn bind_mounts_reach_the_container() {
     assert_eq!(file_after, "file-content\n");
 }
 
+/// The stack's pods (TCG, the lean kernel) run with both of the lean kernel's patches on:
+/// a page cache page is zeroed before virtiofsd fills it, and an unchanged file keeps its
+/// pages across opens.
+#[test]
+#[ignore = "needs the vmlet stack: make test"]
+fn the_lean_kernels_patches_are_on_under_tcg() {
+    let s = stack();
+    let out = s
+        .run(
+            &unique_id("patches"),
+            &[],
+            &[
+                "cat",
+                "/sys/module/virtiofs/parameters/zero_reply_pages",
+                "/sys/module/fuse/parameters/keep_unchanged_cache",
+            ],
+        )
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "ctr run: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "Y\nY\n");
+}
+
 /// The guest keeps an unchanged file's pages across opens (`fuse.keep_unchanged_cache`); a
 /// file the host changes, in place and at the same size, is seen at its next open, and a
 /// script changed the same way runs its new text.
