@@ -331,8 +331,9 @@ fn the_lean_kernels_patches_are_on_under_tcg() {
 }
 
 /// The guest keeps an unchanged file's pages across opens (`fuse.keep_unchanged_cache`); a
-/// file the host changes, in place and at the same size, is seen at its next open, and a
-/// script changed the same way runs its new text.
+/// file the host changes in place at the same size is seen at its next open: a data file and
+/// a script, one the guest changed the mode of in between (which brings the new mtime into
+/// the guest without a read), and one whose mtime the host set back.
 #[test]
 #[ignore = "needs the vmlet stack: make test"]
 fn a_file_changed_on_the_host_is_seen_at_its_next_open() {
@@ -340,28 +341,34 @@ fn a_file_changed_on_the_host_is_seen_at_its_next_open() {
     let dir = std::env::temp_dir().join(unique_id("vmlet-changed"));
     std::fs::create_dir_all(&dir).unwrap();
     let script = |word: &str| format!("#!/bin/sh\necho {word}\n");
-    let write = |name: &str, text: &str| {
+    // Over the old bytes, at the same size; the old mtime back when `keep_mtime`.
+    let write = |name: &str, text: &str, keep_mtime: bool| {
+        let path = dir.join(name);
+        let mtime = std::fs::metadata(&path).and_then(|m| m.modified()).ok();
         let mut file = std::fs::OpenOptions::new()
             .write(true)
             .create(true)
             .truncate(false)
-            .open(dir.join(name))
+            .open(&path)
             .unwrap();
         file.write_all(text.as_bytes()).unwrap();
+        if let (true, Some(mtime)) = (keep_mtime, mtime) {
+            file.set_modified(mtime).unwrap();
+        }
         file.sync_all().unwrap();
     };
-    write("data.txt", "first\n");
-    write("prog", &script("one"));
+    write("data.txt", "first\n", false);
+    write("prog", &script("one"), false);
     std::fs::set_permissions(
         dir.join("prog"),
         std::os::unix::fs::PermissionsExt::from_mode(0o755),
     )
     .unwrap();
     let id = unique_id("changed");
-    let mount = format!("type=bind,src={},dst=/data,options=rbind:ro", dir.display());
+    let mount = format!("type=bind,src={},dst=/data,options=rbind:rw", dir.display());
     s.run_detached_with(&id, &["--mount", &mount], &["sleep", "1000"])
         .unwrap();
-    let read = |exec_id: &str| {
+    let run = |exec_id: &str, script: &str| {
         let out = s
             .ctr_output(&[
                 "task",
@@ -371,7 +378,7 @@ fn a_file_changed_on_the_host_is_seen_at_its_next_open() {
                 &id,
                 "sh",
                 "-c",
-                "cat /data/data.txt; /data/prog",
+                script,
             ])
             .unwrap();
         assert!(
@@ -381,19 +388,31 @@ fn a_file_changed_on_the_host_is_seen_at_its_next_open() {
         );
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
+    let read = |exec_id: &str| run(exec_id, "cat /data/data.txt; /data/prog");
     let before = [read("r1"), read("r2")];
-    // The same sizes, written over the old bytes: only the mtime says they changed.
-    write("data.txt", "later\n");
-    write("prog", &script("two"));
-    let after = read("r3");
+    write("data.txt", "later\n", false);
+    write("prog", &script("two"), false);
+    let changed = read("r3");
+    write("data.txt", "again\n", false);
+    let after_chmod = run("r4", "chmod 0644 /data/data.txt; cat /data/data.txt");
+    write("data.txt", "final\n", true);
+    let mtime_back = run("r5", "cat /data/data.txt");
     s.kill_and_remove(&id).unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
     for seen in &before {
         assert_eq!(seen, "first\none\n");
     }
     assert_eq!(
-        after, "later\ntwo\n",
-        "the host's change was not seen at the next open"
+        changed, "later\ntwo\n",
+        "a change was not seen at the next open"
+    );
+    assert_eq!(
+        after_chmod, "again\n",
+        "a change was lost to the guest's chmod"
+    );
+    assert_eq!(
+        mtime_back, "final\n",
+        "a change with its mtime set back was not seen"
     );
 }
 
