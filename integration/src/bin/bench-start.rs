@@ -23,7 +23,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use vmlet_integration::figures::figure;
-use vmlet_integration::{unique_id, Stack};
+use vmlet_integration::{unique_id, Stack, RUNTIME};
+
+/// The baseline runtime: runc, on the same containerd.
+const RUNC: &str = "io.containerd.runc.v2";
 use vmlet_protocol::agent::ShutdownRequest;
 use vmlet_protocol::auth::FW_CFG_NAME;
 use vmlet_shim::guest::vsock::{new_agent_key, Endpoint, Route};
@@ -36,35 +39,27 @@ fn median<T: Ord + Copy>(mut v: Vec<T>) -> T {
     v[v.len() / 2]
 }
 
-/// One cold `ctr run --rm`: its wall time and the task's id.
-fn vmlet_once(stack: &Stack) -> anyhow::Result<(Duration, String)> {
+/// One cold `ctr run --rm --runtime RUNTIME IMAGE ID true`: its wall time and the task's id.
+/// Under runc it is what containerd and `ctr` cost without a VM.
+fn run_once(stack: &Stack, runtime: &str) -> anyhow::Result<(Duration, String)> {
     let id = unique_id("bench");
-    let start = Instant::now();
-    let out = stack.run(&id, &[], &["true"])?;
-    if !out.status.success() {
-        bail!("ctr run: {}", String::from_utf8_lossy(&out.stderr));
-    }
-    Ok((start.elapsed(), id))
-}
-
-/// One `ctr run --rm` of the same image under runc: what containerd and `ctr` cost without
-/// a VM.
-fn runc_once(stack: &Stack) -> anyhow::Result<Duration> {
-    let id = unique_id("bench-runc");
     let start = Instant::now();
     let out = stack.ctr_output(&[
         "run",
         "--rm",
         "--runtime",
-        "io.containerd.runc.v2",
+        runtime,
         &stack.image,
         &id,
         "true",
     ])?;
     if !out.status.success() {
-        bail!("ctr run (runc): {}", String::from_utf8_lossy(&out.stderr));
+        bail!(
+            "ctr run ({runtime}): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
-    Ok(start.elapsed())
+    Ok((start.elapsed(), id))
 }
 
 /// Milliseconds of each phase over the runs, the phases in the order they were first seen.
@@ -275,9 +270,9 @@ async fn main() -> anyhow::Result<()> {
     for i in 0..RUNS {
         let (f, phases) = floor_once(&guest, qemu, vsock_bin).await?;
         let s = stack.clone();
-        let (v, id) = tokio::task::spawn_blocking(move || vmlet_once(&s)).await??;
+        let (v, id) = tokio::task::spawn_blocking(move || run_once(&s, RUNTIME)).await??;
         let s = stack.clone();
-        let r = tokio::task::spawn_blocking(move || runc_once(&s)).await??;
+        let (r, _) = tokio::task::spawn_blocking(move || run_once(&s, RUNC)).await??;
         println!(
             "run {}: vmlet {:.3} s, floor {:.3} s, runc {:.3} s",
             i + 1,
@@ -312,22 +307,16 @@ async fn main() -> anyhow::Result<()> {
     );
     // vmlet's own time: what its start adds to the VM's boot (the floor) and to what
     // containerd and ctr cost anyway (runc's run of the same image).
-    let r = median(runc);
-    let own_ms = (v.as_secs_f64() - f.as_secs_f64() - r.as_secs_f64()) * 1000.0;
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    let (v_ms, f_ms, r_ms) = (ms(v), ms(f), ms(median(runc)));
+    let own_ms = v_ms - f_ms - r_ms;
     println!(
-        "bench-start: vmlet's own time: vmlet {:.0} ms - floor {:.0} ms - runc ctr run --rm {:.0} ms = {own_ms:.0} ms (target <= 300 ms)",
-        v.as_secs_f64() * 1000.0,
-        f.as_secs_f64() * 1000.0,
-        r.as_secs_f64() * 1000.0
+        "bench-start: vmlet's own time: vmlet {v_ms:.0} ms - floor {f_ms:.0} ms - runc ctr run --rm {r_ms:.0} ms = {own_ms:.0} ms (target <= 300 ms)"
     );
     figure(
         "cold start, vmlet's own time (less floor, less runc)",
         format!("{own_ms:.0} ms"),
-        format!(
-            "floor {:.0} ms, runc {:.0} ms",
-            f.as_secs_f64() * 1000.0,
-            r.as_secs_f64() * 1000.0
-        ),
+        format!("floor {f_ms:.0} ms, runc {r_ms:.0} ms"),
         None,
         "<= 300 ms",
     );
