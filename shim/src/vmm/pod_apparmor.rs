@@ -138,8 +138,10 @@ pub fn profile(uuid: &str, pod_id: &str, files: &[PodFile]) -> Result<String, Er
          #include <libvirt/libvirt-{uuid}.files>\n\
          \n  \
          # QEMU 10 reads whether a host block device it was handed (a hot-plugged one) is\n  \
-         # zoned; libvirt 11's abstraction grants only its max_segments.\n  \
-         /sys/devices/**/block/*/queue/zoned r,\n\
+         # zoned, QEMU 11 also its discard granularity; libvirt's abstraction (11 and 12)\n  \
+         # grants only its max_segments.\n  \
+         /sys/devices/**/block/*/queue/zoned r,\n  \
+         /sys/devices/**/block/*/queue/discard_granularity r,\n\
          \n  \
          # What vmlet passes to QEMU beside libvirt's model, for this pod only.\n\
          {rules}}}\n"
@@ -275,9 +277,15 @@ mod tests {
             assert!(text.contains(line), "{line:?} in {text}");
         }
         assert!(text.ends_with("rwk,\n}\n"), "{text}");
-        let zoned = "  /sys/devices/**/block/*/queue/zoned r,\n";
-        assert!(text.contains(zoned), "{text}");
-        let files = text.replace(zoned, "");
+        let sysfs = [
+            "  /sys/devices/**/block/*/queue/zoned r,\n",
+            "  /sys/devices/**/block/*/queue/discard_granularity r,\n",
+        ];
+        let mut files = text.clone();
+        for read in sysfs {
+            assert!(text.contains(read), "{read:?} in {text}");
+            files = files.replace(read, "");
+        }
         assert!(!files.contains('*'), "no glob but the sysfs read: {text}");
     }
 
