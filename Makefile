@@ -28,7 +28,7 @@ test-k8s:
 	scripts/install-deps
 	scripts/with-stack-lock scripts/test-k8s
 
-## test-matrix: the release on Debian 13 with its backports' QEMU 11 and libvirt 12, then every end-to-end test and critest on containerd 2.2, 1.7 and 1.6 (not in CI; VMLET_MATRIX_SERIES="1.7 1.6" narrows the series).
+## test-matrix: the release on Debian 13 with its backports' QEMU 11 and libvirt 12, then every end-to-end test and critest on containerd 2.2, 1.7 and 1.6 (not in CI; VMLET_MATRIX_SERIES="1.7 1.6" narrows the series, VMLET_MATRIX_BACKPORTS=0 leaves out Debian 13).
 test-matrix:
 	scripts/install-deps
 	scripts/with-stack-lock scripts/test-matrix
