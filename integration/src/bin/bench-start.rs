@@ -24,15 +24,14 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use vmlet_integration::figures::figure;
 use vmlet_integration::{unique_id, Stack, RUNTIME};
-
-/// The baseline runtime: runc, on the same containerd.
-const RUNC: &str = "io.containerd.runc.v2";
 use vmlet_protocol::agent::ShutdownRequest;
 use vmlet_protocol::auth::FW_CFG_NAME;
 use vmlet_shim::guest::vsock::{new_agent_key, Endpoint, Route};
 use vmlet_shim::vm::connect_agent;
 
 const RUNS: usize = 5;
+/// The baseline runtime: runc, on the same containerd.
+const RUNC: &str = "io.containerd.runc.v2";
 
 fn median<T: Ord + Copy>(mut v: Vec<T>) -> T {
     v.sort();

@@ -144,16 +144,19 @@ fn libvirt(config: &NodeConfig, facts: &HostFacts) -> Vec<Finding> {
     out
 }
 
-/// The QEMU and libvirt releases (major.minor) `make test` runs vmlet on, and the
-/// distribution each pair is from.
-pub const TESTED_PLATFORMS: &[(&str, &str, &str)] = &[
-    ("7.2", "9.0", "Debian 12"),
+/// A `(major, minor)` release.
+type Release = (u32, u32);
+
+/// The QEMU and libvirt releases vmlet is tested on (`make test`, and `make test-matrix` for
+/// the backports pair), and the distribution each pair is from.
+pub const TESTED_PLATFORMS: &[(Release, Release, &str)] = &[
+    ((7, 2), (9, 0), "Debian 12"),
     (
-        "10.0",
-        "11.3",
+        (10, 0),
+        (11, 3),
         "Debian 13, and Debian 12's bookworm-backports",
     ),
-    ("11.1", "12.9", "Debian 13's trixie-backports"),
+    ((11, 1), (12, 9), "Debian 13's trixie-backports"),
 ];
 
 /// Something a node's QEMU and libvirt versions change for its pods: the versions that have
@@ -161,8 +164,8 @@ pub const TESTED_PLATFORMS: &[(&str, &str, &str)] = &[
 /// a pod gets with it and without it.
 pub struct PlatformFeature {
     pub name: &'static str,
-    pub qemu: (u32, u32),
-    pub libvirt: (u32, u32),
+    pub qemu: Release,
+    pub libvirt: Release,
     pub with: &'static str,
     pub without: &'static str,
 }
@@ -177,30 +180,21 @@ pub const PLATFORM_FEATURES: &[PlatformFeature] = &[PlatformFeature {
     without: "libvirt reads them with one qom-get each (~400: a bare domain's start took ~0.33 s longer under TCG, measured against libvirt 12.9 with QEMU 11.1)",
 }];
 
-/// `major.minor` of a version like `10.0.2`.
-fn major_minor(version: &str) -> &str {
-    match version.match_indices('.').nth(1) {
-        Some((end, _)) => &version[..end],
-        None => version,
-    }
-}
-
-/// `(major, minor)` of a version like `10.0.2` (none if it does not start with two numbers).
-fn major_minor_numbers(version: &str) -> Option<(u32, u32)> {
+/// The release of a version like `10.0.2` (none if it does not start with two numbers).
+fn release(version: &str) -> Option<Release> {
     let mut parts = version.split('.');
     let major = parts.next()?.parse().ok()?;
     let minor = parts.next().map_or(Some(0), |m| m.parse().ok())?;
     Some((major, minor))
 }
 
-/// Each of [`PLATFORM_FEATURES`] as these versions have it or not.
-fn platform_features(qemu: &str, libvirt: &str) -> Vec<String> {
-    let versions = major_minor_numbers(qemu).zip(major_minor_numbers(libvirt));
+/// Each of [`PLATFORM_FEATURES`] as these releases (of QEMU and libvirt) have it or not.
+fn platform_features(releases: Option<(Release, Release)>) -> Vec<String> {
     PLATFORM_FEATURES
         .iter()
         .map(|f| {
             let (q, l) = (f.qemu, f.libvirt);
-            match versions {
+            match releases {
                 Some((have_q, have_l)) if have_q >= q && have_l >= l => {
                     format!("with {}: {}", f.name, f.with)
                 }
@@ -219,10 +213,11 @@ fn platform_features(qemu: &str, libvirt: &str) -> Vec<String> {
 fn platform(facts: &HostFacts) -> Option<Finding> {
     let host = facts.libvirt.as_ref().ok()?;
     let (qemu, libvirt) = (&host.hypervisor_version, &host.version);
+    let releases = release(qemu).zip(release(libvirt));
     let tested = TESTED_PLATFORMS
         .iter()
-        .find(|(q, l, _)| major_minor(qemu) == *q && major_minor(libvirt) == *l);
-    let features = platform_features(qemu, libvirt).join("; ");
+        .find(|(q, l, _)| releases == Some((*q, *l)));
+    let features = platform_features(releases).join("; ");
     Some(match tested {
         Some((_, _, from)) => finding(
             Ok,
@@ -232,7 +227,12 @@ fn platform(facts: &HostFacts) -> Option<Finding> {
         None => {
             let pairs: Vec<String> = TESTED_PLATFORMS
                 .iter()
-                .map(|(q, l, from)| format!("QEMU {q} with libvirt {l}, as in {from}"))
+                .map(|(q, l, from)| {
+                    format!(
+                        "QEMU {}.{} with libvirt {}.{}, as in {from}",
+                        q.0, q.1, l.0, l.1
+                    )
+                })
                 .collect();
             finding(
                 Warn,
