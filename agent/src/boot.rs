@@ -87,10 +87,22 @@ pub fn boot() -> Result<Boot, Error> {
         std::fs::write(path, value).map_err(|e| Error::io(format!("write {path}"), e))?;
     }
     load_modules(MODULE_LIST)?;
-    // Fatal without it: the agent would have no way to tell its shim from anyone else.
-    let key = crate::host_gate::read_key()?;
     let cmdline =
         std::fs::read_to_string("/proc/cmdline").map_err(|e| Error::io("read /proc/cmdline", e))?;
+    let template = cmdline
+        .split_whitespace()
+        .any(|w| w == vmlet_protocol::TEMPLATE_PARAM);
+    if template {
+        crate::template::prepare()?;
+        let mut kernel = crate::template::KernelCid::open()?;
+        let cid = crate::template::await_restore(&mut kernel, crate::template::POLL)?;
+        log::info!("restored from a template as vsock CID {cid}");
+    }
+    // Fatal without it: the agent would have no way to tell its shim from anyone else.
+    let key = crate::host_gate::read_key()?;
+    if template {
+        crate::template::reseed(key.as_bytes())?;
+    }
     let share = match cmdline
         .split_whitespace()
         .find_map(|w| w.strip_prefix(SHARE_PARAM))

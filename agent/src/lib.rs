@@ -8,6 +8,10 @@
 //! the key QEMU's fw_cfg device carries ([`host_gate`]); the agent serves nothing without
 //! that key.
 //!
+//! With [`vmlet_protocol::TEMPLATE_PARAM`] the guest boots as a template ([`template`]): it
+//! is saved once it is ready and restored into each pod's VM, and it reads its key and
+//! mounts the share only after the restore.
+//!
 //! A Kubernetes emptyDir of medium Memory becomes a tmpfs of the guest the pod's containers
 //! share ([`pod_volumes`]).
 //!
@@ -29,6 +33,7 @@ pub mod become_process;
 mod block_devices;
 pub mod boot;
 mod cgroup;
+mod clock;
 pub mod container_init;
 mod containers;
 mod error;
@@ -51,6 +56,7 @@ mod reaper;
 mod request_specs;
 mod service;
 mod streams;
+pub mod template;
 
 pub use error::Error;
 

@@ -52,6 +52,7 @@ pub struct AgentService {
     containers: Arc<Containers>,
     reaper: Arc<Reaper>,
     pod_volumes: PodVolumes,
+    clock: crate::clock::GuestClock,
 }
 
 /// Serves the agent until a fatal error.
@@ -75,6 +76,7 @@ pub async fn serve(boot: Boot) -> Result<(), Error> {
         containers: containers.clone(),
         reaper,
         pod_volumes: PodVolumes::new(POD_VOLUMES_DIR),
+        clock: Default::default(),
     });
     let gate = crate::host_gate::Gate::new(boot.key);
     // Every port is bound before the agent reports ready.

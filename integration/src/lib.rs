@@ -12,6 +12,7 @@ use anyhow::{bail, Context};
 pub mod bounded;
 pub mod cluster;
 pub mod cri;
+pub mod direct_vm;
 pub mod figures;
 pub mod terminal;
 pub mod testnet;

@@ -24,7 +24,7 @@
 //! error to its ttrpc code.
 
 pub mod cli;
-pub(crate) mod devices;
+pub mod devices;
 mod error;
 pub mod guest;
 pub mod host;

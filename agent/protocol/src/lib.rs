@@ -32,6 +32,13 @@ pub const FORWARD_PORT: u32 = 1026;
 /// connects only after seeing it: a vsock connection attempted while the guest's driver
 /// is still starting can leave vhost-device-vsock answering nothing for that VM again.
 pub const READY_LINE: &str = "agent ready on vsock port";
+/// Kernel command-line parameter that boots the agent as a template: a guest booted once,
+/// saved, and restored into each pod's VM. It waits, holding nothing of any pod, until the
+/// pod's vsock device is plugged in after the restore, and only then reads its key.
+pub const TEMPLATE_PARAM: &str = "vmlet.template";
+/// What a template's agent prints on the guest console once it waits to be restored: the
+/// host saves the guest after seeing it.
+pub const TEMPLATE_READY_LINE: &str = "template ready to be saved";
 /// The options of a spec's mount the agent applies (anything else is handed to the file
 /// system as data). `rro` binds read-only with every mount below (`mount_setattr(2)`,
 /// `AT_RECURSIVE`); propagation options are accepted, a guest mount has none to give the

@@ -56,6 +56,7 @@ fn fixture(share: bool, faults: Faults) -> Fixture {
         containers: Arc::new(Containers::default()),
         reaper: Arc::new(Reaper::default()),
         pod_volumes: PodVolumes::new(cgroups.path().join("volumes")),
+        clock: Default::default(),
     };
     Fixture { service, cgroups }
 }

@@ -16,7 +16,8 @@ use super::AgentService;
 
 #[async_trait]
 impl agent_ttrpc::Agent for AgentService {
-    async fn ping(&self, _: &TtrpcContext, _: PingRequest) -> ttrpc::Result<PingResponse> {
+    async fn ping(&self, _: &TtrpcContext, req: PingRequest) -> ttrpc::Result<PingResponse> {
+        self.clock.set_once(req.host_realtime_ns)?;
         let release = nix::sys::utsname::uname()
             .map(|u| u.release().to_string_lossy().into_owned())
             .unwrap_or_default();

@@ -17,17 +17,13 @@
 //! the floor's phases. Nothing is asserted.
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
+use vmlet_integration::direct_vm::{DirectVm, Guest, Launch};
 use vmlet_integration::figures::figure;
 use vmlet_integration::{unique_id, Stack, RUNTIME};
 use vmlet_protocol::agent::ShutdownRequest;
-use vmlet_protocol::auth::FW_CFG_NAME;
-use vmlet_shim::guest::vsock::{new_agent_key, Endpoint, Route};
-use vmlet_shim::vm::connect_agent;
 
 const RUNS: usize = 5;
 /// The baseline runtime: runc, on the same containerd.
@@ -130,60 +126,10 @@ fn print_vmlet_phases(stack: &Stack, runs: &[(Duration, String)]) -> anyhow::Res
     Ok(())
 }
 
-/// What a floor run boots.
-struct Guest {
-    kernel: PathBuf,
-    initrd: PathBuf,
-}
-
-impl Guest {
-    /// The kernel and initramfs of the image in `dir` (its manifest names the kernel's file).
-    fn of_image(dir: &str) -> anyhow::Result<Self> {
-        let manifest = vmlet_vm_image::Manifest::load(Path::new(dir))
-            .with_context(|| format!("the image in {dir}"))?;
-        Ok(Guest {
-            kernel: Path::new(dir).join(manifest.kernel_file),
-            initrd: Path::new(dir).join("initrd.img"),
-        })
-    }
-}
-
 /// One floor run: its wall time and its phases (ms).
-async fn floor_once(
-    guest: &Guest,
-    qemu: &str,
-    vsock_bin: &str,
-) -> anyhow::Result<(Duration, Vec<(String, u64)>)> {
-    let dir = std::env::temp_dir().join(unique_id("vmlet-floor"));
-    std::fs::create_dir_all(&dir)?;
-    let result = floor_in(&dir, guest, qemu, vsock_bin).await;
-    let _ = std::fs::remove_dir_all(&dir);
-    result
-}
-
-async fn floor_in(
-    dir: &Path,
-    guest: &Guest,
-    qemu: &str,
-    vsock_bin: &str,
-) -> anyhow::Result<(Duration, Vec<(String, u64)>)> {
-    let vhost = dir.join("vhost.sock");
-    let uds = dir.join("vsock.sock");
+async fn floor_once(guest: &Guest) -> anyhow::Result<(Duration, Vec<(String, u64)>)> {
     let start = Instant::now();
-    let mut vsock = Command::new(vsock_bin)
-        .arg("--vm")
-        .arg(format!(
-            "guest-cid=3,socket={},uds-path={}",
-            vhost.display(),
-            uds.display()
-        ))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .context("start vhost-device-vsock")?;
-    while !vhost.exists() {
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
+    let mut vm = DirectVm::new("vmlet-floor")?;
     let mut phases = Vec::new();
     let mut last = start;
     let mut mark = |phase: &str| {
@@ -191,56 +137,16 @@ async fn floor_in(
         phases.push((phase.to_owned(), (now - last).as_millis() as u64));
         last = now;
     };
+    vm.start_vsock_backend().await?;
     mark("vsock_backend");
-    // The agent serves only a host that holds the key QEMU hands it, as the shim does.
-    let key = new_agent_key().map_err(|e| anyhow::anyhow!(e.message()))?;
-    let key_file = dir.join("agent.key");
-    std::fs::write(&key_file, key.as_bytes()).context("write the agent key")?;
-    let mut vm = Command::new(qemu)
-        .args([
-            "-machine",
-            "q35,accel=tcg",
-            "-m",
-            "256",
-            "-smp",
-            "1",
-            "-nodefaults",
-            "-display",
-            "none",
-            "-no-reboot",
-        ])
-        .args([
-            "-object",
-            "memory-backend-memfd,id=mem,size=256M,share=on",
-            "-numa",
-            "node,memdev=mem",
-        ])
-        .arg("-chardev")
-        .arg(format!("socket,id=vs,path={}", vhost.display()))
-        .args(["-device", "vhost-user-vsock-pci,chardev=vs"])
-        .arg("-serial")
-        .arg(format!("file:{}", dir.join("console.log").display()))
-        .arg("-fw_cfg")
-        .arg(format!("name={FW_CFG_NAME},file={}", key_file.display()))
-        .arg("-kernel")
-        .arg(&guest.kernel)
-        .arg("-initrd")
-        .arg(&guest.initrd)
-        .args(["-append", "console=ttyS0 panic=-1 quiet"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .context("start qemu")?;
-    let endpoint = Endpoint::new(Route::Hybrid { uds }, key);
-    let console = dir.join("console.log");
-    let client = match connect_agent(&endpoint, Duration::from_secs(60), Some(&console)).await {
-        Ok((client, _)) => client,
-        Err(e) => {
-            let _ = vm.kill();
-            let _ = vsock.kill();
-            bail!("{}", e.message());
-        }
-    };
+    vm.launch(
+        guest,
+        Launch {
+            vsock_at_boot: true,
+            ..Launch::default()
+        },
+    )?;
+    let (client, _) = vm.agent(Duration::from_secs(60)).await?;
     mark("guest_boot");
     let _ = client
         .shutdown(
@@ -248,26 +154,23 @@ async fn floor_in(
             &ShutdownRequest::default(),
         )
         .await;
-    let _ = tokio::task::spawn_blocking(move || vm.wait()).await;
+    vm.wait_qemu().await?;
     mark("power_off");
     let elapsed = start.elapsed();
-    let _ = vsock.kill();
-    let _ = vsock.wait();
+    drop(vm);
     Ok((elapsed, phases))
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let stack = Stack::from_env()?;
-    let qemu = "/usr/bin/qemu-system-x86_64";
-    let vsock_bin = "/usr/local/bin/vhost-device-vsock";
     let guest = Guest::of_image(&stack.guest_dir)?;
     let mut vmlet_runs = Vec::new();
     let mut floor = Vec::new();
     let mut floor_phases = PhaseTable::default();
     let mut runc = Vec::new();
     for i in 0..RUNS {
-        let (f, phases) = floor_once(&guest, qemu, vsock_bin).await?;
+        let (f, phases) = floor_once(&guest).await?;
         let s = stack.clone();
         let (v, id) = tokio::task::spawn_blocking(move || run_once(&s, RUNTIME)).await??;
         let s = stack.clone();
@@ -324,13 +227,13 @@ async fn main() -> anyhow::Result<()> {
         "bench-start: floor phases (median ms): {}",
         floor_phases.medians()
     );
-    compare_kernels(&guest, qemu, vsock_bin).await?;
+    compare_kernels(&guest).await?;
     idle_pod_memory(&stack)
 }
 
 /// Boot to the agent's answer of vmlet's kernel and of the Debian cloud kernel, on the cloud
 /// image's initramfs, alternating run by run.
-async fn compare_kernels(guest: &Guest, qemu: &str, vsock_bin: &str) -> anyhow::Result<()> {
+async fn compare_kernels(guest: &Guest) -> anyhow::Result<()> {
     let cloud_dir = std::env::var("VMLET_CLOUD_GUEST_DIR").context(
         "VMLET_CLOUD_GUEST_DIR (the cloud kernel's image, from scripts/stack) is not set",
     )?;
@@ -352,8 +255,8 @@ async fn compare_kernels(guest: &Guest, qemu: &str, vsock_bin: &str) -> anyhow::
     };
     let (mut lean, mut debian) = (Vec::new(), Vec::new());
     for _ in 0..RUNS {
-        lean.push(boot_ms(floor_once(&ours, qemu, vsock_bin).await?.1)?);
-        debian.push(boot_ms(floor_once(&cloud, qemu, vsock_bin).await?.1)?);
+        lean.push(boot_ms(floor_once(&ours).await?.1)?);
+        debian.push(boot_ms(floor_once(&cloud).await?.1)?);
     }
     let (l, d) = (median(lean), median(debian));
     println!(

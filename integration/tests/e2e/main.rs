@@ -30,6 +30,7 @@ mod netns;
 mod network;
 mod node_config;
 mod resources;
+mod templates;
 mod vm_mode;
 mod vm_options;
 mod vmletctl;

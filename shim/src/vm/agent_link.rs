@@ -175,8 +175,16 @@ fn network_request(interfaces: &[vmlet_netns::Interface]) -> ConfigureNetworkReq
 /// How long one connection attempt to the agent may take.
 const CONNECT_ATTEMPT: Duration = Duration::from_secs(2);
 
-/// Connects to the agent and pings it. With `console`, waits first until the guest console
-/// shows the agent listening (see [`vmlet_protocol::READY_LINE`]).
+/// The host's wall clock in ns since the epoch, for the agent to set the guest's from.
+fn realtime_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+/// Connects to the agent and pings it (which sets the guest's clock). With `console`, waits
+/// first until the guest console shows the agent listening (see
+/// [`vmlet_protocol::READY_LINE`]).
 pub async fn connect_agent(
     endpoint: &Endpoint,
     timeout: Duration,
@@ -215,7 +223,10 @@ pub async fn connect_agent(
                 match client
                     .ping(
                         ttrpc::context::with_timeout(2_000_000_000),
-                        &PingRequest::default(),
+                        &PingRequest {
+                            host_realtime_ns: realtime_ns(),
+                            ..Default::default()
+                        },
                     )
                     .await
                 {
