@@ -1,7 +1,8 @@
 //! A guest VM that QEMU runs directly, without libvirt or the shim, on the kernel and
 //! initramfs of a vmlet guest image: the start benchmark's floor, and the template tests,
 //! which save one such VM and load it into others. Like the shim, it gives the guest its
-//! own agent key through fw_cfg and reaches the agent through its own vhost-device-vsock.
+//! own agent key through fw_cfg and reaches the agent through its own vhost-device-vsock,
+//! and can give it a share through its own virtiofsd.
 //! Everything lives in a [`PrivateDir`]; QEMU and the vsock backend are ended, and the
 //! directory removed, when the [`DirectVm`] is dropped.
 
@@ -22,6 +23,7 @@ use crate::unique_id;
 
 pub const QEMU: &str = "/usr/bin/qemu-system-x86_64";
 pub const VSOCK_BACKEND: &str = "/usr/local/bin/vhost-device-vsock";
+pub const VIRTIOFSD: &str = "/usr/local/bin/virtiofsd";
 /// The id of the root port a vsock device can be hot-plugged into.
 pub const HOTPLUG_PORT: &str = "hotplug0";
 /// How long QEMU's QMP socket and the vsock backend's socket may take to appear.
@@ -56,6 +58,9 @@ pub struct Launch {
     pub vsock_at_boot: bool,
     /// QEMU waits for a state to load (`-incoming defer`) instead of booting.
     pub incoming: bool,
+    /// The guest has a virtio-fs device served by the VM's own virtiofsd
+    /// ([`DirectVm::start_virtiofsd`]) and mounts it as the shim's share.
+    pub share: bool,
 }
 
 /// A directory of the temporary directory only root may enter (mode 0700), removed with
@@ -89,6 +94,7 @@ pub struct DirectVm {
     key: AgentKey,
     qemu: Option<Child>,
     vsock: Option<Child>,
+    virtiofsd: Option<Child>,
 }
 
 impl DirectVm {
@@ -102,6 +108,7 @@ impl DirectVm {
             key,
             qemu: None,
             vsock: None,
+            virtiofsd: None,
         })
     }
 
@@ -143,6 +150,28 @@ impl DirectVm {
                 .stderr(Stdio::null())
                 .spawn()
                 .context("start vhost-device-vsock")?,
+        );
+        wait_for_path(&socket).await
+    }
+
+    /// The directory the VM's virtiofsd serves.
+    pub fn share_dir(&self) -> PathBuf {
+        self.dir.join("share")
+    }
+
+    /// Starts this VM's virtiofsd on [`DirectVm::share_dir`] and waits for its socket.
+    pub async fn start_virtiofsd(&mut self) -> anyhow::Result<()> {
+        let socket = self.dir.join("virtiofs.sock");
+        std::fs::create_dir_all(self.share_dir()).context("create the share")?;
+        self.virtiofsd = Some(
+            Command::new(VIRTIOFSD)
+                .arg(format!("--socket-path={}", socket.display()))
+                .arg(format!("--shared-dir={}", self.share_dir().display()))
+                .arg("--sandbox=none")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .context("start virtiofsd")?,
         );
         wait_for_path(&socket).await
     }
@@ -189,6 +218,15 @@ impl DirectVm {
         .arg("-initrd")
         .arg(&guest.initrd);
         let mut cmdline = String::from("console=ttyS0 panic=-1 quiet");
+        if how.share {
+            qemu.arg("-chardev")
+                .arg(format!(
+                    "socket,id=fs,path={}",
+                    self.dir.join("virtiofs.sock").display()
+                ))
+                .args(["-device", "vhost-user-fs-pci,chardev=fs,tag=vmlet"]);
+            cmdline = format!("{cmdline} vmlet.share=vmlet");
+        }
         if how.template {
             qemu.args(["-device", "vmgenid,guid=auto"]);
             cmdline = format!("{cmdline} {TEMPLATE_PARAM}");
@@ -262,7 +300,8 @@ impl DirectVm {
 
 impl Drop for DirectVm {
     fn drop(&mut self) {
-        for child in [self.qemu.take(), self.vsock.take()].into_iter().flatten() {
+        let children = [self.qemu.take(), self.vsock.take(), self.virtiofsd.take()];
+        for child in children.into_iter().flatten() {
             let mut child = child;
             let _ = child.kill();
             let _ = child.wait();

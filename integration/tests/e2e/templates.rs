@@ -1,6 +1,7 @@
 //! Template starts, the guest's half: a guest booted as a template is saved once and loaded
 //! into two VMs, each of which becomes a pod's own VM (its key, its vsock device, its
-//! random numbers) before its agent serves. QEMU runs directly here, on the stack's guest
+//! random numbers, its share: the virtio-fs device migrates with the template, which never
+//! mounted it, and each pod's agent mounts its own virtiofsd's) before its agent serves. QEMU runs directly here, on the stack's guest
 //! image, with the shim's QMP client, save and load ([`vmlet_shim::devices`]). Attack: a pod
 //! that knows its own key (a compromised guest does) tries it on the other pod loaded from
 //! the same template.
@@ -32,11 +33,13 @@ async fn a_guest_loaded_from_a_template_becomes_a_pod_of_its_own() {
 
     let started = Instant::now();
     let mut template = DirectVm::new("vmlet-template").unwrap();
+    template.start_virtiofsd().await.unwrap();
     template
         .launch(
             &guest,
             Launch {
                 template: true,
+                share: true,
                 ..Launch::default()
             },
         )
@@ -65,11 +68,13 @@ async fn a_guest_loaded_from_a_template_becomes_a_pod_of_its_own() {
     for n in 0..2 {
         let started = Instant::now();
         let mut vm = DirectVm::new("vmlet-from-template").unwrap();
+        vm.start_virtiofsd().await.unwrap();
         vm.launch(
             &guest,
             Launch {
                 template: true,
                 incoming: true,
+                share: true,
                 ..Launch::default()
             },
         )
@@ -84,6 +89,7 @@ async fn a_guest_loaded_from_a_template_becomes_a_pod_of_its_own() {
         identity::plug_vsock(&qmp, &vm.vsock_backend_socket(), HOTPLUG_PORT)
             .await
             .unwrap();
+        // It serves only once it mounted the share (or it powers off).
         let (_agent, boot_id) = vm.agent(BOOT).await.unwrap();
         println!(
             "pod {n}: loaded in {loaded} ms, its agent answered after {} ms",
