@@ -10,7 +10,9 @@
 //! - [`netns_holder`]: the pod's host process; [`taps`]: the tap fds handed to the emulator
 //!   wrapper; [`sk_lookup`]: port-forwarding's listener in the pod's namespace;
 //! - [`host_command`]: host programs run with deadlines and bounded output; [`file_lock`]:
-//!   a lock between shims.
+//!   a lock between shims;
+//! - [`templates`]: saved template VMs, one per VM shape, within the node's limits (not
+//!   used by the start yet).
 
 pub(crate) mod fd_mount;
 pub(crate) mod file_lock;
@@ -24,4 +26,5 @@ pub(crate) mod share;
 pub(crate) mod sk_lookup;
 pub mod state;
 pub mod taps;
+pub mod templates;
 pub mod undo;
