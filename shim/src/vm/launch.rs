@@ -185,6 +185,7 @@ fn vm_spec(
         network: devices.taps.as_ref().map(|t| t.network.clone()),
         qmp_socket: paths.qmp_socket.to_string_lossy().into_owned(),
         slots: PciSlots::assign(),
+        template: None,
     };
     (spec, devices.taps)
 }

@@ -174,6 +174,19 @@ impl Domain {
 /// The request `vmlet-libvirt start` takes: the domain XML of `spec`, and the files its QEMU
 /// opens beside it for the pod's AppArmor profile.
 pub fn start_request(spec: &VmSpec) -> Result<StartDomain, Error> {
+    let on_vhost_user = matches!(
+        &spec.guest,
+        GuestBoot::Agent(AgentBoot {
+            vsock: VsockDevice::VhostUser { .. },
+            ..
+        })
+    );
+    if spec.template.is_some() && !on_vhost_user {
+        return Err(Error::Internal(format!(
+            "pod {}: a template start needs vmlet's guest on vhost-user vsock",
+            spec.pod_id
+        )));
+    }
     Ok(StartDomain {
         pod_id: spec.pod_id.clone(),
         xml: Domain::new(spec).to_xml()?,
@@ -315,6 +328,27 @@ mod tests {
             assert!(xml.contains(expected), "missing {expected} in\n{xml}");
         }
         assert!(!xml.contains("<vsock"), "{xml}");
+    }
+
+    #[test]
+    fn a_template_start_is_refused_where_its_vsock_device_cannot_be_plugged_later() {
+        let mut kernel_vsock = spec(VsockDevice::Vhost);
+        kernel_vsock.template = Some(crate::vmm::vm_spec::TemplateRole::Load);
+        let err = start_request(&kernel_vsock).unwrap_err();
+        assert!(err.message().contains("vhost-user vsock"), "{err}");
+        let mut image = spec(VsockDevice::Vhost);
+        image.guest = image_guest(RootBus::Virtio, Firmware::Bios);
+        image.template = Some(crate::vmm::vm_spec::TemplateRole::Save);
+        assert!(start_request(&image).is_err());
+        let mut user = spec(VsockDevice::VhostUser {
+            socket: "/run/vmlet/t1/vsock.sock".into(),
+        });
+        user.template = Some(crate::vmm::vm_spec::TemplateRole::Load);
+        let xml = start_request(&user).unwrap().xml;
+        assert!(
+            xml.contains("-incoming") && !xml.contains("<vsock"),
+            "{xml}"
+        );
     }
 
     /// A VM image's guest: its qcow2 disk under the overlay, the seed beside it.

@@ -33,6 +33,22 @@ pub const QEMU_ENV: &str = "VMLET_QEMU";
 /// there) and ignores the parameter.
 pub const TCG_KERNEL_PARAMS: &str = "virtiofs.zero_reply_pages=1";
 
+/// The root port the vsock device of a VM of a template start is plugged into after the
+/// load ([`crate::devices::identity::plug_vsock`]), at the slot a cold boot's vsock device
+/// has.
+pub const VSOCK_PORT: &str = "vmlet-vsock-port";
+
+/// A VM of a template start ([`crate::host::templates`]): its guest boots as a template to
+/// be saved, or its QEMU loads a saved one (`-incoming defer`). Either way it has no vsock
+/// device of its own until it is plugged into [`VSOCK_PORT`] after the load, and QEMU's
+/// vmgenid device tells a loaded guest that it is a new generation of the saved one.
+/// vmlet's guest on vhost-user vsock only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TemplateRole {
+    Save,
+    Load,
+}
+
 /// Everything the pod's VM is made of.
 #[derive(Debug, Clone)]
 pub struct VmSpec {
@@ -63,6 +79,8 @@ pub struct VmSpec {
     pub qmp_socket: String,
     /// Where each device sits.
     pub slots: PciSlots,
+    /// A VM of a template start (none: a cold boot).
+    pub template: Option<TemplateRole>,
 }
 
 /// The pod's NICs: taps the shim hands `vmlet-vmwrapper` over `tap_socket`.
@@ -107,9 +125,13 @@ impl VmSpec {
         let GuestBoot::Agent(agent) = &self.guest else {
             return None;
         };
-        Some(match self.kvm {
+        let cmdline = match self.kvm {
             true => agent.cmdline.clone(),
             false => format!("{} {TCG_KERNEL_PARAMS}", agent.cmdline),
+        };
+        Some(match self.template {
+            Some(_) => format!("{cmdline} {}", vmlet_protocol::TEMPLATE_PARAM),
+            None => cmdline,
         })
     }
 
@@ -137,11 +159,23 @@ impl VmSpec {
     }
 
     /// vmlet's part of QEMU's command line (`<qemu:commandline>`): the vsock device
-    /// libvirt does not make (vhost-user), the agent's key on fw_cfg, a VM image's NVMe
-    /// root, vmlet's QMP monitor and the hot-plug root ports.
+    /// libvirt does not make (vhost-user; for a template start its port and vmgenid
+    /// instead), the agent's key on fw_cfg, a VM image's NVMe root, vmlet's QMP monitor,
+    /// the hot-plug root ports, and `-incoming defer` for a VM that loads a template.
     pub fn qemu_args(&self) -> Vec<String> {
         let mut args = Vec::new();
         match &self.guest {
+            GuestBoot::Agent(_) if self.template.is_some() => {
+                args.extend([
+                    "-device".to_string(),
+                    format!(
+                        "pcie-root-port,id={VSOCK_PORT},bus=pcie.0,addr={},chassis=199,port=0x1f",
+                        hex(self.slots.vsock_or_root)
+                    ),
+                    "-device".to_string(),
+                    "vmgenid,guid=auto".to_string(),
+                ]);
+            }
             GuestBoot::Agent(agent) => {
                 if let VsockDevice::VhostUser { socket } = &agent.vsock {
                     args.extend([
@@ -154,18 +188,20 @@ impl VmSpec {
                         ),
                     ]);
                 }
-                args.extend([
-                    "-fw_cfg".to_string(),
-                    format!(
-                        "name={},file={}",
-                        vmlet_protocol::auth::FW_CFG_NAME,
-                        agent.key_file
-                    ),
-                ]);
             }
             GuestBoot::Image(image) => {
                 args.extend(image.nvme_root_args(self.slots.vsock_or_root));
             }
+        }
+        if let GuestBoot::Agent(agent) = &self.guest {
+            args.extend([
+                "-fw_cfg".to_string(),
+                format!(
+                    "name={},file={}",
+                    vmlet_protocol::auth::FW_CFG_NAME,
+                    agent.key_file
+                ),
+            ]);
         }
         args.extend([
             "-chardev".to_string(),
@@ -182,6 +218,9 @@ impl VmSpec {
                 200 + i,
                 0x20 + i
             ));
+        }
+        if self.template == Some(TemplateRole::Load) {
+            args.extend(["-incoming".to_string(), "defer".to_string()]);
         }
         args
     }
@@ -263,6 +302,7 @@ pub(crate) mod tests {
             }),
             qmp_socket: "/run/vmlet/t1/qmp.sock".into(),
             slots: PciSlots::assign(),
+            template: None,
         }
     }
 
@@ -298,5 +338,40 @@ pub(crate) mod tests {
             );
         }
         assert_eq!(ports[0].id, "vmlet-hp0");
+    }
+
+    #[test]
+    fn a_template_starts_vm_has_a_port_for_its_vsock_device_and_vmgenid() {
+        let socket = "/run/vmlet/t1/vsock.sock".to_string();
+        let cold = spec(VsockDevice::VhostUser {
+            socket: socket.clone(),
+        });
+        let mut saved = cold.clone();
+        saved.template = Some(TemplateRole::Save);
+        let mut loaded = cold.clone();
+        loaded.template = Some(TemplateRole::Load);
+        let vsock_slot = format!("addr={}", hex(cold.slots.vsock_or_root));
+        let joined = |s: &VmSpec| s.qemu_args().join(" ");
+
+        assert!(joined(&cold).contains("vhost-user-vsock-pci"));
+        assert!(!joined(&cold).contains("vmgenid"));
+        assert!(!cold.kernel_cmdline().unwrap().contains("vmlet.template"));
+        for vm in [&saved, &loaded] {
+            let args = joined(vm);
+            assert!(!args.contains("vhost-user-vsock-pci"), "{args}");
+            assert!(
+                args.contains(&format!(
+                    "pcie-root-port,id={VSOCK_PORT},bus=pcie.0,{vsock_slot},"
+                )),
+                "{args}"
+            );
+            assert!(args.contains("vmgenid,guid=auto"), "{args}");
+            assert!(args.contains("-fw_cfg"), "{args}");
+            assert!(vm.kernel_cmdline().unwrap().ends_with(" vmlet.template"));
+            // The pod's vsock socket is what QEMU connects to when it is plugged.
+            assert!(vm.apparmor_files().iter().any(|f| f.path == socket));
+        }
+        assert!(joined(&loaded).ends_with("-incoming defer"));
+        assert!(!joined(&saved).contains("-incoming"));
     }
 }
