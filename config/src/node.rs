@@ -143,6 +143,33 @@ impl Default for VmImagesConfig {
     }
 }
 
+/// Template starts: a pod boots by loading a saved, booted guest of its VM shape instead of
+/// booting its own (vmlet's guest on vhost-user vsock, a pod without NICs); the first pod of
+/// a shape boots and saves it.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TemplatesConfig {
+    /// Whether pods start from templates.
+    pub enabled: bool,
+    /// A disk-backed directory, root's and closed to others, for the saved guests.
+    pub dir: PathBuf,
+    /// How many saved guests (VM shapes) the directory may hold.
+    pub max_count: u32,
+    /// How many MiB they may take between them, each counted at its guest's full memory.
+    pub max_mib: u64,
+}
+
+impl Default for TemplatesConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            dir: PathBuf::from("/var/lib/vmlet/templates"),
+            max_count: 4,
+            max_mib: 4096,
+        }
+    }
+}
+
 /// Which pod annotations this node honours.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -196,6 +223,8 @@ pub struct NodeConfig {
     pub annotations: AnnotationsConfig,
     /// VM-image pods' root disks.
     pub vm_images: VmImagesConfig,
+    /// Template starts.
+    pub templates: TemplatesConfig,
 }
 
 impl Default for NodeConfig {
@@ -212,6 +241,7 @@ impl Default for NodeConfig {
             helpers: HelperPaths::default(),
             annotations: AnnotationsConfig::default(),
             vm_images: VmImagesConfig::default(),
+            templates: TemplatesConfig::default(),
         }
     }
 }
@@ -312,6 +342,26 @@ impl NodeConfig {
         if self.vm_images.max_root_disk_mib == 0 {
             return invalid("vm_images.max_root_disk_mib", "must be at least 1".into());
         }
+        let templates = &self.templates.dir;
+        if !templates.is_absolute() {
+            return invalid("templates.dir", "must be an absolute path".into());
+        }
+        if templates.starts_with(&self.state_dir) || self.state_dir.starts_with(templates) {
+            return invalid(
+                "templates.dir",
+                format!(
+                    "{} must lie apart from state_dir ({}), a tmpfs on a node",
+                    templates.display(),
+                    self.state_dir.display()
+                ),
+            );
+        }
+        if self.templates.max_count == 0 {
+            return invalid("templates.max_count", "must be at least 1".into());
+        }
+        if self.templates.max_mib == 0 {
+            return invalid("templates.max_mib", "must be at least 1".into());
+        }
         if let Some(unknown) = self
             .annotations
             .allowed
@@ -409,6 +459,30 @@ mod tests {
         ] {
             let err = parse(bad).unwrap_err().to_string();
             assert!(err.contains("vm_images."), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn templates_are_off_unless_enabled_and_their_directory_and_limits_are_checked() {
+        let off = parse("").unwrap();
+        assert!(!off.templates.enabled);
+        let c = parse("[templates]\nenabled = true\ndir = \"/srv/templates\"\nmax_count = 2\nmax_mib = 1024\n")
+            .unwrap();
+        assert!(c.templates.enabled);
+        assert_eq!(c.templates.dir, PathBuf::from("/srv/templates"));
+        assert_eq!((c.templates.max_count, c.templates.max_mib), (2, 1024));
+        for bad in [
+            "[templates]\ndir = \"/run/vmlet/templates\"\n",
+            "[templates]\ndir = \"templates\"\n",
+            "[templates]\nmax_count = 0\n",
+            "[templates]\nmax_mib = 0\n",
+            "[templates]\nenable = true\n",
+        ] {
+            let err = parse(bad).unwrap_err().to_string();
+            assert!(
+                err.contains("templates") || err.contains("enable"),
+                "{bad}: {err}"
+            );
         }
     }
 

@@ -5,13 +5,21 @@
 //! image, with the shim's QMP client, save and load ([`vmlet_shim::devices`]). Attack: a pod
 //! that knows its own key (a compromised guest does) tries it on the other pod loaded from
 //! the same template.
+//!
+//! Then the same through the shim: with `templates.enabled`, the first `ctr` pod of a shape
+//! boots as a template and saves it, and the next ones load it; each still gets its own
+//! random state, and the template directory holds one root-only file. Attack: pods choosing
+//! other shapes (a Kubernetes user writes `vmlet.io/memory`) to fill the node's disk with
+//! templates get none past the node's limit, and start cold. These change the node's
+//! config, so the area runs alone.
 
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::time::{Duration, Instant};
 
-use crate::support::stack;
+use crate::support::{stack, text};
 use vmlet_integration::direct_vm::{DirectVm, Guest, Launch, PrivateDir, HOTPLUG_PORT};
+use vmlet_integration::{unique_id, ConfigSwap};
 use vmlet_protocol::TEMPLATE_READY_LINE;
 use vmlet_shim::devices::{identity, snapshot};
 use vmlet_shim::vm::connect_agent;
@@ -121,4 +129,80 @@ async fn a_guest_loaded_from_a_template_becomes_a_pod_of_its_own() {
     );
     let console = std::fs::read_to_string(one.console()).unwrap();
     assert!(console.contains("not this VM's key"), "{console}");
+}
+
+fn containerd_log(s: &vmlet_integration::Stack) -> String {
+    std::fs::read_to_string(format!("{}/containerd/containerd.log", s.dir)).unwrap_or_default()
+}
+
+#[tokio::test]
+#[ignore = "needs the vmlet stack: make test"]
+async fn ctr_pods_of_one_shape_start_from_its_template() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let s = stack();
+    let private = PrivateDir::new("vmlet-templates").unwrap();
+    let dir = private.join("store");
+    let _config = ConfigSwap::edited(|c| {
+        format!(
+            "{c}\n[templates]\nenabled = true\ndir = \"{}\"\nmax_count = 1\nmax_mib = 1024\n",
+            dir.display()
+        )
+    });
+    let log_before = containerd_log(&s).len();
+    let mut boot_ids = Vec::new();
+    for n in 0..3 {
+        let id = unique_id("tpl");
+        let started = Instant::now();
+        let out = s
+            .run(&id, &[], &["cat", "/proc/sys/kernel/random/boot_id"])
+            .unwrap();
+        assert!(out.status.success(), "pod {n}: {}", text(&out.stderr));
+        println!("pod {n}: ctr run --rm in {} ms", ms(started));
+        boot_ids.push(text(&out.stdout).trim().to_owned());
+        if n == 0 {
+            let saved: Vec<_> = std::fs::read_dir(&dir)
+                .unwrap()
+                .flatten()
+                .filter(|e| e.file_name().to_string_lossy().ends_with(".vmstate"))
+                .collect();
+            assert_eq!(saved.len(), 1, "one template after the first pod");
+            let meta = saved[0].metadata().unwrap();
+            assert_eq!((meta.uid(), meta.permissions().mode() & 0o777), (0, 0o600));
+            let dir_mode = std::fs::metadata(&dir).unwrap().permissions().mode();
+            assert_eq!(dir_mode & 0o777, 0o700);
+        }
+    }
+    // The attack: every other shape past the limit of one template.
+    for memory in ["192Mi", "320Mi"] {
+        let id = unique_id("tpl-shape");
+        let annotation = format!("vmlet.io/memory={memory}");
+        let out = s
+            .run(&id, &["--annotation", &annotation], &["true"])
+            .unwrap();
+        assert!(out.status.success(), "{memory}: {}", text(&out.stderr));
+    }
+    let files: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|name| !name.starts_with('.'))
+        .collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    assert!(files[0].ends_with(".vmstate"), "{files:?}");
+    let log = &containerd_log(&s)[log_before..];
+    assert_eq!(log.matches("saved template").count(), 1, "{log}");
+    assert_eq!(log.matches("loaded template").count(), 2, "{log}");
+    assert_eq!(
+        log.matches("pods of this shape start cold").count(),
+        2,
+        "{log}"
+    );
+    let mut unique = boot_ids.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(
+        unique.len(),
+        3,
+        "pods from one template drew the same boot id: {boot_ids:?}"
+    );
 }

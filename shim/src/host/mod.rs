@@ -11,8 +11,7 @@
 //!   wrapper; [`sk_lookup`]: port-forwarding's listener in the pod's namespace;
 //! - [`host_command`]: host programs run with deadlines and bounded output; [`file_lock`]:
 //!   a lock between shims;
-//! - [`templates`]: saved template VMs, one per VM shape, within the node's limits (not
-//!   used by the start yet).
+//! - [`templates`]: saved template VMs, one per VM shape, within the node's limits.
 
 pub(crate) mod fd_mount;
 pub(crate) mod file_lock;

@@ -6,8 +6,10 @@
 //!
 //! Pods choose their shapes (a Kubernetes user writes the annotations), so what they can
 //! make of the directory is bounded: at most [`Limits::max_count`] files and
-//! [`Limits::max_bytes`] between them, each counted at its full size (the guest's RAM;
-//! the files are sparse and take less), and never more than the file system has free.
+//! [`Limits::max_bytes`] between them, and never more than the file system has free. A new
+//! file is counted at the size its saver reserves (the most it may take: the guest's RAM);
+//! a saved one at what it takes on the disk (the files are sparse, and a commit that took
+//! more than was reserved is refused); one being saved at the larger of that and its length.
 //! These are checked, and a new file made, under a lock on the directory; past a limit
 //! there is no template for the shape, and its pods start cold.
 //!
@@ -63,6 +65,7 @@ pub struct Reserved {
     partial: PathBuf,
     saved: PathBuf,
     file: File,
+    size: u64,
     committed: bool,
 }
 
@@ -90,6 +93,18 @@ impl TemplateStore {
             Ok(file) => Ok(Some(file)),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(Error::io(format!("open {}", path.display()), e)),
+        }
+    }
+
+    /// Removes `key`'s saved state (one that did not load); gone already is no error.
+    pub fn discard(&self, key: &str) -> Result<(), Error> {
+        check_key(key)?;
+        let path = self.path(key, SAVED);
+        match std::fs::remove_file(&path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                Err(Error::io(format!("remove {}", path.display()), e))
+            }
+            _ => Ok(()),
         }
     }
 
@@ -145,6 +160,7 @@ impl TemplateStore {
             saved: self.path(key, SAVED),
             partial,
             file,
+            size,
             committed: false,
         }))
     }
@@ -156,14 +172,21 @@ impl TemplateStore {
         };
         entries
             .flatten()
-            .filter(|e| {
+            .filter_map(|e| {
                 let name = e.file_name();
                 let name = name.to_string_lossy();
-                name.ends_with(&format!(".{SAVED}")) || name.ends_with(&format!(".{PARTIAL}"))
+                let meta = e.metadata().ok()?;
+                let held = meta.blocks() * 512;
+                if name.ends_with(&format!(".{SAVED}")) {
+                    Some(held)
+                } else if name.ends_with(&format!(".{PARTIAL}")) {
+                    Some(held.max(meta.len()))
+                } else {
+                    None
+                }
             })
-            .filter_map(|e| e.metadata().ok())
-            .fold((0, 0), |(n, bytes), m| {
-                (n + 1, bytes.saturating_add(m.len().max(m.blocks() * 512)))
+            .fold((0, 0), |(n, bytes), held| {
+                (n + 1, bytes.saturating_add(held))
             })
     }
 
@@ -204,11 +227,26 @@ impl Reserved {
             .map_err(|e| Error::io(format!("dup {}", self.partial.display()), e))
     }
 
-    /// The save completed: the file is flushed to the disk and becomes the shape's template.
+    /// The save completed: the file is flushed to the disk and becomes the shape's template
+    /// (unless it takes more than was reserved: then it is removed, and that is the error).
     pub fn commit(mut self) -> Result<(), Error> {
         self.file
             .sync_all()
             .map_err(|e| Error::io(format!("fsync {}", self.partial.display()), e))?;
+        let held = self
+            .file
+            .metadata()
+            .map_err(|e| Error::io(format!("stat {}", self.partial.display()), e))?
+            .blocks()
+            * 512;
+        if held > self.size {
+            return Err(Error::ResourceExhausted(format!(
+                "{} takes {} MiB, more than the {} MiB reserved for it",
+                self.partial.display(),
+                held >> 20,
+                self.size >> 20
+            )));
+        }
         std::fs::rename(&self.partial, &self.saved)
             .map_err(|e| Error::io(format!("rename {}", self.partial.display()), e))?;
         self.committed = true;
@@ -300,7 +338,13 @@ mod tests {
                 .await
                 .unwrap()
                 .unwrap();
-            reserved.file().unwrap().set_len(256 * MIB).unwrap();
+            // Sparse: only what is written counts.
+            reserved.file().unwrap().set_len(1024 * MIB).unwrap();
+            reserved
+                .file()
+                .unwrap()
+                .write_all(&vec![1u8; 256 * MIB as usize])
+                .unwrap();
             reserved.commit().unwrap();
         }
         assert!(
@@ -319,6 +363,26 @@ mod tests {
             "512 MiB held and 100 more is past 600"
         );
         assert!(store.reserve(&key("c"), 80 * MIB).await.unwrap().is_some());
+    }
+
+    #[tokio::test]
+    async fn a_save_that_took_more_than_it_reserved_is_refused_and_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store(dir.path(), 4, 1024 * MIB);
+        let k = key("a");
+        let reserved = store.reserve(&k, MIB).await.unwrap().unwrap();
+        reserved
+            .file()
+            .unwrap()
+            .write_all(&vec![1u8; 2 * MIB as usize])
+            .unwrap();
+        let err = reserved.commit().unwrap_err();
+        assert!(
+            err.message().contains("more than the 1 MiB reserved"),
+            "{err}"
+        );
+        assert!(store.open(&k).unwrap().is_none());
+        assert_eq!(store.held(), (0, 0));
     }
 
     #[tokio::test]

@@ -13,6 +13,7 @@ use crate::guest::port_forward::PortForward;
 use crate::guest::vsock::Endpoint;
 use crate::host::pod_paths::PodPaths;
 use crate::task::phases::Phases;
+use crate::vmm::vm_spec::VsockDevice;
 use crate::vmm::VmManager;
 use crate::Error;
 
@@ -46,8 +47,26 @@ pub(super) async fn run(
     let (key, key_file) = agent_link::give_key(config, paths)?;
     let guest = launch::agent_guest(config, req, paths, &vsock);
     let taps = net.taps.take();
-    let launched = launch_domain(config, &vmm, req, paths, rec, phases, guest, taps).await?;
+    let mut launched =
+        launch_domain(config, &vmm, req, paths, rec, phases, guest, taps, true).await?;
     key_file.given()?;
+    if let Some(template) = launched.template.take() {
+        let VsockDevice::VhostUser { socket } = &vsock else {
+            return Err(Error::Internal(
+                "a template start without vhost-user vsock".into(),
+            ));
+        };
+        template
+            .finish(
+                launched.hotplug.qmp(),
+                &req.pod_id,
+                &paths.console,
+                std::path::Path::new(socket),
+                std::time::Duration::from_secs(config.agent_timeout_secs),
+            )
+            .await?;
+        phases.mark("template");
+    }
     let (endpoint, agent, boot_id) =
         agent_link::connect(config, &vmm, &req.pod_id, paths, &vsock, &launched, key).await?;
     phases.mark("guest_boot");
@@ -102,6 +121,7 @@ async fn launch_domain(
     phases: &Phases,
     guest: crate::vmm::vm_spec::GuestBoot,
     taps: Option<PendingTaps>,
+    templates: bool,
 ) -> Result<launch::Launched, Error> {
     let kvm = accel::use_kvm(config, vmm, &req.options).await?;
     phases.mark("accel");
@@ -111,7 +131,12 @@ async fn launch_domain(
         req,
         paths,
         rec,
-        launch::Devices { kvm, guest, taps },
+        launch::Devices {
+            kvm,
+            guest,
+            taps,
+            templates,
+        },
     )
     .await?;
     phases.mark("domain");
@@ -192,7 +217,7 @@ pub(super) async fn run_image(
         firmware: image.firmware,
     });
     let taps = net.taps.take();
-    let launched = launch_domain(config, &vmm, req, paths, rec, phases, guest, taps).await?;
+    let launched = launch_domain(config, &vmm, req, paths, rec, phases, guest, taps, false).await?;
     Ok(BootedImage {
         hotplug: launched.hotplug,
         ended: launched.ended,

@@ -238,6 +238,7 @@ fn devices() -> launch::Devices {
             key_file: "/run/vmlet/p/agent.key".into(),
         }),
         taps: None,
+        templates: true,
     }
 }
 

@@ -9,12 +9,13 @@ use std::time::{Duration, Instant};
 use vmlet_config::NodeConfig;
 
 use super::net::{PendingTaps, TapServer};
+use super::template_start::TemplateStart;
 use super::{block, give_socket, BootRequest, Recorder};
 use crate::devices::hotplug::Hotplug;
 use crate::host::pod_paths::{domain_name, PodPaths};
 use crate::vm_mode::serial_console::SerialConsole;
 use crate::vmm::pci_slots::PciSlots;
-use crate::vmm::vm_spec::{AgentBoot, ConsoleTarget, GuestBoot, VmSpec, VsockDevice};
+use crate::vmm::vm_spec::{AgentBoot, ConsoleTarget, GuestBoot, TemplateRole, VmSpec, VsockDevice};
 use crate::vmm::VmManager;
 use crate::Error;
 
@@ -31,6 +32,9 @@ pub(super) struct Devices {
     pub guest: GuestBoot,
     /// The pod's taps (none: no NIC).
     pub taps: Option<PendingTaps>,
+    /// Whether the pod may start from a template (vmlet's guest; `templates.enabled`
+    /// decides).
+    pub templates: bool,
 }
 
 /// vmlet's guest: the node's kernel and initrd with the pod's kernel parameters, the
@@ -78,6 +82,8 @@ pub(super) struct Launched {
     pub console: Option<SerialConsole>,
     /// The server that handed the taps to QEMU (none: no NIC).
     pub tap_server: Option<TapServer>,
+    /// What the boot still does for a template start (none: a cold boot).
+    pub template: Option<TemplateStart>,
 }
 
 /// Defines and starts the pod's domain (recorded first) and takes vmlet's QMP monitor.
@@ -110,15 +116,26 @@ pub(super) async fn start(
     };
     let name = domain_name(pod_id);
     let kvm = devices.kvm;
-    let (spec, taps) = vm_spec(config, req, paths, &name, devices, console);
+    let templates = devices.templates;
+    let (mut spec, taps) = vm_spec(config, req, paths, &name, devices, console);
+    let template = match templates {
+        true => super::template_start::choose(config, &spec).await?,
+        false => None,
+    };
+    spec.template = template.as_ref().map(TemplateStart::role);
     let request = crate::vmm::domain::start_request(&spec)?;
     // Served before QEMU starts: the wrapper fetches the taps before it executes QEMU.
     let tap_server = taps.map(|taps| taps.serve(spec.taps())).transpose()?;
     log::info!(
-        "pod {pod_id}: starting {name} ({} vCPU, {} MiB, {})",
+        "pod {pod_id}: starting {name} ({} vCPU, {} MiB, {}{})",
         shape.vcpus,
         shape.memory_mib,
-        if kvm { "kvm" } else { "tcg" }
+        if kvm { "kvm" } else { "tcg" },
+        match spec.template {
+            Some(TemplateRole::Save) => ", booting a template to save",
+            Some(TemplateRole::Load) => ", loading a template",
+            None => "",
+        }
     );
     rec.record(crate::host::undo::Made::Domain(name.clone()))?;
     let started = Instant::now();
@@ -154,6 +171,7 @@ pub(super) async fn start(
         started,
         console,
         tap_server,
+        template,
     })
 }
 

@@ -30,6 +30,7 @@ mod launch;
 mod net;
 mod pod_hold;
 pub(crate) mod pod_vm;
+mod template_start;
 mod vsock_backend;
 
 use std::sync::{Arc, Mutex};

@@ -1,0 +1,258 @@
+//! A pod's boot from a template (`templates.enabled`): the pod's own domain, started with
+//! a [`TemplateRole`], either loads the saved guest of its VM shape, or (the first pod of
+//! the shape) boots as a template, is saved, and goes on. Either way the pod's vsock device
+//! is plugged in after that, and the agent only then reads the pod's key and mounts its
+//! share (docs/design.md, "Guest").
+//!
+//! Only vmlet's guest on vhost-user vsock without NICs starts this way; other pods, and
+//! pods whose shape the template directory has no room for ([`crate::host::templates`]),
+//! boot cold.
+
+use std::fs::File;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use vmlet_config::NodeConfig;
+
+use crate::devices::qmp::Qmp;
+use crate::devices::{identity, snapshot};
+use crate::host::templates::{key, Limits, Reserved, TemplateStore};
+use crate::vmm::vm_spec::{GuestBoot, TemplateRole, VmSpec, VsockDevice, VSOCK_PORT};
+use crate::Error;
+
+/// How long a save or a load may take (each takes well under a second under TCG).
+const SAVE_OR_LOAD: Duration = Duration::from_secs(60);
+/// The room counted for a saved state beside the guest's RAM (mapped-ram's header and
+/// bitmaps, the devices' state).
+const STATE_OVERHEAD: u64 = 16 << 20;
+
+/// What the pod's boot does with its template.
+pub(super) enum TemplateStart {
+    /// Boot as a template and save it (this shim reserved the shape's file).
+    Save { key: String, reserved: Reserved },
+    /// Load the saved guest.
+    Load {
+        key: String,
+        file: File,
+        store: TemplateStore,
+    },
+}
+
+/// The template start `spec` gets, if any: none when templates are off or the pod cannot
+/// start that way, a load when its shape has a saved guest, a save when the directory has
+/// room for one and no other shim is saving it.
+pub(super) async fn choose(
+    config: &NodeConfig,
+    spec: &VmSpec,
+) -> Result<Option<TemplateStart>, Error> {
+    if !config.templates.enabled || !eligible(spec) {
+        return Ok(None);
+    }
+    let store = TemplateStore::new(
+        &config.templates.dir,
+        Limits {
+            max_count: config.templates.max_count as usize,
+            max_bytes: config.templates.max_mib << 20,
+        },
+    );
+    let description = describe(spec)?;
+    let key = key(&description);
+    log::debug!("pod {}: template {key} is of {description:?}", spec.pod_id);
+    if let Some(file) = store.open(&key)? {
+        return Ok(Some(TemplateStart::Load { key, file, store }));
+    }
+    // The guest's RAM: a template never has memory plugged into its virtio-mem region
+    // (only a container's limit plugs it), which the save skips.
+    let size = (spec.memory_mib << 20) + STATE_OVERHEAD;
+    Ok(store
+        .reserve(&key, size)
+        .await?
+        .map(|reserved| TemplateStart::Save { key, reserved }))
+}
+
+/// vmlet's guest on vhost-user vsock, without NICs.
+fn eligible(spec: &VmSpec) -> bool {
+    let vhost_user = matches!(
+        &spec.guest,
+        GuestBoot::Agent(agent) if matches!(agent.vsock, VsockDevice::VhostUser { .. })
+    );
+    vhost_user && spec.network.is_none()
+}
+
+/// Everything a saved guest depends on, one item a line: the shape, the machine, the
+/// guest's command line, where each device sits, and the identity of the kernel, initramfs
+/// and QEMU files (their size, inode and modification time: a replaced file is another
+/// guest; not the change time, which libvirt's ownership changes move at every start).
+fn describe(spec: &VmSpec) -> Result<String, Error> {
+    let GuestBoot::Agent(agent) = &spec.guest else {
+        return Err(Error::Internal("a template of a VM image".into()));
+    };
+    let mut cmdline = spec.kernel_cmdline().unwrap_or_default();
+    cmdline.push('\n');
+    Ok(format!(
+        "vmlet {}\nvcpus {}\nmemory {} MiB\nhotplug {} MiB\nmachine {}\ncpu {:?}\nkvm {}\n\
+         tcg cache {:?}\nfree page reporting {}\nslots {:?}\ncmdline {cmdline}\
+         kernel {}\ninitrd {}\nqemu {}\nemulator {}\n",
+        env!("CARGO_PKG_VERSION"),
+        spec.vcpus,
+        spec.memory_mib,
+        spec.hotplug_mib,
+        spec.machine,
+        spec.cpu_model,
+        spec.kvm,
+        spec.tcg_translation_cache_mib,
+        spec.free_page_reporting,
+        spec.slots,
+        file_identity(&agent.kernel)?,
+        file_identity(&agent.initrd)?,
+        file_identity(&spec.qemu)?,
+        file_identity(&spec.emulator)?,
+    ))
+}
+
+fn file_identity(path: &str) -> Result<String, Error> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(path).map_err(|e| Error::io(format!("stat {path}"), e))?;
+    Ok(format!(
+        "{path} {} bytes, dev {} ino {}, modified {}.{:09}",
+        meta.len(),
+        meta.dev(),
+        meta.ino(),
+        meta.mtime(),
+        meta.mtime_nsec()
+    ))
+}
+
+impl TemplateStart {
+    pub fn role(&self) -> TemplateRole {
+        match self {
+            TemplateStart::Save { .. } => TemplateRole::Save,
+            TemplateStart::Load { .. } => TemplateRole::Load,
+        }
+    }
+
+    /// After the domain started: saves or loads the guest, then plugs the pod's vsock
+    /// device (served at `vsock_socket`) in. A save that fails leaves no template and the
+    /// pod goes on; a load that fails fails the boot, and the saved guest is discarded.
+    pub async fn finish(
+        self,
+        qmp: &Qmp,
+        pod_id: &str,
+        console: &Path,
+        vsock_socket: &Path,
+        ready_within: Duration,
+    ) -> Result<(), Error> {
+        match self {
+            TemplateStart::Save { key, reserved } => {
+                wait_for_template(console, ready_within).await?;
+                let file = reserved.file()?;
+                let started = Instant::now();
+                match snapshot::save(qmp, file.into(), SAVE_OR_LOAD).await {
+                    Ok(()) => {
+                        reserved.commit()?;
+                        log::info!(
+                            "pod {pod_id}: saved template {key} in {} ms",
+                            started.elapsed().as_millis()
+                        );
+                    }
+                    Err(e) => log::warn!(
+                        "pod {pod_id}: template {key} not saved, pods of this shape keep starting cold: {}",
+                        e.message()
+                    ),
+                }
+                qmp.execute("cont", serde_json::json!({}), Vec::new())
+                    .await?;
+            }
+            TemplateStart::Load { key, file, store } => {
+                if let Err(e) = snapshot::load(qmp, file.into(), SAVE_OR_LOAD).await {
+                    if let Err(d) = store.discard(&key) {
+                        log::warn!("pod {pod_id}: {}", d.message());
+                    }
+                    return Err(Error::Internal(format!(
+                        "load template {key} (discarded; the shape's next pod saves a new one): {}",
+                        e.message()
+                    )));
+                }
+                log::info!("pod {pod_id}: loaded template {key}");
+            }
+        }
+        identity::plug_vsock(qmp, vsock_socket, VSOCK_PORT).await
+    }
+}
+
+/// Waits until the guest's console says it is ready to be saved.
+async fn wait_for_template(console: &Path, within: Duration) -> Result<(), Error> {
+    let mut watch =
+        crate::guest::console::ReadyWatch::new(console, vmlet_protocol::TEMPLATE_READY_LINE);
+    let deadline = Instant::now() + within;
+    while !watch.shows_ready() {
+        if Instant::now() >= deadline {
+            return Err(Error::Timeout(format!(
+                "the template guest did not say it was ready to be saved within {} s",
+                within.as_secs()
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::vmm::vm_spec::tests::spec;
+
+    fn pod(dir: &Path) -> VmSpec {
+        let mut spec = spec(VsockDevice::VhostUser {
+            socket: "/run/vmlet/t1/vsock.sock".into(),
+        });
+        spec.network = None;
+        for (name, file) in [
+            ("vmlinux", "kernel"),
+            ("initrd", "initrd"),
+            ("qemu", "qemu"),
+        ] {
+            std::fs::write(dir.join(name), file).unwrap();
+        }
+        if let GuestBoot::Agent(agent) = &mut spec.guest {
+            agent.kernel = dir.join("vmlinux").to_string_lossy().into_owned();
+            agent.initrd = dir.join("initrd").to_string_lossy().into_owned();
+        }
+        spec.qemu = dir.join("qemu").to_string_lossy().into_owned();
+        spec.emulator = spec.qemu.clone();
+        spec
+    }
+
+    #[test]
+    fn only_vmlets_guest_on_vhost_user_without_nics_starts_from_a_template() {
+        let dir = tempfile::tempdir().unwrap();
+        let ok = pod(dir.path());
+        assert!(eligible(&ok));
+        let mut networked = ok.clone();
+        networked.network = spec(VsockDevice::Vhost).network;
+        assert!(!eligible(&networked));
+        let mut kernel_vsock = ok.clone();
+        if let GuestBoot::Agent(agent) = &mut kernel_vsock.guest {
+            agent.vsock = VsockDevice::Vhost;
+        }
+        assert!(!eligible(&kernel_vsock));
+    }
+
+    #[test]
+    fn the_key_changes_with_the_shape_and_the_files_but_not_the_pod() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = pod(dir.path());
+        let mut other_pod = a.clone();
+        other_pod.name = "vmlet-t2".into();
+        other_pod.pod_id = "t2".into();
+        other_pod.qmp_socket = "/run/vmlet/t2/qmp.sock".into();
+        assert_eq!(describe(&a).unwrap(), describe(&other_pod).unwrap());
+        let mut bigger = a.clone();
+        bigger.memory_mib += 256;
+        assert_ne!(describe(&a).unwrap(), describe(&bigger).unwrap());
+        let before = describe(&a).unwrap();
+        std::fs::remove_file(dir.path().join("vmlinux")).unwrap();
+        std::fs::write(dir.path().join("vmlinux"), "another kernel").unwrap();
+        assert_ne!(before, describe(&a).unwrap(), "a replaced kernel");
+    }
+}
