@@ -267,12 +267,8 @@ impl DirectVm {
     /// Waits, up to `timeout`, until the console shows `line`.
     pub async fn console_shows(&self, line: &'static str, timeout: Duration) -> anyhow::Result<()> {
         let mut watch = vmlet_shim::guest::console::ReadyWatch::new(&self.console(), line);
-        let deadline = Instant::now() + timeout;
-        while !watch.shows_ready() {
-            if Instant::now() >= deadline {
-                bail!("the console did not show {line:?} within {timeout:?}");
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
+        if !watch.wait_until(Instant::now() + timeout).await {
+            bail!("the console did not show {line:?} within {timeout:?}");
         }
         Ok(())
     }

@@ -49,6 +49,19 @@ impl ReadyWatch {
         }
     }
 
+    /// Looks every 10 ms until the needle has appeared (true) or `deadline` passed (false).
+    pub async fn wait_until(&mut self, deadline: std::time::Instant) -> bool {
+        loop {
+            if self.shows_ready() {
+                return true;
+            }
+            if std::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    }
+
     /// Whether the needle has appeared (reads at most [`READ_PER_CHECK`] new bytes).
     pub fn shows_ready(&mut self) -> bool {
         let Ok(mut file) = std::fs::File::open(&self.path) else {

@@ -334,7 +334,7 @@ mod tests {
         let store = store(dir.path(), 2, 600 * MIB);
         for shape in ["a", "b"] {
             let reserved = store
-                .reserve(&key(shape), 256 * MIB)
+                .reserve(&key(shape), 260 * MIB)
                 .await
                 .unwrap()
                 .unwrap();

@@ -194,14 +194,11 @@ pub async fn connect_agent(
     let mut last = String::from("no attempt");
     if let Some(console) = console {
         let mut watch = crate::guest::console::ReadyWatch::new(console, vmlet_protocol::READY_LINE);
-        while !watch.shows_ready() {
-            if Instant::now() >= deadline {
-                return Err(Error::Timeout(format!(
-                    "the agent did not report ready on the console within {} s",
-                    timeout.as_secs()
-                )));
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
+        if !watch.wait_until(deadline).await {
+            return Err(Error::Timeout(format!(
+                "the agent did not report ready on the console within {} s",
+                timeout.as_secs()
+            )));
         }
     }
     while Instant::now() < deadline {

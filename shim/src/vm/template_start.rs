@@ -184,15 +184,11 @@ impl TemplateStart {
 async fn wait_for_template(console: &Path, within: Duration) -> Result<(), Error> {
     let mut watch =
         crate::guest::console::ReadyWatch::new(console, vmlet_protocol::TEMPLATE_READY_LINE);
-    let deadline = Instant::now() + within;
-    while !watch.shows_ready() {
-        if Instant::now() >= deadline {
-            return Err(Error::Timeout(format!(
-                "the template guest did not say it was ready to be saved within {} s",
-                within.as_secs()
-            )));
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
+    if !watch.wait_until(Instant::now() + within).await {
+        return Err(Error::Timeout(format!(
+            "the template guest did not say it was ready to be saved within {} s",
+            within.as_secs()
+        )));
     }
     Ok(())
 }
