@@ -11,6 +11,10 @@
 //!   the cloud image's initramfs (the lean kernel finds no module list for its release in it
 //!   and loads nothing).
 //!
+//! - template: with `templates.enabled`, the median of 5 `ctr run --rm ... true` started from
+//!   the template the first pod of the shape saved, beside the cold start and the floor; and
+//!   an idle pod's PSS started so, beside a cold one's.
+//!
 //! Prints each, and the ratios; then where the time goes: the median of each phase the shim
 //! logged for the vmlet runs (`phases of create|start ...` in containerd's log, see
 //! `vmlet_shim::task::phases`), what is left outside the shim (containerd, ctr, the teardown), and
@@ -20,9 +24,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use vmlet_integration::direct_vm::{DirectVm, Guest, Launch};
+use vmlet_integration::direct_vm::{DirectVm, Guest, Launch, PrivateDir};
 use vmlet_integration::figures::figure;
-use vmlet_integration::{unique_id, Stack, RUNTIME};
+use vmlet_integration::{unique_id, ConfigSwap, Stack, RUNTIME};
 use vmlet_protocol::agent::ShutdownRequest;
 
 const RUNS: usize = 5;
@@ -228,7 +232,73 @@ async fn main() -> anyhow::Result<()> {
         floor_phases.medians()
     );
     compare_kernels(&guest).await?;
-    idle_pod_memory(&stack)
+    let cold_pss = idle_pod_memory(&stack)?;
+    template_starts(&stack, v, f, cold_pss).await
+}
+
+/// With `templates.enabled` (in a directory of the run's own): the first pod of the
+/// benchmark's shape boots and saves its template; then [`RUNS`] starts from it, beside
+/// the cold start and the floor measured above, and an idle pod's memory beside a cold one's.
+async fn template_starts(
+    stack: &Stack,
+    cold: Duration,
+    floor: Duration,
+    cold_pss_mib: u64,
+) -> anyhow::Result<()> {
+    let store = PrivateDir::new("vmlet-bench-templates")?;
+    let dir = store.join("store");
+    let _config = ConfigSwap::edited(|c| {
+        format!(
+            "{c}\n[templates]\nenabled = true\ndir = \"{}\"\n",
+            dir.display()
+        )
+    });
+    let s = stack.clone();
+    let (first, _) = tokio::task::spawn_blocking(move || run_once(&s, RUNTIME)).await??;
+    let mut runs = Vec::new();
+    for _ in 0..RUNS {
+        let s = stack.clone();
+        runs.push(
+            tokio::task::spawn_blocking(move || run_once(&s, RUNTIME))
+                .await??
+                .0,
+        );
+    }
+    let t = median(runs);
+    println!(
+        "bench-start: template start ctr run --rm true median {:.3} s (the first pod of the shape, which booted and saved it: {:.3} s)",
+        t.as_secs_f64(),
+        first.as_secs_f64()
+    );
+    figure(
+        "template start (ctr run --rm ... true)",
+        format!("{:.2} s", t.as_secs_f64()),
+        format!(
+            "cold {:.2} s, floor {:.2} s",
+            cold.as_secs_f64(),
+            floor.as_secs_f64()
+        ),
+        Some(t.as_secs_f64() / cold.as_secs_f64()),
+        "<= 0.50 of cold, and <= the floor",
+    );
+    println!(
+        "bench-start: template start against the floor: ratio {:.2} (target <= 1.00)",
+        t.as_secs_f64() / floor.as_secs_f64()
+    );
+    let parts = measure_idle_pod(stack)?;
+    print_memory(
+        "PSS, from a template",
+        parts.iter().map(|(n, _, pss)| (*n, *pss)),
+    );
+    let pss_mib = parts.iter().map(|(_, _, pss)| pss).sum::<u64>() / 1024;
+    figure(
+        "idle pod host memory (PSS), started from a template",
+        format!("{pss_mib} MiB"),
+        format!("cold {cold_pss_mib} MiB"),
+        Some(pss_mib as f64 / cold_pss_mib as f64),
+        "<= 1.00",
+    );
+    Ok(())
 }
 
 /// Boot to the agent's answer of vmlet's kernel and of the Debian cloud kernel, on the cloud
@@ -275,9 +345,41 @@ async fn compare_kernels(guest: &Guest) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Host memory of one idle pod (default 256 MiB guest): the RSS of its QEMU, virtiofsd,
-/// vhost-device-vsock and shim, measured a few seconds after it started.
-fn idle_pod_memory(stack: &Stack) -> anyhow::Result<()> {
+/// Host memory of one idle pod (default 256 MiB guest, [`measure_idle_pod`]), printed;
+/// returns its PSS (MiB).
+fn idle_pod_memory(stack: &Stack) -> anyhow::Result<u64> {
+    let parts = measure_idle_pod(stack)?;
+    // RSS counts a page for every process that maps it; PSS shares it among them (issue
+    // 14's measure: their sum is what the pod costs the host).
+    print_memory("RSS", parts.iter().map(|(n, rss, _)| (*n, *rss)));
+    print_memory("PSS", parts.iter().map(|(n, _, pss)| (*n, *pss)));
+    let pss_mib = parts.iter().map(|(_, _, pss)| pss).sum::<u64>() / 1024;
+    let shim_rss_mib = parts
+        .iter()
+        .filter(|(n, _, _)| n.starts_with("containerd-shim"))
+        .map(|(_, rss, _)| rss)
+        .sum::<u64>()
+        / 1024;
+    figure(
+        "idle pod host memory (PSS)",
+        format!("{pss_mib} MiB"),
+        "-",
+        None,
+        "<= 80 MiB",
+    );
+    figure(
+        "idle pod's shim (RSS)",
+        format!("{shim_rss_mib} MiB"),
+        "-",
+        None,
+        "<= 10 MiB",
+    );
+    Ok(pss_mib)
+}
+
+/// One idle pod's processes (QEMU, virtiofsd, vhost-device-vsock, shim), each with its RSS
+/// and PSS (KiB) a few seconds after it started; its host CPU printed.
+fn measure_idle_pod(stack: &Stack) -> anyhow::Result<Vec<(&'static str, u64, u64)>> {
     let id = unique_id("idle");
     let run = stack.ctr_output(&[
         "run",
@@ -333,33 +435,7 @@ fn idle_pod_memory(stack: &Stack) -> anyhow::Result<()> {
         Ok::<_, anyhow::Error>(parts)
     })();
     let _ = stack.kill_and_remove(&id);
-    let parts = measured?;
-    // RSS counts a page for every process that maps it; PSS shares it among them (issue
-    // 14's measure: their sum is what the pod costs the host).
-    print_memory("RSS", parts.iter().map(|(n, rss, _)| (*n, *rss)));
-    print_memory("PSS", parts.iter().map(|(n, _, pss)| (*n, *pss)));
-    let pss_mib = parts.iter().map(|(_, _, pss)| pss).sum::<u64>() / 1024;
-    let shim_rss_mib = parts
-        .iter()
-        .filter(|(n, _, _)| n.starts_with("containerd-shim"))
-        .map(|(_, rss, _)| rss)
-        .sum::<u64>()
-        / 1024;
-    figure(
-        "idle pod host memory (PSS)",
-        format!("{pss_mib} MiB"),
-        "-",
-        None,
-        "<= 80 MiB",
-    );
-    figure(
-        "idle pod's shim (RSS)",
-        format!("{shim_rss_mib} MiB"),
-        "-",
-        None,
-        "<= 10 MiB",
-    );
-    Ok(())
+    measured
 }
 
 /// One line: the pod's total by `measure` and each process's part (KiB in, MiB out).
