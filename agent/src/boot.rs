@@ -102,6 +102,7 @@ pub fn boot() -> Result<Boot, Error> {
     let key = crate::host_gate::read_key()?;
     if template {
         crate::template::reseed(key.as_bytes())?;
+        log::info!("reseeded the random number generator from this pod's key");
     }
     let share = match cmdline
         .split_whitespace()

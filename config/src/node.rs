@@ -155,7 +155,8 @@ pub struct TemplatesConfig {
     pub dir: PathBuf,
     /// How many saved guests (VM shapes) the directory may hold.
     pub max_count: u32,
-    /// How many MiB they may take between them, each counted at its guest's full memory.
+    /// How many MiB of the disk they may take between them (a new one counted at its
+    /// guest's memory until it is saved).
     pub max_mib: u64,
 }
 

@@ -105,7 +105,8 @@ async fn a_guest_loaded_from_a_template_becomes_a_pod_of_its_own() {
         );
         let console = std::fs::read_to_string(vm.console()).unwrap();
         assert!(
-            console.contains("restored from a template as vsock CID 3"),
+            console.contains("restored from a template as vsock CID 3")
+                && console.contains("reseeded the random number generator from this pod's key"),
             "{console}"
         );
         pods.push((vm, qmp, boot_id));

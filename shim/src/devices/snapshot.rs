@@ -27,36 +27,61 @@ fn capabilities() -> Value {
 }
 
 /// Stops the VM and saves its state into `file` (write-only, empty), within `deadline`.
-/// The VM stays paused.
+/// The VM stays paused, also when the save failed (a save that took too long is cancelled
+/// first, so that it cannot complete later and pause the VM again).
 pub async fn save(qmp: &Qmp, file: OwnedFd, deadline: Duration) -> Result<(), Error> {
     qmp.execute("stop", json!({}), Vec::new()).await?;
     qmp.execute("migrate-set-capabilities", capabilities(), Vec::new())
         .await?;
-    with_fdset(qmp, file, "save", |uri| async move {
-        migrate(qmp, "migrate", uri, deadline).await
+    let ended = with_fdset(qmp, file, "save", |uri| async move {
+        let ended = migrate(qmp, "migrate", json!({ "uri": uri }), deadline).await;
+        if ended.is_err() {
+            cancel(qmp).await;
+        }
+        ended
     })
-    .await
+    .await?;
+    match ended {
+        Ended::Completed => Ok(()),
+        Ended::Failed(reason) => Err(Error::Internal(format!("migrate: {reason}"))),
+    }
+}
+
+/// What a load left.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Loaded {
+    /// The VM runs the loaded state.
+    Running,
+    /// QEMU refused the file, for this reason (the VM has nothing to run).
+    Refused(String),
 }
 
 /// Loads the state in `file` (read-only) into a VM that QEMU started with
-/// `-incoming defer`, then runs it, within `deadline`.
-pub async fn load(qmp: &Qmp, file: OwnedFd, deadline: Duration) -> Result<(), Error> {
+/// `-incoming defer`, then runs it, within `deadline`. QEMU is told not to exit when it
+/// refuses the file, so that it can say why.
+pub async fn load(qmp: &Qmp, file: OwnedFd, deadline: Duration) -> Result<Loaded, Error> {
     qmp.execute("migrate-set-capabilities", capabilities(), Vec::new())
         .await?;
-    with_fdset(qmp, file, "load", |uri| async move {
-        migrate(qmp, "migrate-incoming", uri, deadline).await
+    let ended = with_fdset(qmp, file, "load", |uri| async move {
+        let args = json!({ "uri": uri, "exit-on-error": false });
+        migrate(qmp, "migrate-incoming", args, deadline).await
     })
     .await?;
-    qmp.execute("cont", json!({}), Vec::new()).await?;
-    Ok(())
+    match ended {
+        Ended::Completed => {
+            qmp.execute("cont", json!({}), Vec::new()).await?;
+            Ok(Loaded::Running)
+        }
+        Ended::Failed(reason) => Ok(Loaded::Refused(reason)),
+    }
 }
 
 /// Hands `file` to QEMU as an fdset, runs `f` with its `file:` URI, and removes the fdset
 /// again (QEMU keeps its own duplicate while it uses it).
-async fn with_fdset<F, Fut>(qmp: &Qmp, file: OwnedFd, what: &str, f: F) -> Result<(), Error>
+async fn with_fdset<T, F, Fut>(qmp: &Qmp, file: OwnedFd, what: &str, f: F) -> Result<T, Error>
 where
     F: FnOnce(String) -> Fut,
-    Fut: std::future::Future<Output = Result<(), Error>>,
+    Fut: std::future::Future<Output = Result<T, Error>>,
 {
     let added = qmp
         .execute(
@@ -78,24 +103,53 @@ where
     result
 }
 
-/// Runs `command` (`migrate` or `migrate-incoming`) to `uri` and waits until QEMU says it
-/// completed; a failure carries QEMU's reason.
-async fn migrate(qmp: &Qmp, command: &str, uri: String, deadline: Duration) -> Result<(), Error> {
+/// How a migration ended.
+enum Ended {
+    Completed,
+    /// QEMU's reason.
+    Failed(String),
+}
+
+/// Runs `command` (`migrate` or `migrate-incoming`) with `args` and waits until QEMU says
+/// the migration ended; an error is QEMU's silence or end, not a failed migration.
+async fn migrate(
+    qmp: &Qmp,
+    command: &str,
+    args: Value,
+    deadline: Duration,
+) -> Result<Ended, Error> {
     let mut events = qmp.subscribe();
-    qmp.execute(command, json!({"uri": uri}), Vec::new())
-        .await?;
+    qmp.execute(command, args, Vec::new()).await?;
     events
         .wait_for("MIGRATION", |d| ended(&d["status"]), deadline)
         .await?;
     let state = qmp.execute("query-migrate", json!({}), Vec::new()).await?;
-    match state["status"].as_str() {
-        Some("completed") => Ok(()),
-        _ => Err(Error::Internal(format!(
+    Ok(match state["status"].as_str() {
+        Some("completed") => Ended::Completed,
+        _ => Ended::Failed(format!(
             "{command}: {}",
             state["error-desc"]
                 .as_str()
                 .map_or_else(|| format!("QEMU says {state}"), str::to_owned)
-        ))),
+        )),
+    })
+}
+
+/// How long a cancelled save may take to end.
+const CANCEL_DEADLINE: Duration = Duration::from_secs(5);
+
+/// Cancels an outgoing migration and waits (briefly) until QEMU says it ended; a failure is
+/// logged (the VM is ended with its pod).
+async fn cancel(qmp: &Qmp) {
+    let mut events = qmp.subscribe();
+    let cancelled = async {
+        qmp.execute("migrate_cancel", json!({}), Vec::new()).await?;
+        events
+            .wait_for("MIGRATION", |d| ended(&d["status"]), CANCEL_DEADLINE)
+            .await
+    };
+    if let Err(e) = cancelled.await {
+        log::warn!("cancel the save: {}", e.message());
     }
 }
 
@@ -164,16 +218,36 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_save_that_does_not_end_in_time_is_cancelled() {
+        let (stream, server) = fake_qemu(|c| match c["execute"].as_str().unwrap() {
+            "add-fd" => vec![json!({"return": {"fdset-id": 3, "fd": 25}})],
+            "migrate_cancel" => vec![
+                json!({"return": {}}),
+                json!({"event": "MIGRATION", "data": {"status": "cancelled"}}),
+            ],
+            // "migrate" answers and never ends.
+            _ => vec![json!({"return": {}})],
+        });
+        let qmp = Qmp::handshake(stream).await.unwrap();
+        let err = save(&qmp, file(), Duration::from_millis(200))
+            .await
+            .unwrap_err();
+        assert!(err.message().contains("MIGRATION"), "{err}");
+        drop(qmp);
+        let names = names(&finished(server).await);
+        assert_eq!(
+            names[names.len() - 2..],
+            ["migrate_cancel".to_owned(), "remove-fd".to_owned()]
+        );
+    }
+
+    #[tokio::test]
     async fn a_failed_load_says_why_and_does_not_run_the_vm() {
         let (stream, server) = fake_qemu(qemu_migrating_to("failed", "Unable to read RAM"));
         let qmp = Qmp::handshake(stream).await.unwrap();
-        let err = load(&qmp, file(), Duration::from_secs(5))
-            .await
-            .unwrap_err();
-        assert!(
-            err.message()
-                .contains("migrate-incoming: Unable to read RAM"),
-            "{err}"
+        assert_eq!(
+            load(&qmp, file(), Duration::from_secs(5)).await.unwrap(),
+            Loaded::Refused("migrate-incoming: Unable to read RAM".into())
         );
         drop(qmp);
         let seen = finished(server).await;
@@ -186,9 +260,13 @@ mod tests {
     async fn a_load_runs_the_vm_once_it_completed() {
         let (stream, server) = fake_qemu(qemu_migrating_to("completed", ""));
         let qmp = Qmp::handshake(stream).await.unwrap();
-        load(&qmp, file(), Duration::from_secs(5)).await.unwrap();
+        assert_eq!(
+            load(&qmp, file(), Duration::from_secs(5)).await.unwrap(),
+            Loaded::Running
+        );
         drop(qmp);
         let seen = finished(server).await;
+        assert_eq!(seen[3].0["arguments"]["exit-on-error"], false);
         assert_eq!(
             names(&seen[1..]),
             [

@@ -14,8 +14,9 @@ use std::time::{Duration, Instant};
 
 use vmlet_config::NodeConfig;
 
+use crate::devices::identity;
 use crate::devices::qmp::Qmp;
-use crate::devices::{identity, snapshot};
+use crate::devices::snapshot::{self, Loaded};
 use crate::host::templates::{key, Limits, Reserved, TemplateStore};
 use crate::vmm::vm_spec::{GuestBoot, TemplateRole, VmSpec, VsockDevice, VSOCK_PORT};
 use crate::Error;
@@ -80,8 +81,8 @@ fn eligible(spec: &VmSpec) -> bool {
 }
 
 /// Everything a saved guest depends on, one item a line: the shape, the machine, the
-/// guest's command line, where each device sits, and the identity of the kernel, initramfs
-/// and QEMU files (their size, inode and modification time: a replaced file is another
+/// guest's command line, where each device sits, the host's boot, and the identity of the
+/// kernel, initramfs, QEMU, wrapper and virtiofsd files (their size, inode and modification time: a replaced file is another
 /// guest; not the change time, which libvirt's ownership changes move at every start).
 fn describe(spec: &VmSpec) -> Result<String, Error> {
     let GuestBoot::Agent(agent) = &spec.guest else {
@@ -92,7 +93,7 @@ fn describe(spec: &VmSpec) -> Result<String, Error> {
     Ok(format!(
         "vmlet {}\nvcpus {}\nmemory {} MiB\nhotplug {} MiB\nmachine {}\ncpu {:?}\nkvm {}\n\
          tcg cache {:?}\nfree page reporting {}\nslots {:?}\ncmdline {cmdline}\
-         kernel {}\ninitrd {}\nqemu {}\nemulator {}\n",
+         kernel {}\ninitrd {}\nqemu {}\nemulator {}\nvirtiofsd {}\nhost boot {}\n",
         env!("CARGO_PKG_VERSION"),
         spec.vcpus,
         spec.memory_mib,
@@ -107,7 +108,18 @@ fn describe(spec: &VmSpec) -> Result<String, Error> {
         file_identity(&agent.initrd)?,
         file_identity(&spec.qemu)?,
         file_identity(&spec.emulator)?,
+        file_identity(&agent.virtiofsd)?,
+        host_boot()?,
     ))
+}
+
+/// The host's boot id: a template saved before the host's last boot (its kernel, microcode
+/// or CPU may have changed) is never loaded.
+fn host_boot() -> Result<String, Error> {
+    let path = "/proc/sys/kernel/random/boot_id";
+    std::fs::read_to_string(path)
+        .map(|id| id.trim().to_owned())
+        .map_err(|e| Error::io(format!("read {path}"), e))
 }
 
 fn file_identity(path: &str) -> Result<String, Error> {
@@ -145,16 +157,19 @@ impl TemplateStart {
         match self {
             TemplateStart::Save { key, reserved } => {
                 wait_for_template(console, ready_within).await?;
-                let file = reserved.file()?;
                 let started = Instant::now();
-                match snapshot::save(qmp, file.into(), SAVE_OR_LOAD).await {
-                    Ok(()) => {
-                        reserved.commit()?;
-                        log::info!(
-                            "pod {pod_id}: saved template {key} in {} ms",
-                            started.elapsed().as_millis()
-                        );
-                    }
+                let saved = match reserved.file() {
+                    Ok(file) => snapshot::save(qmp, file.into(), SAVE_OR_LOAD)
+                        .await
+                        .and_then(|()| reserved.commit()),
+                    Err(e) => Err(e),
+                };
+                match saved {
+                    Ok(()) => log::info!(
+                        "pod {pod_id}: saved template {key} in {} ms",
+                        started.elapsed().as_millis()
+                    ),
+                    // The pod goes on; dropped, the reservation's file is removed.
                     Err(e) => log::warn!(
                         "pod {pod_id}: template {key} not saved, pods of this shape keep starting cold: {}",
                         e.message()
@@ -164,26 +179,34 @@ impl TemplateStart {
                     .await?;
             }
             TemplateStart::Load { key, file, store } => {
-                if let Err(e) = snapshot::load(qmp, file.into(), SAVE_OR_LOAD).await {
-                    if let Err(d) = store.discard(&key) {
-                        log::warn!("pod {pod_id}: {}", d.message());
+                let dup = file
+                    .try_clone()
+                    .map_err(|e| Error::io(format!("dup template {key}"), e))?;
+                match snapshot::load(qmp, dup.into(), SAVE_OR_LOAD).await? {
+                    Loaded::Running => log::info!("pod {pod_id}: loaded template {key}"),
+                    Loaded::Refused(reason) => {
+                        if let Err(d) = store.discard(&key, &file).await {
+                            log::warn!("pod {pod_id}: {}", d.message());
+                        }
+                        return Err(Error::Internal(format!(
+                            "QEMU refused template {key}, which is discarded (the shape's next pod saves a new one): {reason}"
+                        )));
                     }
-                    return Err(Error::Internal(format!(
-                        "load template {key} (discarded; the shape's next pod saves a new one): {}",
-                        e.message()
-                    )));
                 }
-                log::info!("pod {pod_id}: loaded template {key}");
             }
         }
         identity::plug_vsock(qmp, vsock_socket, VSOCK_PORT).await
     }
 }
 
+/// The agent's log line that says the template is ready ([`vmlet_protocol::TEMPLATE_READY_LINE`]
+/// at the start of a line, with the agent's prefix): what a pod's kernel parameters print on
+/// the console (the kernel echoes its command line) is never at a line's start.
+const READY_ON_CONSOLE: &str = "\nvmlet-agent INFO: template ready to be saved";
+
 /// Waits until the guest's console says it is ready to be saved.
 async fn wait_for_template(console: &Path, within: Duration) -> Result<(), Error> {
-    let mut watch =
-        crate::guest::console::ReadyWatch::new(console, vmlet_protocol::TEMPLATE_READY_LINE);
+    let mut watch = crate::guest::console::ReadyWatch::new(console, READY_ON_CONSOLE);
     if !watch.wait_until(Instant::now() + within).await {
         return Err(Error::Timeout(format!(
             "the template guest did not say it was ready to be saved within {} s",
@@ -207,12 +230,14 @@ mod tests {
             ("vmlinux", "kernel"),
             ("initrd", "initrd"),
             ("qemu", "qemu"),
+            ("virtiofsd", "virtiofsd"),
         ] {
             std::fs::write(dir.join(name), file).unwrap();
         }
         if let GuestBoot::Agent(agent) = &mut spec.guest {
             agent.kernel = dir.join("vmlinux").to_string_lossy().into_owned();
             agent.initrd = dir.join("initrd").to_string_lossy().into_owned();
+            agent.virtiofsd = dir.join("virtiofsd").to_string_lossy().into_owned();
         }
         spec.qemu = dir.join("qemu").to_string_lossy().into_owned();
         spec.emulator = spec.qemu.clone();
@@ -250,5 +275,11 @@ mod tests {
         std::fs::remove_file(dir.path().join("vmlinux")).unwrap();
         std::fs::write(dir.path().join("vmlinux"), "another kernel").unwrap();
         assert_ne!(before, describe(&a).unwrap(), "a replaced kernel");
+    }
+
+    #[test]
+    fn the_ready_line_is_the_agents_log_line_at_a_lines_start() {
+        assert!(READY_ON_CONSOLE.starts_with("\nvmlet-agent INFO: "));
+        assert!(READY_ON_CONSOLE.ends_with(vmlet_protocol::TEMPLATE_READY_LINE));
     }
 }
