@@ -30,7 +30,8 @@ pub fn tail_of(path: &Path, max: u64) -> String {
     crate::guest::guest_text::clean(&String::from_utf8_lossy(&bytes), 3 * bytes.len())
 }
 
-/// Looks for a line in the console log, reading only what was added since the last look.
+/// Looks for a line in the console log, reading only what was added since the last look. A
+/// needle that starts with `\n` matches only at a line's start, the log's own start too.
 pub struct ReadyWatch {
     path: PathBuf,
     needle: &'static [u8],
@@ -45,7 +46,7 @@ impl ReadyWatch {
             path: path.to_owned(),
             needle: needle.as_bytes(),
             offset: 0,
-            carry: Vec::new(),
+            carry: b"\n".to_vec(),
         }
     }
 
@@ -71,7 +72,7 @@ impl ReadyWatch {
         if len < self.offset {
             // Rotated or truncated: start again.
             self.offset = 0;
-            self.carry.clear();
+            self.carry = b"\n".to_vec();
         }
         if file.seek(SeekFrom::Start(self.offset)).is_err() {
             return false;
@@ -197,6 +198,27 @@ mod tests {
         assert!(watch.shows_ready(), "a shorter file is read from its start");
         std::fs::remove_file(&path).unwrap();
         assert!(!ReadyWatch::new(&path, "agent ready").shows_ready());
+    }
+
+    #[test]
+    fn a_needle_at_a_lines_start_matches_there_and_at_the_logs_start_only() {
+        let path = temp("line-start");
+        std::fs::write(&path, "Kernel command line: quiet ready now\r\n").unwrap();
+        let mut watch = ReadyWatch::new(&path, "\nready now");
+        assert!(!watch.shows_ready(), "in the middle of a line");
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap()
+            .write_all(b"ready now\r\n")
+            .unwrap();
+        assert!(watch.shows_ready(), "at a line's start");
+        std::fs::write(&path, "ready now\r\n").unwrap();
+        assert!(
+            ReadyWatch::new(&path, "\nready now").shows_ready(),
+            "at the log's start"
+        );
+        std::fs::remove_file(&path).unwrap();
     }
 
     #[test]
