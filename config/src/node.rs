@@ -287,6 +287,23 @@ impl NodeConfig {
         Self::from_toml(&text, path)
     }
 
+    /// `dir` (the value of `key`) is absolute and apart from `state_dir` (`why` ends the
+    /// message).
+    fn disk_backed(&self, key: &'static str, dir: &Path, why: &str) -> Result<(), Error> {
+        let invalid = |reason: String| Err(Error::InvalidConfig { key, reason });
+        if !dir.is_absolute() {
+            return invalid("must be an absolute path".into());
+        }
+        if dir.starts_with(&self.state_dir) || self.state_dir.starts_with(dir) {
+            return invalid(format!(
+                "{} must lie apart from state_dir ({}){why}",
+                dir.display(),
+                self.state_dir.display()
+            ));
+        }
+        Ok(())
+    }
+
     fn validate(&self) -> Result<(), Error> {
         let g = &self.guest;
         let invalid = |key, reason: String| Err(Error::InvalidConfig { key, reason });
@@ -326,37 +343,15 @@ impl NodeConfig {
         if !self.state_dir.is_absolute() {
             return invalid("state_dir", "must be an absolute path".into());
         }
-        let disks = &self.vm_images.disk_dir;
-        if !disks.is_absolute() {
-            return invalid("vm_images.disk_dir", "must be an absolute path".into());
-        }
-        if disks.starts_with(&self.state_dir) || self.state_dir.starts_with(disks) {
-            return invalid(
-                "vm_images.disk_dir",
-                format!(
-                    "{} must lie apart from state_dir ({}): guests write their disks there",
-                    disks.display(),
-                    self.state_dir.display()
-                ),
-            );
-        }
+        self.disk_backed(
+            "vm_images.disk_dir",
+            &self.vm_images.disk_dir,
+            ": guests write their disks there",
+        )?;
         if self.vm_images.max_root_disk_mib == 0 {
             return invalid("vm_images.max_root_disk_mib", "must be at least 1".into());
         }
-        let templates = &self.templates.dir;
-        if !templates.is_absolute() {
-            return invalid("templates.dir", "must be an absolute path".into());
-        }
-        if templates.starts_with(&self.state_dir) || self.state_dir.starts_with(templates) {
-            return invalid(
-                "templates.dir",
-                format!(
-                    "{} must lie apart from state_dir ({}), a tmpfs on a node",
-                    templates.display(),
-                    self.state_dir.display()
-                ),
-            );
-        }
+        self.disk_backed("templates.dir", &self.templates.dir, ", a tmpfs on a node")?;
         if self.templates.max_count == 0 {
             return invalid("templates.max_count", "must be at least 1".into());
         }

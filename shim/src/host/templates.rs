@@ -118,12 +118,8 @@ impl TemplateStore {
                 path.display()
             )));
         }
-        let now = nix::sys::time::TimeSpec::from(
-            SystemTime::now()
-                .duration_since(SystemTime::UNIX_EPOCH)
-                .unwrap_or_default(),
-        );
-        if let Err(e) = nix::sys::stat::futimens(&file, &nix::sys::time::TimeSpec::UTIME_OMIT, &now)
+        use nix::sys::time::TimeSpec;
+        if let Err(e) = nix::sys::stat::futimens(&file, &TimeSpec::UTIME_OMIT, &TimeSpec::UTIME_NOW)
         {
             log::warn!("template {key}: mark it used: {e}");
         }
@@ -232,20 +228,20 @@ impl TemplateStore {
     /// Whether `size` more bytes and one more file fit the limits, once saved files unused
     /// for [`UNUSED_FOR`] were removed as needed, the longest unused first.
     fn make_room(&self, size: u64) -> Result<bool, Error> {
-        let fits = |(count, bytes): (usize, u64)| {
-            count < self.limits.max_count && bytes.saturating_add(size) <= self.limits.max_bytes
-        };
-        let mut unused: Vec<Entry> = self
-            .entries()?
+        let entries = self.entries()?;
+        let (mut count, mut bytes) = totals(&entries);
+        let mut unused: Vec<Entry> = entries
             .into_iter()
             .filter(|e| e.saved && e.modified.elapsed().is_ok_and(|age| age >= UNUSED_FOR))
             .collect();
         unused.sort_by_key(|e| e.modified);
         let mut unused = unused.into_iter();
-        while !fits(self.held()?) {
+        while count >= self.limits.max_count || bytes.saturating_add(size) > self.limits.max_bytes {
             let Some(oldest) = unused.next() else {
                 return Ok(false);
             };
+            count -= 1;
+            bytes = bytes.saturating_sub(oldest.bytes);
             let path = self.path(&oldest.name);
             std::fs::remove_file(&path)
                 .map_err(|e| Error::io(format!("remove {}", path.display()), e))?;
@@ -260,9 +256,7 @@ impl TemplateStore {
 
     /// How many saved and partial files the directory holds, and the bytes they count for.
     fn held(&self) -> Result<(usize, u64), Error> {
-        Ok(self.entries()?.iter().fold((0, 0), |(n, bytes), e| {
-            (n + 1, bytes.saturating_add(e.bytes))
-        }))
+        Ok(totals(&self.entries()?))
     }
 
     /// The saved and partial files of the directory (nothing else is counted).
@@ -322,6 +316,13 @@ impl TemplateStore {
         }
         Ok(())
     }
+}
+
+/// How many entries, and the bytes they count for.
+fn totals(entries: &[Entry]) -> (usize, u64) {
+    entries.iter().fold((0, 0), |(n, bytes), e| {
+        (n + 1, bytes.saturating_add(e.bytes))
+    })
 }
 
 /// A key is what [`key`] makes: 64 hex digits (so it names one file of the directory).
@@ -384,6 +385,17 @@ mod tests {
     use std::path::Path;
 
     const MIB: u64 = 1 << 20;
+
+    /// Reserves and commits `key` at once (an empty saved file).
+    async fn saved(store: &TemplateStore, key: &str) {
+        store
+            .reserve(key, MIB)
+            .await
+            .unwrap()
+            .unwrap()
+            .commit()
+            .unwrap();
+    }
 
     fn store(dir: &Path, max_count: usize, max_bytes: u64) -> TemplateStore {
         TemplateStore::new(
@@ -538,13 +550,7 @@ mod tests {
     async fn a_template_unused_for_an_hour_makes_room_and_a_used_one_does_not() {
         let dir = tempfile::tempdir().unwrap();
         let store = store(dir.path(), 1, 1024 * MIB);
-        store
-            .reserve(&key("a"), MIB)
-            .await
-            .unwrap()
-            .unwrap()
-            .commit()
-            .unwrap();
+        saved(&store, &key("a")).await;
         assert!(
             store.reserve(&key("b"), MIB).await.unwrap().is_none(),
             "a was just saved"
@@ -583,13 +589,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = store(dir.path(), 4, 1024 * MIB);
         let k = key("a");
-        store
-            .reserve(&k, MIB)
-            .await
-            .unwrap()
-            .unwrap()
-            .commit()
-            .unwrap();
+        saved(&store, &k).await;
         let path = dir.path().join("templates").join(format!("{k}.vmstate"));
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
         let err = store.open(&k).unwrap_err();
@@ -601,13 +601,7 @@ mod tests {
         let loaded = store.open(&k).unwrap().unwrap();
         // Saved again since: the new file is not the one that failed to load.
         std::fs::remove_file(&path).unwrap();
-        store
-            .reserve(&k, MIB)
-            .await
-            .unwrap()
-            .unwrap()
-            .commit()
-            .unwrap();
+        saved(&store, &k).await;
         store.discard(&k, &loaded).await.unwrap();
         assert!(path.exists());
         let again = store.open(&k).unwrap().unwrap();

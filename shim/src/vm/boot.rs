@@ -13,7 +13,6 @@ use crate::guest::port_forward::PortForward;
 use crate::guest::vsock::Endpoint;
 use crate::host::pod_paths::PodPaths;
 use crate::task::phases::Phases;
-use crate::vmm::vm_spec::VsockDevice;
 use crate::vmm::VmManager;
 use crate::Error;
 
@@ -47,21 +46,14 @@ pub(super) async fn run(
     let (key, key_file) = agent_link::give_key(config, paths)?;
     let guest = launch::agent_guest(config, req, paths, &vsock);
     let taps = net.taps.take();
-    let mut launched =
-        launch_domain(config, &vmm, req, paths, rec, phases, guest, taps, true).await?;
+    let mut launched = launch_domain(config, &vmm, req, paths, rec, phases, guest, taps).await?;
     key_file.given()?;
     if let Some(template) = launched.template.take() {
-        let VsockDevice::VhostUser { socket } = &vsock else {
-            return Err(Error::Internal(
-                "a template start without vhost-user vsock".into(),
-            ));
-        };
         template
             .finish(
                 launched.hotplug.qmp(),
                 &req.pod_id,
                 &paths.console,
-                std::path::Path::new(socket),
                 std::time::Duration::from_secs(config.agent_timeout_secs),
             )
             .await?;
@@ -121,7 +113,6 @@ async fn launch_domain(
     phases: &Phases,
     guest: crate::vmm::vm_spec::GuestBoot,
     taps: Option<PendingTaps>,
-    templates: bool,
 ) -> Result<launch::Launched, Error> {
     let kvm = accel::use_kvm(config, vmm, &req.options).await?;
     phases.mark("accel");
@@ -131,12 +122,7 @@ async fn launch_domain(
         req,
         paths,
         rec,
-        launch::Devices {
-            kvm,
-            guest,
-            taps,
-            templates,
-        },
+        launch::Devices { kvm, guest, taps },
     )
     .await?;
     phases.mark("domain");
@@ -217,7 +203,7 @@ pub(super) async fn run_image(
         firmware: image.firmware,
     });
     let taps = net.taps.take();
-    let launched = launch_domain(config, &vmm, req, paths, rec, phases, guest, taps, false).await?;
+    let launched = launch_domain(config, &vmm, req, paths, rec, phases, guest, taps).await?;
     Ok(BootedImage {
         hotplug: launched.hotplug,
         ended: launched.ended,

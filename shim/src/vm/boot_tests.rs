@@ -238,7 +238,6 @@ fn devices() -> launch::Devices {
             key_file: "/run/vmlet/p/agent.key".into(),
         }),
         taps: None,
-        templates: true,
     }
 }
 

@@ -32,9 +32,6 @@ pub(super) struct Devices {
     pub guest: GuestBoot,
     /// The pod's taps (none: no NIC).
     pub taps: Option<PendingTaps>,
-    /// Whether the pod may start from a template (vmlet's guest; `templates.enabled`
-    /// decides).
-    pub templates: bool,
 }
 
 /// vmlet's guest: the node's kernel and initrd with the pod's kernel parameters, the
@@ -116,12 +113,9 @@ pub(super) async fn start(
     };
     let name = domain_name(pod_id);
     let kvm = devices.kvm;
-    let templates = devices.templates;
     let (mut spec, taps) = vm_spec(config, req, paths, &name, devices, console);
-    let template = match templates {
-        true => super::template_start::choose(config, &spec).await?,
-        false => None,
-    };
+    // None for a VM image, which has no agent to wait for a restore.
+    let template = super::template_start::choose(config, &spec).await?;
     spec.template = template.as_ref().map(TemplateStart::role);
     let request = crate::vmm::domain::start_request(&spec)?;
     // Served before QEMU starts: the wrapper fetches the taps before it executes QEMU.

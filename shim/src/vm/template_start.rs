@@ -9,7 +9,7 @@
 //! boot cold.
 
 use std::fs::File;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use vmlet_config::NodeConfig;
@@ -18,7 +18,7 @@ use crate::devices::identity;
 use crate::devices::qmp::Qmp;
 use crate::devices::snapshot::{self, Loaded};
 use crate::host::templates::{key, Limits, Reserved, TemplateStore};
-use crate::vmm::vm_spec::{GuestBoot, TemplateRole, VmSpec, VsockDevice, VSOCK_PORT};
+use crate::vmm::vm_spec::{GuestBoot, TemplateRole, VmSpec, VSOCK_PORT};
 use crate::Error;
 
 /// How long a save or a load may take (each takes well under a second under TCG).
@@ -27,16 +27,19 @@ const SAVE_OR_LOAD: Duration = Duration::from_secs(60);
 /// bitmaps, the devices' state).
 const STATE_OVERHEAD: u64 = 16 << 20;
 
-/// What the pod's boot does with its template.
-pub(super) enum TemplateStart {
+/// What the pod's boot does with its shape's template, and the vsock backend's socket its
+/// device is plugged in with afterwards.
+pub(super) struct TemplateStart {
+    key: String,
+    vsock: PathBuf,
+    action: Action,
+}
+
+enum Action {
     /// Boot as a template and save it (this shim reserved the shape's file).
-    Save { key: String, reserved: Reserved },
+    Save(Reserved),
     /// Load the saved guest.
-    Load {
-        key: String,
-        file: File,
-        store: TemplateStore,
-    },
+    Load { file: File, store: TemplateStore },
 }
 
 /// The template start `spec` gets, if any: none when templates are off or the pod cannot
@@ -46,21 +49,23 @@ pub(super) async fn choose(
     config: &NodeConfig,
     spec: &VmSpec,
 ) -> Result<Option<TemplateStart>, Error> {
-    if !config.templates.enabled || !eligible(spec) {
-        return Ok(None);
-    }
+    let vsock = match spec.vhost_user_vsock() {
+        Some(socket) if config.templates.enabled && eligible(spec) => PathBuf::from(socket),
+        _ => return Ok(None),
+    };
     let store = TemplateStore::new(
         &config.templates.dir,
         Limits {
             max_count: config.templates.max_count as usize,
-            max_bytes: config.templates.max_mib << 20,
+            max_bytes: config.templates.max_mib.saturating_mul(1 << 20),
         },
     );
     let description = describe(spec)?;
     let key = key(&description);
     log::debug!("pod {}: template {key} is of {description:?}", spec.pod_id);
     if let Some(file) = store.open(&key)? {
-        return Ok(Some(TemplateStart::Load { key, file, store }));
+        let action = Action::Load { file, store };
+        return Ok(Some(TemplateStart { key, vsock, action }));
     }
     // The guest's RAM: a template never has memory plugged into its virtio-mem region
     // (only a container's limit plugs it), which the save skips.
@@ -68,31 +73,30 @@ pub(super) async fn choose(
     Ok(store
         .reserve(&key, size)
         .await?
-        .map(|reserved| TemplateStart::Save { key, reserved }))
+        .map(|reserved| TemplateStart {
+            key,
+            vsock,
+            action: Action::Save(reserved),
+        }))
 }
 
 /// vmlet's guest on vhost-user vsock, without NICs.
 fn eligible(spec: &VmSpec) -> bool {
-    let vhost_user = matches!(
-        &spec.guest,
-        GuestBoot::Agent(agent) if matches!(agent.vsock, VsockDevice::VhostUser { .. })
-    );
-    vhost_user && spec.network.is_none()
+    spec.vhost_user_vsock().is_some() && spec.network.is_none()
 }
 
 /// Everything a saved guest depends on, one item a line: the shape, the machine, the
 /// guest's command line, where each device sits, the host's boot, and the identity of the
-/// kernel, initramfs, QEMU, wrapper and virtiofsd files (their size, inode and modification time: a replaced file is another
-/// guest; not the change time, which libvirt's ownership changes move at every start).
+/// kernel, initramfs, QEMU, wrapper and virtiofsd files (their size, inode and modification
+/// time: a replaced file is another guest; not the change time, which libvirt's ownership
+/// changes move at every start).
 fn describe(spec: &VmSpec) -> Result<String, Error> {
     let GuestBoot::Agent(agent) = &spec.guest else {
         return Err(Error::Internal("a template of a VM image".into()));
     };
-    let mut cmdline = spec.kernel_cmdline().unwrap_or_default();
-    cmdline.push('\n');
     Ok(format!(
         "vmlet {}\nvcpus {}\nmemory {} MiB\nhotplug {} MiB\nmachine {}\ncpu {:?}\nkvm {}\n\
-         tcg cache {:?}\nfree page reporting {}\nslots {:?}\ncmdline {cmdline}\
+         tcg cache {:?}\nfree page reporting {}\nslots {:?}\ncmdline {}\n\
          kernel {}\ninitrd {}\nqemu {}\nemulator {}\nvirtiofsd {}\nhost boot {}\n",
         env!("CARGO_PKG_VERSION"),
         spec.vcpus,
@@ -104,6 +108,7 @@ fn describe(spec: &VmSpec) -> Result<String, Error> {
         spec.tcg_translation_cache_mib,
         spec.free_page_reporting,
         spec.slots,
+        spec.kernel_cmdline().unwrap_or_default(),
         file_identity(&agent.kernel)?,
         file_identity(&agent.initrd)?,
         file_identity(&spec.qemu)?,
@@ -137,25 +142,25 @@ fn file_identity(path: &str) -> Result<String, Error> {
 
 impl TemplateStart {
     pub fn role(&self) -> TemplateRole {
-        match self {
-            TemplateStart::Save { .. } => TemplateRole::Save,
-            TemplateStart::Load { .. } => TemplateRole::Load,
+        match self.action {
+            Action::Save(_) => TemplateRole::Save,
+            Action::Load { .. } => TemplateRole::Load,
         }
     }
 
     /// After the domain started: saves or loads the guest, then plugs the pod's vsock
-    /// device (served at `vsock_socket`) in. A save that fails leaves no template and the
-    /// pod goes on; a load that fails fails the boot, and the saved guest is discarded.
+    /// device in. A save that fails leaves no template and the pod goes on; a load that QEMU
+    /// refuses fails the boot, and that saved guest is discarded.
     pub async fn finish(
         self,
         qmp: &Qmp,
         pod_id: &str,
         console: &Path,
-        vsock_socket: &Path,
         ready_within: Duration,
     ) -> Result<(), Error> {
-        match self {
-            TemplateStart::Save { key, reserved } => {
+        let TemplateStart { key, vsock, action } = self;
+        match action {
+            Action::Save(reserved) => {
                 wait_for_template(console, ready_within).await?;
                 let started = Instant::now();
                 let saved = match reserved.file() {
@@ -178,7 +183,7 @@ impl TemplateStart {
                 qmp.execute("cont", serde_json::json!({}), Vec::new())
                     .await?;
             }
-            TemplateStart::Load { key, file, store } => {
+            Action::Load { file, store } => {
                 let dup = file
                     .try_clone()
                     .map_err(|e| Error::io(format!("dup template {key}"), e))?;
@@ -195,7 +200,7 @@ impl TemplateStart {
                 }
             }
         }
-        identity::plug_vsock(qmp, vsock_socket, VSOCK_PORT).await
+        identity::plug_vsock(qmp, &vsock, VSOCK_PORT).await
     }
 }
 
@@ -220,6 +225,7 @@ async fn wait_for_template(console: &Path, within: Duration) -> Result<(), Error
 mod tests {
     use super::*;
     use crate::vmm::vm_spec::tests::spec;
+    use crate::vmm::vm_spec::VsockDevice;
 
     fn pod(dir: &Path) -> VmSpec {
         let mut spec = spec(VsockDevice::VhostUser {

@@ -174,14 +174,7 @@ impl Domain {
 /// The request `vmlet-libvirt start` takes: the domain XML of `spec`, and the files its QEMU
 /// opens beside it for the pod's AppArmor profile.
 pub fn start_request(spec: &VmSpec) -> Result<StartDomain, Error> {
-    let on_vhost_user = matches!(
-        &spec.guest,
-        GuestBoot::Agent(AgentBoot {
-            vsock: VsockDevice::VhostUser { .. },
-            ..
-        })
-    );
-    if spec.template.is_some() && !on_vhost_user {
+    if spec.template.is_some() && spec.vhost_user_vsock().is_none() {
         return Err(Error::Internal(format!(
             "pod {}: a template start needs vmlet's guest on vhost-user vsock",
             spec.pod_id

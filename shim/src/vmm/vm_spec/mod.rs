@@ -135,6 +135,18 @@ impl VmSpec {
         })
     }
 
+    /// The vhost-device-vsock socket of vmlet's guest on vhost-user vsock (none: kernel
+    /// vhost-vsock, or a VM image).
+    pub fn vhost_user_vsock(&self) -> Option<&str> {
+        match &self.guest {
+            GuestBoot::Agent(AgentBoot {
+                vsock: VsockDevice::VhostUser { socket },
+                ..
+            }) => Some(socket),
+            _ => None,
+        }
+    }
+
     /// The hot-plug root ports, each on its slot.
     pub fn hotplug_ports(&self) -> Vec<HotplugPort> {
         self.slots
