@@ -1,6 +1,7 @@
 //! Applying the pod network to the guest's NICs (netlink in the guest's own namespace).
 
 use std::net::IpAddr;
+use std::time::Duration;
 
 use futures_util::TryStreamExt;
 use rtnetlink::packet_route::link::LinkAttribute;
@@ -55,10 +56,44 @@ pub async fn loopback_up() -> Result<(), Error> {
         .map_err(|e| netlink("set lo up", e))
 }
 
+/// How long a NIC the request names may take to appear: a pod started from a template has
+/// its NICs plugged in just before its vsock device, and the guest may still be probing
+/// them when the first request arrives. A cold boot's are there from the start.
+const NIC_APPEARS: Duration = Duration::from_secs(10);
+/// How often the guest's links are listed meanwhile.
+const NIC_POLL: Duration = Duration::from_millis(5);
+
 async fn link_by(
     handle: &Handle,
     pred: impl Fn(&str, Option<&[u8]>) -> bool,
 ) -> Result<u32, Error> {
+    find_link(handle, &pred)
+        .await?
+        .ok_or_else(|| Error::Network("no such interface in the guest".into()))
+}
+
+/// The link `pred` picks, waiting up to `within` for it to appear.
+async fn link_within(
+    handle: &Handle,
+    pred: impl Fn(&str, Option<&[u8]>) -> bool,
+    within: Duration,
+) -> Result<Option<u32>, Error> {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        if let Some(index) = find_link(handle, &pred).await? {
+            return Ok(Some(index));
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Ok(None);
+        }
+        tokio::time::sleep(NIC_POLL).await;
+    }
+}
+
+async fn find_link(
+    handle: &Handle,
+    pred: &impl Fn(&str, Option<&[u8]>) -> bool,
+) -> Result<Option<u32>, Error> {
     let mut links = handle.link().get().execute();
     while let Some(link) = links
         .try_next()
@@ -75,10 +110,10 @@ async fn link_by(
             }
         }
         if pred(&name, mac.as_deref()) {
-            return Ok(link.header.index);
+            return Ok(Some(link.header.index));
         }
     }
-    Err(Error::Network("no such interface in the guest".into()))
+    Ok(None)
 }
 
 /// Configures every interface of the request: MTU, up, addresses, then routes.
@@ -92,9 +127,15 @@ pub async fn configure(req: &ConfigureNetworkRequest) -> Result<(), Error> {
 
 async fn configure_one(handle: &Handle, interface: &NetworkInterface) -> Result<(), Error> {
     let mac = parse_mac(&interface.mac)?;
-    let index = link_by(handle, |_, m| m == Some(&mac[..]))
-        .await
-        .map_err(|_| Error::InvalidRequest(format!("no guest NIC with MAC {}", interface.mac)))?;
+    let index = link_within(handle, |_, m| m == Some(&mac[..]), NIC_APPEARS)
+        .await?
+        .ok_or_else(|| {
+            Error::InvalidRequest(format!(
+                "no guest NIC with MAC {} within {} s",
+                interface.mac,
+                NIC_APPEARS.as_secs()
+            ))
+        })?;
     let mut link = LinkUnspec::new_with_index(index).up();
     if interface.mtu > 0 {
         link = link.mtu(interface.mtu);

@@ -14,16 +14,16 @@ use vmlet_integration::testnet::{ip, tcp_exchange_when_up};
 use vmlet_integration::{unique_id, Stack, RUNTIME};
 
 const CNI_PATH: &str = "/usr/lib/cni";
-const GATEWAY: &str = "10.214.0.1";
+pub(crate) const GATEWAY: &str = "10.214.0.1";
 
 /// The node namespace, the CNI network config and host-local's data dir.
-struct Node {
-    ns: String,
+pub(crate) struct Node {
+    pub(crate) ns: String,
     data_dir: PathBuf,
 }
 
 impl Node {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let id = std::process::id() % 100_000;
         let node = Node {
             ns: format!("vmlet-node-{id}"),
@@ -53,7 +53,12 @@ impl Node {
     }
 
     /// Runs the bridge plugin for `command` (ADD/DEL) on `netns`; returns its stdout.
-    fn cni(&self, command: &str, container: &str, netns: &Path) -> Result<String, String> {
+    pub(crate) fn cni(
+        &self,
+        command: &str,
+        container: &str,
+        netns: &Path,
+    ) -> Result<String, String> {
         let mut child = Command::new("ip")
             .args(["netns", "exec", &self.ns, &format!("{CNI_PATH}/bridge")])
             .env("CNI_COMMAND", command)
@@ -93,14 +98,14 @@ impl Drop for Node {
 }
 
 /// A pod network namespace with CNI ADD done; CNI DEL and removal on drop.
-struct Pod<'a> {
+pub(crate) struct Pod<'a> {
     node: &'a Node,
-    name: String,
-    ip: String,
+    pub(crate) name: String,
+    pub(crate) ip: String,
 }
 
 impl<'a> Pod<'a> {
-    fn new(node: &'a Node, tag: &str) -> Self {
+    pub(crate) fn new(node: &'a Node, tag: &str) -> Self {
         let name = format!("vmlet-cni-{tag}-{}", std::process::id() % 100_000);
         ip(&["netns", "add", &name]);
         let result = node
@@ -119,12 +124,12 @@ impl<'a> Pod<'a> {
         PathBuf::from("/run/netns").join(name)
     }
 
-    fn path(&self) -> PathBuf {
+    pub(crate) fn path(&self) -> PathBuf {
         Self::path_of(&self.name)
     }
 
     /// Everything vmlet adds in the pod namespace that is still there.
-    fn vmlet_leftovers(&self) -> String {
+    pub(crate) fn vmlet_leftovers(&self) -> String {
         let links = ip(&["-n", &self.name, "link", "show"]);
         let qdiscs = ip(&[
             "netns", "exec", &self.name, "tc", "qdisc", "show", "dev", "eth0",

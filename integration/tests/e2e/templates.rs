@@ -10,8 +10,11 @@
 //! boots as a template and saves it, and the next ones load it; each still gets its own
 //! random state, and the template directory holds one root-only file. Attack: pods choosing
 //! other shapes (a Kubernetes user writes `vmlet.io/memory`) to fill the node's disk with
-//! templates get none past the node's limit, and start cold. These change the node's
-//! config, so the area runs alone.
+//! templates get none past the node's limit, and start cold. Pods with a network start
+//! from a template of their shape too, their NICs plugged in after the load on their own
+//! taps: two such pods on one CNI bridge, one that saved the template and one that loaded
+//! it, reach the gateway and each other. These change the node's config, so the area runs
+//! alone.
 
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::OpenOptionsExt;
@@ -206,4 +209,86 @@ async fn ctr_pods_of_one_shape_start_from_its_template() {
         3,
         "pods from one template drew the same boot id: {boot_ids:?}"
     );
+}
+
+#[test]
+#[ignore = "needs the vmlet stack and root: make test"]
+fn pods_on_a_cni_bridge_start_from_their_template_with_their_own_nics() {
+    use crate::cni::{Node, Pod, GATEWAY};
+    use vmlet_integration::bounded::{output_within, COMMAND_TIMEOUT};
+    use vmlet_integration::testnet::tcp_exchange_when_up;
+    use vmlet_integration::RUNTIME;
+    let s = stack();
+    let private = PrivateDir::new("vmlet-templates-net").unwrap();
+    let dir = private.join("store");
+    let _config = ConfigSwap::edited(|c| {
+        format!(
+            "{c}\n[templates]\nenabled = true\ndir = \"{}\"\n",
+            dir.display()
+        )
+    });
+    let log_before = containerd_log(&s).len();
+    let node = Node::new();
+    let saver = Pod::new(&node, "tpl-save");
+    let loader = Pod::new(&node, "tpl-load");
+
+    // The first pod of the networked shape boots as its template, is saved, gets its NIC.
+    let saver_id = unique_id("tpl-net-save");
+    let started = Instant::now();
+    let run = s
+        .ctr_output(&[
+            "run",
+            "-d",
+            "--runtime",
+            RUNTIME,
+            "--with-ns",
+            &format!("network:{}", saver.path().display()),
+            &s.image,
+            &saver_id,
+            "sleep",
+            "1000",
+        ])
+        .unwrap();
+    assert!(run.status.success(), "{}", text(&run.stderr));
+    s.wait_status(&saver_id, "RUNNING", Duration::from_secs(90))
+        .unwrap();
+    println!("saving pod running in {} ms", ms(started));
+
+    // The next loads it, gets its own NIC, and reaches the gateway and the first pod.
+    let script = format!(
+        "ip addr; ping -c 1 -W 5 {GATEWAY} >/dev/null && echo GATEWAY-OK; \
+         ping -c 1 -W 5 {} >/dev/null && echo PEER-POD-OK; echo from-pod | nc -l -p 8080",
+        saver.ip
+    );
+    let loader_id = unique_id("tpl-net-load");
+    let started = Instant::now();
+    let with_ns = format!("network:{}", loader.path().display());
+    let run = s
+        .spawn_run(&loader_id, &["--with-ns", &with_ns], &["sh", "-c", &script])
+        .unwrap();
+    let reply = tcp_exchange_when_up(&node.ns, &loader.ip, 8080, "from-host\n");
+    let out = output_within(run, COMMAND_TIMEOUT, "ctr run").unwrap();
+    println!("loading pod done in {} ms", ms(started));
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{}\n{stdout}", text(&out.stderr));
+    assert!(reply.contains("from-pod"), "host got {reply:?}");
+    for expected in [loader.ip.as_str(), "GATEWAY-OK", "PEER-POD-OK", "from-host"] {
+        assert!(
+            stdout.contains(expected),
+            "missing {expected:?} in:\n{stdout}"
+        );
+    }
+    s.kill_and_remove(&saver_id).unwrap();
+
+    let log = &containerd_log(&s)[log_before..];
+    assert!(
+        log.contains(&format!("pod {saver_id}: saved template")),
+        "{log}"
+    );
+    assert!(
+        log.contains(&format!("pod {loader_id}: loaded template")),
+        "{log}"
+    );
+    assert_eq!(saver.vmlet_leftovers(), "");
+    assert_eq!(loader.vmlet_leftovers(), "");
 }

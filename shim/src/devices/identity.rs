@@ -1,13 +1,16 @@
 //! The devices that make a VM loaded from a template its pod's own, plugged in over vmlet's
 //! QMP monitor after the load: the template was saved without them, so nothing of theirs is
 //! in its memory. The vsock device carries the pod's CID, and with it the way to the pod's
-//! agent (vhost-device-vsock, one per pod, at a socket of the pod's state directory).
+//! agent (vhost-device-vsock, one per pod, at a socket of the pod's state directory); each
+//! NIC carries the pod's MAC, on a tap of the pod's network namespace.
 
+use std::os::fd::OwnedFd;
 use std::path::Path;
 
 use serde_json::json;
 
 use crate::devices::qmp::Qmp;
+use crate::host::taps::TapDescription;
 use crate::Error;
 
 /// The QMP ids of the plugged vsock device and its chardev.
@@ -53,6 +56,59 @@ pub async fn plug_vsock(qmp: &Qmp, backend: &Path, port: &str) -> Result<(), Err
     Ok(())
 }
 
+/// Plugs NIC `index` into the root port `port`: a `virtio-net-pci` device with the pod's
+/// MAC and MTU, on the tap `fd` (opened by the shim in the pod's network namespace; QEMU
+/// gets the descriptor over the monitor and never a path).
+pub async fn plug_nic(
+    qmp: &Qmp,
+    index: usize,
+    tap: &TapDescription,
+    fd: OwnedFd,
+    port: &str,
+) -> Result<(), Error> {
+    let (fd_name, netdev, device) = (
+        format!("vmlet-tap{index}"),
+        format!("vmletnet{index}"),
+        format!("vmlet-nic{index}"),
+    );
+    qmp.execute("getfd", json!({"fdname": fd_name}), vec![fd])
+        .await?;
+    let added = qmp
+        .execute(
+            "netdev_add",
+            json!({"type": "tap", "id": netdev, "fd": fd_name, "vhost": false}),
+            Vec::new(),
+        )
+        .await;
+    if let Err(e) = added {
+        let _ = qmp
+            .execute("closefd", json!({"fdname": fd_name}), Vec::new())
+            .await;
+        return Err(e);
+    }
+    let plugged = qmp
+        .execute(
+            "device_add",
+            json!({
+                "driver": "virtio-net-pci",
+                "id": device,
+                "netdev": netdev,
+                "mac": tap.mac,
+                "host_mtu": tap.mtu,
+                "bus": port,
+            }),
+            Vec::new(),
+        )
+        .await;
+    if let Err(e) = plugged {
+        let _ = qmp
+            .execute("netdev_del", json!({"id": netdev}), Vec::new())
+            .await;
+        return Err(e);
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -77,6 +133,61 @@ mod tests {
         assert_eq!(device["driver"], "vhost-user-vsock-pci");
         assert_eq!(device["bus"], "hotplug1");
         assert_eq!(device["chardev"], chardev["id"]);
+    }
+
+    #[tokio::test]
+    async fn a_nic_is_plugged_on_the_tap_it_is_handed_with_the_pods_mac() {
+        let (stream, server) = fake_qemu(|_| vec![json!({"return": {}})]);
+        let qmp = Qmp::handshake(stream).await.unwrap();
+        let tap = TapDescription {
+            mac: "0a:58:0a:00:00:05".into(),
+            mtu: 1400,
+            slot: 0x12,
+        };
+        let fd = OwnedFd::from(std::fs::File::open("/dev/null").unwrap());
+        plug_nic(&qmp, 1, &tap, fd, "vmlet-nic-port1")
+            .await
+            .unwrap();
+        drop(qmp);
+        let seen = finished(server).await;
+        let commands: Vec<_> = seen[1..]
+            .iter()
+            .map(|(c, _)| c["execute"].clone())
+            .collect();
+        assert_eq!(commands, ["getfd", "netdev_add", "device_add"]);
+        assert_eq!(seen[1].1, 1, "the tap's fd travels with getfd");
+        let (getfd, netdev, device) = (
+            &seen[1].0["arguments"],
+            &seen[2].0["arguments"],
+            &seen[3].0["arguments"],
+        );
+        assert_eq!(netdev["fd"], getfd["fdname"]);
+        assert_eq!(netdev["vhost"], false);
+        assert_eq!(device["netdev"], netdev["id"]);
+        assert_eq!(device["driver"], "virtio-net-pci");
+        assert_eq!(device["mac"], "0a:58:0a:00:00:05");
+        assert_eq!(device["host_mtu"], 1400);
+        assert_eq!(device["bus"], "vmlet-nic-port1");
+    }
+
+    #[tokio::test]
+    async fn a_refused_nic_leaves_no_netdev_behind() {
+        let (stream, server) = fake_qemu(|c| match c["execute"].as_str().unwrap() {
+            "device_add" => vec![json!({"error": {"class": "GenericError", "desc": "no port"}})],
+            _ => vec![json!({"return": {}})],
+        });
+        let qmp = Qmp::handshake(stream).await.unwrap();
+        let tap = TapDescription {
+            mac: "0a:58:0a:00:00:05".into(),
+            mtu: 1500,
+            slot: 0x12,
+        };
+        let fd = OwnedFd::from(std::fs::File::open("/dev/null").unwrap());
+        let err = plug_nic(&qmp, 0, &tap, fd, "nowhere").await.unwrap_err();
+        assert!(err.message().contains("no port"), "{err}");
+        drop(qmp);
+        let seen: Vec<Value> = finished(server).await.into_iter().map(|s| s.0).collect();
+        assert_eq!(seen.last().unwrap()["execute"], "netdev_del");
     }
 
     #[tokio::test]

@@ -115,11 +115,19 @@ pub(super) async fn start(
     let kvm = devices.kvm;
     let (mut spec, taps) = vm_spec(config, req, paths, &name, devices, console);
     // None for a VM image, which has no agent to wait for a restore.
-    let template = super::template_start::choose(config, &spec).await?;
+    let mut template = super::template_start::choose(config, &spec).await?;
     spec.template = template.as_ref().map(TemplateStart::role);
     let request = crate::vmm::domain::start_request(&spec)?;
-    // Served before QEMU starts: the wrapper fetches the taps before it executes QEMU.
-    let tap_server = taps.map(|taps| taps.serve(spec.taps())).transpose()?;
+    let tap_server = match (&mut template, taps) {
+        // A template start plugs the NICs in after the load.
+        (Some(template), Some(taps)) => {
+            template.plug_nics(spec.taps(), taps.into_fds())?;
+            None
+        }
+        // Served before QEMU starts: the wrapper fetches the taps before it executes QEMU.
+        (None, Some(taps)) => Some(taps.serve(spec.taps())?),
+        (_, None) => None,
+    };
     log::info!(
         "pod {pod_id}: starting {name} ({} vCPU, {} MiB, {}{})",
         shape.vcpus,

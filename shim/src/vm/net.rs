@@ -66,6 +66,11 @@ impl PendingTaps {
         }
     }
 
+    /// The taps' fds, for the shim to plug in itself (a template start): nothing is served.
+    pub fn into_fds(self) -> Vec<OwnedFd> {
+        self.fds
+    }
+
     /// Serves the taps as `described` (the VM's NICs, each with its slot) to the first
     /// connection of the QEMU user; a description per fd, or an error.
     pub fn serve(self, described: Vec<TapDescription>) -> Result<TapServer, Error> {

@@ -1,14 +1,16 @@
 //! A pod's boot from a template (`templates.enabled`): the pod's own domain, started with
 //! a [`TemplateRole`], either loads the saved guest of its VM shape, or (the first pod of
 //! the shape) boots as a template, is saved, and goes on. Either way the pod's vsock device
-//! is plugged in after that, and the agent only then reads the pod's key and mounts its
-//! share (docs/design.md, "Guest").
+//! is plugged in after that, and its NICs before it (on the pod's taps, with the pod's
+//! MACs), and the agent only then reads the pod's key and mounts its share (docs/design.md,
+//! "Guest").
 //!
-//! Only vmlet's guest on vhost-user vsock without NICs starts this way; other pods, and
+//! Only vmlet's guest on vhost-user vsock starts this way; other pods, and
 //! pods whose shape the template directory has no room for ([`crate::host::templates`]),
 //! boot cold.
 
 use std::fs::File;
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -17,8 +19,9 @@ use vmlet_config::NodeConfig;
 use crate::devices::identity;
 use crate::devices::qmp::Qmp;
 use crate::devices::snapshot::{self, Loaded};
+use crate::host::taps::TapDescription;
 use crate::host::templates::{key, Limits, Reserved, TemplateStore};
-use crate::vmm::vm_spec::{GuestBoot, TemplateRole, VmSpec, VSOCK_PORT};
+use crate::vmm::vm_spec::{nic_port, GuestBoot, TemplateRole, VmSpec, VSOCK_PORT};
 use crate::Error;
 
 /// How long a save or a load may take (each takes well under a second under TCG).
@@ -27,11 +30,12 @@ const SAVE_OR_LOAD: Duration = Duration::from_secs(60);
 /// bitmaps, the devices' state).
 const STATE_OVERHEAD: u64 = 16 << 20;
 
-/// What the pod's boot does with its shape's template, and the vsock backend's socket its
-/// device is plugged in with afterwards.
+/// What the boot does with its shape's template, the vsock backend's socket its device is
+/// plugged in with afterwards, and the NICs plugged in before that (each on its tap).
 pub(super) struct TemplateStart {
     key: String,
     vsock: PathBuf,
+    nics: Vec<(TapDescription, OwnedFd)>,
     action: Action,
 }
 
@@ -65,7 +69,12 @@ pub(super) async fn choose(
     log::debug!("pod {}: template {key} is of {description:?}", spec.pod_id);
     if let Some(file) = store.open(&key)? {
         let action = Action::Load { file, store };
-        return Ok(Some(TemplateStart { key, vsock, action }));
+        return Ok(Some(TemplateStart {
+            key,
+            vsock,
+            nics: Vec::new(),
+            action,
+        }));
     }
     // The guest's RAM: a template never has memory plugged into its virtio-mem region
     // (only a container's limit plugs it), which the save skips.
@@ -76,17 +85,18 @@ pub(super) async fn choose(
         .map(|reserved| TemplateStart {
             key,
             vsock,
+            nics: Vec::new(),
             action: Action::Save(reserved),
         }))
 }
 
-/// vmlet's guest on vhost-user vsock, without NICs.
+/// vmlet's guest on vhost-user vsock.
 fn eligible(spec: &VmSpec) -> bool {
-    spec.vhost_user_vsock().is_some() && spec.network.is_none()
+    spec.vhost_user_vsock().is_some()
 }
 
 /// Everything a saved guest depends on, one item a line: the shape, the machine, the
-/// guest's command line, where each device sits, the host's boot, and the identity of the
+/// guest's command line, where each device sits (the NICs' ports too: how many, where), the host's boot, and the identity of the
 /// kernel, initramfs, QEMU, wrapper and virtiofsd files (their size, inode and modification
 /// time: a replaced file is another guest; not the change time, which libvirt's ownership
 /// changes move at every start).
@@ -96,7 +106,7 @@ fn describe(spec: &VmSpec) -> Result<String, Error> {
     };
     Ok(format!(
         "vmlet {}\nvcpus {}\nmemory {} MiB\nhotplug {} MiB\nmachine {}\ncpu {:?}\nkvm {}\n\
-         tcg cache {:?}\nfree page reporting {}\nslots {:?}\ncmdline {}\n\
+         tcg cache {:?}\nfree page reporting {}\nslots {:?}\nnic slots {:?}\ncmdline {}\n\
          kernel {}\ninitrd {}\nqemu {}\nemulator {}\nvirtiofsd {}\nhost boot {}\n",
         env!("CARGO_PKG_VERSION"),
         spec.vcpus,
@@ -108,6 +118,7 @@ fn describe(spec: &VmSpec) -> Result<String, Error> {
         spec.tcg_translation_cache_mib,
         spec.free_page_reporting,
         spec.slots,
+        spec.taps().iter().map(|t| t.slot).collect::<Vec<_>>(),
         spec.kernel_cmdline().unwrap_or_default(),
         file_identity(&agent.kernel)?,
         file_identity(&agent.initrd)?,
@@ -148,8 +159,22 @@ impl TemplateStart {
         }
     }
 
-    /// After the domain started: saves or loads the guest, then plugs the pod's vsock
-    /// device in. A save that fails leaves no template and the pod goes on; a load that QEMU
+    /// Has the pod's NICs (`taps`, each beside its fd) plugged in after the load.
+    pub fn plug_nics(&mut self, taps: Vec<TapDescription>, fds: Vec<OwnedFd>) -> Result<(), Error> {
+        if taps.len() != fds.len() {
+            return Err(Error::Internal(format!(
+                "{} NICs described for {} taps",
+                taps.len(),
+                fds.len()
+            )));
+        }
+        self.nics = taps.into_iter().zip(fds).collect();
+        Ok(())
+    }
+
+    /// After the domain started: saves or loads the guest, then plugs the pod's NICs and
+    /// its vsock device in (the NICs first: they are probed by the time the agent, which
+    /// waits for the vsock device, is asked to configure them). A save that fails leaves no template and the pod goes on; a load that QEMU
     /// refuses fails the boot, and that saved guest is discarded.
     pub async fn finish(
         self,
@@ -158,7 +183,12 @@ impl TemplateStart {
         console: &Path,
         ready_within: Duration,
     ) -> Result<(), Error> {
-        let TemplateStart { key, vsock, action } = self;
+        let TemplateStart {
+            key,
+            vsock,
+            nics,
+            action,
+        } = self;
         match action {
             Action::Save(reserved) => {
                 wait_for_template(console, ready_within).await?;
@@ -199,6 +229,9 @@ impl TemplateStart {
                     }
                 }
             }
+        }
+        for (i, (tap, fd)) in nics.into_iter().enumerate() {
+            identity::plug_nic(qmp, i, &tap, fd, &nic_port(i)).await?;
         }
         identity::plug_vsock(qmp, &vsock, VSOCK_PORT).await
     }
@@ -251,13 +284,13 @@ mod tests {
     }
 
     #[test]
-    fn only_vmlets_guest_on_vhost_user_without_nics_starts_from_a_template() {
+    fn only_vmlets_guest_on_vhost_user_starts_from_a_template() {
         let dir = tempfile::tempdir().unwrap();
         let ok = pod(dir.path());
         assert!(eligible(&ok));
         let mut networked = ok.clone();
         networked.network = spec(VsockDevice::Vhost).network;
-        assert!(!eligible(&networked));
+        assert!(eligible(&networked));
         let mut kernel_vsock = ok.clone();
         if let GuestBoot::Agent(agent) = &mut kernel_vsock.guest {
             agent.vsock = VsockDevice::Vhost;
@@ -277,6 +310,17 @@ mod tests {
         let mut bigger = a.clone();
         bigger.memory_mib += 256;
         assert_ne!(describe(&a).unwrap(), describe(&bigger).unwrap());
+        let mut networked = a.clone();
+        networked.network = spec(VsockDevice::Vhost).network;
+        assert_ne!(describe(&a).unwrap(), describe(&networked).unwrap());
+        let mut other_macs = networked.clone();
+        for nic in &mut other_macs.network.as_mut().unwrap().nics {
+            nic.mac = "0a:58:0a:00:00:99".into();
+        }
+        assert_eq!(
+            describe(&networked).unwrap(),
+            describe(&other_macs).unwrap()
+        );
         let before = describe(&a).unwrap();
         std::fs::remove_file(dir.path().join("vmlinux")).unwrap();
         std::fs::write(dir.path().join("vmlinux"), "another kernel").unwrap();

@@ -38,10 +38,17 @@ pub const TCG_KERNEL_PARAMS: &str = "virtiofs.zero_reply_pages=1";
 /// has.
 pub const VSOCK_PORT: &str = "vmlet-vsock-port";
 
+/// The root port NIC `index` of a VM of a template start is plugged into after the load
+/// ([`crate::devices::identity::plug_nic`]), at the slot a cold boot's NIC has: a template
+/// has no NICs, so none of a pod's taps is ever in a saved guest.
+pub fn nic_port(index: usize) -> String {
+    format!("vmlet-nic-port{index}")
+}
+
 /// A VM of a template start ([`crate::host::templates`]): its guest boots as a template to
 /// be saved, or its QEMU loads a saved one (`-incoming defer`). Either way it has no vsock
-/// device of its own until it is plugged into [`VSOCK_PORT`] after the load, and QEMU's
-/// vmgenid device tells a loaded guest that it is a new generation of the saved one.
+/// device of its own until it is plugged into [`VSOCK_PORT`] after the load, nor NICs (each
+/// is plugged into its [`nic_port`]), and QEMU's vmgenid device tells a loaded guest that it is a new generation of the saved one.
 /// vmlet's guest on vhost-user vsock only.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TemplateRole {
@@ -161,18 +168,18 @@ impl VmSpec {
     }
 
     /// `<qemu:env>`: the real QEMU for the wrapper, and the tap socket it fetches the
-    /// NICs from.
+    /// NICs from (none for a template start, whose NICs the shim plugs in).
     pub fn qemu_env(&self) -> Vec<(&'static str, String)> {
         let mut env = vec![(QEMU_ENV, self.qemu.clone())];
-        if let Some(network) = &self.network {
+        if let Some(network) = self.network.as_ref().filter(|_| self.template.is_none()) {
             env.push((TAP_SOCKET_ENV, network.tap_socket.clone()));
         }
         env
     }
 
     /// vmlet's part of QEMU's command line (`<qemu:commandline>`): the vsock device
-    /// libvirt does not make (vhost-user; for a template start its port and vmgenid
-    /// instead), the agent's key on fw_cfg, a VM image's NVMe root, vmlet's QMP monitor,
+    /// libvirt does not make (vhost-user; for a template start its port, the NICs' ports
+    /// and vmgenid instead), the agent's key on fw_cfg, a VM image's NVMe root, vmlet's QMP monitor,
     /// the hot-plug root ports, and `-incoming defer` for a VM that loads a template.
     pub fn qemu_args(&self) -> Vec<String> {
         let mut args = Vec::new();
@@ -187,6 +194,16 @@ impl VmSpec {
                     "-device".to_string(),
                     "vmgenid,guid=auto".to_string(),
                 ]);
+                for (i, tap) in self.taps().iter().enumerate() {
+                    args.push("-device".into());
+                    args.push(format!(
+                        "pcie-root-port,id={},bus=pcie.0,addr={},chassis={},port={:#x}",
+                        nic_port(i),
+                        hex(tap.slot),
+                        210 + i,
+                        0x28 + i
+                    ));
+                }
             }
             GuestBoot::Agent(agent) => {
                 if let VsockDevice::VhostUser { socket } = &agent.vsock {
@@ -246,7 +263,7 @@ impl VmSpec {
             access,
         };
         let mut files = vec![file(&self.emulator, Access::Exec)];
-        if let Some(network) = &self.network {
+        if let Some(network) = self.network.as_ref().filter(|_| self.template.is_none()) {
             files.push(file(&network.tap_socket, Access::ReadWrite));
         }
         match &self.guest {
@@ -382,6 +399,19 @@ pub(crate) mod tests {
             assert!(vm.kernel_cmdline().unwrap().ends_with(" vmlet.template"));
             // The pod's vsock socket is what QEMU connects to when it is plugged.
             assert!(vm.apparmor_files().iter().any(|f| f.path == socket));
+            // No NIC, no tap socket for the wrapper: a port at each NIC's slot instead.
+            assert!(!args.contains("virtio-net"), "{args}");
+            assert!(vm.qemu_env().iter().all(|(k, _)| *k != TAP_SOCKET_ENV));
+            let taps = vm.taps();
+            assert!(!taps.is_empty());
+            for (i, tap) in taps.iter().enumerate() {
+                let port = format!(
+                    "pcie-root-port,id={},bus=pcie.0,addr={},",
+                    nic_port(i),
+                    hex(tap.slot)
+                );
+                assert!(args.contains(&port), "{port} in {args}");
+            }
         }
         assert!(joined(&loaded).ends_with("-incoming defer"));
         assert!(!joined(&saved).contains("-incoming"));
