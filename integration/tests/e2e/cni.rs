@@ -14,7 +14,7 @@ use vmlet_integration::testnet::{ip, tcp_exchange_when_up};
 use vmlet_integration::{unique_id, Stack, RUNTIME};
 
 const CNI_PATH: &str = "/usr/lib/cni";
-pub(crate) const GATEWAY: &str = "10.214.0.1";
+const GATEWAY: &str = "10.214.0.1";
 
 /// The node namespace, the CNI network config and host-local's data dir.
 pub(crate) struct Node {
@@ -154,6 +154,40 @@ impl Drop for Pod<'_> {
     }
 }
 
+/// Runs pod `id` (`ctr run`) in `pod`'s namespace: it pings the gateway and `peer_ip`, then
+/// serves one TCP exchange with the node; asserts that each worked.
+pub(crate) fn run_pod_reaching_gateway_and_peer(
+    s: &Stack,
+    node: &Node,
+    pod: &Pod,
+    id: &str,
+    peer_ip: &str,
+) {
+    let script = format!(
+        "ip addr; ping -c 1 -W 5 {GATEWAY} >/dev/null && echo GATEWAY-OK; \
+         ping -c 1 -W 5 {peer_ip} >/dev/null && echo PEER-POD-OK; echo from-pod | nc -l -p 8080"
+    );
+    let with_ns = format!("network:{}", pod.path().display());
+    let run = s
+        .spawn_run(id, &["--with-ns", &with_ns], &["sh", "-c", &script])
+        .unwrap();
+    let reply = tcp_exchange_when_up(&node.ns, &pod.ip, 8080, "from-host\n");
+    let out = output_within(run, COMMAND_TIMEOUT, "ctr run").unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}\n{stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(reply.contains("from-pod"), "host got {reply:?}");
+    for expected in [pod.ip.as_str(), "GATEWAY-OK", "PEER-POD-OK", "from-host"] {
+        assert!(
+            stdout.contains(expected),
+            "missing {expected:?} in:\n{stdout}"
+        );
+    }
+}
+
 #[test]
 #[ignore = "needs the vmlet stack and root: make test"]
 fn pods_on_a_cni_bridge_reach_host_gateway_and_each_other() {
@@ -186,31 +220,7 @@ fn pods_on_a_cni_bridge_reach_host_gateway_and_each_other() {
     s.wait_status(&b_id, "RUNNING", Duration::from_secs(90))
         .unwrap();
 
-    let script = format!(
-        "ip addr; ping -c 1 -W 5 {GATEWAY} >/dev/null && echo GATEWAY-OK; \
-         ping -c 1 -W 5 {} >/dev/null && echo PEER-POD-OK; echo from-pod | nc -l -p 8080",
-        b.ip
-    );
-    let a_id = unique_id("cni-a");
-    let with_ns = format!("network:{}", a.path().display());
-    let run_a = s
-        .spawn_run(&a_id, &["--with-ns", &with_ns], &["sh", "-c", &script])
-        .unwrap();
-    let reply = tcp_exchange_when_up(&node.ns, &a.ip, 8080, "from-host\n");
-    let out = output_within(run_a, COMMAND_TIMEOUT, "ctr run").unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}\n{stdout}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(reply.contains("from-pod"), "host got {reply:?}");
-    for expected in [a.ip.as_str(), "GATEWAY-OK", "PEER-POD-OK", "from-host"] {
-        assert!(
-            stdout.contains(expected),
-            "missing {expected:?} in:\n{stdout}"
-        );
-    }
+    run_pod_reaching_gateway_and_peer(&s, &node, &a, &unique_id("cni-a"), &b.ip);
 
     s.kill_and_remove(&b_id).unwrap();
     assert_eq!(a.vmlet_leftovers(), "");

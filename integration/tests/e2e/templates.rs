@@ -214,9 +214,7 @@ async fn ctr_pods_of_one_shape_start_from_its_template() {
 #[test]
 #[ignore = "needs the vmlet stack and root: make test"]
 fn pods_on_a_cni_bridge_start_from_their_template_with_their_own_nics() {
-    use crate::cni::{Node, Pod, GATEWAY};
-    use vmlet_integration::bounded::{output_within, COMMAND_TIMEOUT};
-    use vmlet_integration::testnet::tcp_exchange_when_up;
+    use crate::cni::{run_pod_reaching_gateway_and_peer, Node, Pod};
     use vmlet_integration::RUNTIME;
     let s = stack();
     let private = PrivateDir::new("vmlet-templates-net").unwrap();
@@ -255,29 +253,10 @@ fn pods_on_a_cni_bridge_start_from_their_template_with_their_own_nics() {
     println!("saving pod running in {} ms", ms(started));
 
     // The next loads it, gets its own NIC, and reaches the gateway and the first pod.
-    let script = format!(
-        "ip addr; ping -c 1 -W 5 {GATEWAY} >/dev/null && echo GATEWAY-OK; \
-         ping -c 1 -W 5 {} >/dev/null && echo PEER-POD-OK; echo from-pod | nc -l -p 8080",
-        saver.ip
-    );
     let loader_id = unique_id("tpl-net-load");
     let started = Instant::now();
-    let with_ns = format!("network:{}", loader.path().display());
-    let run = s
-        .spawn_run(&loader_id, &["--with-ns", &with_ns], &["sh", "-c", &script])
-        .unwrap();
-    let reply = tcp_exchange_when_up(&node.ns, &loader.ip, 8080, "from-host\n");
-    let out = output_within(run, COMMAND_TIMEOUT, "ctr run").unwrap();
+    run_pod_reaching_gateway_and_peer(&s, &node, &loader, &loader_id, &saver.ip);
     println!("loading pod done in {} ms", ms(started));
-    let stdout = text(&out.stdout);
-    assert!(out.status.success(), "{}\n{stdout}", text(&out.stderr));
-    assert!(reply.contains("from-pod"), "host got {reply:?}");
-    for expected in [loader.ip.as_str(), "GATEWAY-OK", "PEER-POD-OK", "from-host"] {
-        assert!(
-            stdout.contains(expected),
-            "missing {expected:?} in:\n{stdout}"
-        );
-    }
     s.kill_and_remove(&saver_id).unwrap();
 
     let log = &containerd_log(&s)[log_before..];
