@@ -215,7 +215,6 @@ async fn ctr_pods_of_one_shape_start_from_its_template() {
 #[ignore = "needs the vmlet stack and root: make test"]
 fn pods_on_a_cni_bridge_start_from_their_template_with_their_own_nics() {
     use crate::cni::{run_pod_reaching_gateway_and_peer, Node, Pod};
-    use vmlet_integration::RUNTIME;
     let s = stack();
     let private = PrivateDir::new("vmlet-templates-net").unwrap();
     let dir = private.join("store");
@@ -233,22 +232,8 @@ fn pods_on_a_cni_bridge_start_from_their_template_with_their_own_nics() {
     // The first pod of the networked shape boots as its template, is saved, gets its NIC.
     let saver_id = unique_id("tpl-net-save");
     let started = Instant::now();
-    let run = s
-        .ctr_output(&[
-            "run",
-            "-d",
-            "--runtime",
-            RUNTIME,
-            "--with-ns",
-            &format!("network:{}", saver.path().display()),
-            &s.image,
-            &saver_id,
-            "sleep",
-            "1000",
-        ])
-        .unwrap();
-    assert!(run.status.success(), "{}", text(&run.stderr));
-    s.wait_status(&saver_id, "RUNNING", Duration::from_secs(90))
+    let with_ns = format!("network:{}", saver.path().display());
+    s.run_detached_with(&saver_id, &["--with-ns", &with_ns], &["sleep", "1000"])
         .unwrap();
     println!("saving pod running in {} ms", ms(started));
 

@@ -121,7 +121,7 @@ pub(super) async fn start(
     let tap_server = match (&mut template, taps) {
         // A template start plugs the NICs in after the load.
         (Some(template), Some(taps)) => {
-            template.plug_nics(spec.taps(), taps.into_fds())?;
+            template.plug_nics(taps.into_nics(spec.taps())?);
             None
         }
         // Served before QEMU starts: the wrapper fetches the taps before it executes QEMU.

@@ -51,6 +51,17 @@ pub(super) struct PendingTaps {
 }
 
 impl PendingTaps {
+    fn check(&self, described: &[TapDescription]) -> Result<(), Error> {
+        if described.len() != self.fds.len() {
+            return Err(Error::Internal(format!(
+                "{} NICs described for {} taps",
+                described.len(),
+                self.fds.len()
+            )));
+        }
+        Ok(())
+    }
+
     /// Taps `fds` described by `network`, for `listener`'s first connection by `qemu_uid`.
     pub fn new(
         network: Network,
@@ -66,21 +77,20 @@ impl PendingTaps {
         }
     }
 
-    /// The taps' fds, for the shim to plug in itself (a template start): nothing is served.
-    pub fn into_fds(self) -> Vec<OwnedFd> {
-        self.fds
+    /// Each of the VM's NICs as `described` beside its tap's fd, for the shim to plug in
+    /// itself (a template start): nothing is served. A description per fd, or an error.
+    pub fn into_nics(
+        self,
+        described: Vec<TapDescription>,
+    ) -> Result<Vec<(TapDescription, OwnedFd)>, Error> {
+        self.check(&described)?;
+        Ok(described.into_iter().zip(self.fds).collect())
     }
 
     /// Serves the taps as `described` (the VM's NICs, each with its slot) to the first
     /// connection of the QEMU user; a description per fd, or an error.
     pub fn serve(self, described: Vec<TapDescription>) -> Result<TapServer, Error> {
-        if described.len() != self.fds.len() {
-            return Err(Error::Internal(format!(
-                "{} NICs described for {} taps",
-                described.len(),
-                self.fds.len()
-            )));
-        }
+        self.check(&described)?;
         Ok(TapServer(crate::host::taps::serve(
             self.listener,
             described,

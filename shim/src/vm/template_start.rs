@@ -96,10 +96,10 @@ fn eligible(spec: &VmSpec) -> bool {
 }
 
 /// Everything a saved guest depends on, one item a line: the shape, the machine, the
-/// guest's command line, where each device sits (the NICs' ports too: how many, where), the host's boot, and the identity of the
-/// kernel, initramfs, QEMU, wrapper and virtiofsd files (their size, inode and modification
-/// time: a replaced file is another guest; not the change time, which libvirt's ownership
-/// changes move at every start).
+/// guest's command line, where each device sits (the NICs' ports too: how many, where), the
+/// host's boot, and the identity of the kernel, initramfs, QEMU, wrapper and virtiofsd files
+/// (their size, inode and modification time: a replaced file is another guest; not the
+/// change time, which libvirt's ownership changes move at every start).
 fn describe(spec: &VmSpec) -> Result<String, Error> {
     let GuestBoot::Agent(agent) = &spec.guest else {
         return Err(Error::Internal("a template of a VM image".into()));
@@ -159,23 +159,16 @@ impl TemplateStart {
         }
     }
 
-    /// Has the pod's NICs (`taps`, each beside its fd) plugged in after the load.
-    pub fn plug_nics(&mut self, taps: Vec<TapDescription>, fds: Vec<OwnedFd>) -> Result<(), Error> {
-        if taps.len() != fds.len() {
-            return Err(Error::Internal(format!(
-                "{} NICs described for {} taps",
-                taps.len(),
-                fds.len()
-            )));
-        }
-        self.nics = taps.into_iter().zip(fds).collect();
-        Ok(())
+    /// Has the pod's NICs (each with its tap's fd) plugged in after the load.
+    pub fn plug_nics(&mut self, nics: Vec<(TapDescription, OwnedFd)>) {
+        self.nics = nics;
     }
 
     /// After the domain started: saves or loads the guest, then plugs the pod's NICs and
     /// its vsock device in (the NICs first: they are probed by the time the agent, which
-    /// waits for the vsock device, is asked to configure them). A save that fails leaves no template and the pod goes on; a load that QEMU
-    /// refuses fails the boot, and that saved guest is discarded.
+    /// waits for the vsock device, is asked to configure them). A save that fails leaves no
+    /// template and the pod goes on; a load that QEMU refuses fails the boot, and that saved
+    /// guest is discarded.
     pub async fn finish(
         self,
         qmp: &Qmp,

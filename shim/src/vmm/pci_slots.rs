@@ -13,7 +13,10 @@
 //! | 0x1a - 0x1d | `pcie-root-port`s for hot-plugged disks ([`HOTPLUG_PORTS`])   |
 //! | 0x1e        | the `virtio-balloon` (with `guest.free_page_reporting` only)   |
 //!
-//! (0x1f is the q35 chipset's.) [`PciSlots::assign`] is the one place this order is made;
+//! (0x1f is the q35 chipset's.) A VM of a template start has a `pcie-root-port` at the slot
+//! of its vsock device and of each NIC instead, and the device behind it on the port's bus
+//! (plugged in after the load): the same slot from pod to pod, another address than a cold
+//! boot's. [`PciSlots::assign`] is the one place this order is made;
 //! [`crate::vmm::vm_spec::VmSpec`] carries the result to everything that names a slot.
 
 use std::ops::Range;
