@@ -56,10 +56,11 @@ pub async fn loopback_up() -> Result<(), Error> {
         .map_err(|e| netlink("set lo up", e))
 }
 
-/// How long a NIC the request names may take to appear: a pod started from a template has
-/// its NICs plugged in just before its vsock device, and the guest may still be probing
-/// them when the first request arrives. A cold boot's are there from the start.
-const NIC_APPEARS: Duration = Duration::from_secs(10);
+/// How long the NICs a request names may take to appear, all of them together (within the
+/// shim's deadline for the request): a pod started from a template has its NICs plugged in
+/// just before its vsock device, and the guest may still be probing them when the first
+/// request arrives. A cold boot's are there from the start.
+const NICS_APPEAR: Duration = Duration::from_secs(10);
 /// How often the guest's links are listed meanwhile.
 const NIC_POLL: Duration = Duration::from_millis(5);
 
@@ -72,13 +73,12 @@ async fn link_by(
         .ok_or_else(|| Error::Network("no such interface in the guest".into()))
 }
 
-/// The link `pred` picks, waiting up to `within` for it to appear.
-async fn link_within(
+/// The link `pred` picks, waiting until `deadline` for it to appear.
+async fn link_until(
     handle: &Handle,
     pred: impl Fn(&str, Option<&[u8]>) -> bool,
-    within: Duration,
+    deadline: tokio::time::Instant,
 ) -> Result<Option<u32>, Error> {
-    let deadline = tokio::time::Instant::now() + within;
     loop {
         if let Some(index) = find_link(handle, &pred).await? {
             return Ok(Some(index));
@@ -116,26 +116,155 @@ async fn find_link(
     Ok(None)
 }
 
-/// Configures every interface of the request: MTU, up, addresses, then routes.
+/// Configures every interface of the request: finds each guest NIC by its MAC, names it as
+/// the pod's interface is named, then sets its MTU, up, addresses, then routes.
 pub async fn configure(req: &ConfigureNetworkRequest) -> Result<(), Error> {
     let handle = connect().await?;
+    let deadline = tokio::time::Instant::now() + NICS_APPEAR;
+    let mut links = Vec::with_capacity(req.interfaces.len());
     for interface in &req.interfaces {
-        configure_one(&handle, interface).await?;
+        let mac = parse_mac(&interface.mac)?;
+        let index = link_until(&handle, |_, m| m == Some(&mac[..]), deadline)
+            .await?
+            .ok_or_else(|| {
+                Error::InvalidRequest(format!(
+                    "no guest NIC with MAC {} within {} s",
+                    interface.mac,
+                    NICS_APPEAR.as_secs()
+                ))
+            })?;
+        links.push(index);
+    }
+    name_links(&handle, &req.interfaces, &links).await?;
+    for (interface, index) in req.interfaces.iter().zip(links) {
+        configure_one(&handle, interface, index).await?;
     }
     Ok(())
 }
 
-async fn configure_one(handle: &Handle, interface: &NetworkInterface) -> Result<(), Error> {
-    let mac = parse_mac(&interface.mac)?;
-    let index = link_within(handle, |_, m| m == Some(&mac[..]), NIC_APPEARS)
-        .await?
-        .ok_or_else(|| {
-            Error::InvalidRequest(format!(
-                "no guest NIC with MAC {} within {} s",
-                interface.mac,
-                NIC_APPEARS.as_secs()
-            ))
-        })?;
+/// Whether `name` is one the kernel takes for a network interface (its `dev_valid_name`):
+/// 1 to 15 bytes, not `.` or `..`, without `/`, `:` or white space.
+fn check_name(name: &str) -> Result<(), Error> {
+    let valid = (1..=15).contains(&name.len())
+        && name != "."
+        && name != ".."
+        && !name
+            .chars()
+            .any(|c| c == '/' || c == ':' || c.is_whitespace() || c.is_control());
+    if valid {
+        Ok(())
+    } else {
+        Err(Error::InvalidRequest(format!(
+            "{name:?} is not a network interface name"
+        )))
+    }
+}
+
+/// Where a temporary name is needed: each NIC renamed goes through one first, so that two
+/// NICs the guest found in the other order can swap names.
+const TEMPORARY_NAME: &str = "vmlet-rename";
+
+/// The renames that give each link of `wanted` (index, name) its name, in order, given the
+/// guest's links `current` (index, name): every link whose name differs first gets a
+/// temporary name, then its own. A name held by a link that is not wanted, or wanted twice,
+/// is an error.
+fn renames(wanted: &[(u32, &str)], current: &[(u32, String)]) -> Result<Vec<(u32, String)>, Error> {
+    for (n, (index, name)) in wanted.iter().enumerate() {
+        check_name(name)?;
+        if name.starts_with(TEMPORARY_NAME) {
+            return Err(Error::InvalidRequest(format!(
+                "interface name {name:?}: the agent uses names starting {TEMPORARY_NAME:?}"
+            )));
+        }
+        if wanted[..n]
+            .iter()
+            .any(|(i, other)| other == name && i != index)
+        {
+            return Err(Error::InvalidRequest(format!(
+                "two interfaces are both named {name:?}"
+            )));
+        }
+        let held = current
+            .iter()
+            .any(|(i, other)| other == name && !wanted.iter().any(|(w, _)| w == i));
+        if held {
+            return Err(Error::InvalidRequest(format!(
+                "the guest has an interface named {name:?} that is not the pod's"
+            )));
+        }
+    }
+    let name_of = |index: u32| current.iter().find(|(i, _)| *i == index).map(|(_, n)| n);
+    let moving: Vec<(u32, &str)> = wanted
+        .iter()
+        .filter(|(index, name)| name_of(*index).map(String::as_str) != Some(*name))
+        .copied()
+        .collect();
+    let mut steps: Vec<(u32, String)> = moving
+        .iter()
+        .enumerate()
+        .map(|(n, (index, _))| (*index, format!("{TEMPORARY_NAME}{n}")))
+        .collect();
+    steps.extend(
+        moving
+            .iter()
+            .map(|(index, name)| (*index, (*name).to_owned())),
+    );
+    Ok(steps)
+}
+
+/// Renames the guest's NICs (`links`, one per interface, still down) after the pod's
+/// interfaces: a container sees eth0 and net1 as it would beside runc, whatever order the
+/// guest's kernel found them in (a pod started from a template has them plugged in one by
+/// one).
+async fn name_links(
+    handle: &Handle,
+    interfaces: &[NetworkInterface],
+    links: &[u32],
+) -> Result<(), Error> {
+    let wanted: Vec<(u32, &str)> = interfaces
+        .iter()
+        .zip(links)
+        .filter(|(interface, _)| !interface.name.is_empty())
+        .map(|(interface, index)| (*index, interface.name.as_str()))
+        .collect();
+    if wanted.is_empty() {
+        return Ok(());
+    }
+    let current = link_names(handle).await?;
+    for (index, name) in renames(&wanted, &current)? {
+        handle
+            .link()
+            .set(LinkUnspec::new_with_index(index).name(name.clone()).build())
+            .execute()
+            .await
+            .map_err(|e| netlink(&format!("name NIC {index} {name}"), e))?;
+    }
+    Ok(())
+}
+
+/// Every link of the guest: its index and name.
+async fn link_names(handle: &Handle) -> Result<Vec<(u32, String)>, Error> {
+    let mut names = Vec::new();
+    let mut links = handle.link().get().execute();
+    while let Some(link) = links
+        .try_next()
+        .await
+        .map_err(|e| netlink("list links", e))?
+    {
+        for attribute in &link.attributes {
+            if let LinkAttribute::IfName(name) = attribute {
+                names.push((link.header.index, name.clone()));
+            }
+        }
+    }
+    Ok(names)
+}
+
+async fn configure_one(
+    handle: &Handle,
+    interface: &NetworkInterface,
+    index: u32,
+) -> Result<(), Error> {
     let mut link = LinkUnspec::new_with_index(index).up();
     if interface.mtu > 0 {
         link = link.mtu(interface.mtu);
@@ -204,6 +333,71 @@ mod tests {
         assert!(parse_cidr("fd00::1/64").is_ok());
         for bad in ["10.0.0.1", "10.0.0.1/33", "x/8", "fd00::1/129", ""] {
             assert!(parse_cidr(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn interface_names_the_kernel_takes() {
+        for good in ["eth0", "net1", "a", "fifteen-chars-x"] {
+            check_name(good).unwrap();
+        }
+        for bad in [
+            "",
+            ".",
+            "..",
+            "sixteen-chars-xy",
+            "a/b",
+            "a:b",
+            "a b",
+            "a\n",
+        ] {
+            assert!(check_name(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    fn current(links: &[(u32, &str)]) -> Vec<(u32, String)> {
+        links.iter().map(|(i, n)| (*i, (*n).to_owned())).collect()
+    }
+
+    #[test]
+    fn nics_found_in_the_other_order_swap_names_through_temporary_ones() {
+        let links = current(&[(1, "lo"), (2, "eth0"), (3, "eth1")]);
+        let steps = renames(&[(3, "eth0"), (2, "net1")], &links).unwrap();
+        let names: Vec<(u32, &str)> = steps.iter().map(|(i, n)| (*i, n.as_str())).collect();
+        assert_eq!(
+            names,
+            [
+                (3, "vmlet-rename0"),
+                (2, "vmlet-rename1"),
+                (3, "eth0"),
+                (2, "net1")
+            ]
+        );
+    }
+
+    #[test]
+    fn nics_already_named_so_are_left_alone() {
+        let links = current(&[(1, "lo"), (2, "eth0"), (3, "eth1")]);
+        assert!(renames(&[(2, "eth0")], &links).unwrap().is_empty());
+        let steps = renames(&[(2, "eth0"), (3, "net1")], &links).unwrap();
+        assert_eq!(
+            steps,
+            [(3, "vmlet-rename0".to_owned()), (3, "net1".to_owned())]
+        );
+    }
+
+    #[test]
+    fn names_taken_or_repeated_are_refused_by_name() {
+        let links = current(&[(1, "lo"), (2, "eth0"), (3, "eth1")]);
+        for (wanted, says) in [
+            (vec![(2, "lo")], "\"lo\" that is not the pod's"),
+            (vec![(2, "eth1")], "\"eth1\" that is not the pod's"),
+            (vec![(2, "net1"), (3, "net1")], "both named \"net1\""),
+            (vec![(2, "vmlet-rename0")], "the agent uses"),
+            (vec![(2, "a/b")], "not a network interface name"),
+        ] {
+            let err = renames(&wanted, &links).unwrap_err().to_string();
+            assert!(err.contains(says), "{wanted:?}: {err}");
         }
     }
 

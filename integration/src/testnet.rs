@@ -10,6 +10,10 @@ use std::time::{Duration, Instant};
 pub const POD_CIDR: &str = "10.213.0.2/24";
 /// The peer's address (the pod's gateway).
 pub const PEER_ADDR: &str = "10.213.0.1";
+/// The pod's address on its second network ([`TestNet::add_second_network`]).
+pub const SECOND_POD_CIDR: &str = "10.214.0.2/24";
+/// The peer's address on the second network.
+pub const SECOND_PEER_ADDR: &str = "10.214.0.1";
 
 /// Runs `ip ARGS`, panicking with its stderr on failure.
 pub fn ip(args: &[&str]) -> String {
@@ -116,6 +120,28 @@ impl TestNet {
         net
     }
 
+    /// A second network, as a second CNI network (Multus) adds it: `net1` in the pod (after
+    /// `eth0`, on another subnet, no route beyond it) and `peer1` in the peer.
+    pub fn add_second_network(&self) {
+        ip(&[
+            "-n", &self.pod, "link", "add", "net1", "type", "veth", "peer", "name", "peer1",
+            "netns", &self.peer,
+        ]);
+        ip(&["-n", &self.pod, "link", "set", "net1", "up"]);
+        ip(&[
+            "-n",
+            &self.pod,
+            "addr",
+            "add",
+            SECOND_POD_CIDR,
+            "dev",
+            "net1",
+        ]);
+        ip(&["-n", &self.peer, "link", "set", "peer1", "up"]);
+        let peer_cidr = format!("{SECOND_PEER_ADDR}/24");
+        ip(&["-n", &self.peer, "addr", "add", &peer_cidr, "dev", "peer1"]);
+    }
+
     pub fn pod_path(&self) -> PathBuf {
         PathBuf::from("/run/netns").join(&self.pod)
     }
@@ -139,9 +165,14 @@ impl TestNet {
         if links.contains("vmtap") {
             left.push(format!("taps: {links}"));
         }
-        let qdiscs = tc(&self.pod, &["qdisc", "show", "dev", "eth0"]);
-        if qdiscs.contains("ingress") {
-            left.push(format!("qdiscs: {qdiscs}"));
+        for dev in ["eth0", "net1"] {
+            if !links.contains(&format!(" {dev}@")) {
+                continue;
+            }
+            let qdiscs = tc(&self.pod, &["qdisc", "show", "dev", dev]);
+            if qdiscs.contains("ingress") {
+                left.push(format!("qdiscs of {dev}: {qdiscs}"));
+            }
         }
         left
     }

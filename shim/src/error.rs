@@ -59,6 +59,36 @@ impl Error {
         }
     }
 
+    /// The same error (its code kept) with `what` said before its message, as `what: ...`
+    /// (after the kind's own word, where it has one: `agent: what: ...`).
+    pub fn within(self, what: &str) -> Self {
+        let prefix = |m: String| format!("{what}: {m}");
+        match self {
+            Error::InvalidArgument(m) => Error::InvalidArgument(prefix(m)),
+            Error::NotFound(m) => Error::NotFound(prefix(m)),
+            Error::AlreadyExists(m) => Error::AlreadyExists(prefix(m)),
+            Error::FailedPrecondition(m) => Error::FailedPrecondition(prefix(m)),
+            Error::PermissionDenied(m) => Error::PermissionDenied(prefix(m)),
+            Error::ResourceExhausted(m) => Error::ResourceExhausted(prefix(m)),
+            Error::Unimplemented(m) => Error::Unimplemented(prefix(m)),
+            Error::Libvirt(m) => Error::Libvirt(prefix(m)),
+            Error::Agent { code, message } => Error::Agent {
+                code,
+                message: prefix(message),
+            },
+            Error::AgentLost(m) => Error::AgentLost(prefix(m)),
+            Error::Timeout(m) => Error::Timeout(prefix(m)),
+            Error::Hook(m) => Error::Hook(prefix(m)),
+            Error::Io { context, source } => Error::Io {
+                context: prefix(context),
+                source,
+            },
+            Error::Internal(m) => Error::Internal(prefix(m)),
+            // Their sources carry their kind; said in one message, as internal.
+            e @ (Error::Config(_) | Error::Network(_)) => Error::Internal(prefix(e.message())),
+        }
+    }
+
     pub fn code(&self) -> Code {
         match self {
             Error::InvalidArgument(_) => Code::INVALID_ARGUMENT,
@@ -198,6 +228,29 @@ mod tests {
             "{message}"
         );
         assert!(message.len() < 2 * crate::guest::guest_text::MAX_MESSAGE);
+    }
+
+    #[test]
+    fn what_an_error_was_within_is_said_first_and_its_code_kept() {
+        let cases = [
+            Error::Timeout("no answer".into()),
+            Error::io("read x", std::io::Error::other("gone")),
+            Error::Agent {
+                code: Code::NOT_FOUND,
+                message: "no such NIC".into(),
+            },
+        ];
+        let expected = [
+            "plug NIC 0: no answer",
+            "plug NIC 0: read x: gone",
+            "agent: plug NIC 0: no such NIC",
+        ];
+        for (e, expected) in cases.into_iter().zip(expected) {
+            let code = e.code();
+            let within = e.within("plug NIC 0");
+            assert_eq!(within.code(), code);
+            assert_eq!(within.message(), expected);
+        }
     }
 
     #[test]

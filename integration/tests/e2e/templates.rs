@@ -13,7 +13,8 @@
 //! templates get none past the node's limit, and start cold. Pods with a network start
 //! from a template of their shape too, their NICs plugged in after the load on their own
 //! taps: two such pods on one CNI bridge, one that saved the template and one that loaded
-//! it, reach the gateway and each other. These change the node's config, so the area runs
+//! it, reach the gateway and each other, and pods with two networks have each NIC under
+//! its pod interface's name whatever order the guest found them in. These change the node's config, so the area runs
 //! alone.
 
 use std::os::fd::OwnedFd;
@@ -255,4 +256,38 @@ fn pods_on_a_cni_bridge_start_from_their_template_with_their_own_nics() {
     );
     assert_eq!(saver.vmlet_leftovers(), "");
     assert_eq!(loader.vmlet_leftovers(), "");
+}
+
+/// Two NICs plugged in one after the other after a load may be found by the guest in either
+/// order: each still gets its pod interface's name and MAC, in the pod that saved the
+/// template and in the one that loaded it.
+#[test]
+#[ignore = "needs the vmlet stack: make test"]
+fn pods_with_two_networks_from_a_template_have_each_nic_under_its_name() {
+    use crate::network::run_pod_on_two_networks;
+    use vmlet_integration::testnet::TestNet;
+    let s = stack();
+    let private = PrivateDir::new("vmlet-templates-two").unwrap();
+    let dir = private.join("store");
+    let _config = ConfigSwap::edited(|c| {
+        format!(
+            "{c}\n[templates]\nenabled = true\ndir = \"{}\"\n",
+            dir.display()
+        )
+    });
+    let log_before = containerd_log(&s).len();
+    let net = TestNet::new("tpl2", 1500);
+    net.add_second_network();
+    let (saver, loader) = (unique_id("tpl2-save"), unique_id("tpl2-load"));
+    run_pod_on_two_networks(&s, &net, &saver);
+    run_pod_on_two_networks(&s, &net, &loader);
+    let log = &containerd_log(&s)[log_before..];
+    assert!(
+        log.contains(&format!("pod {saver}: saved template")),
+        "{log}"
+    );
+    assert!(
+        log.contains(&format!("pod {loader}: loaded template")),
+        "{log}"
+    );
 }

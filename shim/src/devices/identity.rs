@@ -18,8 +18,18 @@ pub const VSOCK_DEVICE: &str = "vmlet-vsock";
 const VSOCK_CHARDEV: &str = "vmlet-vsock-backend";
 
 /// Plugs a `vhost-user-vsock-pci` device into the hot-plug root port `port`, served by the
-/// vhost-user backend listening at `backend` (which knows the pod's CID).
+/// vhost-user backend listening at `backend` (which knows the pod's CID). An error names
+/// the device.
 pub async fn plug_vsock(qmp: &Qmp, backend: &Path, port: &str) -> Result<(), Error> {
+    plug_vsock_device(qmp, backend, port).await.map_err(|e| {
+        e.within(&format!(
+            "plug the vsock device (backend {}) into {port}",
+            backend.display()
+        ))
+    })
+}
+
+async fn plug_vsock_device(qmp: &Qmp, backend: &Path, port: &str) -> Result<(), Error> {
     let path = backend
         .to_str()
         .ok_or_else(|| Error::Internal(format!("{} is not UTF-8", backend.display())))?;
@@ -58,8 +68,20 @@ pub async fn plug_vsock(qmp: &Qmp, backend: &Path, port: &str) -> Result<(), Err
 
 /// Plugs NIC `index` into the root port `port`: a `virtio-net-pci` device with the pod's
 /// MAC and MTU, on the tap `fd` (opened by the shim in the pod's network namespace; QEMU
-/// gets the descriptor over the monitor and never a path).
+/// gets the descriptor over the monitor and never a path). An error names the NIC.
 pub async fn plug_nic(
+    qmp: &Qmp,
+    index: usize,
+    tap: &TapDescription,
+    fd: OwnedFd,
+    port: &str,
+) -> Result<(), Error> {
+    plug_nic_device(qmp, index, tap, fd, port)
+        .await
+        .map_err(|e| e.within(&format!("plug NIC {index} (MAC {}) into {port}", tap.mac)))
+}
+
+async fn plug_nic_device(
     qmp: &Qmp,
     index: usize,
     tap: &TapDescription,
@@ -185,6 +207,11 @@ mod tests {
         let fd = OwnedFd::from(std::fs::File::open("/dev/null").unwrap());
         let err = plug_nic(&qmp, 0, &tap, fd, "nowhere").await.unwrap_err();
         assert!(err.message().contains("no port"), "{err}");
+        assert!(
+            err.message()
+                .contains("plug NIC 0 (MAC 0a:58:0a:00:00:05) into nowhere"),
+            "{err}"
+        );
         drop(qmp);
         let seen: Vec<Value> = finished(server).await.into_iter().map(|s| s.0).collect();
         assert_eq!(seen.last().unwrap()["execute"], "netdev_del");
@@ -201,6 +228,7 @@ mod tests {
             .await
             .unwrap_err();
         assert!(err.message().contains("no port"), "{err}");
+        assert!(err.message().contains("vsock device"), "{err}");
         drop(qmp);
         let seen: Vec<Value> = finished(server).await.into_iter().map(|s| s.0).collect();
         assert_eq!(seen.last().unwrap()["execute"], "chardev-remove");

@@ -126,8 +126,9 @@ impl TemplateStore {
         Ok(Some(file))
     }
 
-    /// Removes `key`'s saved state if it is still `loaded` (the file that QEMU refused to load:
-    /// not one saved since by another shim); gone already is no error.
+    /// Removes `key`'s saved state if it is still `loaded` (the file that QEMU refused to load,
+    /// or that a pod could not be made its own from: not one saved since by another shim);
+    /// gone already is no error.
     pub async fn discard(&self, key: &str, loaded: &File) -> Result<(), Error> {
         check_key(key)?;
         let _lock =
@@ -344,8 +345,9 @@ impl Reserved {
 
     /// The save completed: the file is flushed to the disk and becomes the shape's template
     /// (unless it takes more than was reserved: then it is removed, and that is the error).
-    /// The partial file is still this reservation's: nobody removes a locked one.
-    pub fn commit(mut self) -> Result<(), Error> {
+    /// The partial file is still this reservation's: nobody removes a locked one. Returns the
+    /// saved file, with which [`TemplateStore::discard`] knows it.
+    pub fn commit(mut self) -> Result<File, Error> {
         self.file
             .sync_all()
             .map_err(|e| Error::io(format!("fsync {}", self.partial.display()), e))?;
@@ -363,10 +365,11 @@ impl Reserved {
                 self.size >> 20
             )));
         }
+        let saved = self.file()?;
         std::fs::rename(&self.partial, &self.saved)
             .map_err(|e| Error::io(format!("rename {}", self.partial.display()), e))?;
         self.committed = true;
-        Ok(())
+        Ok(saved)
     }
 }
 

@@ -154,6 +154,7 @@ fn network_request(interfaces: &[vmlet_netns::Interface]) -> ConfigureNetworkReq
             .iter()
             .map(|i| NetworkInterface {
                 mac: i.mac_string(),
+                name: i.name.clone(),
                 mtu: i.mtu,
                 addresses: i.addresses.iter().map(|a| a.to_string()).collect(),
                 routes: i

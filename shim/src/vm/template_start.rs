@@ -41,7 +41,10 @@ pub(super) struct TemplateStart {
 
 enum Action {
     /// Boot as a template and save it (this shim reserved the shape's file).
-    Save(Reserved),
+    Save {
+        reserved: Reserved,
+        store: TemplateStore,
+    },
     /// Load the saved guest.
     Load { file: File, store: TemplateStore },
 }
@@ -86,7 +89,7 @@ pub(super) async fn choose(
             key,
             vsock,
             nics: Vec::new(),
-            action: Action::Save(reserved),
+            action: Action::Save { reserved, store },
         }))
 }
 
@@ -154,7 +157,7 @@ fn file_identity(path: &str) -> Result<String, Error> {
 impl TemplateStart {
     pub fn role(&self) -> TemplateRole {
         match self.action {
-            Action::Save(_) => TemplateRole::Save,
+            Action::Save { .. } => TemplateRole::Save,
             Action::Load { .. } => TemplateRole::Load,
         }
     }
@@ -167,8 +170,10 @@ impl TemplateStart {
     /// After the domain started: saves or loads the guest, then plugs the pod's NICs and
     /// its vsock device in (the NICs first: they are probed by the time the agent, which
     /// waits for the vsock device, is asked to configure them). A save that fails leaves no
-    /// template and the pod goes on; a load that QEMU refuses fails the boot, and that saved
-    /// guest is discarded.
+    /// template and the pod goes on; a load that QEMU refuses fails the boot, and so does a
+    /// device that cannot be plugged in after a save or a load: that saved guest is
+    /// discarded (the shape's next pod boots cold and saves a new one), so that a template
+    /// no pod can be made its own from is not loaded again and again.
     pub async fn finish(
         self,
         qmp: &Qmp,
@@ -182,29 +187,13 @@ impl TemplateStart {
             nics,
             action,
         } = self;
-        match action {
-            Action::Save(reserved) => {
+        let (store, file) = match action {
+            Action::Save { reserved, store } => {
                 wait_for_template(console, ready_within).await?;
-                let started = Instant::now();
-                let saved = match reserved.file() {
-                    Ok(file) => snapshot::save(qmp, file.into(), SAVE_OR_LOAD)
-                        .await
-                        .and_then(|()| reserved.commit()),
-                    Err(e) => Err(e),
-                };
-                match saved {
-                    Ok(()) => log::info!(
-                        "pod {pod_id}: saved template {key} in {} ms",
-                        started.elapsed().as_millis()
-                    ),
-                    // The pod goes on; dropped, the reservation's file is removed.
-                    Err(e) => log::warn!(
-                        "pod {pod_id}: template {key} not saved, pods of this shape keep starting cold: {}",
-                        e.message()
-                    ),
-                }
+                let saved = save(qmp, reserved, pod_id, &key).await;
                 qmp.execute("cont", serde_json::json!({}), Vec::new())
                     .await?;
+                (store, saved)
             }
             Action::Load { file, store } => {
                 let dup = file
@@ -213,20 +202,74 @@ impl TemplateStart {
                 match snapshot::load(qmp, dup.into(), SAVE_OR_LOAD).await? {
                     Loaded::Running => log::info!("pod {pod_id}: loaded template {key}"),
                     Loaded::Refused(reason) => {
-                        if let Err(d) = store.discard(&key, &file).await {
-                            log::warn!("pod {pod_id}: {}", d.message());
-                        }
+                        discard(&store, &key, &file, pod_id).await;
                         return Err(Error::Internal(format!(
                             "QEMU refused template {key}, which is discarded (the shape's next pod saves a new one): {reason}"
                         )));
                     }
                 }
+                (store, Some(file))
             }
+        };
+        if let Err(e) = plug_devices(qmp, nics, &vsock).await {
+            let Some(file) = file else {
+                return Err(e);
+            };
+            discard(&store, &key, &file, pod_id).await;
+            return Err(e.within(&format!(
+                "template {key} is discarded (the shape's next pod boots cold and saves a new one), as the pod's devices could not be plugged in after it"
+            )));
         }
-        for (i, (tap, fd)) in nics.into_iter().enumerate() {
-            identity::plug_nic(qmp, i, &tap, fd, &nic_port(i)).await?;
+        Ok(())
+    }
+}
+
+/// Saves the template guest, ready to be saved, into the `reserved` file; the saved file,
+/// or `None` where the save failed (logged: the pod goes on, and the shape's pods keep
+/// starting cold).
+async fn save(qmp: &Qmp, reserved: Reserved, pod_id: &str, key: &str) -> Option<File> {
+    let started = Instant::now();
+    let saved = match reserved.file() {
+        Ok(file) => snapshot::save(qmp, file.into(), SAVE_OR_LOAD)
+            .await
+            .and_then(|()| reserved.commit()),
+        Err(e) => Err(e),
+    };
+    match saved {
+        Ok(file) => {
+            log::info!(
+                "pod {pod_id}: saved template {key} in {} ms",
+                started.elapsed().as_millis()
+            );
+            Some(file)
         }
-        identity::plug_vsock(qmp, &vsock, VSOCK_PORT).await
+        // Dropped, the reservation's file is removed.
+        Err(e) => {
+            log::warn!(
+                "pod {pod_id}: template {key} not saved, pods of this shape keep starting cold: {}",
+                e.message()
+            );
+            None
+        }
+    }
+}
+
+/// Plugs each NIC into its port, then the vsock device.
+async fn plug_devices(
+    qmp: &Qmp,
+    nics: Vec<(TapDescription, OwnedFd)>,
+    vsock: &Path,
+) -> Result<(), Error> {
+    for (i, (tap, fd)) in nics.into_iter().enumerate() {
+        identity::plug_nic(qmp, i, &tap, fd, &nic_port(i)).await?;
+    }
+    identity::plug_vsock(qmp, vsock, VSOCK_PORT).await
+}
+
+/// Removes the template `file` of `key` (a failure is logged: the pod's own error says more).
+async fn discard(store: &TemplateStore, key: &str, file: &File, pod_id: &str) {
+    if let Err(e) = store.discard(key, file).await {
+        log::warn!("pod {pod_id}: discard template {key}: {}", e.message());
     }
 }
 
@@ -250,8 +293,10 @@ async fn wait_for_template(console: &Path, within: Duration) -> Result<(), Error
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::devices::qmp::tests::{fake_qemu, finished};
     use crate::vmm::vm_spec::tests::spec;
     use crate::vmm::vm_spec::VsockDevice;
+    use serde_json::{json, Value};
 
     fn pod(dir: &Path) -> VmSpec {
         let mut spec = spec(VsockDevice::VhostUser {
@@ -318,6 +363,97 @@ mod tests {
         std::fs::remove_file(dir.path().join("vmlinux")).unwrap();
         std::fs::write(dir.path().join("vmlinux"), "another kernel").unwrap();
         assert_ne!(before, describe(&a).unwrap(), "a replaced kernel");
+    }
+
+    /// A QEMU whose loads complete and whose `device_add` of `failing` is refused.
+    fn qemu_refusing(failing: &'static str) -> impl Fn(&Value) -> Vec<Value> + Send + 'static {
+        move |c| match c["execute"].as_str().unwrap() {
+            "add-fd" => vec![json!({"return": {"fdset-id": 3, "fd": 25}})],
+            "migrate-incoming" => vec![
+                json!({"return": {}}),
+                json!({"event": "MIGRATION", "data": {"status": "completed"}}),
+            ],
+            "query-migrate" => vec![json!({"return": {"status": "completed"}})],
+            "device_add" if c["arguments"]["driver"] == failing => {
+                vec![json!({"error": {"class": "GenericError", "desc": "no room"}})]
+            }
+            _ => vec![json!({"return": {}})],
+        }
+    }
+
+    /// Loads a saved template into a fake QEMU that refuses `failing`'s plug, with one NIC;
+    /// what `finish` returned, and whether the template is still there.
+    async fn load_with_a_refused(failing: &'static str) -> (Result<(), Error>, bool) {
+        let dir = tempfile::tempdir().unwrap();
+        let templates = dir.path().join("templates");
+        let limits = Limits {
+            max_count: 4,
+            max_bytes: 1 << 30,
+        };
+        let key = key("a shape");
+        let store = TemplateStore::new(&templates, limits);
+        store
+            .reserve(&key, 1 << 20)
+            .await
+            .unwrap()
+            .unwrap()
+            .commit()
+            .unwrap();
+        let file = store.open(&key).unwrap().unwrap();
+        let start = TemplateStart {
+            key: key.clone(),
+            vsock: dir.path().join("vsock.sock"),
+            nics: vec![(
+                TapDescription {
+                    mac: "0a:58:0a:00:00:07".into(),
+                    mtu: 1500,
+                    slot: 0x12,
+                },
+                OwnedFd::from(File::open("/dev/null").unwrap()),
+            )],
+            action: Action::Load { file, store },
+        };
+        let (stream, server) = fake_qemu(qemu_refusing(failing));
+        let qmp = Qmp::handshake(stream).await.unwrap();
+        let console = dir.path().join("console.log");
+        let finished_with = start
+            .finish(&qmp, "p1", &console, Duration::from_secs(1))
+            .await;
+        drop(qmp);
+        finished(server).await;
+        let kept = TemplateStore::new(&templates, limits)
+            .open(&key)
+            .unwrap()
+            .is_some();
+        (finished_with, kept)
+    }
+
+    #[tokio::test]
+    async fn a_loaded_pod_gets_its_devices_and_the_template_stays() {
+        let (finished_with, kept) = load_with_a_refused("none").await;
+        finished_with.unwrap();
+        assert!(kept);
+    }
+
+    #[tokio::test]
+    async fn a_nic_that_cannot_be_plugged_after_a_load_discards_the_template() {
+        let (finished_with, kept) = load_with_a_refused("virtio-net-pci").await;
+        let message = finished_with.unwrap_err().message();
+        assert!(message.contains("is discarded"), "{message}");
+        assert!(
+            message.contains("plug NIC 0 (MAC 0a:58:0a:00:00:07)"),
+            "{message}"
+        );
+        assert!(message.contains("no room"), "{message}");
+        assert!(!kept, "the template is gone");
+    }
+
+    #[tokio::test]
+    async fn a_vsock_device_that_cannot_be_plugged_after_a_load_discards_the_template() {
+        let (finished_with, kept) = load_with_a_refused("vhost-user-vsock-pci").await;
+        let message = finished_with.unwrap_err().message();
+        assert!(message.contains("vsock device"), "{message}");
+        assert!(!kept, "the template is gone");
     }
 
     #[test]
