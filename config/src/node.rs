@@ -144,8 +144,8 @@ impl Default for VmImagesConfig {
 }
 
 /// Template starts: a pod boots by loading a saved, booted guest of its VM shape instead of
-/// booting its own (vmlet's guest on vhost-user vsock, a pod without NICs); the first pod of
-/// a shape boots and saves it.
+/// booting its own (vmlet's guest on vhost-user vsock, with its NICs plugged in after the
+/// load); the first pod of a shape boots and saves it.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct TemplatesConfig {
@@ -358,6 +358,15 @@ impl NodeConfig {
         if self.templates.max_mib == 0 {
             return invalid("templates.max_mib", "must be at least 1".into());
         }
+        if self.templates.enabled && self.vsock == VsockTransport::Vhost {
+            return invalid(
+                "templates.enabled",
+                "template starts need vsock = \"vhost-user\" (or \"auto\" on a node \
+                 without /dev/vhost-vsock): the kernel's vsock device cannot be plugged in \
+                 after a load"
+                    .into(),
+            );
+        }
         if let Some(unknown) = self
             .annotations
             .allowed
@@ -473,6 +482,7 @@ mod tests {
             "[templates]\nmax_count = 0\n",
             "[templates]\nmax_mib = 0\n",
             "[templates]\nenable = true\n",
+            "vsock = \"vhost\"\n[templates]\nenabled = true\n",
         ] {
             let err = parse(bad).unwrap_err().to_string();
             assert!(

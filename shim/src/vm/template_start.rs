@@ -56,9 +56,12 @@ pub(super) async fn choose(
     config: &NodeConfig,
     spec: &VmSpec,
 ) -> Result<Option<TemplateStart>, Error> {
-    let vsock = match spec.vhost_user_vsock() {
-        Some(socket) if config.templates.enabled && eligible(spec) => PathBuf::from(socket),
-        _ => return Ok(None),
+    if !config.templates.enabled {
+        return Ok(None);
+    }
+    let Some(vsock) = spec.vhost_user_vsock().map(PathBuf::from) else {
+        log::info!("pod {}: boots cold: {}", spec.pod_id, why_cold(spec));
+        return Ok(None);
     };
     let store = TemplateStore::new(
         &config.templates.dir,
@@ -93,9 +96,15 @@ pub(super) async fn choose(
         }))
 }
 
-/// vmlet's guest on vhost-user vsock.
-fn eligible(spec: &VmSpec) -> bool {
-    spec.vhost_user_vsock().is_some()
+/// Why a pod not of vmlet's guest on vhost-user vsock does not start from a template.
+fn why_cold(spec: &VmSpec) -> &'static str {
+    match &spec.guest {
+        GuestBoot::Image(_) => "a VM image boots its own guest, never a template",
+        GuestBoot::Agent(_) => {
+            "template starts need the vhost-user vsock transport, and this node's vsock is \
+             the kernel's /dev/vhost-vsock (node config `vsock = \"vhost-user\"`)"
+        }
+    }
 }
 
 /// Everything a saved guest depends on, one item a line: the shape, the machine, the
@@ -321,19 +330,27 @@ mod tests {
         spec
     }
 
-    #[test]
-    fn only_vmlets_guest_on_vhost_user_starts_from_a_template() {
+    #[tokio::test]
+    async fn only_vmlets_guest_on_vhost_user_starts_from_a_template() {
         let dir = tempfile::tempdir().unwrap();
+        let mut config = NodeConfig::default();
+        config.templates.enabled = true;
+        config.templates.dir = dir.path().join("templates");
         let ok = pod(dir.path());
-        assert!(eligible(&ok));
+        let chosen = choose(&config, &ok).await.unwrap().unwrap();
+        assert_eq!(chosen.role(), TemplateRole::Save);
+        drop(chosen);
         let mut networked = ok.clone();
         networked.network = spec(VsockDevice::Vhost).network;
-        assert!(eligible(&networked));
+        assert!(choose(&config, &networked).await.unwrap().is_some());
         let mut kernel_vsock = ok.clone();
         if let GuestBoot::Agent(agent) = &mut kernel_vsock.guest {
             agent.vsock = VsockDevice::Vhost;
         }
-        assert!(!eligible(&kernel_vsock));
+        assert!(choose(&config, &kernel_vsock).await.unwrap().is_none());
+        assert!(why_cold(&kernel_vsock).contains("vhost-user"));
+        config.templates.enabled = false;
+        assert!(choose(&config, &ok).await.unwrap().is_none());
     }
 
     #[test]
