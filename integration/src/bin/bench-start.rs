@@ -13,7 +13,9 @@
 //!
 //! - template: with `templates.enabled`, the median of 5 `ctr run --rm ... true` started from
 //!   the template the first pod of the shape saved, beside the cold start and the floor; and
-//!   an idle pod's PSS started so, beside a cold one's.
+//!   an idle pod's PSS started so, beside a cold one's. Then the same start for a pod with a
+//!   network (`--with-ns network:...`, a namespace as CNI's bridge plugin sets it up), from a
+//!   template and cold.
 //!
 //! Prints each, and the ratios; then where the time goes: the median of each phase the shim
 //! logged for the vmlet runs (`phases of create|start ...` in containerd's log, see
@@ -26,6 +28,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use vmlet_integration::direct_vm::{DirectVm, Guest, Launch, PrivateDir};
 use vmlet_integration::figures::figure;
+use vmlet_integration::testnet::TestNet;
 use vmlet_integration::{unique_id, ConfigSwap, Stack, RUNTIME};
 use vmlet_protocol::agent::ShutdownRequest;
 
@@ -41,17 +44,21 @@ fn median<T: Ord + Copy>(mut v: Vec<T>) -> T {
 /// One cold `ctr run --rm --runtime RUNTIME IMAGE ID true`: its wall time and the task's id.
 /// Under runc it is what containerd and `ctr` cost without a VM.
 fn run_once(stack: &Stack, runtime: &str) -> anyhow::Result<(Duration, String)> {
+    run_once_with(stack, runtime, &[])
+}
+
+/// [`run_once`] with `extra` options of `ctr run` (`--with-ns network:...`).
+fn run_once_with(
+    stack: &Stack,
+    runtime: &str,
+    extra: &[&str],
+) -> anyhow::Result<(Duration, String)> {
     let id = unique_id("bench");
     let start = Instant::now();
-    let out = stack.ctr_output(&[
-        "run",
-        "--rm",
-        "--runtime",
-        runtime,
-        &stack.image,
-        &id,
-        "true",
-    ])?;
+    let mut args = vec!["run", "--rm", "--runtime", runtime];
+    args.extend_from_slice(extra);
+    args.extend([stack.image.as_str(), &id, "true"]);
+    let out = stack.ctr_output(&args)?;
     if !out.status.success() {
         bail!(
             "ctr run ({runtime}): {}",
@@ -247,7 +254,7 @@ async fn template_starts(
 ) -> anyhow::Result<()> {
     let store = PrivateDir::new("vmlet-bench-templates")?;
     let dir = store.join("store");
-    let _config = ConfigSwap::edited(|c| {
+    let config = ConfigSwap::edited(|c| {
         format!(
             "{c}\n[templates]\nenabled = true\ndir = \"{}\"\n",
             dir.display()
@@ -297,6 +304,49 @@ async fn template_starts(
         format!("cold {cold_pss_mib} MiB"),
         Some(pss_mib as f64 / cold_pss_mib as f64),
         "<= 1.00",
+    );
+    drop(config);
+    networked_template_starts(stack).await
+}
+
+/// A pod with a network (CNI's and nerdctl's, `ctr run --with-ns network:...` here, in a
+/// namespace set up as the bridge plugin would): [`RUNS`] cold starts, then with
+/// `templates.enabled` the first pod of the networked shape saving its template and
+/// [`RUNS`] starts from it, each with its NIC plugged in after the load.
+async fn networked_template_starts(stack: &Stack) -> anyhow::Result<()> {
+    let net = TestNet::new("bench", 1500);
+    let with_ns = format!("network:{}", net.pod_path().display());
+    let runs = |n: usize| {
+        let (s, with_ns) = (stack.clone(), with_ns.clone());
+        tokio::task::spawn_blocking(move || -> anyhow::Result<Vec<Duration>> {
+            (0..n)
+                .map(|_| Ok(run_once_with(&s, RUNTIME, &["--with-ns", &with_ns])?.0))
+                .collect()
+        })
+    };
+    let cold = median(runs(RUNS).await??);
+    let store = PrivateDir::new("vmlet-bench-templates-net")?;
+    let dir = store.join("store");
+    let _config = ConfigSwap::edited(|c| {
+        format!(
+            "{c}\n[templates]\nenabled = true\ndir = \"{}\"\n",
+            dir.display()
+        )
+    });
+    let first = runs(1).await??[0];
+    let t = median(runs(RUNS).await??);
+    println!(
+        "bench-start: with a network: cold start median {:.3} s, template start median {:.3} s (the first pod of the shape, which booted and saved it: {:.3} s)",
+        cold.as_secs_f64(),
+        t.as_secs_f64(),
+        first.as_secs_f64()
+    );
+    figure(
+        "template start with a network (ctr run --rm --with-ns ...)",
+        format!("{:.2} s", t.as_secs_f64()),
+        format!("cold with a network {:.2} s", cold.as_secs_f64()),
+        Some(t.as_secs_f64() / cold.as_secs_f64()),
+        "<= 0.50 of cold",
     );
     Ok(())
 }
