@@ -349,6 +349,16 @@ impl ConfigSwap {
         Self::with(&edit(&original))
     }
 
+    /// The stack's config with template starts on, their saved guests in `dir`.
+    pub fn with_templates(dir: &std::path::Path) -> Self {
+        Self::edited(|c| {
+            format!(
+                "{c}\n[templates]\nenabled = true\ndir = \"{}\"\n",
+                dir.display()
+            )
+        })
+    }
+
     pub fn original(&self) -> &str {
         &self.original
     }

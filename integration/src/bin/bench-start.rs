@@ -254,12 +254,7 @@ async fn template_starts(
 ) -> anyhow::Result<()> {
     let store = PrivateDir::new("vmlet-bench-templates")?;
     let dir = store.join("store");
-    let config = ConfigSwap::edited(|c| {
-        format!(
-            "{c}\n[templates]\nenabled = true\ndir = \"{}\"\n",
-            dir.display()
-        )
-    });
+    let config = ConfigSwap::with_templates(&dir);
     let s = stack.clone();
     let (first, _) = tokio::task::spawn_blocking(move || run_once(&s, RUNTIME)).await??;
     let mut runs = Vec::new();
@@ -327,12 +322,7 @@ async fn networked_template_starts(stack: &Stack) -> anyhow::Result<()> {
     let cold = median(runs(RUNS).await??);
     let store = PrivateDir::new("vmlet-bench-templates-net")?;
     let dir = store.join("store");
-    let _config = ConfigSwap::edited(|c| {
-        format!(
-            "{c}\n[templates]\nenabled = true\ndir = \"{}\"\n",
-            dir.display()
-        )
-    });
+    let _config = ConfigSwap::with_templates(&dir);
     let first = runs(1).await??[0];
     let t = median(runs(RUNS).await??);
     println!(

@@ -219,12 +219,7 @@ fn pods_on_a_cni_bridge_start_from_their_template_with_their_own_nics() {
     let s = stack();
     let private = PrivateDir::new("vmlet-templates-net").unwrap();
     let dir = private.join("store");
-    let _config = ConfigSwap::edited(|c| {
-        format!(
-            "{c}\n[templates]\nenabled = true\ndir = \"{}\"\n",
-            dir.display()
-        )
-    });
+    let _config = ConfigSwap::with_templates(&dir);
     let log_before = containerd_log(&s).len();
     let node = Node::new();
     let saver = Pod::new(&node, "tpl-save");
@@ -245,15 +240,7 @@ fn pods_on_a_cni_bridge_start_from_their_template_with_their_own_nics() {
     println!("loading pod done in {} ms", ms(started));
     s.kill_and_remove(&saver_id).unwrap();
 
-    let log = &containerd_log(&s)[log_before..];
-    assert!(
-        log.contains(&format!("pod {saver_id}: saved template")),
-        "{log}"
-    );
-    assert!(
-        log.contains(&format!("pod {loader_id}: loaded template")),
-        "{log}"
-    );
+    assert_saved_and_loaded(&containerd_log(&s)[log_before..], &saver_id, &loader_id);
     assert_eq!(saver.vmlet_leftovers(), "");
     assert_eq!(loader.vmlet_leftovers(), "");
 }
@@ -269,19 +256,19 @@ fn pods_with_two_networks_from_a_template_have_each_nic_under_its_name() {
     let s = stack();
     let private = PrivateDir::new("vmlet-templates-two").unwrap();
     let dir = private.join("store");
-    let _config = ConfigSwap::edited(|c| {
-        format!(
-            "{c}\n[templates]\nenabled = true\ndir = \"{}\"\n",
-            dir.display()
-        )
-    });
+    let _config = ConfigSwap::with_templates(&dir);
     let log_before = containerd_log(&s).len();
     let net = TestNet::new("tpl2", 1500);
     net.add_second_network();
     let (saver, loader) = (unique_id("tpl2-save"), unique_id("tpl2-load"));
     run_pod_on_two_networks(&s, &net, &saver);
     run_pod_on_two_networks(&s, &net, &loader);
-    let log = &containerd_log(&s)[log_before..];
+    assert_saved_and_loaded(&containerd_log(&s)[log_before..], &saver, &loader);
+}
+
+/// Asserts that containerd's `log` says pod `saver` saved a template and pod `loader` loaded
+/// one.
+fn assert_saved_and_loaded(log: &str, saver: &str, loader: &str) {
     assert!(
         log.contains(&format!("pod {saver}: saved template")),
         "{log}"
