@@ -16,6 +16,7 @@ mod cni;
 mod cri;
 mod ctr;
 mod cycles;
+mod direct_launch;
 mod exec;
 mod faults;
 mod guest_boundary;

@@ -15,7 +15,9 @@ use crate::devices::hotplug::Hotplug;
 use crate::host::pod_paths::{domain_name, PodPaths};
 use crate::vm_mode::serial_console::SerialConsole;
 use crate::vmm::pci_slots::PciSlots;
-use crate::vmm::vm_spec::{AgentBoot, ConsoleTarget, GuestBoot, TemplateRole, VmSpec, VsockDevice};
+use crate::vmm::vm_spec::{
+    agent_cmdline, AgentBoot, ConsoleTarget, GuestBoot, TemplateRole, VmSpec, VsockDevice,
+};
 use crate::vmm::VmManager;
 use crate::Error;
 
@@ -45,19 +47,7 @@ pub(super) fn agent_guest(
     GuestBoot::Agent(AgentBoot {
         kernel: config.guest.kernel.to_string_lossy().into_owned(),
         initrd: config.guest.initrd.to_string_lossy().into_owned(),
-        // memhp_default_state: the guest onlines what virtio-mem plugs. swiotlb=noforce:
-        // a hot-plug region above 4 GiB would make the kernel reserve 64 MiB of bounce
-        // buffers, which the guest's devices (virtio without an IOMMU) never use.
-        // fuse.keep_unchanged_cache: an open keeps an unchanged file's pages (the lean
-        // kernel's `fuse-keep-unchanged-cache.patch`), so an exec does not read its binary
-        // again; Debian's cloud kernel ignores it.
-        cmdline: format!(
-            "console=ttyS0 panic=-1 quiet memhp_default_state=online swiotlb=noforce \
-             fuse.keep_unchanged_cache=1 vmlet.share={SHARE_TAG} {}",
-            req.options.kernel_params
-        )
-        .trim_end()
-        .to_owned(),
+        cmdline: agent_cmdline(SHARE_TAG, &req.options.kernel_params),
         virtiofsd: config.helpers.virtiofsd.to_string_lossy().into_owned(),
         share_dir: paths.share.to_string_lossy().into_owned(),
         share_tag: SHARE_TAG.into(),

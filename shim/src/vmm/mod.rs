@@ -11,6 +11,7 @@ pub mod libvirt_helper;
 pub mod libvirt_xml;
 pub mod pci_slots;
 pub mod pod_apparmor;
+pub mod qemu_command;
 pub mod vm_spec;
 
 #[cfg(any(test, feature = "fakes"))]

@@ -15,6 +15,22 @@ pub enum GuestBoot {
     Image(ImageDisks),
 }
 
+/// vmlet's guest kernel's command line, its share under `share_tag`, with the pod's own
+/// `extra` parameters. memhp_default_state: the guest onlines what virtio-mem plugs.
+/// swiotlb=noforce: a hot-plug region above 4 GiB would make the kernel reserve 64 MiB of
+/// bounce buffers, which the guest's devices (virtio without an IOMMU) never use.
+/// fuse.keep_unchanged_cache: an open keeps an unchanged file's pages (the lean kernel's
+/// `fuse-keep-unchanged-cache.patch`), so an exec does not read its binary again; Debian's
+/// cloud kernel ignores it.
+pub fn agent_cmdline(share_tag: &str, extra: &str) -> String {
+    format!(
+        "console=ttyS0 panic=-1 quiet memhp_default_state=online swiotlb=noforce \
+         fuse.keep_unchanged_cache=1 vmlet.share={share_tag} {extra}"
+    )
+    .trim_end()
+    .to_owned()
+}
+
 #[derive(Debug, Clone)]
 pub struct AgentBoot {
     pub kernel: String,

@@ -1,0 +1,117 @@
+//! vmlet's own QEMU command line ([`vmlet_shim::vmm::qemu_command`], the first part of the
+//! launcher that starts QEMU without libvirt): QEMU started with it, on the stack's guest
+//! image, with the pod's virtiofsd and vsock backend, boots vmlet's guest; the guest's agent
+//! answers with the pod's key once it mounted the share; vmlet's QMP monitor connects to the
+//! shim's socket; and QEMU ends by itself when the guest powers off. QEMU runs directly here
+//! (as root, unconfined, as the start benchmark's floor does): the launcher's confinement
+//! (the QEMU user, the pod's AppArmor profile and cgroup) comes with its wiring into a pod's
+//! start.
+
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::OpenOptionsExt;
+use std::time::{Duration, Instant};
+
+use crate::support::stack;
+use vmlet_integration::direct_vm::{DirectVm, Guest, QEMU, VIRTIOFSD};
+use vmlet_protocol::agent::ShutdownRequest;
+use vmlet_shim::devices::qmp::Qmp;
+use vmlet_shim::vmm::pci_slots::PciSlots;
+use vmlet_shim::vmm::qemu_command::{qemu_command, Launched};
+use vmlet_shim::vmm::vm_spec::{
+    agent_cmdline, AgentBoot, ConsoleTarget, GuestBoot, VmSpec, VsockDevice,
+};
+
+const BOOT: Duration = Duration::from_secs(60);
+
+#[tokio::test]
+#[ignore = "needs the vmlet stack: make test"]
+async fn vmlets_own_qemu_command_line_boots_a_pod_whose_agent_answers() {
+    let s = stack();
+    let guest = Guest::of_image(&s.guest_dir).unwrap();
+    let mut vm = DirectVm::new("vmlet-direct").unwrap();
+    vm.start_virtiofsd().await.unwrap();
+    vm.start_vsock_backend().await.unwrap();
+    let path = |p: std::path::PathBuf| p.to_string_lossy().into_owned();
+    let qmp_socket = vm.path("qmp.sock");
+    let qmp_listener = tokio::net::UnixListener::bind(&qmp_socket).unwrap();
+    let spec = VmSpec {
+        name: "vmlet-direct".into(),
+        pod_id: "direct".into(),
+        kvm: false,
+        tcg_translation_cache_mib: None,
+        free_page_reporting: false,
+        vcpus: 1,
+        memory_mib: 256,
+        hotplug_mib: 512,
+        machine: "q35".into(),
+        cpu_model: None,
+        guest: GuestBoot::Agent(AgentBoot {
+            kernel: path(guest.kernel.clone()),
+            initrd: path(guest.initrd.clone()),
+            cmdline: agent_cmdline("vmlet", ""),
+            virtiofsd: VIRTIOFSD.into(),
+            share_dir: path(vm.share_dir()),
+            share_tag: "vmlet".into(),
+            vsock: VsockDevice::VhostUser {
+                socket: path(vm.vsock_backend_socket()),
+            },
+            key_file: path(vm.path("agent.key")),
+        }),
+        emulator: QEMU.into(),
+        qemu: QEMU.into(),
+        console: ConsoleTarget::File(path(vm.console())),
+        network: None,
+        qmp_socket: path(qmp_socket),
+        slots: PciSlots::assign(),
+        template: None,
+    };
+    let console = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o600)
+        .open(vm.console())
+        .unwrap();
+    let console = OwnedFd::from(console);
+    let launched = Launched {
+        uuid: "4a1f3c2e-9b7d-4e1a-8c55-0d2f6b7a9e10".into(),
+        share_socket: path(vm.share_socket()),
+        console_fd: Some(std::os::fd::AsRawFd::as_raw_fd(&console)),
+        tap_fds: Vec::new(),
+    };
+    let args = qemu_command(&spec, &launched).unwrap();
+
+    let started = Instant::now();
+    vm.launch_with(&args, vec![console]).unwrap();
+    let (stream, _) = tokio::time::timeout(Duration::from_secs(10), qmp_listener.accept())
+        .await
+        .expect("QEMU connects vmlet's QMP monitor")
+        .unwrap();
+    let qmp = Qmp::handshake(stream).await.unwrap();
+    let (agent, boot_id) = vm.agent(BOOT).await.unwrap();
+    println!(
+        "direct: agent answered {} ms after QEMU started (boot id {boot_id})",
+        started.elapsed().as_millis()
+    );
+    let status = qmp
+        .execute("query-status", serde_json::json!({}), Vec::new())
+        .await
+        .unwrap();
+    assert_eq!(status["status"], "running", "{status}");
+
+    // The guest powers off; QEMU, started without -no-shutdown, ends with it.
+    let powering_off = Instant::now();
+    let _ = agent
+        .shutdown(
+            ttrpc::context::with_timeout(2_000_000_000),
+            &ShutdownRequest::default(),
+        )
+        .await;
+    tokio::time::timeout(Duration::from_secs(30), vm.wait_qemu())
+        .await
+        .expect("QEMU ends when the guest powers off")
+        .unwrap();
+    println!(
+        "direct: QEMU ended {} ms after the power-off",
+        powering_off.elapsed().as_millis()
+    );
+}

@@ -1,0 +1,391 @@
+//! QEMU's whole command line for a pod's VM that vmlet starts itself, without libvirt: the
+//! first part of the direct launcher, which issue 37's start targets need
+//! (docs/performance.md, "Where issue 37's start targets stand"; not wired into a pod's
+//! start yet). It renders from the same [`VmSpec`] what libvirt renders from the domain XML
+//! ([`crate::vmm::domain`]), with the same devices at the same addresses, then vmlet's own
+//! part ([`VmSpec::qemu_args`]) and the NICs ([`crate::host::taps::qemu_args`]), which the
+//! wrapper appends under libvirt.
+//!
+//! What libvirt decides for a VM at its start, the launcher hands in ([`Launched`]): the
+//! UUID, the virtio-fs socket of the virtiofsd it started, and the descriptors QEMU inherits
+//! (the console file's, the taps'). Only vmlet's guest on vhost-user vsock is rendered: the
+//! kernel's vsock device wants a CID libvirt allocates, a VM image wants disks and firmware
+//! libvirt sets up, and a libvirt `<cpu>` definition (`vmlet.io/cpu-model`) is libvirt's to
+//! expand; each is refused by name.
+
+use std::os::fd::RawFd;
+
+use vmlet_config::CpuModel;
+
+use crate::host::taps;
+use crate::vmm::pci_slots::hex;
+use crate::vmm::vm_spec::{ConsoleTarget, GuestBoot, VmSpec, VsockDevice};
+use crate::Error;
+
+/// What the launcher made for the VM before QEMU starts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Launched {
+    /// The VM's UUID (SMBIOS, and what a guest's tools read as its machine id).
+    pub uuid: String,
+    /// The vhost-user socket of the pod's virtiofsd.
+    pub share_socket: String,
+    /// The console file, opened for appending, as QEMU inherits it (a file console only).
+    pub console_fd: Option<RawFd>,
+    /// Each tap, as QEMU inherits it, in the NICs' order (none for a template start, whose
+    /// NICs are plugged in after the load).
+    pub tap_fds: Vec<RawFd>,
+}
+
+/// The id of the root port the virtio-fs device sits behind, at slot 1 as libvirt puts it.
+const SHARE_PORT: &str = "pci.1";
+
+/// QEMU's arguments (without the program) for `spec`'s VM as the launcher starts it.
+pub fn qemu_command(spec: &VmSpec, launched: &Launched) -> Result<Vec<String>, Error> {
+    let GuestBoot::Agent(agent) = &spec.guest else {
+        return Err(Error::Unimplemented(format!(
+            "pod {}: a VM image started without libvirt",
+            spec.pod_id
+        )));
+    };
+    if !matches!(agent.vsock, VsockDevice::VhostUser { .. }) {
+        return Err(Error::Unimplemented(format!(
+            "pod {}: the kernel's vsock device started without libvirt (it needs vsock = \"vhost-user\")",
+            spec.pod_id
+        )));
+    }
+    let mut args = Args::default();
+    args.opt("-name", format!("guest={},debug-threads=on", spec.name));
+    args.opt(
+        "-machine",
+        format!("{},usb=off,dump-guest-core=off,acpi=on", spec.machine),
+    );
+    args.opt("-accel", accel(spec));
+    args.opt("-cpu", cpu(spec)?);
+    let mib = spec.memory_mib;
+    args.opt(
+        "-m",
+        match spec.hotplug_mib {
+            0 => format!("size={}k", mib * 1024),
+            more => format!(
+                "size={}k,slots=1,maxmem={}k",
+                mib * 1024,
+                (mib + more) * 1024
+            ),
+        },
+    );
+    args.opt("-overcommit", "mem-lock=off".into());
+    args.opt(
+        "-smp",
+        format!("{0},sockets={0},cores=1,threads=1", spec.vcpus),
+    );
+    args.opt(
+        "-object",
+        format!(
+            "memory-backend-memfd,id=ram-node0,share=on,size={}",
+            mib << 20
+        ),
+    );
+    args.opt(
+        "-numa",
+        format!(
+            "node,nodeid=0,cpus=0-{},memdev=ram-node0",
+            spec.vcpus.saturating_sub(1)
+        ),
+    );
+    args.opt("-uuid", launched.uuid.clone());
+    args.opt("-display", "none".into());
+    args.flags(&["-no-user-config", "-nodefaults", "-no-reboot"]);
+    args.opt("-rtc", "base=utc".into());
+    args.opt("-boot", "strict=on".into());
+    args.opt("-kernel", agent.kernel.clone());
+    args.opt("-initrd", agent.initrd.clone());
+    args.opt("-append", spec.kernel_cmdline().unwrap_or_default());
+    args.opt(
+        "-device",
+        format!("pcie-root-port,port=8,chassis=1,id={SHARE_PORT},bus=pcie.0,addr=0x1"),
+    );
+    if spec.hotplug_mib > 0 {
+        args.opt(
+            "-object",
+            format!(
+                "memory-backend-memfd,id=memua-vmlet-mem,share=on,reserve=off,size={}",
+                spec.hotplug_mib << 20
+            ),
+        );
+        args.opt(
+            "-device",
+            format!(
+                "virtio-mem-pci,node=0,block-size={},memdev=memua-vmlet-mem,id=ua-vmlet-mem,bus=pcie.0,addr={}",
+                crate::devices::memory::BLOCK_MIB << 20,
+                hex(spec.slots.memory)
+            ),
+        );
+    }
+    args.opt(
+        "-chardev",
+        format!("socket,id=chr-vu-fs0,path={}", launched.share_socket),
+    );
+    args.opt(
+        "-device",
+        format!(
+            "vhost-user-fs-pci,id=fs0,chardev=chr-vu-fs0,tag={},bus={SHARE_PORT},addr=0x0",
+            agent.share_tag
+        ),
+    );
+    match (&spec.console, launched.console_fd) {
+        (ConsoleTarget::File(_), Some(fd)) => {
+            args.opt("-add-fd", format!("set=0,fd={fd},opaque=serial0-source"));
+            args.opt(
+                "-chardev",
+                "file,id=charserial0,path=/dev/fdset/0,append=on".into(),
+            );
+        }
+        (ConsoleTarget::File(path), None) => {
+            return Err(Error::Internal(format!(
+                "pod {}: no descriptor for the console file {path}",
+                spec.pod_id
+            )))
+        }
+        (ConsoleTarget::Socket(path), _) => {
+            args.opt("-chardev", format!("socket,id=charserial0,path={path}"));
+        }
+    }
+    args.opt(
+        "-device",
+        "isa-serial,chardev=charserial0,id=serial0,index=0".into(),
+    );
+    if spec.free_page_reporting {
+        args.opt(
+            "-device",
+            format!(
+                "virtio-balloon-pci,id=balloon0,free-page-reporting=on,bus=pcie.0,addr={}",
+                hex(spec.slots.balloon)
+            ),
+        );
+    }
+    args.0.extend(spec.qemu_args());
+    if spec.template.is_none() {
+        let nics = spec.taps();
+        if nics.len() != launched.tap_fds.len() {
+            return Err(Error::Internal(format!(
+                "pod {}: {} NICs and {} tap descriptors",
+                spec.pod_id,
+                nics.len(),
+                launched.tap_fds.len()
+            )));
+        }
+        args.0.extend(taps::qemu_args(&nics, &launched.tap_fds));
+    }
+    args.opt(
+        "-sandbox",
+        "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny".into(),
+    );
+    args.opt("-msg", "timestamp=on".into());
+    Ok(args.0)
+}
+
+/// A command line being built.
+#[derive(Default)]
+struct Args(Vec<String>);
+
+impl Args {
+    /// `option value`.
+    fn opt(&mut self, option: &str, value: String) {
+        self.0.extend([option.to_owned(), value]);
+    }
+
+    fn flags(&mut self, flags: &[&str]) {
+        self.0.extend(flags.iter().map(|f| (*f).to_owned()));
+    }
+}
+
+/// `-accel`: KVM, or TCG with the node's cap on its translation cache.
+fn accel(spec: &VmSpec) -> String {
+    match (spec.kvm, spec.tcg_translation_cache_mib) {
+        (true, _) => "kvm".into(),
+        (false, Some(mib)) => format!("tcg,tb-size={mib}"),
+        (false, None) => "tcg".into(),
+    }
+}
+
+/// `-cpu`: the pod's model, or the host's under KVM and `qemu64` under TCG (libvirt's
+/// defaults).
+fn cpu(spec: &VmSpec) -> Result<String, Error> {
+    Ok(match &spec.cpu_model {
+        None if spec.kvm => "host".into(),
+        None => "qemu64".into(),
+        // `enforce`: a feature the host lacks fails the start, as libvirt's `forbid` does.
+        Some(CpuModel::Named(name)) if spec.kvm => format!("{name},enforce"),
+        Some(CpuModel::Named(name)) => name.clone(),
+        Some(CpuModel::HostPassthrough) => "host".into(),
+        Some(other) => {
+            return Err(Error::Unimplemented(format!(
+                "pod {}: the CPU model {other:?} started without libvirt (libvirt expands it)",
+                spec.pod_id
+            )))
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::vmm::vm_spec::tests::spec;
+    use crate::vmm::vm_spec::TemplateRole;
+
+    fn launched() -> Launched {
+        Launched {
+            uuid: "70752bd9-ba25-4c89-bbf2-a6806065db93".into(),
+            share_socket: "/run/vmlet/t1/virtiofsd.sock".into(),
+            console_fd: Some(7),
+            tap_fds: vec![9, 10],
+        }
+    }
+
+    fn vhost_user() -> VmSpec {
+        let mut spec = spec(VsockDevice::VhostUser {
+            socket: "/run/vmlet/t1/vsock.sock".into(),
+        });
+        spec.console = ConsoleTarget::File("/run/vmlet/t1/console.log".into());
+        spec
+    }
+
+    /// The value after each `option`, in order.
+    fn values<'a>(args: &'a [String], option: &str) -> Vec<&'a str> {
+        args.windows(2)
+            .filter(|w| w[0] == option)
+            .map(|w| w[1].as_str())
+            .collect()
+    }
+
+    #[test]
+    fn a_pod_gets_libvirts_model_then_vmlets_devices_then_its_nics() {
+        let spec = vhost_user();
+        let args = qemu_command(&spec, &launched()).unwrap();
+        assert_eq!(values(&args, "-name"), ["guest=vmlet-t1,debug-threads=on"]);
+        assert_eq!(values(&args, "-accel"), ["tcg,tb-size=16"]);
+        assert_eq!(values(&args, "-cpu"), ["qemu64"]);
+        assert_eq!(
+            values(&args, "-smp"),
+            ["2,sockets=2,cores=1,threads=1"],
+            "{args:?}"
+        );
+        assert_eq!(
+            values(&args, "-numa"),
+            ["node,nodeid=0,cpus=0-1,memdev=ram-node0"]
+        );
+        assert_eq!(values(&args, "-kernel"), [spec_kernel(&spec)]);
+        assert_eq!(values(&args, "-append"), [spec.kernel_cmdline().unwrap()]);
+        let devices = values(&args, "-device");
+        assert!(devices
+            .iter()
+            .any(|d| d.starts_with("vhost-user-fs-pci,") && d.contains(",bus=pci.1,")));
+        assert!(devices
+            .iter()
+            .any(|d| d.starts_with("vhost-user-vsock-pci,") && d.ends_with("addr=0x10")));
+        assert!(devices
+            .iter()
+            .any(|d| d.starts_with("virtio-balloon-pci,") && d.ends_with("addr=0x1e")));
+        assert_eq!(
+            values(&args, "-add-fd"),
+            ["set=0,fd=7,opaque=serial0-source"]
+        );
+        // vmlet's own part, as the wrapper gets it under libvirt, then the NIC on its fd.
+        let own = spec.qemu_args();
+        let at = args
+            .windows(own.len())
+            .position(|w| w == own.as_slice())
+            .expect("vmlet's arguments, in one piece");
+        let netdev = args.iter().position(|a| a == "-netdev").unwrap();
+        assert!(netdev > at, "the NICs come after vmlet's part");
+        assert_eq!(args[netdev + 1], "tap,id=vmletnet0,fd=9,vhost=off");
+        assert_eq!(
+            values(&args, "-netdev")[1],
+            "tap,id=vmletnet1,fd=10,vhost=off"
+        );
+        assert_eq!(args.last().unwrap(), "timestamp=on");
+        assert!(args.contains(&"-no-reboot".to_owned()));
+        assert!(
+            !args.contains(&"-no-shutdown".to_owned()),
+            "QEMU ends with the guest"
+        );
+    }
+
+    fn spec_kernel(spec: &VmSpec) -> String {
+        match &spec.guest {
+            GuestBoot::Agent(a) => a.kernel.clone(),
+            GuestBoot::Image(_) => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn memory_that_can_grow_gets_its_virtio_mem_device() {
+        let mut spec = vhost_user();
+        spec.hotplug_mib = 1024;
+        let args = qemu_command(&spec, &launched()).unwrap();
+        let m = spec.memory_mib * 1024;
+        assert_eq!(
+            values(&args, "-m"),
+            [format!("size={m}k,slots=1,maxmem={}k", m + 1024 * 1024)]
+        );
+        assert!(values(&args, "-device")
+            .iter()
+            .any(|d| d.starts_with("virtio-mem-pci,") && d.ends_with("addr=0x11")));
+        spec.hotplug_mib = 0;
+        let args = qemu_command(&spec, &launched()).unwrap();
+        assert_eq!(values(&args, "-m"), [format!("size={m}k")]);
+        assert!(!values(&args, "-device")
+            .iter()
+            .any(|d| d.starts_with("virtio-mem-pci,")));
+    }
+
+    #[test]
+    fn a_template_start_gets_no_nics_on_its_command_line() {
+        let mut spec = vhost_user();
+        spec.template = Some(TemplateRole::Load);
+        let mut without_taps = launched();
+        without_taps.tap_fds.clear();
+        let args = qemu_command(&spec, &without_taps).unwrap();
+        assert!(!args.contains(&"-netdev".to_owned()));
+        assert!(args.windows(2).any(|w| w == ["-incoming", "defer"]));
+    }
+
+    #[test]
+    fn taps_must_match_the_nics() {
+        let spec = vhost_user();
+        let mut wrong = launched();
+        wrong.tap_fds.push(11);
+        let err = qemu_command(&spec, &wrong).unwrap_err();
+        assert!(
+            err.message().contains("2 NICs and 3 tap descriptors"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn what_libvirt_decides_is_refused_by_name() {
+        let kernel_vsock = spec(VsockDevice::Vhost);
+        let err = qemu_command(&kernel_vsock, &launched()).unwrap_err();
+        assert!(err.message().contains("vhost-user"), "{err}");
+        let mut host_model = vhost_user();
+        host_model.cpu_model = Some(CpuModel::HostModel);
+        let err = qemu_command(&host_model, &launched()).unwrap_err();
+        assert!(err.message().contains("HostModel"), "{err}");
+        let mut no_console_fd = launched();
+        no_console_fd.console_fd = None;
+        let err = qemu_command(&vhost_user(), &no_console_fd).unwrap_err();
+        assert!(err.message().contains("console"), "{err}");
+    }
+
+    #[test]
+    fn cpu_models_follow_libvirts_defaults() {
+        let mut spec = vhost_user();
+        spec.kvm = true;
+        assert_eq!(cpu(&spec).unwrap(), "host");
+        assert_eq!(accel(&spec), "kvm");
+        spec.cpu_model = Some(CpuModel::Named("Skylake-Client".into()));
+        assert_eq!(cpu(&spec).unwrap(), "Skylake-Client,enforce");
+        spec.kvm = false;
+        assert_eq!(cpu(&spec).unwrap(), "Skylake-Client");
+    }
+}
