@@ -6,7 +6,6 @@
 //! Everything lives in a [`PrivateDir`]; QEMU and the vsock backend are ended, and the
 //! directory removed, when the [`DirectVm`] is dropped.
 
-use std::os::fd::OwnedFd;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -260,30 +259,6 @@ impl DirectVm {
                 .spawn()
                 .context("start qemu")?,
         );
-        Ok(())
-    }
-
-    /// Starts QEMU with `args` as they are (vmlet's own command line,
-    /// [`vmlet_shim::vmm::qemu_command`]); QEMU inherits `fds` under their numbers.
-    pub fn launch_with(&mut self, args: &[String], fds: Vec<OwnedFd>) -> anyhow::Result<()> {
-        use std::os::fd::AsRawFd;
-        use std::os::unix::process::CommandExt;
-        let raw: Vec<i32> = fds.iter().map(|fd| fd.as_raw_fd()).collect();
-        let mut qemu = Command::new(QEMU);
-        qemu.args(args).stdout(Stdio::null()).stderr(Stdio::null());
-        // SAFETY: only fcntl(2), async-signal-safe, between the fork and the exec.
-        unsafe {
-            qemu.pre_exec(move || {
-                for fd in &raw {
-                    if libc::fcntl(*fd, libc::F_SETFD, 0) < 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                }
-                Ok(())
-            });
-        }
-        self.qemu = Some(qemu.spawn().context("start qemu")?);
-        drop(fds);
         Ok(())
     }
 

@@ -1,20 +1,22 @@
-//! vmlet's own QEMU command line ([`vmlet_shim::vmm::qemu_command`], the first part of the
-//! launcher that starts QEMU without libvirt): QEMU started with it, on the stack's guest
-//! image, with the pod's virtiofsd and vsock backend, boots vmlet's guest; the guest's agent
-//! answers with the pod's key once it mounted the share; vmlet's QMP monitor connects to the
-//! shim's socket; and QEMU ends by itself when the guest powers off. QEMU runs directly here
-//! (as root, unconfined, as the start benchmark's floor does): the launcher's confinement
-//! (the QEMU user, the pod's AppArmor profile and cgroup) comes with its wiring into a pod's
-//! start.
+//! The launcher without libvirt, its parts so far: QEMU started with vmlet's own command line
+//! ([`vmlet_shim::vmm::qemu_command`]) as the node's QEMU user with that user's groups
+//! ([`vmlet_shim::host::qemu_process`]), on the stack's guest image, with the pod's
+//! virtiofsd and vsock backend, boots vmlet's guest; the guest's agent answers with the
+//! pod's key once it mounted the share; vmlet's QMP monitor connects to the shim's socket;
+//! and QEMU ends by itself when the guest powers off. The pod's cgroup and AppArmor profile
+//! (in `qemu_process`, unit-tested) come with the launcher's wiring into a pod's start.
 
+use std::ffi::CString;
 use std::os::fd::OwnedFd;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use crate::support::stack;
 use vmlet_integration::direct_vm::{DirectVm, Guest, QEMU, VIRTIOFSD};
 use vmlet_protocol::agent::ShutdownRequest;
 use vmlet_shim::devices::qmp::Qmp;
+use vmlet_shim::host::qemu_process::{self, Confinement};
 use vmlet_shim::vmm::pci_slots::PciSlots;
 use vmlet_shim::vmm::qemu_command::{qemu_command, Launched};
 use vmlet_shim::vmm::vm_spec::{
@@ -79,9 +81,40 @@ async fn vmlets_own_qemu_command_line_boots_a_pod_whose_agent_answers() {
         tap_fds: Vec::new(),
     };
     let args = qemu_command(&spec, &launched).unwrap();
+    // What a pod's QEMU opens by path is its user's to open (the shim gives it so).
+    let config = std::env::var("VMLET_CONFIG").expect("VMLET_CONFIG: the stack's config");
+    let name = vmlet_config::NodeConfig::load_from(Path::new(&config))
+        .expect("the stack's config")
+        .qemu_user;
+    let user = nix::unistd::User::from_name(&name)
+        .unwrap()
+        .expect("the QEMU user");
+    let groups = nix::unistd::getgrouplist(&CString::new(name).unwrap(), user.gid).unwrap();
+    std::fs::set_permissions(vm.path(""), std::fs::Permissions::from_mode(0o711)).unwrap();
+    for file in ["qmp.sock", "vhost.sock", "virtiofs.sock", "agent.key"] {
+        std::os::unix::fs::chown(vm.path(file), Some(user.uid.as_raw()), None).unwrap();
+    }
 
     let started = Instant::now();
-    vm.launch_with(&args, vec![console]).unwrap();
+    let qemu = qemu_process::spawn(
+        Path::new(QEMU),
+        &args,
+        vec![console],
+        Confinement {
+            uid: user.uid.as_raw(),
+            gid: user.gid.as_raw(),
+            groups: groups.iter().map(|g| g.as_raw()).collect(),
+            cgroup_procs: Vec::new(),
+            apparmor_profile: None,
+        },
+        std::fs::File::create(vm.path("qemu.log")).unwrap(),
+    )
+    .unwrap();
+    let status = std::fs::read_to_string(format!("/proc/{}/status", qemu.pid)).unwrap();
+    assert!(
+        status.contains(&format!("\nUid:\t{0}\t{0}\t{0}\t{0}\n", user.uid)),
+        "QEMU runs as the QEMU user: {status}"
+    );
     let (stream, _) = tokio::time::timeout(Duration::from_secs(10), qmp_listener.accept())
         .await
         .expect("QEMU connects vmlet's QMP monitor")
@@ -106,10 +139,11 @@ async fn vmlets_own_qemu_command_line_boots_a_pod_whose_agent_answers() {
             &ShutdownRequest::default(),
         )
         .await;
-    tokio::time::timeout(Duration::from_secs(30), vm.wait_qemu())
-        .await
-        .expect("QEMU ends when the guest powers off")
-        .unwrap();
+    assert!(
+        qemu.ended_within(Duration::from_secs(30)).await.unwrap(),
+        "QEMU ends when the guest powers off: {}",
+        std::fs::read_to_string(vm.path("qemu.log")).unwrap_or_default()
+    );
     println!(
         "direct: QEMU ended {} ms after the power-off",
         powering_off.elapsed().as_millis()

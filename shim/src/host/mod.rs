@@ -10,7 +10,8 @@
 //! - [`netns_holder`]: the pod's host process; [`taps`]: the tap fds handed to the emulator
 //!   wrapper; [`sk_lookup`]: port-forwarding's listener in the pod's namespace;
 //! - [`host_command`]: host programs run with deadlines and bounded output; [`file_lock`]:
-//!   a lock between shims;
+//!   a lock between shims; [`pidfd`]: processes held by pidfd; [`qemu_process`]: QEMU as the
+//!   shim's confined child (the launcher without libvirt);
 //! - [`templates`]: saved template VMs, one per VM shape, within the node's limits.
 
 pub(crate) mod fd_mount;
@@ -18,8 +19,10 @@ pub(crate) mod file_lock;
 pub mod host_command;
 pub(crate) mod log_dir;
 pub(crate) mod netns_holder;
+pub(crate) mod pidfd;
 pub mod pod_cgroup;
 pub mod pod_paths;
+pub mod qemu_process;
 pub mod reclaim;
 pub(crate) mod share;
 pub(crate) mod sk_lookup;

@@ -4,7 +4,7 @@
 //! The host process is the sandbox's process: its PID is the sandbox's, a signal goes to
 //! it, and the sandbox ends when it does, with its exit status as the shim's reaper saw it.
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -18,6 +18,7 @@ use vmlet_protocol::agent::CreateContainerRequest;
 use super::{block, host_setup, new_pod_state, reclaim_failed_boot, Recorder};
 use crate::guest::stdio::{Copies, ProcessName, StdioPaths};
 use crate::guest::{AgentCalls, Guest, GuestExit, NoAgent, ProcessId};
+use crate::host::pidfd;
 use crate::host::state::PodState;
 use crate::vm::pod_vm::{ImagePod, NotShared, PodHold, PodVm, SharedVm};
 use crate::vmm::VmManager;
@@ -63,7 +64,7 @@ impl HeldPod {
                 &recorder,
             )
             .await
-            .and_then(|pid| Ok((pid, pidfd_open(pid)?)));
+            .and_then(|pid| Ok((pid, pidfd::open(pid)?)));
             let (pid, fd) = match started {
                 Ok(started) => started,
                 Err(e) => {
@@ -107,24 +108,12 @@ impl HeldPod {
 
     fn signal(&self, signal: i32) -> Result<(), Error> {
         self.stopping.store(true, Ordering::SeqCst);
-        // SAFETY: pidfd_send_signal with a pidfd this struct owns, no siginfo, no flags.
-        let rc = unsafe {
-            libc::syscall(
-                libc::SYS_pidfd_send_signal,
-                self.holder_fd.as_raw_fd(),
-                signal,
-                std::ptr::null::<libc::siginfo_t>(),
-                0u32,
-            )
-        };
-        match std::io::Error::last_os_error() {
-            // Gone already: its end is on its way.
-            e if rc != 0 && e.raw_os_error() != Some(libc::ESRCH) => Err(Error::io(
-                format!("signal {signal} to pod {}'s host process", self.pod_id),
-                e,
-            )),
-            _ => Ok(()),
-        }
+        // Gone already is no error: its end is on its way.
+        pidfd::signal(
+            &self.holder_fd,
+            signal,
+            &format!("pod {}'s host process", self.pod_id),
+        )
     }
 
     fn runs_nothing(&self, what: &str) -> Error {
@@ -133,20 +122,6 @@ impl HeldPod {
             self.pod_id
         ))
     }
-}
-
-/// A pidfd for `pid`.
-fn pidfd_open(pid: u32) -> Result<OwnedFd, Error> {
-    // SAFETY: pidfd_open takes a PID and flags; it returns a new fd or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0u32) };
-    if fd < 0 {
-        return Err(Error::io(
-            format!("pidfd_open {pid}"),
-            std::io::Error::last_os_error(),
-        ));
-    }
-    // SAFETY: a new fd that nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
 #[async_trait]

@@ -1,0 +1,298 @@
+//! QEMU as a child of the shim (the launcher without libvirt, whose command line is
+//! [`crate::vmm::qemu_command`]; not wired into a pod's start yet), confined as libvirt
+//! confines it: before it executes QEMU, the child joins the pod's cgroup, asks for the
+//! pod's AppArmor profile at the exec where the node has AppArmor, and becomes the node's
+//! QEMU user with that user's groups (`kvm` among them, for `/dev/kvm`), as libvirt makes it. It keeps only the descriptors it is handed (each
+//! under its number, which the command line names); its stdout and stderr go to a log file
+//! of the pod's. It is signalled and awaited through its pidfd ([`crate::host::pidfd`]).
+
+use std::ffi::CString;
+use std::fs::File;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use crate::host::pidfd;
+use crate::Error;
+
+/// What the child is confined to.
+#[derive(Debug)]
+pub struct Confinement {
+    /// The node's QEMU user, its group and its supplementary groups.
+    pub uid: u32,
+    pub gid: u32,
+    pub groups: Vec<u32>,
+    /// `cgroup.procs` of each hierarchy of the pod's cgroup, opened by the shim for writing.
+    pub cgroup_procs: Vec<File>,
+    /// The (loaded) AppArmor profile QEMU runs under; none where the node has no AppArmor.
+    pub apparmor_profile: Option<String>,
+}
+
+/// Where a process asks for the profile of its next exec (the older name as a fallback).
+const APPARMOR_EXEC: [&str; 2] = ["/proc/self/attr/apparmor/exec", "/proc/self/attr/exec"];
+
+/// A QEMU the shim started. Dropped, it kills its QEMU: no VM outlives its handle by
+/// accident (an error's early return, a panic).
+#[derive(Debug)]
+pub struct QemuProcess {
+    pub pid: u32,
+    pidfd: OwnedFd,
+}
+
+/// Starts `program` with `args`, confined by `confinement`, with `inherit` as its only
+/// descriptors beside stdin (`/dev/null`) and stdout and stderr (`log`).
+pub fn spawn(
+    program: &Path,
+    args: &[String],
+    inherit: Vec<OwnedFd>,
+    confinement: Confinement,
+    log: File,
+) -> Result<QemuProcess, Error> {
+    let err_log = log
+        .try_clone()
+        .map_err(|e| Error::io("dup QEMU's log", e))?;
+    // Everything the child uses is made here: between fork and exec it only makes system
+    // calls.
+    let keep: Vec<RawFd> = inherit.iter().map(AsRawFd::as_raw_fd).collect();
+    let cgroups: Vec<RawFd> = confinement
+        .cgroup_procs
+        .iter()
+        .map(AsRawFd::as_raw_fd)
+        .collect();
+    let apparmor = match &confinement.apparmor_profile {
+        Some(profile) => Some(
+            CString::new(format!("exec {profile}"))
+                .map_err(|_| Error::Internal(format!("AppArmor profile {profile:?}")))?,
+        ),
+        None => None,
+    };
+    let apparmor_paths: Vec<CString> = APPARMOR_EXEC
+        .iter()
+        .map(|p| CString::new(*p).expect("no NUL"))
+        .collect();
+    let (uid, gid) = (confinement.uid, confinement.gid);
+    let groups: Vec<libc::gid_t> = confinement.groups.clone();
+    let mut command = Command::new(program);
+    command
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(log)
+        .stderr(err_log);
+    // SAFETY: the closure makes only async-signal-safe system calls on data made before
+    // the fork, and allocates nothing.
+    unsafe {
+        command.pre_exec(move || {
+            let fail = || Err(std::io::Error::last_os_error());
+            for fd in &cgroups {
+                if libc::write(*fd, b"0".as_ptr().cast(), 1) != 1 {
+                    return fail();
+                }
+            }
+            if let Some(request) = &apparmor {
+                let bytes = request.as_bytes();
+                let mut asked = false;
+                for path in &apparmor_paths {
+                    let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                    if fd < 0 {
+                        continue;
+                    }
+                    let written = libc::write(fd, bytes.as_ptr().cast(), bytes.len());
+                    libc::close(fd);
+                    if written != bytes.len() as isize {
+                        return fail();
+                    }
+                    asked = true;
+                    break;
+                }
+                if !asked {
+                    return fail();
+                }
+            }
+            if libc::getuid() == 0 && libc::setgroups(groups.len(), groups.as_ptr()) != 0 {
+                return fail();
+            }
+            if libc::setgid(gid) != 0 || libc::setuid(uid) != 0 {
+                return fail();
+            }
+            for fd in &keep {
+                if libc::fcntl(*fd, libc::F_SETFD, 0) != 0 {
+                    return fail();
+                }
+            }
+            Ok(())
+        });
+    }
+    let child = command
+        .spawn()
+        .map_err(|e| Error::io(format!("start {} confined", program.display()), e))?;
+    // The child has its copies (or is gone): the shim's are closed.
+    drop(inherit);
+    drop(confinement);
+    let pid = child.id();
+    Ok(QemuProcess {
+        pid,
+        pidfd: pidfd::open(pid)?,
+    })
+}
+
+impl QemuProcess {
+    /// Sends `signal` to it (gone already is no error).
+    pub fn signal(&self, signal: i32) -> Result<(), Error> {
+        pidfd::signal(&self.pidfd, signal, &format!("QEMU {}", self.pid))
+    }
+
+    /// Whether it ends within `within`; once it has, its exit is collected (if the shim's
+    /// reaper has not).
+    pub async fn ended_within(&self, within: Duration) -> Result<bool, Error> {
+        let ended = pidfd::ended_within(&self.pidfd, within).await?;
+        if ended {
+            pidfd::reap(&self.pidfd);
+        }
+        Ok(ended)
+    }
+
+    /// Kills it and waits up to `within` for its end.
+    pub async fn kill(&self, within: Duration) -> Result<(), Error> {
+        self.signal(libc::SIGKILL)?;
+        match self.ended_within(within).await? {
+            true => Ok(()),
+            false => Err(Error::Timeout(format!(
+                "QEMU {} did not end within {} s of SIGKILL",
+                self.pid,
+                within.as_secs()
+            ))),
+        }
+    }
+}
+
+impl Drop for QemuProcess {
+    fn drop(&mut self) {
+        let _ = self.signal(libc::SIGKILL);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+
+    fn me() -> (u32, u32) {
+        (
+            nix::unistd::getuid().as_raw(),
+            nix::unistd::getgid().as_raw(),
+        )
+    }
+
+    /// Confined to the test's own user and group, with `groups`.
+    fn as_me(groups: Vec<u32>, cgroup_procs: Vec<File>) -> Confinement {
+        let (uid, gid) = me();
+        Confinement {
+            uid,
+            gid,
+            groups,
+            cgroup_procs,
+            apparmor_profile: None,
+        }
+    }
+
+    /// Runs `script` under `sh` confined by `confinement`, handing it `inherit`; its output.
+    async fn run(script: &str, inherit: Vec<OwnedFd>, confinement: Confinement) -> String {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("log");
+        let process = spawn(
+            Path::new("/bin/sh"),
+            &["-c".to_owned(), script.to_owned()],
+            inherit,
+            confinement,
+            File::create(&log).unwrap(),
+        )
+        .unwrap();
+        assert!(process.ended_within(Duration::from_secs(10)).await.unwrap());
+        std::fs::read_to_string(&log).unwrap()
+    }
+
+    #[tokio::test]
+    async fn the_child_joins_the_cgroup_becomes_the_user_and_keeps_only_what_it_is_handed() {
+        let dir = tempfile::tempdir().unwrap();
+        let procs = dir.path().join("cgroup.procs");
+        let (uid, gid) = me();
+        let root = uid == 0;
+        let handed = OwnedFd::from(File::open("/dev/null").unwrap());
+        let kept = handed.as_raw_fd();
+        let not_handed = File::open("/dev/null").unwrap();
+        let out = run(
+            &format!(
+                "id -u; id -g; id -G; test -e /proc/self/fd/{kept} && echo kept; \
+                 test -e /proc/self/fd/{} || echo closed",
+                not_handed.as_raw_fd()
+            ),
+            vec![handed],
+            as_me(
+                vec![gid, 4242],
+                vec![std::fs::OpenOptions::new()
+                    .create(true)
+                    .truncate(true)
+                    .write(true)
+                    .open(&procs)
+                    .unwrap()],
+            ),
+        )
+        .await;
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines[..2], [uid.to_string(), gid.to_string()], "{out}");
+        if root {
+            // Exactly the groups asked for, none of the shim's.
+            assert_eq!(lines[2], format!("{gid} 4242"), "{out}");
+        }
+        assert_eq!(lines[3..], ["kept", "closed"], "{out}");
+        // The child wrote "0" (itself) into each cgroup's procs.
+        let mut written = String::new();
+        File::open(&procs)
+            .unwrap()
+            .read_to_string(&mut written)
+            .unwrap();
+        assert_eq!(written, "0");
+    }
+
+    #[tokio::test]
+    async fn a_process_that_does_not_end_is_killed() {
+        let dir = tempfile::tempdir().unwrap();
+        let process = spawn(
+            Path::new("/bin/sleep"),
+            &["100".to_owned()],
+            Vec::new(),
+            as_me(Vec::new(), Vec::new()),
+            File::create(dir.path().join("log")).unwrap(),
+        )
+        .unwrap();
+        assert!(!process
+            .ended_within(Duration::from_millis(50))
+            .await
+            .unwrap());
+        process.kill(Duration::from_secs(5)).await.unwrap();
+        process.signal(libc::SIGKILL).unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_profile_that_cannot_be_asked_for_fails_the_start() {
+        let dir = tempfile::tempdir().unwrap();
+        if Path::new("/sys/kernel/security/apparmor").exists() {
+            eprintln!("skipped: this kernel has AppArmor (check-apparmor covers it)");
+            return;
+        }
+        let err = spawn(
+            Path::new("/bin/true"),
+            &[],
+            Vec::new(),
+            Confinement {
+                apparmor_profile: Some("vmlet-pod".into()),
+                ..as_me(Vec::new(), Vec::new())
+            },
+            File::create(dir.path().join("log")).unwrap(),
+        )
+        .unwrap_err();
+        assert!(err.message().contains("confined"), "{err}");
+    }
+}
