@@ -11,7 +11,8 @@ use crate::host::undo::Made;
 use crate::vmm::VmManager;
 use crate::Error;
 
-/// Undoes `state`'s journal: the VM first (the domain), then the rest, the last made first;
+/// Undoes `state`'s journal: the VM first (the domain, or QEMU started without libvirt),
+/// then the rest, the last made first;
 /// then removes the directory. Goes on past failures and reports the first.
 pub fn teardown(vmm: &dyn VmManager, state: &PodState) -> Result<(), Error> {
     let mut first: Option<Error> = None;
@@ -24,7 +25,7 @@ pub fn teardown(vmm: &dyn VmManager, state: &PodState) -> Result<(), Error> {
     let (vm, rest): (Vec<&Made>, Vec<&Made>) = state
         .made
         .iter()
-        .partition(|m| matches!(m, Made::Domain(_)));
+        .partition(|m| matches!(m, Made::Domain(_) | Made::Qemu(_)));
     for made in vm.into_iter().chain(rest.into_iter().rev()) {
         note(made.undo(vmm, &state.dir));
     }
@@ -122,6 +123,30 @@ mod tests {
         let err = teardown(&vmm, &state).unwrap_err();
         assert!(err.message().contains("not unmounting /etc"), "{err:?}");
         assert!(vmm.running.lock().unwrap().is_empty());
+        assert!(!pod_dir.exists());
+    }
+
+    #[test]
+    fn a_qemu_started_without_libvirt_is_ended_by_the_teardown() {
+        let dir = tempfile::tempdir().unwrap();
+        let pod_dir = dir.path().join("p");
+        std::fs::create_dir(&pod_dir).unwrap();
+        let mut qemu = std::process::Command::new("sleep")
+            .arg("100")
+            .spawn()
+            .unwrap();
+        let state = PodState {
+            dir: pod_dir.clone(),
+            made: vec![
+                Made::Mount("/etc".into()),
+                Made::Qemu(crate::host::undo::ProcessId::of(qemu.id(), "QEMU").unwrap()),
+                Made::Mount(pod_dir.join("share")),
+            ],
+            ..Default::default()
+        };
+        // The mount outside the pod's directory fails; QEMU is gone all the same.
+        teardown(&crate::vmm::FakeVmm::default(), &state).unwrap_err();
+        assert!(qemu.try_wait().is_err(), "QEMU was killed and collected");
         assert!(!pod_dir.exists());
     }
 

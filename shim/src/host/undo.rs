@@ -1,6 +1,6 @@
 //! The undo journal: each thing a pod makes on the node is an entry ([`Made`]), recorded in
 //! the pod's state (and saved) before it is made, and undone here. The teardown
-//! ([`crate::host::reclaim::teardown`]) ends the VM first (its domain: everything else
+//! ([`crate::host::reclaim::teardown`]) ends the VM first (its domain or its QEMU: everything else
 //! serves it, including a container's mounts made after the boot), then undoes the rest of
 //! the journal in reverse, so what was made last goes first. A new kind of resource is a
 //! variant and its arm in [`Made::undo`], nothing else.
@@ -42,6 +42,78 @@ pub enum Made {
     DiskDir(PathBuf),
     /// The libvirt domain: destroyed and undefined.
     Domain(String),
+    /// QEMU started without libvirt ([`crate::host::qemu_process`]): killed, and awaited,
+    /// if its PID is still that process. The VM, as a domain is.
+    Qemu(ProcessId),
+}
+
+/// A process, told from any later one that takes its PID by its start time.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessId {
+    pub pid: u32,
+    /// Clock ticks after the host's boot (`/proc/PID/stat`'s 22nd field).
+    pub start_time: u64,
+    /// What it is, for messages (`QEMU`).
+    pub what: String,
+}
+
+/// How long an undone process may take to end once killed (QEMU frees the guest's memory).
+const PROCESS_ENDS: std::time::Duration = std::time::Duration::from_secs(10);
+
+impl ProcessId {
+    /// `pid` as it runs now; `None` once it is gone.
+    pub fn of(pid: u32, what: &str) -> Option<Self> {
+        start_time(pid).map(|start_time| ProcessId {
+            pid,
+            start_time,
+            what: what.into(),
+        })
+    }
+
+    /// Kills the process if it still runs, and waits for its end. A PID that another
+    /// process took since is left alone: the pidfd is opened first and the start time read
+    /// after, so the signal reaches the process whose start time matched.
+    fn kill(&self) -> Result<(), Error> {
+        let Ok(pidfd) = crate::host::pidfd::open(self.pid) else {
+            return Ok(()); // gone
+        };
+        if start_time(self.pid) != Some(self.start_time) {
+            return Ok(()); // another process has the PID now
+        }
+        crate::host::pidfd::signal(&pidfd, libc::SIGKILL, &self.what)?;
+        let mut poll = [nix::poll::PollFd::new(
+            std::os::fd::AsFd::as_fd(&pidfd),
+            nix::poll::PollFlags::POLLIN,
+        )];
+        let timeout =
+            nix::poll::PollTimeout::try_from(PROCESS_ENDS).unwrap_or(nix::poll::PollTimeout::MAX);
+        match nix::poll::poll(&mut poll, timeout) {
+            Ok(n) if n > 0 => {
+                crate::host::pidfd::reap(&pidfd);
+                Ok(())
+            }
+            Ok(_) => Err(Error::Timeout(format!(
+                "{} {} did not end within {} s of SIGKILL",
+                self.what,
+                self.pid,
+                PROCESS_ENDS.as_secs()
+            ))),
+            Err(e) => Err(Error::io(
+                format!("wait for {} {}", self.what, self.pid),
+                e.into(),
+            )),
+        }
+    }
+}
+
+/// The start time of `pid` (`/proc/PID/stat`'s 22nd field); `None` once it is gone. The
+/// fields are counted after the command's closing parenthesis: the command may hold any
+/// byte.
+fn start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after_comm = &stat[stat.rfind(')')? + 1..];
+    // Field 3 (the state) is the first after the command: the start time is the 20th.
+    after_comm.split_whitespace().nth(19)?.parse().ok()
 }
 
 impl Made {
@@ -49,6 +121,7 @@ impl Made {
     pub fn undo(&self, vmm: &dyn VmManager, pod_dir: &Path) -> Result<(), Error> {
         match self {
             Made::Domain(name) => vmm.remove(name),
+            Made::Qemu(process) => process.kill(),
             Made::VsockBackend(pid) => {
                 if is_vhost_device_vsock(*pid) {
                     let _ = kill(Pid::from_raw(*pid as i32), Signal::SIGKILL);
@@ -117,6 +190,45 @@ mod tests {
         Made::VsockBackend(std::process::id())
             .undo(&crate::vmm::FakeVmm::default(), Path::new("/nonexistent"))
             .unwrap();
+    }
+
+    #[test]
+    fn a_recorded_process_is_killed_and_awaited_and_a_pid_taken_since_is_not() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("100")
+            .spawn()
+            .unwrap();
+        let recorded = ProcessId::of(child.id(), "sleep").unwrap();
+        let json = serde_json::to_string(&Made::Qemu(recorded.clone())).unwrap();
+        assert!(json.starts_with(r#"{"qemu":{"pid":"#), "{json}");
+        // Another process that took the PID: another start time.
+        let other = ProcessId {
+            start_time: recorded.start_time + 1,
+            ..recorded.clone()
+        };
+        let fake = crate::vmm::FakeVmm::default();
+        Made::Qemu(other)
+            .undo(&fake, Path::new("/nonexistent"))
+            .unwrap();
+        assert!(child.try_wait().unwrap().is_none(), "left alone");
+        Made::Qemu(recorded.clone())
+            .undo(&fake, Path::new("/nonexistent"))
+            .unwrap();
+        assert!(
+            ProcessId::of(child.id(), "sleep").is_none(),
+            "killed and reaped"
+        );
+        assert!(child.try_wait().is_err(), "collected by the undo");
+        // Gone already: nothing to do.
+        Made::Qemu(recorded)
+            .undo(&fake, Path::new("/nonexistent"))
+            .unwrap();
+    }
+
+    #[test]
+    fn a_start_time_is_read_past_any_command_name() {
+        assert!(start_time(std::process::id()).is_some());
+        assert_eq!(start_time(u32::MAX), None);
     }
 
     #[test]
