@@ -133,6 +133,12 @@ pub async fn configure(req: &ConfigureNetworkRequest) -> Result<(), Error> {
                     NICS_APPEAR.as_secs()
                 ))
             })?;
+        if links.contains(&index) {
+            return Err(Error::InvalidRequest(format!(
+                "two of the pod's interfaces have MAC {}: the guest cannot tell their NICs apart",
+                interface.mac
+            )));
+        }
         links.push(index);
     }
     name_links(&handle, &req.interfaces, &links).await?;
@@ -142,15 +148,17 @@ pub async fn configure(req: &ConfigureNetworkRequest) -> Result<(), Error> {
     Ok(())
 }
 
-/// Whether `name` is one the kernel takes for a network interface (its `dev_valid_name`):
-/// 1 to 15 bytes, not `.` or `..`, without `/`, `:` or white space.
+/// Whether `name` is one the kernel takes for a network interface as it is (its
+/// `dev_valid_name`): 1 to 15 bytes, not `.` or `..`, without `/`, `:` or white space; and
+/// without `%`, which the kernel would take for a pattern (`net%d`) and name the link
+/// otherwise.
 fn check_name(name: &str) -> Result<(), Error> {
     let valid = (1..=15).contains(&name.len())
         && name != "."
         && name != ".."
         && !name
             .chars()
-            .any(|c| c == '/' || c == ':' || c.is_whitespace() || c.is_control());
+            .any(|c| c == '/' || c == ':' || c == '%' || c.is_whitespace() || c.is_control());
     if valid {
         Ok(())
     } else {
@@ -350,6 +358,7 @@ mod tests {
             "a:b",
             "a b",
             "a\n",
+            "net%d",
         ] {
             assert!(check_name(bad).is_err(), "{bad:?}");
         }

@@ -343,6 +343,20 @@ impl NodeConfig {
         if !self.state_dir.is_absolute() {
             return invalid("state_dir", "must be an absolute path".into());
         }
+        // QEMU's options are comma-separated: a comma in a path its command line names
+        // would end the option there and start another.
+        for (key, path) in [
+            ("state_dir", &self.state_dir),
+            ("guest.kernel", &g.kernel),
+            ("guest.initrd", &g.initrd),
+        ] {
+            if path.to_string_lossy().contains(',') {
+                return invalid(
+                    key,
+                    "must not contain a comma (QEMU's option separator)".into(),
+                );
+            }
+        }
         self.disk_backed(
             "vm_images.disk_dir",
             &self.vm_images.disk_dir,
@@ -489,6 +503,18 @@ mod tests {
                 err.contains("templates") || err.contains("enable"),
                 "{bad}: {err}"
             );
+        }
+    }
+
+    #[test]
+    fn paths_on_qemus_command_line_take_no_comma() {
+        for (bad, key) in [
+            ("state_dir = \"/run/vm,let\"\n", "state_dir"),
+            ("[guest]\nkernel = \"/boot/vm,linux\"\n", "guest.kernel"),
+            ("[guest]\ninitrd = \"/boot/init,rd\"\n", "guest.initrd"),
+        ] {
+            let err = parse(bad).unwrap_err().to_string();
+            assert!(err.contains(key) && err.contains("comma"), "{bad}: {err}");
         }
     }
 

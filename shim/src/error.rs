@@ -84,8 +84,13 @@ impl Error {
                 source,
             },
             Error::Internal(m) => Error::Internal(prefix(m)),
-            // Their sources carry their kind; said in one message, as internal.
-            e @ (Error::Config(_) | Error::Network(_)) => Error::Internal(prefix(e.message())),
+            // Their sources carry their kind: said in one message, under the same code.
+            e @ (Error::Config(_) | Error::Network(_)) => match e.code() {
+                Code::INVALID_ARGUMENT => Error::InvalidArgument(prefix(e.message())),
+                Code::PERMISSION_DENIED => Error::PermissionDenied(prefix(e.message())),
+                Code::FAILED_PRECONDITION => Error::FailedPrecondition(prefix(e.message())),
+                _ => Error::Internal(prefix(e.message())),
+            },
         }
     }
 
@@ -250,6 +255,24 @@ mod tests {
             let within = e.within("plug NIC 0");
             assert_eq!(within.code(), code);
             assert_eq!(within.message(), expected);
+        }
+        let with_sources: [Error; 2] = [
+            vmlet_config::Error::InvalidAnnotation {
+                key: "vmlet.io/memory".into(),
+                value: "lots".into(),
+                reason: "no".into(),
+            }
+            .into(),
+            vmlet_config::Error::AnnotationNotAllowed {
+                key: "vmlet.io/kernel-params".into(),
+            }
+            .into(),
+        ];
+        for e in with_sources {
+            let code = e.code();
+            let within = e.within("boot");
+            assert_eq!(within.code(), code, "{within}");
+            assert!(within.message().starts_with("boot: "), "{within}");
         }
     }
 

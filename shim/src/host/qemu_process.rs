@@ -2,9 +2,12 @@
 //! [`crate::vmm::qemu_command`]; not wired into a pod's start yet), confined as libvirt
 //! confines it: before it executes QEMU, the child joins the pod's cgroup, asks for the
 //! pod's AppArmor profile at the exec where the node has AppArmor, and becomes the node's
-//! QEMU user with that user's groups (`kvm` among them, for `/dev/kvm`), as libvirt makes it. It keeps only the descriptors it is handed (each
-//! under its number, which the command line names); its stdout and stderr go to a log file
-//! of the pod's. It is signalled and awaited through its pidfd ([`crate::host::pidfd`]).
+//! QEMU user with that user's groups (`kvm` among them, for `/dev/kvm`), as libvirt makes
+//! it. It keeps only the descriptors it is handed (each under its number, which the command
+//! line names; every other one is closed at the exec); its stdout and stderr go to a log
+//! file of the pod's. It runs in a session of its own, from `/`, with an environment of its
+//! own and the OOM score a process starts with (not the shim's, which containerd lowers). It
+//! is signalled and awaited through its pidfd ([`crate::host::pidfd`]).
 
 use std::ffi::CString;
 use std::fs::File;
@@ -32,6 +35,8 @@ pub struct Confinement {
 
 /// Where a process asks for the profile of its next exec (the older name as a fallback).
 const APPARMOR_EXEC: [&str; 2] = ["/proc/self/attr/apparmor/exec", "/proc/self/attr/exec"];
+/// QEMU's environment: nothing of the shim's.
+const ENVIRONMENT: [(&str, &str); 2] = [("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"), ("LC_ALL", "C")];
 
 /// A QEMU the shim started. Dropped, it kills its QEMU: no VM outlives its handle by
 /// accident (an error's early return, a panic).
@@ -50,6 +55,12 @@ pub fn spawn(
     confinement: Confinement,
     log: File,
 ) -> Result<QemuProcess, Error> {
+    if confinement.uid == 0 || confinement.gid == 0 {
+        return Err(Error::FailedPrecondition(format!(
+            "QEMU would run as root (uid {}, gid {}): the node's qemu_user must be another",
+            confinement.uid, confinement.gid
+        )));
+    }
     let err_log = log
         .try_clone()
         .map_err(|e| Error::io("dup QEMU's log", e))?;
@@ -74,9 +85,13 @@ pub fn spawn(
         .collect();
     let (uid, gid) = (confinement.uid, confinement.gid);
     let groups: Vec<libc::gid_t> = confinement.groups.clone();
+    let oom_score_adj = CString::new("/proc/self/oom_score_adj").expect("no NUL");
     let mut command = Command::new(program);
     command
         .args(args)
+        .env_clear()
+        .envs(ENVIRONMENT)
+        .current_dir("/")
         .stdin(Stdio::null())
         .stdout(log)
         .stderr(err_log);
@@ -85,6 +100,18 @@ pub fn spawn(
     unsafe {
         command.pre_exec(move || {
             let fail = || Err(std::io::Error::last_os_error());
+            if libc::setsid() < 0 {
+                return fail();
+            }
+            let fd = libc::open(oom_score_adj.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+            if fd < 0 {
+                return fail();
+            }
+            let written = libc::write(fd, b"0".as_ptr().cast(), 1);
+            libc::close(fd);
+            if written != 1 {
+                return fail();
+            }
             for fd in &cgroups {
                 if libc::write(*fd, b"0".as_ptr().cast(), 1) != 1 {
                     return fail();
@@ -116,6 +143,17 @@ pub fn spawn(
             if libc::setgid(gid) != 0 || libc::setuid(uid) != 0 {
                 return fail();
             }
+            // Every descriptor but stdio closes at the exec, whoever opened it without
+            // O_CLOEXEC; then the handed ones are kept.
+            if libc::syscall(
+                libc::SYS_close_range,
+                3u32,
+                u32::MAX,
+                libc::CLOSE_RANGE_CLOEXEC,
+            ) != 0
+            {
+                return fail();
+            }
             for fd in &keep {
                 if libc::fcntl(*fd, libc::F_SETFD, 0) != 0 {
                     return fail();
@@ -124,17 +162,43 @@ pub fn spawn(
             Ok(())
         });
     }
-    let child = command
+    let mut child = command
         .spawn()
         .map_err(|e| Error::io(format!("start {} confined", program.display()), e))?;
     // The child has its copies (or is gone): the shim's are closed.
     drop(inherit);
     drop(confinement);
     let pid = child.id();
-    Ok(QemuProcess {
-        pid,
-        pidfd: pidfd::open(pid)?,
-    })
+    // The shim's reaper may collect a QEMU that ended at once before its pidfd is opened,
+    // and its PID may be another process's by then: the pidfd is taken for QEMU's only
+    // while that PID is still the shim's child.
+    let pidfd = match pidfd::open(pid) {
+        Ok(pidfd) if parent_of(pid) == Some(std::process::id()) => pidfd,
+        Ok(_) => return Err(ended_at_once(program)),
+        Err(Error::Io { source, .. }) if source.raw_os_error() == Some(libc::ESRCH) => {
+            return Err(ended_at_once(program))
+        }
+        Err(e) => {
+            let _ = child.kill();
+            return Err(e);
+        }
+    };
+    Ok(QemuProcess { pid, pidfd })
+}
+
+fn ended_at_once(program: &Path) -> Error {
+    Error::FailedPrecondition(format!(
+        "{} ended as it started (its log says why)",
+        program.display()
+    ))
+}
+
+/// The parent of `pid` (`/proc/PID/stat`'s 4th field, counted after the command's closing
+/// parenthesis); `None` once it is gone.
+fn parent_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after_comm = &stat[stat.rfind(')')? + 1..];
+    after_comm.split_whitespace().nth(1)?.parse().ok()
 }
 
 impl QemuProcess {
@@ -178,14 +242,23 @@ mod tests {
     use super::*;
     use std::io::Read;
 
-    fn me() -> (u32, u32) {
-        (
-            nix::unistd::getuid().as_raw(),
-            nix::unistd::getgid().as_raw(),
-        )
+    fn root() -> bool {
+        nix::unistd::getuid().is_root()
     }
 
-    /// Confined to the test's own user and group, with `groups`.
+    /// The user a test's child becomes: `nobody` where the test runs as root, else the
+    /// test's own.
+    fn me() -> (u32, u32) {
+        match root() {
+            true => (65534, 65534),
+            false => (
+                nix::unistd::getuid().as_raw(),
+                nix::unistd::getgid().as_raw(),
+            ),
+        }
+    }
+
+    /// Confined to the test's user ([`me`]), with `groups`.
     fn as_me(groups: Vec<u32>, cgroup_procs: Vec<File>) -> Confinement {
         let (uid, gid) = me();
         Confinement {
@@ -218,14 +291,14 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let procs = dir.path().join("cgroup.procs");
         let (uid, gid) = me();
-        let root = uid == 0;
         let handed = OwnedFd::from(File::open("/dev/null").unwrap());
         let kept = handed.as_raw_fd();
         let not_handed = File::open("/dev/null").unwrap();
         let out = run(
             &format!(
                 "id -u; id -g; id -G; test -e /proc/self/fd/{kept} && echo kept; \
-                 test -e /proc/self/fd/{} || echo closed",
+                 test -e /proc/self/fd/{} || echo closed; cat /proc/self/oom_score_adj; \
+                 pwd; echo \"$PATH\"; test \"$(cut -d' ' -f6 /proc/$$/stat)\" = $$ && echo leader",
                 not_handed.as_raw_fd()
             ),
             vec![handed],
@@ -242,11 +315,15 @@ mod tests {
         .await;
         let lines: Vec<&str> = out.lines().collect();
         assert_eq!(lines[..2], [uid.to_string(), gid.to_string()], "{out}");
-        if root {
+        if root() {
             // Exactly the groups asked for, none of the shim's.
             assert_eq!(lines[2], format!("{gid} 4242"), "{out}");
         }
-        assert_eq!(lines[3..], ["kept", "closed"], "{out}");
+        assert_eq!(
+            lines[3..],
+            ["kept", "closed", "0", "/", ENVIRONMENT[0].1, "leader"],
+            "{out}"
+        );
         // The child wrote "0" (itself) into each cgroup's procs.
         let mut written = String::new();
         File::open(&procs)
@@ -273,6 +350,28 @@ mod tests {
             .unwrap());
         process.kill(Duration::from_secs(5)).await.unwrap();
         process.signal(libc::SIGKILL).unwrap();
+    }
+
+    #[test]
+    fn qemu_never_runs_as_root() {
+        let dir = tempfile::tempdir().unwrap();
+        for (uid, gid) in [(0, 65534), (65534, 0)] {
+            let err = spawn(
+                Path::new("/bin/true"),
+                &[],
+                Vec::new(),
+                Confinement {
+                    uid,
+                    gid,
+                    groups: Vec::new(),
+                    cgroup_procs: Vec::new(),
+                    apparmor_profile: None,
+                },
+                File::create(dir.path().join("log")).unwrap(),
+            )
+            .unwrap_err();
+            assert!(err.message().contains("qemu_user"), "{err}");
+        }
     }
 
     #[tokio::test]

@@ -74,8 +74,12 @@ impl ProcessId {
     /// process took since is left alone: the pidfd is opened first and the start time read
     /// after, so the signal reaches the process whose start time matched.
     fn kill(&self) -> Result<(), Error> {
-        let Ok(pidfd) = crate::host::pidfd::open(self.pid) else {
-            return Ok(()); // gone
+        let pidfd = match crate::host::pidfd::open(self.pid) {
+            Ok(pidfd) => pidfd,
+            Err(Error::Io { source, .. }) if source.raw_os_error() == Some(libc::ESRCH) => {
+                return Ok(()); // gone
+            }
+            Err(e) => return Err(e.within(&format!("end {} {}", self.what, self.pid))),
         };
         if start_time(self.pid) != Some(self.start_time) {
             return Ok(()); // another process has the PID now

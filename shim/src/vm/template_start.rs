@@ -179,10 +179,11 @@ impl TemplateStart {
     /// After the domain started: saves or loads the guest, then plugs the pod's NICs and
     /// its vsock device in (the NICs first: they are probed by the time the agent, which
     /// waits for the vsock device, is asked to configure them). A save that fails leaves no
-    /// template and the pod goes on; a load that QEMU refuses fails the boot, and so does a
-    /// device that cannot be plugged in after a save or a load: that saved guest is
-    /// discarded (the shape's next pod boots cold and saves a new one), so that a template
-    /// no pod can be made its own from is not loaded again and again.
+    /// template and the pod goes on; a load that fails fails the boot, and so does a
+    /// device that cannot be plugged in after a save or a load. Where QEMU refused or ended
+    /// ([`blames_the_template`]), that saved guest is discarded (the shape's next pod boots
+    /// cold and saves a new one), so that a template no pod can be made its own from is not
+    /// loaded again and again; a passed deadline leaves it.
     pub async fn finish(
         self,
         qmp: &Qmp,
@@ -208,28 +209,35 @@ impl TemplateStart {
                 let dup = file
                     .try_clone()
                     .map_err(|e| Error::io(format!("dup template {key}"), e))?;
-                match snapshot::load(qmp, dup.into(), SAVE_OR_LOAD).await? {
-                    Loaded::Running => log::info!("pod {pod_id}: loaded template {key}"),
-                    Loaded::Refused(reason) => {
-                        discard(&store, &key, &file, pod_id).await;
+                match snapshot::load(qmp, dup.into(), SAVE_OR_LOAD).await {
+                    Ok(Loaded::Running) => log::info!("pod {pod_id}: loaded template {key}"),
+                    Ok(Loaded::Refused(reason)) => {
+                        let discarded = discard(&store, &key, &file, pod_id).await;
                         return Err(Error::Internal(format!(
-                            "QEMU refused template {key}, which is discarded (the shape's next pod saves a new one): {reason}"
+                            "QEMU refused template {key}, {discarded}: {reason}"
                         )));
                     }
+                    Err(e) if blames_the_template(&e) => {
+                        let discarded = discard(&store, &key, &file, pod_id).await;
+                        return Err(e.within(&format!(
+                            "QEMU ended or refused loading template {key}, {discarded}"
+                        )));
+                    }
+                    Err(e) => return Err(e),
                 }
                 (store, Some(file))
             }
         };
-        if let Err(e) = plug_devices(qmp, nics, &vsock).await {
-            let Some(file) = file else {
-                return Err(e);
-            };
-            discard(&store, &key, &file, pod_id).await;
-            return Err(e.within(&format!(
-                "template {key} is discarded (the shape's next pod boots cold and saves a new one), as the pod's devices could not be plugged in after it"
-            )));
+        match (plug_devices(qmp, nics, &vsock).await, file) {
+            (Ok(()), _) => Ok(()),
+            (Err(e), Some(file)) if blames_the_template(&e) => {
+                let discarded = discard(&store, &key, &file, pod_id).await;
+                Err(e.within(&format!(
+                    "the pod's devices could not be plugged in after template {key}, {discarded}"
+                )))
+            }
+            (Err(e), _) => Err(e),
         }
-        Ok(())
     }
 }
 
@@ -276,10 +284,22 @@ async fn plug_devices(
 }
 
 /// Removes the template `file` of `key` (a failure is logged: the pod's own error says more).
-async fn discard(store: &TemplateStore, key: &str, file: &File, pod_id: &str) {
-    if let Err(e) = store.discard(key, file).await {
-        log::warn!("pod {pod_id}: discard template {key}: {}", e.message());
+/// Removes the template `file` of `key`; what became of it, for the pod's error.
+async fn discard(store: &TemplateStore, key: &str, file: &File, pod_id: &str) -> String {
+    match store.discard(key, file).await {
+        Ok(()) => "which is discarded (the shape's next pod boots cold and saves a new one)".into(),
+        Err(e) => {
+            log::warn!("pod {pod_id}: discard template {key}: {}", e.message());
+            format!("which could not be discarded ({})", e.message())
+        }
     }
+}
+
+/// Whether `e`, met loading a template or plugging a pod's devices in after it, can be the
+/// template's doing: QEMU refused a command or ended. A deadline passed (a loaded node) or
+/// the shim's own I/O failed says nothing of the template, which other pods share: it stays.
+fn blames_the_template(e: &Error) -> bool {
+    !matches!(e, Error::Timeout(_) | Error::Io { .. })
 }
 
 /// The agent's log line that says the template is ready ([`vmlet_protocol::TEMPLATE_READY_LINE`]
@@ -471,6 +491,21 @@ mod tests {
         let message = finished_with.unwrap_err().message();
         assert!(message.contains("vsock device"), "{message}");
         assert!(!kept, "the template is gone");
+    }
+
+    #[test]
+    fn only_qemus_refusal_or_end_blames_a_template() {
+        assert!(blames_the_template(&Error::Internal(
+            "QEMU refused device_add: no room".into()
+        )));
+        assert!(blames_the_template(&Error::Internal(
+            "QMP device_add: QEMU closed the QMP monitor".into()
+        )));
+        assert!(!blames_the_template(&Error::Timeout("no answer".into())));
+        assert!(!blames_the_template(&Error::io(
+            "send",
+            std::io::Error::other("gone")
+        )));
     }
 
     #[test]

@@ -53,6 +53,14 @@ pub fn qemu_command(spec: &VmSpec, launched: &Launched) -> Result<Vec<String>, E
             spec.pod_id
         )));
     }
+    for (what, value) in interpolated(spec, launched) {
+        if value.contains(',') {
+            return Err(Error::InvalidArgument(format!(
+                "pod {}: {what} {value:?} has a comma, QEMU's option separator",
+                spec.pod_id
+            )));
+        }
+    }
     let mut args = Args::default();
     args.opt("-name", format!("guest={},debug-threads=on", spec.name));
     args.opt(
@@ -182,6 +190,35 @@ pub fn qemu_command(spec: &VmSpec, launched: &Launched) -> Result<Vec<String>, E
     );
     args.opt("-msg", "timestamp=on".into());
     Ok(args.0)
+}
+
+/// Every value written into a comma-separated option of the command line, with its name.
+fn interpolated<'a>(spec: &'a VmSpec, launched: &'a Launched) -> Vec<(&'static str, &'a str)> {
+    let mut values = vec![
+        ("the VM's name", spec.name.as_str()),
+        ("the machine type", spec.machine.as_str()),
+        ("the QMP socket", spec.qmp_socket.as_str()),
+        ("the share's socket", launched.share_socket.as_str()),
+        ("the UUID", launched.uuid.as_str()),
+    ];
+    if let GuestBoot::Agent(agent) = &spec.guest {
+        values.extend([
+            ("the kernel", agent.kernel.as_str()),
+            ("the initrd", agent.initrd.as_str()),
+            ("the share's tag", agent.share_tag.as_str()),
+            ("the agent's key file", agent.key_file.as_str()),
+        ]);
+        if let VsockDevice::VhostUser { socket } = &agent.vsock {
+            values.push(("the vsock backend's socket", socket.as_str()));
+        }
+    }
+    if let ConsoleTarget::Socket(path) = &spec.console {
+        values.push(("the console's socket", path.as_str()));
+    }
+    if let Some(CpuModel::Named(name)) = &spec.cpu_model {
+        values.push(("the CPU model", name.as_str()));
+    }
+    values
 }
 
 /// A command line being built.
@@ -375,6 +412,18 @@ mod tests {
         no_console_fd.console_fd = None;
         let err = qemu_command(&vhost_user(), &no_console_fd).unwrap_err();
         assert!(err.message().contains("console"), "{err}");
+    }
+
+    #[test]
+    fn a_comma_in_a_value_is_refused_by_name() {
+        let mut spec = vhost_user();
+        spec.qmp_socket = "/run/vmlet/t1/qmp.sock,server=on".into();
+        let err = qemu_command(&spec, &launched()).unwrap_err();
+        assert!(err.message().contains("the QMP socket"), "{err}");
+        let mut share = launched();
+        share.share_socket = "/x,y".into();
+        let err = qemu_command(&vhost_user(), &share).unwrap_err();
+        assert!(err.message().contains("the share's socket"), "{err}");
     }
 
     #[test]
