@@ -349,18 +349,34 @@ impl ConfigSwap {
         Self::with(&edit(&original))
     }
 
-    /// The stack's config with template starts on, their saved guests in `dir`.
-    pub fn with_templates(dir: &std::path::Path) -> Self {
-        Self::edited(|c| {
-            format!(
-                "{c}\n[templates]\nenabled = true\ndir = \"{}\"\n",
-                dir.display()
-            )
-        })
-    }
-
     pub fn original(&self) -> &str {
         &self.original
+    }
+}
+
+/// Template starts on in the stack's config while it lives, their saved guests in a private
+/// directory of its own (removed after the config is restored).
+pub struct TemplatesOn {
+    // Dropped in this order: the config first, then the directory.
+    _config: ConfigSwap,
+    _dir: direct_vm::PrivateDir,
+}
+
+impl TemplatesOn {
+    /// `prefix` names the directory.
+    pub fn new(prefix: &str) -> anyhow::Result<Self> {
+        let dir = direct_vm::PrivateDir::new(prefix)?;
+        let store = dir.join("store");
+        let config = ConfigSwap::edited(|c| {
+            format!(
+                "{c}\n[templates]\nenabled = true\ndir = \"{}\"\n",
+                store.display()
+            )
+        });
+        Ok(TemplatesOn {
+            _config: config,
+            _dir: dir,
+        })
     }
 }
 

@@ -26,10 +26,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use vmlet_integration::direct_vm::{DirectVm, Guest, Launch, PrivateDir};
+use vmlet_integration::direct_vm::{DirectVm, Guest, Launch};
 use vmlet_integration::figures::figure;
 use vmlet_integration::testnet::TestNet;
-use vmlet_integration::{unique_id, ConfigSwap, Stack, RUNTIME};
+use vmlet_integration::{unique_id, Stack, TemplatesOn, RUNTIME};
 use vmlet_protocol::agent::ShutdownRequest;
 
 const RUNS: usize = 5;
@@ -252,9 +252,7 @@ async fn template_starts(
     floor: Duration,
     cold_pss_mib: u64,
 ) -> anyhow::Result<()> {
-    let store = PrivateDir::new("vmlet-bench-templates")?;
-    let dir = store.join("store");
-    let config = ConfigSwap::with_templates(&dir);
+    let templates = TemplatesOn::new("vmlet-bench-templates")?;
     let s = stack.clone();
     let (first, _) = tokio::task::spawn_blocking(move || run_once(&s, RUNTIME)).await??;
     let mut runs = Vec::new();
@@ -300,7 +298,7 @@ async fn template_starts(
         Some(pss_mib as f64 / cold_pss_mib as f64),
         "<= 1.00",
     );
-    drop(config);
+    drop(templates);
     networked_template_starts(stack).await
 }
 
@@ -320,9 +318,7 @@ async fn networked_template_starts(stack: &Stack) -> anyhow::Result<()> {
         })
     };
     let cold = median(runs(RUNS).await??);
-    let store = PrivateDir::new("vmlet-bench-templates-net")?;
-    let dir = store.join("store");
-    let _config = ConfigSwap::with_templates(&dir);
+    let _templates = TemplatesOn::new("vmlet-bench-templates-net")?;
     let first = runs(1).await??[0];
     let t = median(runs(RUNS).await??);
     println!(

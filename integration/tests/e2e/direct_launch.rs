@@ -91,8 +91,10 @@ async fn vmlets_own_qemu_command_line_boots_a_pod_whose_agent_answers() {
         .expect("the QEMU user");
     let groups = nix::unistd::getgrouplist(&CString::new(name).unwrap(), user.gid).unwrap();
     std::fs::set_permissions(vm.path(""), std::fs::Permissions::from_mode(0o711)).unwrap();
+    // The directory lets others through (0711), so each file is the QEMU user's alone.
     for file in ["qmp.sock", "vhost.sock", "virtiofs.sock", "agent.key"] {
         std::os::unix::fs::chown(vm.path(file), Some(user.uid.as_raw()), None).unwrap();
+        std::fs::set_permissions(vm.path(file), std::fs::Permissions::from_mode(0o600)).unwrap();
     }
 
     let started = Instant::now();

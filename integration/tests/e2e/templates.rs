@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use crate::support::{stack, text};
 use vmlet_integration::direct_vm::{DirectVm, Guest, Launch, PrivateDir, HOTPLUG_PORT};
-use vmlet_integration::{unique_id, ConfigSwap};
+use vmlet_integration::{unique_id, ConfigSwap, TemplatesOn};
 use vmlet_protocol::TEMPLATE_READY_LINE;
 use vmlet_shim::devices::{identity, snapshot};
 use vmlet_shim::vm::connect_agent;
@@ -217,9 +217,7 @@ async fn ctr_pods_of_one_shape_start_from_its_template() {
 fn pods_on_a_cni_bridge_start_from_their_template_with_their_own_nics() {
     use crate::cni::{run_pod_reaching_gateway_and_peer, Node, Pod};
     let s = stack();
-    let private = PrivateDir::new("vmlet-templates-net").unwrap();
-    let dir = private.join("store");
-    let _config = ConfigSwap::with_templates(&dir);
+    let _templates = TemplatesOn::new("vmlet-templates-net").unwrap();
     let log_before = containerd_log(&s).len();
     let node = Node::new();
     let saver = Pod::new(&node, "tpl-save");
@@ -254,9 +252,7 @@ fn pods_with_two_networks_from_a_template_have_each_nic_under_its_name() {
     use crate::network::run_pod_on_two_networks;
     use vmlet_integration::testnet::TestNet;
     let s = stack();
-    let private = PrivateDir::new("vmlet-templates-two").unwrap();
-    let dir = private.join("store");
-    let _config = ConfigSwap::with_templates(&dir);
+    let _templates = TemplatesOn::new("vmlet-templates-two").unwrap();
     let log_before = containerd_log(&s).len();
     let net = TestNet::new("tpl2", 1500);
     net.add_second_network();

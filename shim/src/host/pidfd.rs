@@ -11,16 +11,51 @@ use crate::Error;
 
 /// A pidfd for `pid`.
 pub fn open(pid: u32) -> Result<OwnedFd, Error> {
+    open_if_running(pid)?.ok_or_else(|| {
+        Error::io(
+            format!("pidfd_open {pid}"),
+            std::io::Error::from_raw_os_error(libc::ESRCH),
+        )
+    })
+}
+
+/// A pidfd for `pid`, or `None` where no process has that PID.
+pub fn open_if_running(pid: u32) -> Result<Option<OwnedFd>, Error> {
     // SAFETY: pidfd_open takes a PID and flags; it returns a new fd or -1.
     let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0u32) };
     if fd < 0 {
-        return Err(Error::io(
-            format!("pidfd_open {pid}"),
-            std::io::Error::last_os_error(),
-        ));
+        let e = std::io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::ESRCH) => Ok(None),
+            _ => Err(Error::io(format!("pidfd_open {pid}"), e)),
+        };
     }
     // SAFETY: a new fd that nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+    Ok(Some(unsafe { OwnedFd::from_raw_fd(fd as i32) }))
+}
+
+/// Field `n` (counted from 1, as proc(5) counts them) of `/proc/PID/stat`; `None` once the
+/// process is gone. The fields from the third on are counted after the command's closing
+/// parenthesis: the command may hold any byte.
+fn stat_field(pid: u32, n: usize) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after_comm = &stat[stat.rfind(')')? + 1..];
+    after_comm
+        .split_whitespace()
+        .nth(n.checked_sub(3)?)?
+        .parse()
+        .ok()
+}
+
+/// The start time of `pid`, in clock ticks after the host's boot: with the PID, it tells a
+/// process from any later one that takes the PID.
+pub fn start_time(pid: u32) -> Option<u64> {
+    stat_field(pid, 22)
+}
+
+/// The parent of `pid`.
+pub fn parent(pid: u32) -> Option<u32> {
+    stat_field(pid, 4).and_then(|p| u32::try_from(p).ok())
 }
 
 /// Sends `signal` to the process of `pidfd`; one that has ended already is no error.
@@ -57,6 +92,20 @@ pub async fn ended_within(pidfd: &OwnedFd, within: Duration) -> Result<bool, Err
     }
 }
 
+/// Whether the process of `pidfd` ends within `within`, blocking the calling thread (for
+/// the teardown, which runs off the runtime's threads).
+pub fn wait_ended(pidfd: &OwnedFd, within: Duration) -> Result<bool, Error> {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    let mut fds = [PollFd::new(
+        std::os::fd::AsFd::as_fd(pidfd),
+        PollFlags::POLLIN,
+    )];
+    let timeout = PollTimeout::try_from(within).unwrap_or(PollTimeout::MAX);
+    poll(&mut fds, timeout)
+        .map(|n| n > 0)
+        .map_err(|e| Error::io("wait on a pidfd", e.into()))
+}
+
 /// Collects the exit of the shim's child of `pidfd` if nobody has (the shim's reaper
 /// usually has: then there is nothing to collect, and that is no error).
 pub fn reap(pidfd: &OwnedFd) {
@@ -76,6 +125,21 @@ pub fn reap(pidfd: &OwnedFd) {
 mod tests {
     use super::*;
 
+    #[test]
+    fn stat_fields_are_read_past_any_command_name() {
+        assert!(start_time(std::process::id()).is_some());
+        assert_eq!(start_time(u32::MAX), None);
+        let mut child = std::process::Command::new("sleep")
+            .arg("100")
+            .spawn()
+            .unwrap();
+        assert_eq!(parent(child.id()), Some(std::process::id()));
+        let pidfd = open(child.id()).unwrap();
+        signal(&pidfd, libc::SIGKILL, "sleep").unwrap();
+        assert!(wait_ended(&pidfd, Duration::from_secs(5)).unwrap());
+        assert!(child.wait().is_ok());
+    }
+
     #[tokio::test]
     async fn a_process_is_signalled_and_its_end_awaited_through_its_pidfd() {
         let mut child = std::process::Command::new("sleep")
@@ -90,8 +154,10 @@ mod tests {
         assert!(ended_within(&pidfd, Duration::from_secs(5)).await.unwrap());
         reap(&pidfd);
         assert!(ended_within(&pidfd, Duration::ZERO).await.unwrap());
+        assert!(wait_ended(&pidfd, Duration::ZERO).unwrap());
         signal(&pidfd, libc::SIGKILL, "sleep").unwrap();
         // Collected by `reap` already: nothing is left to wait for.
         assert!(child.try_wait().is_err());
+        assert!(open_if_running(child.id()).unwrap().is_none());
     }
 }

@@ -9,7 +9,7 @@
 //! own and the OOM score a process starts with (not the shim's, which containerd lowers). It
 //! is signalled and awaited through its pidfd ([`crate::host::pidfd`]).
 
-use std::ffi::CString;
+use std::ffi::{CStr, CString};
 use std::fs::File;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
@@ -64,15 +64,18 @@ pub fn spawn(
     let err_log = log
         .try_clone()
         .map_err(|e| Error::io("dup QEMU's log", e))?;
+    let Confinement {
+        uid,
+        gid,
+        groups,
+        cgroup_procs,
+        apparmor_profile,
+    } = confinement;
     // Everything the child uses is made here: between fork and exec it only makes system
     // calls.
     let keep: Vec<RawFd> = inherit.iter().map(AsRawFd::as_raw_fd).collect();
-    let cgroups: Vec<RawFd> = confinement
-        .cgroup_procs
-        .iter()
-        .map(AsRawFd::as_raw_fd)
-        .collect();
-    let apparmor = match &confinement.apparmor_profile {
+    let cgroups: Vec<RawFd> = cgroup_procs.iter().map(AsRawFd::as_raw_fd).collect();
+    let apparmor = match &apparmor_profile {
         Some(profile) => Some(
             CString::new(format!("exec {profile}"))
                 .map_err(|_| Error::Internal(format!("AppArmor profile {profile:?}")))?,
@@ -83,8 +86,6 @@ pub fn spawn(
         .iter()
         .map(|p| CString::new(*p).expect("no NUL"))
         .collect();
-    let (uid, gid) = (confinement.uid, confinement.gid);
-    let groups: Vec<libc::gid_t> = confinement.groups.clone();
     let oom_score_adj = CString::new("/proc/self/oom_score_adj").expect("no NUL");
     let mut command = Command::new(program);
     command
@@ -103,13 +104,7 @@ pub fn spawn(
             if libc::setsid() < 0 {
                 return fail();
             }
-            let fd = libc::open(oom_score_adj.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-            if fd < 0 {
-                return fail();
-            }
-            let written = libc::write(fd, b"0".as_ptr().cast(), 1);
-            libc::close(fd);
-            if written != 1 {
+            if write_path(&oom_score_adj, b"0") != Some(true) {
                 return fail();
             }
             for fd in &cgroups {
@@ -118,22 +113,11 @@ pub fn spawn(
                 }
             }
             if let Some(request) = &apparmor {
-                let bytes = request.as_bytes();
-                let mut asked = false;
-                for path in &apparmor_paths {
-                    let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-                    if fd < 0 {
-                        continue;
-                    }
-                    let written = libc::write(fd, bytes.as_ptr().cast(), bytes.len());
-                    libc::close(fd);
-                    if written != bytes.len() as isize {
-                        return fail();
-                    }
-                    asked = true;
-                    break;
-                }
-                if !asked {
+                // The first of the attribute files that opens takes the request.
+                let asked = apparmor_paths
+                    .iter()
+                    .find_map(|path| write_path(path, request.as_bytes()));
+                if asked != Some(true) {
                     return fail();
                 }
             }
@@ -167,23 +151,36 @@ pub fn spawn(
         .map_err(|e| Error::io(format!("start {} confined", program.display()), e))?;
     // The child has its copies (or is gone): the shim's are closed.
     drop(inherit);
-    drop(confinement);
+    drop(cgroup_procs);
     let pid = child.id();
     // The shim's reaper may collect a QEMU that ended at once before its pidfd is opened,
     // and its PID may be another process's by then: the pidfd is taken for QEMU's only
     // while that PID is still the shim's child.
-    let pidfd = match pidfd::open(pid) {
-        Ok(pidfd) if parent_of(pid) == Some(std::process::id()) => pidfd,
-        Ok(_) => return Err(ended_at_once(program)),
-        Err(Error::Io { source, .. }) if source.raw_os_error() == Some(libc::ESRCH) => {
-            return Err(ended_at_once(program))
+    match pidfd::open_if_running(pid) {
+        Ok(Some(pidfd)) if pidfd::parent(pid) == Some(std::process::id()) => {
+            Ok(QemuProcess { pid, pidfd })
         }
+        Ok(_) => Err(ended_at_once(program)),
         Err(e) => {
             let _ = child.kill();
-            return Err(e);
+            Err(e)
         }
-    };
-    Ok(QemuProcess { pid, pidfd })
+    }
+}
+
+/// Writes `bytes` to the file at `path` with system calls alone (between fork and exec):
+/// whether all were written, `None` where the file does not open.
+///
+/// # Safety
+/// Only what `open(2)`, `write(2)` and `close(2)` require.
+unsafe fn write_path(path: &CStr, bytes: &[u8]) -> Option<bool> {
+    let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+    if fd < 0 {
+        return None;
+    }
+    let written = libc::write(fd, bytes.as_ptr().cast(), bytes.len());
+    libc::close(fd);
+    Some(written == bytes.len() as isize)
 }
 
 fn ended_at_once(program: &Path) -> Error {
@@ -191,14 +188,6 @@ fn ended_at_once(program: &Path) -> Error {
         "{} ended as it started (its log says why)",
         program.display()
     ))
-}
-
-/// The parent of `pid` (`/proc/PID/stat`'s 4th field, counted after the command's closing
-/// parenthesis); `None` once it is gone.
-fn parent_of(pid: u32) -> Option<u32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let after_comm = &stat[stat.rfind(')')? + 1..];
-    after_comm.split_whitespace().nth(1)?.parse().ok()
 }
 
 impl QemuProcess {

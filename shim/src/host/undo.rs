@@ -16,7 +16,7 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use serde::{Deserialize, Serialize};
 
-use crate::host::share;
+use crate::host::{pidfd, share};
 use crate::vmm::VmManager;
 use crate::Error;
 
@@ -63,7 +63,7 @@ const PROCESS_ENDS: std::time::Duration = std::time::Duration::from_secs(10);
 impl ProcessId {
     /// `pid` as it runs now; `None` once it is gone.
     pub fn of(pid: u32, what: &str) -> Option<Self> {
-        start_time(pid).map(|start_time| ProcessId {
+        pidfd::start_time(pid).map(|start_time| ProcessId {
             pid,
             start_time,
             what: what.into(),
@@ -74,50 +74,24 @@ impl ProcessId {
     /// process took since is left alone: the pidfd is opened first and the start time read
     /// after, so the signal reaches the process whose start time matched.
     fn kill(&self) -> Result<(), Error> {
-        let pidfd = match crate::host::pidfd::open(self.pid) {
-            Ok(pidfd) => pidfd,
-            Err(Error::Io { source, .. }) if source.raw_os_error() == Some(libc::ESRCH) => {
-                return Ok(()); // gone
-            }
-            Err(e) => return Err(e.within(&format!("end {} {}", self.what, self.pid))),
+        let Some(pidfd) = pidfd::open_if_running(self.pid)? else {
+            return Ok(()); // gone
         };
-        if start_time(self.pid) != Some(self.start_time) {
+        if pidfd::start_time(self.pid) != Some(self.start_time) {
             return Ok(()); // another process has the PID now
         }
-        crate::host::pidfd::signal(&pidfd, libc::SIGKILL, &self.what)?;
-        let mut poll = [nix::poll::PollFd::new(
-            std::os::fd::AsFd::as_fd(&pidfd),
-            nix::poll::PollFlags::POLLIN,
-        )];
-        let timeout =
-            nix::poll::PollTimeout::try_from(PROCESS_ENDS).unwrap_or(nix::poll::PollTimeout::MAX);
-        match nix::poll::poll(&mut poll, timeout) {
-            Ok(n) if n > 0 => {
-                crate::host::pidfd::reap(&pidfd);
-                Ok(())
-            }
-            Ok(_) => Err(Error::Timeout(format!(
+        pidfd::signal(&pidfd, libc::SIGKILL, &self.what)?;
+        if !pidfd::wait_ended(&pidfd, PROCESS_ENDS)? {
+            return Err(Error::Timeout(format!(
                 "{} {} did not end within {} s of SIGKILL",
                 self.what,
                 self.pid,
                 PROCESS_ENDS.as_secs()
-            ))),
-            Err(e) => Err(Error::io(
-                format!("wait for {} {}", self.what, self.pid),
-                e.into(),
-            )),
+            )));
         }
+        pidfd::reap(&pidfd);
+        Ok(())
     }
-}
-
-/// The start time of `pid` (`/proc/PID/stat`'s 22nd field); `None` once it is gone. The
-/// fields are counted after the command's closing parenthesis: the command may hold any
-/// byte.
-fn start_time(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let after_comm = &stat[stat.rfind(')')? + 1..];
-    // Field 3 (the state) is the first after the command: the start time is the 20th.
-    after_comm.split_whitespace().nth(19)?.parse().ok()
 }
 
 impl Made {
@@ -227,12 +201,6 @@ mod tests {
         Made::Qemu(recorded)
             .undo(&fake, Path::new("/nonexistent"))
             .unwrap();
-    }
-
-    #[test]
-    fn a_start_time_is_read_past_any_command_name() {
-        assert!(start_time(std::process::id()).is_some());
-        assert_eq!(start_time(u32::MAX), None);
     }
 
     #[test]

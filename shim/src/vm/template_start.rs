@@ -283,7 +283,6 @@ async fn plug_devices(
     identity::plug_vsock(qmp, vsock, VSOCK_PORT).await
 }
 
-/// Removes the template `file` of `key` (a failure is logged: the pod's own error says more).
 /// Removes the template `file` of `key`; what became of it, for the pod's error.
 async fn discard(store: &TemplateStore, key: &str, file: &File, pod_id: &str) -> String {
     match store.discard(key, file).await {
