@@ -35,6 +35,18 @@ pub enum VsockTransport {
     VhostUser,
 }
 
+/// What starts a pod's QEMU (vmlet's guest; a VM image always goes through libvirt).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Launcher {
+    /// libvirt defines and starts a domain per pod.
+    Libvirt,
+    /// The shim starts QEMU and virtiofsd itself, as libvirt runs them (QEMU as the QEMU
+    /// user; both in the pod's cgroup); vhost-user vsock only, and not on a node with
+    /// AppArmor or SELinux enforcing.
+    Direct,
+}
+
 /// The guest: kernel, initramfs and default shape.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -208,6 +220,8 @@ pub struct NodeConfig {
     pub accel: Accel,
     /// Agent channel transport.
     pub vsock: VsockTransport,
+    /// What starts a pod's QEMU.
+    pub launcher: Launcher,
     /// The user QEMU runs as under libvirt; sockets QEMU opens are handed to it.
     pub qemu_user: String,
     /// Seconds to wait for the agent to answer after the VM started.
@@ -235,6 +249,7 @@ impl Default for NodeConfig {
             state_dir: PathBuf::from("/run/vmlet"),
             accel: Accel::Auto,
             vsock: VsockTransport::Auto,
+            launcher: Launcher::Libvirt,
             qemu_user: "libvirt-qemu".into(),
             agent_timeout_secs: 30,
             pod_log_mib: 8,
@@ -381,6 +396,14 @@ impl NodeConfig {
                     .into(),
             );
         }
+        if self.launcher == Launcher::Direct && self.vsock == VsockTransport::Vhost {
+            return invalid(
+                "launcher",
+                "launcher = \"direct\" needs vsock = \"vhost-user\" (or \"auto\"): the \
+                 kernel's vsock device wants a CID, which libvirt allocates"
+                    .into(),
+            );
+        }
         if let Some(unknown) = self
             .annotations
             .allowed
@@ -479,6 +502,22 @@ mod tests {
             let err = parse(bad).unwrap_err().to_string();
             assert!(err.contains("vm_images."), "{bad}: {err}");
         }
+    }
+
+    #[test]
+    fn the_launcher_is_libvirt_unless_direct_is_asked_on_vhost_user_vsock() {
+        assert_eq!(parse("").unwrap().launcher, Launcher::Libvirt);
+        let c = parse("launcher = \"direct\"\n").unwrap();
+        assert_eq!(c.launcher, Launcher::Direct);
+        let err = parse("launcher = \"direct\"\nvsock = \"vhost\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("launcher") && err.contains("vhost-user"),
+            "{err}"
+        );
+        let err = parse("launcher = \"qemu\"\n").unwrap_err().to_string();
+        assert!(err.contains("launcher") || err.contains("qemu"), "{err}");
     }
 
     #[test]

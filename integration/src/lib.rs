@@ -187,6 +187,12 @@ impl Stack {
         step(&["container", "rm", id])
     }
 
+    /// containerd's log so far (the shims' lines among it).
+    pub fn containerd_log(&self) -> String {
+        std::fs::read_to_string(format!("{}/containerd/containerd.log", self.dir))
+            .unwrap_or_default()
+    }
+
     /// Names of the libvirt domains vmlet owns on the stack's libvirtd.
     pub fn vmlet_domains(&self) -> anyhow::Result<Vec<String>> {
         let out = bounded::output(Command::new("virsh").args([
@@ -352,6 +358,14 @@ impl ConfigSwap {
     pub fn original(&self) -> &str {
         &self.original
     }
+}
+
+/// `launcher = "direct"` in the stack's config while it lives (whatever it said before).
+pub fn direct_launcher() -> ConfigSwap {
+    ConfigSwap::edited(|c| {
+        let rest: Vec<&str> = c.lines().filter(|l| !l.starts_with("launcher")).collect();
+        format!("launcher = \"direct\"\n{}\n", rest.join("\n"))
+    })
 }
 
 /// Template starts on in the stack's config while it lives, their saved guests in a private

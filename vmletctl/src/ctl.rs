@@ -23,6 +23,9 @@ pub struct PodView {
     pub has_state: bool,
     /// Its domain: None when libvirt has none, else whether it runs.
     pub domain_active: Option<bool>,
+    /// QEMU the shim started without libvirt (`launcher = "direct"`), its PID while it
+    /// runs.
+    pub qemu_pid: Option<u32>,
     /// Taps carrying its mark, in any of the named network namespaces.
     pub taps: Vec<MarkedTap>,
     /// PIDs of the `vhost-device-vsock` processes serving it (found by their socket in its
@@ -38,17 +41,25 @@ impl PodView {
 }
 
 impl PodView {
+    /// Its VM: `running` (a domain, or QEMU started without libvirt), `defined` (a domain
+    /// that does not run), `none`.
+    pub fn vm(&self) -> &'static str {
+        match (self.domain_active, self.qemu_pid) {
+            (Some(true), _) | (_, Some(_)) => "running",
+            (Some(false), None) => "defined",
+            (None, None) => "none",
+        }
+    }
+
     /// The pod as one JSON object (`vmletctl ps -o json`).
     pub fn to_json(&self) -> serde_json::Value {
         serde_json::json!({
             "pod": self.pod_id,
             "shim_pid": self.shim_pid,
             "state": self.has_state,
-            "domain": match self.domain_active {
-                Some(true) => "running",
-                Some(false) => "defined",
-                None => "none",
-            },
+            "domain": self.vm(),
+            "launcher": if self.qemu_pid.is_some() { "direct" } else { "libvirt" },
+            "qemu_pid": self.qemu_pid,
             "taps": self.taps.iter().map(|t| serde_json::json!({
                 "name": t.name,
                 "netns": t.netns,
@@ -65,7 +76,7 @@ impl PodView {
 pub fn metrics(state_dir: &Path) -> String {
     let mut figures = Vec::new();
     let mut errors = 0;
-    for (pod_id, shim_pid) in state_dirs(state_dir) {
+    for (pod_id, shim_pid, _) in state_dirs(state_dir) {
         let dir = vmlet_shim::host::pod_paths::PodPaths::new(state_dir, &pod_id).dir;
         // No socket: a VM-mode pod's sandbox (its container's VM has the figures), or a
         // pod still booting.
@@ -123,13 +134,15 @@ pub fn survey(
         shim_pid: None,
         has_state: false,
         domain_active: None,
+        qemu_pid: None,
         taps: Vec::new(),
         helpers: Vec::new(),
     };
-    for (id, shim_pid) in state_dirs(state_dir) {
+    for (id, shim_pid, qemu_pid) in state_dirs(state_dir) {
         let pod = pods.entry(id.clone()).or_insert_with(|| view(&id));
         pod.has_state = true;
         pod.shim_pid = shim_pid;
+        pod.qemu_pid = qemu_pid;
     }
     for domain in vmm.vmlet_domains()? {
         let pod = pods
@@ -153,8 +166,9 @@ pub fn survey(
 }
 
 /// Every pod state directory under `state_dir` (its pod id) with the PID of the shim that
-/// serves it when that shim lives (a VM-mode pod's VM is served by its sandbox's shim).
-fn state_dirs(state_dir: &Path) -> Vec<(String, Option<u32>)> {
+/// serves it when that shim lives (a VM-mode pod's VM is served by its sandbox's shim), and
+/// of the QEMU it started without libvirt while that runs.
+fn state_dirs(state_dir: &Path) -> Vec<(String, Option<u32>, Option<u32>)> {
     let Ok(entries) = std::fs::read_dir(state_dir) else {
         return Vec::new();
     };
@@ -162,11 +176,16 @@ fn state_dirs(state_dir: &Path) -> Vec<(String, Option<u32>)> {
         .flatten()
         .filter(|entry| entry.path().is_dir())
         .map(|entry| {
-            let shim_pid = PodState::load(&entry.path()).ok().and_then(|s| {
+            let state = PodState::load(&entry.path()).ok();
+            let shim_pid = state.as_ref().and_then(|s| {
                 s.shim_pid
                     .filter(|pid| vmlet_shim::host::reclaim::live_shim(*pid, &s.shim_id()))
             });
-            (entry.file_name().to_string_lossy().into_owned(), shim_pid)
+            let qemu_pid = state
+                .as_ref()
+                .and_then(|s| s.qemu().filter(|q| q.runs()).map(|q| q.pid));
+            let id = entry.file_name().to_string_lossy().into_owned();
+            (id, shim_pid, qemu_pid)
         })
         .collect()
 }

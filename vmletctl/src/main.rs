@@ -221,7 +221,7 @@ fn wait_for_termination() -> Result<(), String> {
 fn print_table(pods: &[ctl::PodView]) {
     println!(
         "{:<66} {:>8} {:>6} {:<8} {:>4}",
-        "POD", "SHIM", "STATE", "DOMAIN", "TAPS"
+        "POD", "SHIM", "STATE", "VM", "TAPS"
     );
     for p in pods {
         println!(
@@ -229,11 +229,7 @@ fn print_table(pods: &[ctl::PodView]) {
             p.pod_id,
             p.shim_pid.map_or("gone".into(), |pid| pid.to_string()),
             if p.has_state { "yes" } else { "no" },
-            match p.domain_active {
-                Some(true) => "running",
-                Some(false) => "defined",
-                None => "none",
-            },
+            p.vm(),
             p.taps.len()
         );
     }

@@ -17,6 +17,10 @@
 //!   network (`--with-ns network:...`, a namespace as CNI's bridge plugin sets it up), from a
 //!   template and cold.
 //!
+//! - without libvirt: with `launcher = "direct"`, the median of 5 cold `ctr run --rm ... true`
+//!   (and vmlet's own time so), then the median of 5 started from a template, beside that cold
+//!   start and the floor, and vmlet's phases.
+//!
 //! Prints each, and the ratios; then where the time goes: the median of each phase the shim
 //! logged for the vmlet runs (`phases of create|start ...` in containerd's log, see
 //! `vmlet_shim::task::phases`), what is left outside the shim (containerd, ctr, the teardown), and
@@ -29,7 +33,7 @@ use anyhow::{bail, Context};
 use vmlet_integration::direct_vm::{DirectVm, Guest, Launch};
 use vmlet_integration::figures::figure;
 use vmlet_integration::testnet::TestNet;
-use vmlet_integration::{unique_id, Stack, TemplatesOn, RUNTIME};
+use vmlet_integration::{direct_launcher, unique_id, Stack, TemplatesOn, RUNTIME};
 use vmlet_protocol::agent::ShutdownRequest;
 
 const RUNS: usize = 5;
@@ -221,7 +225,8 @@ async fn main() -> anyhow::Result<()> {
     // vmlet's own time: what its start adds to the VM's boot (the floor) and to what
     // containerd and ctr cost anyway (runc's run of the same image).
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
-    let (v_ms, f_ms, r_ms) = (ms(v), ms(f), ms(median(runc)));
+    let r = median(runc);
+    let (v_ms, f_ms, r_ms) = (ms(v), ms(f), ms(r));
     let own_ms = v_ms - f_ms - r_ms;
     println!(
         "bench-start: vmlet's own time: vmlet {v_ms:.0} ms - floor {f_ms:.0} ms - runc ctr run --rm {r_ms:.0} ms = {own_ms:.0} ms (target <= 300 ms)"
@@ -240,7 +245,84 @@ async fn main() -> anyhow::Result<()> {
     );
     compare_kernels(&guest).await?;
     let cold_pss = idle_pod_memory(&stack)?;
-    template_starts(&stack, v, f, cold_pss).await
+    template_starts(&stack, v, f, cold_pss).await?;
+    starts_without_libvirt(&stack, v, f, r).await
+}
+
+/// RUNS `ctr run --rm ... true` (blocking, on a thread of their own).
+async fn runs_of(stack: &Stack, n: usize) -> anyhow::Result<Vec<(Duration, String)>> {
+    let s = stack.clone();
+    tokio::task::spawn_blocking(move || (0..n).map(|_| run_once(&s, RUNTIME)).collect()).await?
+}
+
+/// With `launcher = "direct"` (QEMU and virtiofsd started by the shim): [`RUNS`] cold
+/// starts beside libvirt's (`cold`) and the floor, vmlet's own time so (less `runc`), and
+/// [`RUNS`] starts from a template beside that cold start and the floor.
+async fn starts_without_libvirt(
+    stack: &Stack,
+    cold: Duration,
+    floor: Duration,
+    runc: Duration,
+) -> anyhow::Result<()> {
+    let _direct = direct_launcher();
+    let runs = runs_of(stack, RUNS).await?;
+    let d = median(runs.iter().map(|(d, _)| *d).collect());
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    let own_ms = ms(d) - ms(floor) - ms(runc);
+    println!(
+        "bench-start: without libvirt: cold start median {:.3} s (through libvirt {:.3} s); vmlet's own time {:.0} - {:.0} - {:.0} = {own_ms:.0} ms (target <= 300 ms)",
+        d.as_secs_f64(),
+        cold.as_secs_f64(),
+        ms(d),
+        ms(floor),
+        ms(runc)
+    );
+    figure(
+        "cold start without libvirt (launcher = direct)",
+        format!("{:.2} s", d.as_secs_f64()),
+        format!(
+            "through libvirt {:.2} s, floor {:.2} s",
+            cold.as_secs_f64(),
+            floor.as_secs_f64()
+        ),
+        Some(d.as_secs_f64() / floor.as_secs_f64()),
+        "<= 1.10 of the floor",
+    );
+    figure(
+        "cold start without libvirt, vmlet's own time (less floor, less runc)",
+        format!("{own_ms:.0} ms"),
+        format!("floor {:.0} ms, runc {:.0} ms", ms(floor), ms(runc)),
+        None,
+        "<= 300 ms",
+    );
+    print_vmlet_phases(stack, &runs)?;
+    let _templates = TemplatesOn::new("vmlet-bench-templates-direct")?;
+    let first = runs_of(stack, 1).await?[0].0;
+    let t = median(
+        runs_of(stack, RUNS)
+            .await?
+            .into_iter()
+            .map(|(d, _)| d)
+            .collect(),
+    );
+    println!(
+        "bench-start: without libvirt: template start median {:.3} s (the first pod of the shape, which booted and saved it: {:.3} s); against the floor {:.2} (target <= 1.00)",
+        t.as_secs_f64(),
+        first.as_secs_f64(),
+        t.as_secs_f64() / floor.as_secs_f64()
+    );
+    figure(
+        "template start without libvirt (launcher = direct)",
+        format!("{:.2} s", t.as_secs_f64()),
+        format!(
+            "cold without libvirt {:.2} s, floor {:.2} s",
+            d.as_secs_f64(),
+            floor.as_secs_f64()
+        ),
+        Some(t.as_secs_f64() / d.as_secs_f64()),
+        "<= 0.50 of cold, and <= the floor",
+    );
+    Ok(())
 }
 
 /// With `templates.enabled` (in a directory of the run's own): the first pod of the

@@ -168,7 +168,7 @@ fn root_without_the_key_gets_only_the_challenge(uds: &Path, id: &str) {
 }
 
 /// A user who is not root does not reach the socket at all.
-fn nobody_reaches_the_socket(uds: &Path) {
+pub(crate) fn nobody_reaches_the_socket(uds: &Path) {
     let out = std::process::Command::new("setpriv")
         .args([
             "--reuid=nobody",

@@ -1,10 +1,10 @@
-//! The launcher without libvirt, its parts so far: QEMU started with vmlet's own command line
+//! The launcher without libvirt, its parts alone: QEMU started with vmlet's own command line
 //! ([`vmlet_shim::vmm::qemu_command`]) as the node's QEMU user with that user's groups
 //! ([`vmlet_shim::host::qemu_process`]), on the stack's guest image, with the pod's
 //! virtiofsd and vsock backend, boots vmlet's guest; the guest's agent answers with the
 //! pod's key once it mounted the share; vmlet's QMP monitor connects to the shim's socket;
-//! and QEMU ends by itself when the guest powers off. The pod's cgroup and AppArmor profile
-//! (in `qemu_process`, unit-tested) come with the launcher's wiring into a pod's start.
+//! and QEMU ends by itself when the guest powers off. Pods started so, in their cgroups, are
+//! `direct_pods`; the AppArmor request at the exec is unit-tested in `qemu_process`.
 
 use std::ffi::CString;
 use std::os::fd::OwnedFd;
@@ -74,9 +74,11 @@ async fn vmlets_own_qemu_command_line_boots_a_pod_whose_agent_answers() {
         .open(vm.console())
         .unwrap();
     let console = OwnedFd::from(console);
+    // QEMU gets the connection to virtiofsd, as the launcher gives it.
+    let share = OwnedFd::from(std::os::unix::net::UnixStream::connect(vm.share_socket()).unwrap());
     let launched = Launched {
         uuid: "4a1f3c2e-9b7d-4e1a-8c55-0d2f6b7a9e10".into(),
-        share_socket: path(vm.share_socket()),
+        share_fd: std::os::fd::AsRawFd::as_raw_fd(&share),
         console_fd: Some(std::os::fd::AsRawFd::as_raw_fd(&console)),
         tap_fds: Vec::new(),
     };
@@ -92,7 +94,7 @@ async fn vmlets_own_qemu_command_line_boots_a_pod_whose_agent_answers() {
     let groups = nix::unistd::getgrouplist(&CString::new(name).unwrap(), user.gid).unwrap();
     std::fs::set_permissions(vm.path(""), std::fs::Permissions::from_mode(0o711)).unwrap();
     // The directory lets others through (0711), so each file is the QEMU user's alone.
-    for file in ["qmp.sock", "vhost.sock", "virtiofs.sock", "agent.key"] {
+    for file in ["qmp.sock", "vhost.sock", "agent.key"] {
         std::os::unix::fs::chown(vm.path(file), Some(user.uid.as_raw()), None).unwrap();
         std::fs::set_permissions(vm.path(file), std::fs::Permissions::from_mode(0o600)).unwrap();
     }
@@ -101,7 +103,7 @@ async fn vmlets_own_qemu_command_line_boots_a_pod_whose_agent_answers() {
     let qemu = qemu_process::spawn(
         Path::new(QEMU),
         &args,
-        vec![console],
+        vec![console, share],
         Confinement {
             uid: user.uid.as_raw(),
             gid: user.gid.as_raw(),

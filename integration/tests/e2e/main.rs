@@ -17,6 +17,7 @@ mod cri;
 mod ctr;
 mod cycles;
 mod direct_launch;
+mod direct_pods;
 mod exec;
 mod faults;
 mod guest_boundary;

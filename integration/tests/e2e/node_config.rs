@@ -5,10 +5,6 @@
 
 use vmlet_integration::{unique_id, ConfigSwap, Stack};
 
-fn containerd_log(s: &Stack) -> String {
-    std::fs::read_to_string(format!("{}/containerd/containerd.log", s.dir)).unwrap_or_default()
-}
-
 #[test]
 #[ignore = "needs the vmlet stack: make test"]
 fn a_bad_node_config_is_named_and_leaves_nothing() {
@@ -32,7 +28,7 @@ fn a_bad_node_config_is_named_and_leaves_nothing() {
         ),
     ] {
         assert_ne!(bad, original, "the test's edit did not apply");
-        let log_before = containerd_log(&s).len();
+        let log_before = s.containerd_log().len();
         let id = unique_id("badcfg");
         let out = {
             let swap = ConfigSwap::with(&bad);
@@ -41,7 +37,7 @@ fn a_bad_node_config_is_named_and_leaves_nothing() {
         };
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "a bad config was accepted");
-        let log = containerd_log(&s);
+        let log = s.containerd_log();
         let new_log = &log[log_before.min(log.len())..];
         for word in &named {
             assert!(stderr.contains(word), "ctr does not name {word}: {stderr}");

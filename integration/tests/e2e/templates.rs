@@ -136,10 +136,6 @@ async fn a_guest_loaded_from_a_template_becomes_a_pod_of_its_own() {
     assert!(console.contains("not this VM's key"), "{console}");
 }
 
-fn containerd_log(s: &vmlet_integration::Stack) -> String {
-    std::fs::read_to_string(format!("{}/containerd/containerd.log", s.dir)).unwrap_or_default()
-}
-
 #[tokio::test]
 #[ignore = "needs the vmlet stack: make test"]
 async fn ctr_pods_of_one_shape_start_from_its_template() {
@@ -153,7 +149,7 @@ async fn ctr_pods_of_one_shape_start_from_its_template() {
             dir.display()
         )
     });
-    let log_before = containerd_log(&s).len();
+    let log_before = s.containerd_log().len();
     let mut boot_ids = Vec::new();
     for n in 0..3 {
         let id = unique_id("tpl");
@@ -194,7 +190,7 @@ async fn ctr_pods_of_one_shape_start_from_its_template() {
         .collect();
     assert_eq!(files.len(), 1, "{files:?}");
     assert!(files[0].ends_with(".vmstate"), "{files:?}");
-    let log = &containerd_log(&s)[log_before..];
+    let log = &s.containerd_log()[log_before..];
     assert_eq!(log.matches("saved template").count(), 1, "{log}");
     assert_eq!(log.matches("loaded template").count(), 2, "{log}");
     assert_eq!(
@@ -218,7 +214,7 @@ fn pods_on_a_cni_bridge_start_from_their_template_with_their_own_nics() {
     use crate::cni::{run_pod_reaching_gateway_and_peer, Node, Pod};
     let s = stack();
     let _templates = TemplatesOn::new("vmlet-templates-net").unwrap();
-    let log_before = containerd_log(&s).len();
+    let log_before = s.containerd_log().len();
     let node = Node::new();
     let saver = Pod::new(&node, "tpl-save");
     let loader = Pod::new(&node, "tpl-load");
@@ -238,7 +234,7 @@ fn pods_on_a_cni_bridge_start_from_their_template_with_their_own_nics() {
     println!("loading pod done in {} ms", ms(started));
     s.kill_and_remove(&saver_id).unwrap();
 
-    assert_saved_and_loaded(&containerd_log(&s)[log_before..], &saver_id, &loader_id);
+    assert_saved_and_loaded(&s.containerd_log()[log_before..], &saver_id, &loader_id);
     assert_eq!(saver.vmlet_leftovers(), "");
     assert_eq!(loader.vmlet_leftovers(), "");
 }
@@ -253,18 +249,18 @@ fn pods_with_two_networks_from_a_template_have_each_nic_under_its_name() {
     use vmlet_integration::testnet::TestNet;
     let s = stack();
     let _templates = TemplatesOn::new("vmlet-templates-two").unwrap();
-    let log_before = containerd_log(&s).len();
+    let log_before = s.containerd_log().len();
     let net = TestNet::new("tpl2", 1500);
     net.add_second_network();
     let (saver, loader) = (unique_id("tpl2-save"), unique_id("tpl2-load"));
     run_pod_on_two_networks(&s, &net, &saver);
     run_pod_on_two_networks(&s, &net, &loader);
-    assert_saved_and_loaded(&containerd_log(&s)[log_before..], &saver, &loader);
+    assert_saved_and_loaded(&s.containerd_log()[log_before..], &saver, &loader);
 }
 
 /// Asserts that containerd's `log` says pod `saver` saved a template and pod `loader` loaded
 /// one.
-fn assert_saved_and_loaded(log: &str, saver: &str, loader: &str) {
+pub(crate) fn assert_saved_and_loaded(log: &str, saver: &str, loader: &str) {
     assert!(
         log.contains(&format!("pod {saver}: saved template")),
         "{log}"

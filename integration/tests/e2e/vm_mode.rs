@@ -39,8 +39,9 @@ fn a_vm_image_runs_its_user_data_shows_its_console_takes_stdin_and_the_operator_
         "the test image's disk is not in containerd's snapshots"
     );
     // The guest reads a line from its console (nothing else does: its getty is stopped),
-    // then the operator's line (`vmletctl console -i`), then powers off.
-    let user_data = "runcmd:\n  - systemctl mask --now serial-getty@ttyS0.service\n  - echo \"vmlet-marker $(hostname) $(grep GREETING /etc/cloud/environment)\"\n  - read line < /dev/ttyS0; echo \"vmlet-got $line\"\n  - while read op < /dev/ttyS0; do [ \"$op\" = vmlet-operator ] && break; done; echo \"vmlet-operator-got $op\"\npower_state:\n  mode: poweroff\n  condition: true\n";
+    // then the operator's line (`vmletctl console -i`), then powers off, 10 s later (the
+    // operator leaves the console before it closes).
+    let user_data = "runcmd:\n  - systemctl mask --now serial-getty@ttyS0.service\n  - echo \"vmlet-marker $(hostname) $(grep GREETING /etc/cloud/environment)\"\n  - read line < /dev/ttyS0; echo \"vmlet-got $line\"\n  - while read op < /dev/ttyS0; do [ \"$op\" = vmlet-operator ] && break; done; echo \"vmlet-operator-got $op\"\n  - sleep 10\npower_state:\n  mode: poweroff\n  condition: true\n";
     let annotations = [
         "--annotation".to_string(),
         "vmlet.io/image-type=vm".to_string(),

@@ -252,6 +252,8 @@ fn a_dry_run_removes_nothing(s: &Stack, o: &mut Orphans) {
 /// `vmletctl gc` removes the orphans, and leaves the live pod (its domain, its tap, its
 /// task) and what is not vmlet's.
 fn gc_removes_the_orphans_only(s: &Stack, live: &str, live_net: &TestNet, o: &mut Orphans) {
+    let live_domain = format!("vmlet-{live}");
+    let had_domain = all_domains(s).contains(&live_domain);
     let removed = vmletctl(s, &["gc"]);
     assert!(!removed.contains(live), "{removed}");
     let domains = all_domains(s);
@@ -261,7 +263,14 @@ fn gc_removes_the_orphans_only(s: &Stack, live: &str, live_net: &TestNet, o: &mu
         domains.contains(&o.foreign) && domains.contains(&o.lookalike),
         "{domains}"
     );
-    assert!(domains.contains(&format!("vmlet-{live}")), "{domains}");
+    // Its VM (a domain, or QEMU started without libvirt) runs on.
+    assert!(!had_domain || domains.contains(&live_domain), "{domains}");
+    assert!(
+        s.pod_processes(live)
+            .iter()
+            .any(|(_, cmdline)| cmdline.contains("qemu-system")),
+        "the live pod's QEMU is gone"
+    );
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
     while o.helper.try_wait().unwrap().is_none() {
         assert!(

@@ -11,7 +11,7 @@
 //!   wrapper; [`sk_lookup`]: port-forwarding's listener in the pod's namespace;
 //! - [`host_command`]: host programs run with deadlines and bounded output; [`file_lock`]:
 //!   a lock between shims; [`pidfd`]: processes held by pidfd; [`qemu_process`]: QEMU as the
-//!   shim's confined child (the launcher without libvirt);
+//!   shim's confined child and [`virtiofsd`] the pod's virtiofsd (`launcher = "direct"`);
 //! - [`templates`]: saved template VMs, one per VM shape, within the node's limits.
 
 pub(crate) mod fd_mount;
@@ -30,3 +30,4 @@ pub mod state;
 pub mod taps;
 pub mod templates;
 pub mod undo;
+pub(crate) mod virtiofsd;

@@ -140,6 +140,22 @@ impl PodCgroup {
         Ok(())
     }
 
+    /// `cgroup.procs` of the cgroup in every hierarchy, open for writing: a child the shim
+    /// starts joins the cgroup by writing `0` to each before its exec, so that nothing it
+    /// forks runs outside it.
+    pub fn procs_files(&self) -> Result<Vec<std::fs::File>, Error> {
+        self.dirs()
+            .into_iter()
+            .map(|dir| {
+                let path = dir.join("cgroup.procs");
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(&path)
+                    .map_err(|e| Error::io(format!("open {}", path.display()), e))
+            })
+            .collect()
+    }
+
     /// Removes the cgroup from every hierarchy once its processes are gone (a process
     /// that is still exiting keeps it busy for a moment). Goes on past failures.
     pub fn remove(&self) -> Result<(), Error> {

@@ -19,6 +19,12 @@ pub struct PodPaths {
     pub vsock_log: PathBuf,
     pub tap_socket: PathBuf,
     pub qmp_socket: PathBuf,
+    /// The vhost-user socket of the pod's virtiofsd, which the shim starts under
+    /// `launcher = "direct"` (libvirt keeps its own).
+    pub share_socket: PathBuf,
+    /// QEMU's and virtiofsd's output under `launcher = "direct"`, in the log tmpfs.
+    pub qemu_log: PathBuf,
+    pub virtiofsd_log: PathBuf,
     /// The agent's key, for QEMU to read as it starts (removed once it has).
     pub agent_key: PathBuf,
     /// A VM image's serial console, which QEMU connects.
@@ -57,6 +63,9 @@ impl PodPaths {
             vsock_log: log.join("vhost-device-vsock.log"),
             tap_socket: dir.join("taps.sock"),
             qmp_socket: dir.join("qmp.sock"),
+            share_socket: dir.join("virtiofsd.sock"),
+            qemu_log: log.join("qemu.log"),
+            virtiofsd_log: log.join("virtiofsd.log"),
             agent_key: dir.join("agent.key"),
             console_socket: dir.join("console.sock"),
             console_input: dir.join("console-input.sock"),

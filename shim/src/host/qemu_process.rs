@@ -1,5 +1,5 @@
-//! QEMU as a child of the shim (the launcher without libvirt, whose command line is
-//! [`crate::vmm::qemu_command`]; not wired into a pod's start yet), confined as libvirt
+//! QEMU as a child of the shim (`launcher = "direct"`, started by
+//! `vm/direct_start.rs` with the command line of [`crate::vmm::qemu_command`]), confined as libvirt
 //! confines it: before it executes QEMU, the child joins the pod's cgroup, asks for the
 //! pod's AppArmor profile at the exec where the node has AppArmor, and becomes the node's
 //! QEMU user with that user's groups (`kvm` among them, for `/dev/kvm`), as libvirt makes
@@ -86,7 +86,7 @@ pub fn spawn(
         .iter()
         .map(|p| CString::new(*p).expect("no NUL"))
         .collect();
-    let oom_score_adj = CString::new("/proc/self/oom_score_adj").expect("no NUL");
+    let oom_score_adj = oom_score_adj_path();
     let mut command = Command::new(program);
     command
         .args(args)
@@ -101,16 +101,8 @@ pub fn spawn(
     unsafe {
         command.pre_exec(move || {
             let fail = || Err(std::io::Error::last_os_error());
-            if libc::setsid() < 0 {
+            if !detach(&oom_score_adj) || !join_cgroups(&cgroups) {
                 return fail();
-            }
-            if write_path(&oom_score_adj, b"0") != Some(true) {
-                return fail();
-            }
-            for fd in &cgroups {
-                if libc::write(*fd, b"0".as_ptr().cast(), 1) != 1 {
-                    return fail();
-                }
             }
             if let Some(request) = &apparmor {
                 // The first of the attribute files that opens takes the request.
@@ -127,21 +119,8 @@ pub fn spawn(
             if libc::setgid(gid) != 0 || libc::setuid(uid) != 0 {
                 return fail();
             }
-            // Every descriptor but stdio closes at the exec, whoever opened it without
-            // O_CLOEXEC; then the handed ones are kept.
-            if libc::syscall(
-                libc::SYS_close_range,
-                3u32,
-                u32::MAX,
-                libc::CLOSE_RANGE_CLOEXEC,
-            ) != 0
-            {
+            if !close_all_but(&keep) {
                 return fail();
-            }
-            for fd in &keep {
-                if libc::fcntl(*fd, libc::F_SETFD, 0) != 0 {
-                    return fail();
-                }
             }
             Ok(())
         });
@@ -166,6 +145,55 @@ pub fn spawn(
             Err(e)
         }
     }
+}
+
+/// `/proc/self/oom_score_adj`, for [`detach`].
+pub(crate) fn oom_score_adj_path() -> CString {
+    CString::new("/proc/self/oom_score_adj").expect("no NUL")
+}
+
+/// Makes the calling process (between fork and exec) a session of its own, with the OOM
+/// score a process starts with (`oom_score_adj`, [`oom_score_adj_path`]) and no core dumps
+/// (a guest that crashes its QEMU or virtiofsd writes nothing to the node's disk): whether
+/// each took.
+///
+/// # Safety
+/// Only what `setsid(2)`, `setrlimit(2)` and [`write_path`] require.
+pub(crate) unsafe fn detach(oom_score_adj: &CStr) -> bool {
+    let no_core = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    libc::setsid() >= 0
+        && write_path(oom_score_adj, b"0") == Some(true)
+        && libc::setrlimit(libc::RLIMIT_CORE, &no_core) == 0
+}
+
+/// Marks every descriptor but stdio and `keep` to close at the exec, whoever opened it
+/// without O_CLOEXEC: whether it took.
+///
+/// # Safety
+/// Only what `close_range(2)` and `fcntl(2)` require.
+pub(crate) unsafe fn close_all_but(keep: &[RawFd]) -> bool {
+    libc::syscall(
+        libc::SYS_close_range,
+        3u32,
+        u32::MAX,
+        libc::CLOSE_RANGE_CLOEXEC,
+    ) == 0
+        && keep
+            .iter()
+            .all(|fd| libc::fcntl(*fd, libc::F_SETFD, 0) == 0)
+}
+
+/// Moves the calling process into each cgroup whose `cgroup.procs` is open at one of `fds`
+/// (with system calls alone, between fork and exec): whether every write took.
+///
+/// # Safety
+/// Only what `write(2)` requires.
+pub(crate) unsafe fn join_cgroups(fds: &[RawFd]) -> bool {
+    fds.iter()
+        .all(|fd| libc::write(*fd, b"0".as_ptr().cast(), 1) == 1)
 }
 
 /// Writes `bytes` to the file at `path` with system calls alone (between fork and exec):

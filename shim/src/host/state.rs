@@ -149,6 +149,14 @@ impl PodState {
         })
     }
 
+    /// QEMU started without libvirt, once it was.
+    pub fn qemu(&self) -> Option<&crate::host::undo::ProcessId> {
+        self.made.iter().find_map(|m| match m {
+            Made::Qemu(process) => Some(process),
+            _ => None,
+        })
+    }
+
     /// The pod's host process, when one was started.
     pub fn holder_pid(&self) -> Option<u32> {
         self.made.iter().find_map(|m| match m {

@@ -7,7 +7,8 @@
 //!
 //! Who makes each entry: `vm/host_setup.rs` the cgroup, the log tmpfs and the share's mounts
 //! and the host process; `vm/net.rs` the network; `vm/vsock_backend.rs` the vsock backend;
-//! `vm/boot.rs` a VM image's disk bind and disk directory; `vm/launch.rs` the domain;
+//! `vm/boot.rs` a VM image's disk bind and disk directory; `vm/launch.rs` the domain, or
+//! (`vm/direct_start.rs`) QEMU and virtiofsd;
 //! `vm/agent_vm.rs` each later container's mounts (and, as the container goes, their undo).
 
 use std::path::{Path, PathBuf};
@@ -45,6 +46,9 @@ pub enum Made {
     /// QEMU started without libvirt ([`crate::host::qemu_process`]): killed, and awaited,
     /// if its PID is still that process. The VM, as a domain is.
     Qemu(ProcessId),
+    /// A helper of the VM the shim started itself (virtiofsd under `launcher = "direct"`):
+    /// killed, and awaited, if its PID is still that process.
+    Process(ProcessId),
 }
 
 /// A process, told from any later one that takes its PID by its start time.
@@ -70,10 +74,15 @@ impl ProcessId {
         })
     }
 
+    /// Whether the process still runs (its PID is not another's since).
+    pub fn runs(&self) -> bool {
+        pidfd::start_time(self.pid) == Some(self.start_time)
+    }
+
     /// Kills the process if it still runs, and waits for its end. A PID that another
     /// process took since is left alone: the pidfd is opened first and the start time read
     /// after, so the signal reaches the process whose start time matched.
-    fn kill(&self) -> Result<(), Error> {
+    pub fn kill(&self) -> Result<(), Error> {
         let Some(pidfd) = pidfd::open_if_running(self.pid)? else {
             return Ok(()); // gone
         };
@@ -99,7 +108,7 @@ impl Made {
     pub fn undo(&self, vmm: &dyn VmManager, pod_dir: &Path) -> Result<(), Error> {
         match self {
             Made::Domain(name) => vmm.remove(name),
-            Made::Qemu(process) => process.kill(),
+            Made::Qemu(process) | Made::Process(process) => process.kill(),
             Made::VsockBackend(pid) => {
                 if is_vhost_device_vsock(*pid) {
                     let _ = kill(Pid::from_raw(*pid as i32), Signal::SIGKILL);

@@ -1,11 +1,12 @@
 //! KVM or TCG: `accel` in the node config, `auto` by whether libvirt offers KVM for the
-//! config's QEMU and machine type and a guest boots on it ([`kvm_probe`]). A CPU
+//! config's QEMU and machine type (under `launcher = "direct"`, whether `/dev/kvm` is
+//! there) and a guest boots on it ([`kvm_probe`]). A CPU
 //! model that passes the host's CPU through needs KVM and is refused under TCG, by name.
 
 use std::path::Path;
 use std::sync::Arc;
 
-use vmlet_config::{Accel, CpuModel, NodeConfig, VmOptions};
+use vmlet_config::{Accel, CpuModel, Launcher, NodeConfig, VmOptions};
 
 use super::block;
 use crate::vmm::kvm_probe;
@@ -28,7 +29,8 @@ pub(super) async fn use_kvm(
                 config.guest.machine.clone(),
             );
             let offered = Path::new("/dev/kvm").exists()
-                && block(move || vmm.kvm_usable(&qemu, &machine)).await?;
+                && (config.launcher == Launcher::Direct
+                    || block(move || vmm.kvm_usable(&qemu, &machine)).await?);
             offered && guest_boots(config).await
         }
     };

@@ -72,7 +72,7 @@ impl PodVm for Vm {
     /// obey a SIGKILL of the pod; every process of the pod then ends with status 137.
     async fn kill(&self) -> Result<(), Error> {
         self.stopping.store(true, Ordering::SeqCst);
-        super::destroy_domain(&self.state, &self.vmm).await
+        super::end_vm(&self.state, &self.vmm).await
     }
 
     /// Stops the VM (the guest asked to power off first) and removes everything the pod

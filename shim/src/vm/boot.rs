@@ -26,6 +26,8 @@ pub(super) struct Booted {
     pub qemu_pid: u32,
     pub tap_server: Option<TapServer>,
     pub port_forward: Option<PortForward>,
+    /// QEMU, when the shim started it itself.
+    pub qemu: Option<crate::host::qemu_process::QemuProcess>,
 }
 
 /// Boots the pod's VM (see the module's steps). On failure the caller tears down what was
@@ -78,6 +80,7 @@ pub(super) async fn run(
         qemu_pid: launched.qemu_pid,
         tap_server: launched.tap_server,
         port_forward,
+        qemu: launched.qemu,
     })
 }
 

@@ -129,7 +129,7 @@ impl PodVm for ImageVm {
 
     async fn kill(&self) -> Result<(), Error> {
         self.stopping.store(true, Ordering::SeqCst);
-        super::destroy_domain(&self.state, &self.vmm).await
+        super::end_vm(&self.state, &self.vmm).await
     }
 
     /// Stops the VM (the power button first, then libvirt's destroy) and removes everything

@@ -1,18 +1,23 @@
 //! The VM itself: described ([`crate::vmm::vm_spec::VmSpec`]), its taps served with their
-//! slots, its libvirt domain started, and vmlet's QMP monitor taken when QEMU connects it.
-//! QEMU's end of that monitor is how the shim learns, at once, that the VM ended. QEMU and
-//! virtiofsd then join the pod's cgroup.
+//! slots, its libvirt domain started (or, vmlet's guest under `launcher = "direct"`, QEMU
+//! and virtiofsd started by the shim: [`super::direct_start`]), and vmlet's QMP monitor
+//! taken when QEMU connects it. QEMU's end of that monitor is how the shim learns, at once,
+//! that the VM ended. Under libvirt, QEMU and virtiofsd then join the pod's cgroup (started
+//! by the shim, they join it before their exec).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use vmlet_config::NodeConfig;
+use std::os::fd::OwnedFd;
+
+use vmlet_config::{Launcher, NodeConfig};
 
 use super::net::{PendingTaps, TapServer};
 use super::template_start::TemplateStart;
 use super::{block, give_socket, BootRequest, Recorder};
 use crate::devices::hotplug::Hotplug;
 use crate::host::pod_paths::{domain_name, PodPaths};
+use crate::host::qemu_process::QemuProcess;
 use crate::vm_mode::serial_console::SerialConsole;
 use crate::vmm::pci_slots::PciSlots;
 use crate::vmm::vm_spec::{
@@ -26,6 +31,9 @@ const SHARE_TAG: &str = "vmlet";
 /// How long QEMU may take to connect vmlet's QMP monitor (and a VM image's console) once
 /// libvirt started it.
 const QEMU_CONNECT_WAIT: Duration = Duration::from_secs(10);
+/// How long QEMU the shim started may take to end once its monitor failed (it ends at once
+/// when it refused its command line).
+const QEMU_ENDS: Duration = Duration::from_secs(2);
 
 /// What the earlier steps give the domain.
 pub(super) struct Devices {
@@ -71,6 +79,8 @@ pub(super) struct Launched {
     pub tap_server: Option<TapServer>,
     /// What the boot still does for a template start (none: a cold boot).
     pub template: Option<TemplateStart>,
+    /// QEMU, when the shim started it itself (dropped, it is killed).
+    pub qemu: Option<QemuProcess>,
 }
 
 /// Defines and starts the pod's domain (recorded first) and takes vmlet's QMP monitor.
@@ -104,14 +114,31 @@ pub(super) async fn start(
     let name = domain_name(pod_id);
     let kvm = devices.kvm;
     let (mut spec, taps) = vm_spec(config, req, paths, &name, devices, console);
+    let direct = config.launcher == Launcher::Direct
+        && match crate::vmm::qemu_command::libvirt_only(&spec) {
+            None => true,
+            Some(why) => {
+                log::info!("pod {pod_id}: starts through libvirt: {why}");
+                false
+            }
+        };
     // None for a VM image, which has no agent to wait for a restore.
-    let mut template = super::template_start::choose(config, &spec).await?;
+    let mut template = super::template_start::choose(config, &spec, direct).await?;
     spec.template = template.as_ref().map(TemplateStart::role);
-    let request = crate::vmm::domain::start_request(&spec)?;
+    let mut tap_fds: Vec<OwnedFd> = Vec::new();
     let tap_server = match (&mut template, taps) {
         // A template start plugs the NICs in after the load.
         (Some(template), Some(taps)) => {
             template.plug_nics(taps.into_nics(spec.taps())?);
+            None
+        }
+        // QEMU started by the shim inherits them.
+        (None, Some(taps)) if direct => {
+            tap_fds = taps
+                .into_nics(spec.taps())?
+                .into_iter()
+                .map(|(_, fd)| fd)
+                .collect();
             None
         }
         // Served before QEMU starts: the wrapper fetches the taps before it executes QEMU.
@@ -119,31 +146,74 @@ pub(super) async fn start(
         (_, None) => None,
     };
     log::info!(
-        "pod {pod_id}: starting {name} ({} vCPU, {} MiB, {}{})",
+        "pod {pod_id}: starting {name} ({} vCPU, {} MiB, {}{}{})",
         shape.vcpus,
         shape.memory_mib,
         if kvm { "kvm" } else { "tcg" },
+        if direct { ", without libvirt" } else { "" },
         match spec.template {
             Some(TemplateRole::Save) => ", booting a template to save",
             Some(TemplateRole::Load) => ", loading a template",
             None => "",
         }
     );
-    rec.record(crate::host::undo::Made::Domain(name.clone()))?;
     let started = Instant::now();
-    {
+    let qemu = if direct {
+        Some(super::direct_start::start(
+            config, req, paths, rec, &spec, tap_fds,
+        )?)
+    } else {
+        let request = crate::vmm::domain::start_request(&spec)?;
+        rec.record(crate::host::undo::Made::Domain(name.clone()))?;
         let vmm = vmm.clone();
         block(move || vmm.start(&request)).await??;
-    }
+        None
+    };
     log::info!(
-        "pod {pod_id}: domain started in {} ms",
+        "pod {pod_id}: {} started in {} ms",
+        if direct { "QEMU" } else { "domain" },
         started.elapsed().as_millis()
     );
-    let (hotplug, ended, qemu_pid) =
-        accept_qmp(qmp_listener, &spec, req.options.disk_driver, qemu_uid).await?;
+    let peer = Peer {
+        uid: qemu_uid,
+        pid: qemu.as_ref().map(|q| q.pid),
+    };
+    let accepted = accept_qmp(qmp_listener, &spec, req.options.disk_driver, peer);
+    let (hotplug, ended, qemu_pid) = match &qemu {
+        // QEMU that ends before it connects says why in its log.
+        Some(qemu) => tokio::select! {
+            accepted = accepted => match accepted {
+                Ok(accepted) => accepted,
+                // QEMU that connected and then ended (a device it refused) says why in its
+                // log.
+                Err(e) if qemu.ended_within(QEMU_ENDS).await.unwrap_or(false) => {
+                    return Err(Error::FailedPrecondition(format!(
+                        "pod {pod_id}: QEMU ended as it started ({}): {}",
+                        super::direct_start::log_tail(&paths.qemu_log),
+                        e.message()
+                    )));
+                }
+                Err(e) => return Err(e),
+            },
+            ended = qemu.ended_within(QEMU_CONNECT_WAIT) => {
+                if !ended? {
+                    return Err(Error::Timeout("QEMU did not connect vmlet's QMP monitor".into()));
+                }
+                return Err(Error::FailedPrecondition(format!(
+                    "pod {pod_id}: QEMU ended before it connected vmlet's QMP monitor ({})",
+                    super::direct_start::log_tail(&paths.qemu_log)
+                )));
+            }
+        },
+        None => accepted.await?,
+    };
     let console = match console_listener {
         Some(listener) => {
-            let (stream, _) = accept_qemu(&listener, qemu_uid, "the serial console").await?;
+            let peer = Peer {
+                uid: qemu_uid,
+                pid: None,
+            };
+            let (stream, _) = accept_qemu(&listener, peer, "the serial console").await?;
             let console = SerialConsole::start(stream, &paths.console)?;
             console.serve_operator(&paths.console_input)?;
             Some(console)
@@ -151,9 +221,10 @@ pub(super) async fn start(
         None => None,
     };
     // libvirt is done placing QEMU (in its own cgroup) once the domain started: the pod's
-    // cgroup takes it, and virtiofsd, from here on.
-    if req.cgroup.is_some() {
-        place_in_pod_cgroup(config, pod_id, paths, rec, qemu_pid)?;
+    // cgroup takes it, and virtiofsd (vmlet's guest's share), from here on.
+    if req.cgroup.is_some() && !direct {
+        let shared = matches!(spec.guest, GuestBoot::Agent(_));
+        place_in_pod_cgroup(config, pod_id, paths, rec, qemu_pid, shared)?;
     }
     Ok(Launched {
         name,
@@ -164,6 +235,7 @@ pub(super) async fn start(
         console,
         tap_server,
         template,
+        qemu,
     })
 }
 
@@ -200,15 +272,20 @@ fn vm_spec(
     (spec, devices.taps)
 }
 
-/// QEMU (`qemu_pid`) and the virtiofsd serving the pod's share into the pod's cgroup.
+/// QEMU (`qemu_pid`) and, where the VM has a share (`shared`), the virtiofsd serving it
+/// into the pod's cgroup.
 fn place_in_pod_cgroup(
     config: &NodeConfig,
     pod_id: &str,
     paths: &PodPaths,
     rec: &Recorder<'_>,
     qemu_pid: u32,
+    shared: bool,
 ) -> Result<(), Error> {
     rec.place(qemu_pid, "QEMU")?;
+    if !shared {
+        return Ok(());
+    }
     let virtiofsd =
         crate::host::pod_cgroup::virtiofsd_pids(&paths.share, &config.helpers.virtiofsd);
     if virtiofsd.is_empty() {
@@ -235,20 +312,28 @@ async fn accept_qmp(
     listener: tokio::net::UnixListener,
     spec: &VmSpec,
     driver: vmlet_config::DiskDriver,
-    qemu_uid: u32,
+    peer: Peer,
 ) -> Result<(Hotplug, tokio::sync::watch::Receiver<bool>, u32), Error> {
-    let (stream, qemu_pid) = accept_qemu(&listener, qemu_uid, "vmlet's QMP monitor").await?;
+    let (stream, qemu_pid) = accept_qemu(&listener, peer, "vmlet's QMP monitor").await?;
     let qmp = crate::devices::qmp::Qmp::handshake(stream).await?;
     let ended = qmp.ended();
     let ports = spec.hotplug_ports().into_iter().map(|p| p.id).collect();
     Ok((Hotplug::new(qmp, driver, ports), ended, qemu_pid))
 }
 
+/// Who may connect as QEMU: a process of the QEMU user, and where the shim started QEMU
+/// itself, that process alone (every pod's QEMU is of that user).
+#[derive(Debug, Clone, Copy)]
+struct Peer {
+    uid: u32,
+    pid: Option<u32>,
+}
+
 /// Takes QEMU's connection to `listener` (`what` it is), within [`QEMU_CONNECT_WAIT`].
-/// Only a process of the QEMU user (`qemu_uid`) is taken for QEMU; its PID is returned.
+/// Only `peer` is taken for QEMU; its PID is returned.
 async fn accept_qemu(
     listener: &tokio::net::UnixListener,
-    qemu_uid: u32,
+    peer: Peer,
     what: &str,
 ) -> Result<(tokio::net::UnixStream, u32), Error> {
     let accept = async {
@@ -258,7 +343,10 @@ async fn accept_qemu(
                 .await
                 .map_err(|e| Error::io(format!("accept {what}"), e))?;
             match stream.peer_cred() {
-                Ok(cred) if cred.uid() == qemu_uid => {
+                Ok(cred)
+                    if cred.uid() == peer.uid
+                        && peer.pid.is_none_or(|pid| cred.pid() == Some(pid as i32)) =>
+                {
                     // Linux always reports the peer's PID; without it QEMU could not be
                     // placed in the pod's cgroup (0 would name the shim itself).
                     let pid = cred.pid().filter(|p| *p > 0).ok_or_else(|| {

@@ -21,6 +21,7 @@ mod agent_vm;
 mod boot;
 #[cfg(test)]
 mod boot_tests;
+mod direct_start;
 #[cfg(test)]
 mod fake_qemu;
 mod host_setup;
@@ -82,6 +83,9 @@ pub struct Vm {
     ended: tokio::sync::watch::Receiver<bool>,
     /// Set when the shim itself stops the VM (its end is then expected).
     stopping: std::sync::atomic::AtomicBool,
+    /// QEMU, when the shim started it itself (`launcher = "direct"`); dropped, it is
+    /// killed.
+    _qemu: Option<crate::host::qemu_process::QemuProcess>,
 }
 
 /// What the boot steps record in the pod's state as they go (saved at once: a shim that
@@ -207,6 +211,7 @@ impl Vm {
             growing: tokio::sync::Mutex::new(()),
             ended: booted.ended,
             stopping: std::sync::atomic::AtomicBool::new(false),
+            _qemu: booted.qemu,
         })
     }
 }
@@ -255,9 +260,17 @@ async fn reclaim_failed_boot(
     error
 }
 
-/// Has libvirt destroy the domain `state` records (QEMU is killed), if there is one yet.
-async fn destroy_domain(state: &Mutex<PodState>, vmm: &Arc<dyn VmManager>) -> Result<(), Error> {
-    let Some(domain) = state.lock().unwrap().domain().map(str::to_owned) else {
+/// Ends the VM `state` records at once, if there is one yet: libvirt destroys its domain,
+/// or the shim kills the QEMU it started.
+async fn end_vm(state: &Mutex<PodState>, vmm: &Arc<dyn VmManager>) -> Result<(), Error> {
+    let (domain, qemu) = {
+        let state = state.lock().unwrap();
+        (state.domain().map(str::to_owned), state.qemu().cloned())
+    };
+    if let Some(qemu) = qemu {
+        block(move || qemu.kill()).await??;
+    }
+    let Some(domain) = domain else {
         return Ok(());
     };
     let vmm = vmm.clone();

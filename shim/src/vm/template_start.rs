@@ -55,6 +55,7 @@ enum Action {
 pub(super) async fn choose(
     config: &NodeConfig,
     spec: &VmSpec,
+    direct: bool,
 ) -> Result<Option<TemplateStart>, Error> {
     if !config.templates.enabled {
         return Ok(None);
@@ -70,7 +71,7 @@ pub(super) async fn choose(
             max_bytes: config.templates.max_mib.saturating_mul(1 << 20),
         },
     );
-    let description = describe(spec)?;
+    let description = describe(spec, direct)?;
     let key = key(&description);
     log::debug!("pod {}: template {key} is of {description:?}", spec.pod_id);
     if let Some(file) = store.open(&key)? {
@@ -111,15 +112,17 @@ fn why_cold(spec: &VmSpec) -> &'static str {
 /// guest's command line, where each device sits (the NICs' ports too: how many, where), the
 /// host's boot, and the identity of the kernel, initramfs, QEMU, wrapper and virtiofsd files
 /// (their size, inode and modification time: a replaced file is another guest; not the
-/// change time, which libvirt's ownership changes move at every start).
-fn describe(spec: &VmSpec) -> Result<String, Error> {
+/// change time, which libvirt's ownership changes move at every start), and whether the
+/// shim starts QEMU itself (`direct`: another command line and virtiofsd than libvirt's).
+fn describe(spec: &VmSpec, direct: bool) -> Result<String, Error> {
     let GuestBoot::Agent(agent) = &spec.guest else {
         return Err(Error::Internal("a template of a VM image".into()));
     };
     Ok(format!(
         "vmlet {}\nvcpus {}\nmemory {} MiB\nhotplug {} MiB\nmachine {}\ncpu {:?}\nkvm {}\n\
          tcg cache {:?}\nfree page reporting {}\nslots {:?}\nnic slots {:?}\ncmdline {}\n\
-         kernel {}\ninitrd {}\nqemu {}\nemulator {}\nvirtiofsd {}\nhost boot {}\n",
+         kernel {}\ninitrd {}\nqemu {}\nemulator {}\nvirtiofsd {}\nhost boot {}\n\
+         launcher {}\n",
         env!("CARGO_PKG_VERSION"),
         spec.vcpus,
         spec.memory_mib,
@@ -138,6 +141,7 @@ fn describe(spec: &VmSpec) -> Result<String, Error> {
         file_identity(&spec.emulator)?,
         file_identity(&agent.virtiofsd)?,
         host_boot()?,
+        if direct { "direct" } else { "libvirt" },
     ))
 }
 
@@ -356,20 +360,23 @@ mod tests {
         config.templates.enabled = true;
         config.templates.dir = dir.path().join("templates");
         let ok = pod(dir.path());
-        let chosen = choose(&config, &ok).await.unwrap().unwrap();
+        let chosen = choose(&config, &ok, false).await.unwrap().unwrap();
         assert_eq!(chosen.role(), TemplateRole::Save);
         drop(chosen);
         let mut networked = ok.clone();
         networked.network = spec(VsockDevice::Vhost).network;
-        assert!(choose(&config, &networked).await.unwrap().is_some());
+        assert!(choose(&config, &networked, false).await.unwrap().is_some());
         let mut kernel_vsock = ok.clone();
         if let GuestBoot::Agent(agent) = &mut kernel_vsock.guest {
             agent.vsock = VsockDevice::Vhost;
         }
-        assert!(choose(&config, &kernel_vsock).await.unwrap().is_none());
+        assert!(choose(&config, &kernel_vsock, false)
+            .await
+            .unwrap()
+            .is_none());
         assert!(why_cold(&kernel_vsock).contains("vhost-user"));
         config.templates.enabled = false;
-        assert!(choose(&config, &ok).await.unwrap().is_none());
+        assert!(choose(&config, &ok, false).await.unwrap().is_none());
     }
 
     #[test]
@@ -380,25 +387,35 @@ mod tests {
         other_pod.name = "vmlet-t2".into();
         other_pod.pod_id = "t2".into();
         other_pod.qmp_socket = "/run/vmlet/t2/qmp.sock".into();
-        assert_eq!(describe(&a).unwrap(), describe(&other_pod).unwrap());
+        assert_eq!(
+            describe(&a, false).unwrap(),
+            describe(&other_pod, false).unwrap()
+        );
         let mut bigger = a.clone();
         bigger.memory_mib += 256;
-        assert_ne!(describe(&a).unwrap(), describe(&bigger).unwrap());
+        assert_ne!(
+            describe(&a, false).unwrap(),
+            describe(&bigger, false).unwrap()
+        );
+        assert_ne!(describe(&a, false).unwrap(), describe(&a, true).unwrap());
         let mut networked = a.clone();
         networked.network = spec(VsockDevice::Vhost).network;
-        assert_ne!(describe(&a).unwrap(), describe(&networked).unwrap());
+        assert_ne!(
+            describe(&a, false).unwrap(),
+            describe(&networked, false).unwrap()
+        );
         let mut other_macs = networked.clone();
         for nic in &mut other_macs.network.as_mut().unwrap().nics {
             nic.mac = "0a:58:0a:00:00:99".into();
         }
         assert_eq!(
-            describe(&networked).unwrap(),
-            describe(&other_macs).unwrap()
+            describe(&networked, false).unwrap(),
+            describe(&other_macs, false).unwrap()
         );
-        let before = describe(&a).unwrap();
+        let before = describe(&a, false).unwrap();
         std::fs::remove_file(dir.path().join("vmlinux")).unwrap();
         std::fs::write(dir.path().join("vmlinux"), "another kernel").unwrap();
-        assert_ne!(before, describe(&a).unwrap(), "a replaced kernel");
+        assert_ne!(before, describe(&a, false).unwrap(), "a replaced kernel");
     }
 
     /// A QEMU whose loads complete and whose `device_add` of `failing` is refused.

@@ -1,10 +1,10 @@
-//! The VM's vsock device: the kernel's vhost-vsock when the node has `/dev/vhost-vsock`,
-//! else a vhost-device-vsock process per pod (vhost-user), recorded and put in the pod's
-//! cgroup.
+//! The VM's vsock device: the kernel's vhost-vsock when the node has `/dev/vhost-vsock`
+//! (and libvirt starts the VM, allocating its CID), else a vhost-device-vsock process per
+//! pod (vhost-user), recorded and put in the pod's cgroup.
 
 use std::path::Path;
 
-use vmlet_config::{NodeConfig, VsockTransport};
+use vmlet_config::{Launcher, NodeConfig, VsockTransport};
 
 use super::{block, give_socket, Recorder};
 use crate::guest::vsock;
@@ -20,7 +20,11 @@ pub(super) async fn start(
     rec: &Recorder<'_>,
 ) -> Result<VsockDevice, Error> {
     let transport = match config.vsock {
-        VsockTransport::Auto if Path::new("/dev/vhost-vsock").exists() => VsockTransport::Vhost,
+        VsockTransport::Auto
+            if config.launcher == Launcher::Libvirt && Path::new("/dev/vhost-vsock").exists() =>
+        {
+            VsockTransport::Vhost
+        }
         VsockTransport::Auto => VsockTransport::VhostUser,
         other => other,
     };

@@ -1,17 +1,17 @@
-//! QEMU's whole command line for a pod's VM that vmlet starts itself, without libvirt: the
-//! first part of the direct launcher, which issue 37's start targets need
-//! (docs/performance.md, "Where issue 37's start targets stand"; not wired into a pod's
-//! start yet). It renders from the same [`VmSpec`] what libvirt renders from the domain XML
+//! QEMU's whole command line for a pod's VM that vmlet starts itself, without libvirt
+//! (`launcher = "direct"`, docs/performance.md says what it saves). It renders from the same [`VmSpec`] what libvirt renders from the domain XML
 //! ([`crate::vmm::domain`]), with the same devices at the same addresses, then vmlet's own
 //! part ([`VmSpec::qemu_args`]) and the NICs ([`crate::host::taps::qemu_args`]), which the
 //! wrapper appends under libvirt.
 //!
 //! What libvirt decides for a VM at its start, the launcher hands in ([`Launched`]): the
-//! UUID, the virtio-fs socket of the virtiofsd it started, and the descriptors QEMU inherits
-//! (the console file's, the taps'). Only vmlet's guest on vhost-user vsock is rendered: the
+//! UUID and the descriptors QEMU inherits: its connection to the virtiofsd the launcher
+//! started (connected by the shim, so that no other process of the QEMU user can take that
+//! virtiofsd), the console file's, the taps'. Only vmlet's guest on vhost-user vsock is rendered: the
 //! kernel's vsock device wants a CID libvirt allocates, a VM image wants disks and firmware
-//! libvirt sets up, and a libvirt `<cpu>` definition (`vmlet.io/cpu-model`) is libvirt's to
-//! expand; each is refused by name.
+//! libvirt sets up, and `host-model` or a libvirt `<cpu>` definition
+//! (`VirtletLibvirtCPUSetting`) is libvirt's to expand; [`libvirt_only`] names which, and
+//! such a pod starts through libvirt.
 
 use std::os::fd::RawFd;
 
@@ -27,8 +27,8 @@ use crate::Error;
 pub struct Launched {
     /// The VM's UUID (SMBIOS, and what a guest's tools read as its machine id).
     pub uuid: String,
-    /// The vhost-user socket of the pod's virtiofsd.
-    pub share_socket: String,
+    /// A connection to the pod's virtiofsd's vhost-user socket, as QEMU inherits it.
+    pub share_fd: RawFd,
     /// The console file, opened for appending, as QEMU inherits it (a file console only).
     pub console_fd: Option<RawFd>,
     /// Each tap, as QEMU inherits it, in the NICs' order (none for a template start, whose
@@ -39,20 +39,36 @@ pub struct Launched {
 /// The id of the root port the virtio-fs device sits behind, at slot 1 as libvirt puts it.
 const SHARE_PORT: &str = "pci.1";
 
-/// QEMU's arguments (without the program) for `spec`'s VM as the launcher starts it.
-pub fn qemu_command(spec: &VmSpec, launched: &Launched) -> Result<Vec<String>, Error> {
+/// What of `spec` only libvirt can start, if anything: why the pod's VM cannot start
+/// without it.
+pub fn libvirt_only(spec: &VmSpec) -> Option<&'static str> {
     let GuestBoot::Agent(agent) = &spec.guest else {
-        return Err(Error::Unimplemented(format!(
-            "pod {}: a VM image started without libvirt",
-            spec.pod_id
-        )));
+        return Some("a VM image's disks and firmware are set up by libvirt");
     };
     if !matches!(agent.vsock, VsockDevice::VhostUser { .. }) {
-        return Err(Error::Unimplemented(format!(
-            "pod {}: the kernel's vsock device started without libvirt (it needs vsock = \"vhost-user\")",
-            spec.pod_id
-        )));
+        return Some("the kernel's vsock device wants a CID, which libvirt allocates");
     }
+    match &spec.cpu_model {
+        Some(CpuModel::HostModel) => Some("the CPU model host-model is libvirt's to expand"),
+        Some(CpuModel::Libvirt(_)) => {
+            Some("the pod's libvirt CPU setting (VirtletLibvirtCPUSetting) is libvirt's to expand")
+        }
+        _ => None,
+    }
+}
+
+/// QEMU's arguments (without the program) for `spec`'s VM as the launcher starts it.
+pub fn qemu_command(spec: &VmSpec, launched: &Launched) -> Result<Vec<String>, Error> {
+    let agent = match (&spec.guest, libvirt_only(spec)) {
+        (GuestBoot::Agent(agent), None) => agent,
+        (_, why) => {
+            return Err(Error::Unimplemented(format!(
+                "pod {}: started without libvirt, but {}",
+                spec.pod_id,
+                why.unwrap_or_default()
+            )))
+        }
+    };
     for (what, value) in interpolated(spec, launched) {
         if value.contains(',') {
             return Err(Error::InvalidArgument(format!(
@@ -68,7 +84,7 @@ pub fn qemu_command(spec: &VmSpec, launched: &Launched) -> Result<Vec<String>, E
         format!("{},usb=off,dump-guest-core=off,acpi=on", spec.machine),
     );
     args.opt("-accel", accel(spec));
-    args.opt("-cpu", cpu(spec)?);
+    args.opt("-cpu", cpu(spec));
     let mib = spec.memory_mib;
     args.opt(
         "-m",
@@ -131,7 +147,7 @@ pub fn qemu_command(spec: &VmSpec, launched: &Launched) -> Result<Vec<String>, E
     }
     args.opt(
         "-chardev",
-        format!("socket,id=chr-vu-fs0,path={}", launched.share_socket),
+        format!("socket,id=chr-vu-fs0,fd={}", launched.share_fd),
     );
     args.opt(
         "-device",
@@ -198,7 +214,6 @@ fn interpolated<'a>(spec: &'a VmSpec, launched: &'a Launched) -> Vec<(&'static s
         ("the VM's name", spec.name.as_str()),
         ("the machine type", spec.machine.as_str()),
         ("the QMP socket", spec.qmp_socket.as_str()),
-        ("the share's socket", launched.share_socket.as_str()),
         ("the UUID", launched.uuid.as_str()),
     ];
     if let GuestBoot::Agent(agent) = &spec.guest {
@@ -246,22 +261,18 @@ fn accel(spec: &VmSpec) -> String {
 }
 
 /// `-cpu`: the pod's model, or the host's under KVM and `qemu64` under TCG (libvirt's
-/// defaults).
-fn cpu(spec: &VmSpec) -> Result<String, Error> {
-    Ok(match &spec.cpu_model {
+/// defaults); what only libvirt expands never reaches here ([`libvirt_only`]).
+fn cpu(spec: &VmSpec) -> String {
+    match &spec.cpu_model {
         None if spec.kvm => "host".into(),
         None => "qemu64".into(),
         // `enforce`: a feature the host lacks fails the start, as libvirt's `forbid` does.
         Some(CpuModel::Named(name)) if spec.kvm => format!("{name},enforce"),
         Some(CpuModel::Named(name)) => name.clone(),
-        Some(CpuModel::HostPassthrough) => "host".into(),
-        Some(other) => {
-            return Err(Error::Unimplemented(format!(
-                "pod {}: the CPU model {other:?} started without libvirt (libvirt expands it)",
-                spec.pod_id
-            )))
+        Some(CpuModel::HostPassthrough | CpuModel::HostModel | CpuModel::Libvirt(_)) => {
+            "host".into()
         }
-    })
+    }
 }
 
 #[cfg(test)]
@@ -273,7 +284,7 @@ mod tests {
     fn launched() -> Launched {
         Launched {
             uuid: "70752bd9-ba25-4c89-bbf2-a6806065db93".into(),
-            share_socket: "/run/vmlet/t1/virtiofsd.sock".into(),
+            share_fd: 8,
             console_fd: Some(7),
             tap_fds: vec![9, 10],
         }
@@ -403,11 +414,15 @@ mod tests {
     fn what_libvirt_decides_is_refused_by_name() {
         let kernel_vsock = spec(VsockDevice::Vhost);
         let err = qemu_command(&kernel_vsock, &launched()).unwrap_err();
-        assert!(err.message().contains("vhost-user"), "{err}");
+        assert!(err.message().contains("vsock device"), "{err}");
         let mut host_model = vhost_user();
         host_model.cpu_model = Some(CpuModel::HostModel);
         let err = qemu_command(&host_model, &launched()).unwrap_err();
-        assert!(err.message().contains("HostModel"), "{err}");
+        assert!(err.message().contains("host-model"), "{err}");
+        host_model.cpu_model = Some(CpuModel::Libvirt(Default::default()));
+        assert!(libvirt_only(&host_model)
+            .unwrap()
+            .contains("VirtletLibvirtCPUSetting"));
         let mut no_console_fd = launched();
         no_console_fd.console_fd = None;
         let err = qemu_command(&vhost_user(), &no_console_fd).unwrap_err();
@@ -420,21 +435,21 @@ mod tests {
         spec.qmp_socket = "/run/vmlet/t1/qmp.sock,server=on".into();
         let err = qemu_command(&spec, &launched()).unwrap_err();
         assert!(err.message().contains("the QMP socket"), "{err}");
-        let mut share = launched();
-        share.share_socket = "/x,y".into();
-        let err = qemu_command(&vhost_user(), &share).unwrap_err();
-        assert!(err.message().contains("the share's socket"), "{err}");
+        let mut spec = vhost_user();
+        spec.name = "vmlet-t1,x".into();
+        let err = qemu_command(&spec, &launched()).unwrap_err();
+        assert!(err.message().contains("the VM's name"), "{err}");
     }
 
     #[test]
     fn cpu_models_follow_libvirts_defaults() {
         let mut spec = vhost_user();
         spec.kvm = true;
-        assert_eq!(cpu(&spec).unwrap(), "host");
+        assert_eq!(cpu(&spec), "host");
         assert_eq!(accel(&spec), "kvm");
         spec.cpu_model = Some(CpuModel::Named("Skylake-Client".into()));
-        assert_eq!(cpu(&spec).unwrap(), "Skylake-Client,enforce");
+        assert_eq!(cpu(&spec), "Skylake-Client,enforce");
         spec.kvm = false;
-        assert_eq!(cpu(&spec).unwrap(), "Skylake-Client");
+        assert_eq!(cpu(&spec), "Skylake-Client");
     }
 }

@@ -1,0 +1,253 @@
+//! Pods started without libvirt (`launcher = "direct"`): the shim starts QEMU and the pod's
+//! virtiofsd itself. A pod so started runs, reaches its CNI network (the gateway and a pod
+//! started so beside it), has no libvirt domain, runs its QEMU as the QEMU user without
+//! capabilities, as the shim's child, and both QEMU and virtiofsd in the pod's cgroup; a pod
+//! loads its shape's template so; a QEMU that refuses its command line fails the create with
+//! its own words at once; and each leaves nothing. Attack: a local user who is not root
+//! connects to none of the pod's sockets (virtiofsd's, vmlet's QMP monitor, the vsock
+//! backend's) and reads none of its logs, which lie on the pod's log tmpfs (what the guest
+//! makes QEMU and virtiofsd write cannot fill the node). These change the node's config, so
+//! the area runs alone.
+
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use crate::agent_gate::nobody_reaches_the_socket;
+use crate::cni::{run_pod_reaching_gateway_and_peer, Node, Pod};
+use crate::support::{stack, text};
+use vmlet_integration::{direct_launcher, unique_id, Stack, TemplatesOn};
+
+/// The pod's QEMU, virtiofsd and shim, by the kind in their command lines.
+struct PodProcesses {
+    qemu: u32,
+    virtiofsd: u32,
+    shim: u32,
+}
+
+fn pod_processes(s: &Stack, id: &str) -> PodProcesses {
+    let procs = s.pod_processes(id);
+    let find = |kind: &str| {
+        procs
+            .iter()
+            .find(|(_, cmdline)| cmdline.contains(kind))
+            .map(|(pid, _)| *pid)
+            .unwrap_or_else(|| panic!("no {kind} of pod {id} among {procs:?}"))
+    };
+    PodProcesses {
+        qemu: find("qemu-system"),
+        virtiofsd: find("virtiofsd"),
+        shim: find("containerd-shim-vmlet"),
+    }
+}
+
+/// `key`'s line of `/proc/PID/status`, without the key.
+fn status(pid: u32, key: &str) -> String {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{key}:")))
+        .unwrap_or_else(|| panic!("no {key} in {status}"))
+        .trim()
+        .to_owned()
+}
+
+/// The parent of `pid` (`/proc/PID/stat`'s 4th field, after the command's parentheses).
+fn parent(pid: u32) -> u32 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let after = &stat[stat.rfind(')').unwrap() + 2..];
+    after.split(' ').nth(1).unwrap().parse().unwrap()
+}
+
+fn qemu_uid() -> u32 {
+    let config = std::env::var("VMLET_CONFIG").expect("VMLET_CONFIG: the stack's config");
+    let name = vmlet_config::NodeConfig::load_from(Path::new(&config))
+        .expect("the stack's config")
+        .qemu_user;
+    nix::unistd::User::from_name(&name)
+        .unwrap()
+        .expect("the QEMU user")
+        .uid
+        .as_raw()
+}
+
+fn pod_dir(s: &Stack, id: &str) -> PathBuf {
+    PathBuf::from(format!("{}/state/{id}", s.dir))
+}
+
+fn assert_left_nothing(s: &Stack, id: &str) {
+    assert_eq!(s.pod_processes(id), Vec::new(), "pod {id}'s processes");
+    assert!(!pod_dir(s, id).exists(), "pod {id}'s state directory");
+    assert!(!s.has_pod_domain(id), "pod {id}'s domain");
+}
+
+#[test]
+#[ignore = "needs the vmlet stack and root: make test"]
+fn pods_started_without_libvirt_reach_their_network_from_their_cgroup_and_leave_nothing() {
+    let s = stack();
+    let _direct = direct_launcher();
+    let log_before = s.containerd_log().len();
+    let node = Node::new();
+    let (a, b) = (Pod::new(&node, "direct-a"), Pod::new(&node, "direct-b"));
+    let a_id = unique_id("direct-a");
+    let with_ns = format!("network:{}", a.path().display());
+    s.run_detached_with(&a_id, &["--with-ns", &with_ns], &["sleep", "1000"])
+        .unwrap();
+    assert!(
+        !s.has_pod_domain(&a_id),
+        "a domain for a pod without libvirt"
+    );
+    let p = pod_processes(&s, &a_id);
+    assert_eq!(parent(p.qemu), p.shim, "QEMU is the shim's child");
+    let uid = qemu_uid();
+    assert_eq!(status(p.qemu, "Uid"), format!("{uid}\t{uid}\t{uid}\t{uid}"));
+    assert_eq!(status(p.qemu, "CapEff"), "0000000000000000");
+    // ctr's cgroupsPath is /NAMESPACE/ID.
+    let pod_cgroup = format!("/default/{a_id}\n");
+    for (pid, what) in [(p.qemu, "QEMU"), (p.virtiofsd, "virtiofsd")] {
+        let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+        assert!(
+            cgroups.contains(&pod_cgroup),
+            "{what} is not in the pod's cgroup:\n{cgroups}"
+        );
+    }
+
+    // A second pod so started reaches the gateway and the first.
+    let b_id = unique_id("direct-b");
+    run_pod_reaching_gateway_and_peer(&s, &node, &b, &b_id, &a.ip);
+    s.kill_and_remove(&a_id).unwrap();
+
+    let log = &s.containerd_log()[log_before..];
+    for id in [&a_id, &b_id] {
+        assert!(
+            log.contains(&format!("pod {id}: QEMU started in")),
+            "pod {id} did not start without libvirt:\n{log}"
+        );
+        assert_left_nothing(&s, id);
+    }
+    assert_eq!(a.vmlet_leftovers(), "");
+    assert_eq!(b.vmlet_leftovers(), "");
+}
+
+#[test]
+#[ignore = "needs the vmlet stack: make test"]
+fn a_pod_loads_its_shapes_template_without_libvirt() {
+    let s = stack();
+    let _direct = direct_launcher();
+    let _templates = TemplatesOn::new("vmlet-templates-direct").unwrap();
+    let log_before = s.containerd_log().len();
+    let (saver, loader) = (unique_id("direct-save"), unique_id("direct-load"));
+    for id in [&saver, &loader] {
+        let out = s
+            .run(id, &[], &["cat", "/proc/sys/kernel/random/boot_id"])
+            .unwrap();
+        assert!(out.status.success(), "{id}: {}", text(&out.stderr));
+    }
+    let log = &s.containerd_log()[log_before..];
+    crate::templates::assert_saved_and_loaded(log, &saver, &loader);
+    for id in [&saver, &loader] {
+        assert!(log.contains(&format!("pod {id}: QEMU started in")), "{log}");
+    }
+    assert_left_nothing(&s, &saver);
+    assert_left_nothing(&s, &loader);
+}
+
+#[test]
+#[ignore = "needs the vmlet stack: make test"]
+fn a_qemu_that_refuses_its_command_line_fails_the_create_with_its_reason() {
+    let s = stack();
+    let _direct = direct_launcher();
+    let id = unique_id("direct-bad");
+    let started = std::time::Instant::now();
+    let out = s
+        .run(
+            &id,
+            &["--annotation", "vmlet.io/cpu-model=no-such-cpu"],
+            &["true"],
+        )
+        .unwrap();
+    let stderr = text(&out.stderr);
+    assert!(!out.status.success(), "a CPU QEMU does not know ran");
+    assert!(
+        stderr.contains("QEMU ended") && stderr.contains("no-such-cpu"),
+        "{stderr}"
+    );
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(5),
+        "the failure took {:?}",
+        started.elapsed()
+    );
+    assert_left_nothing(&s, &id);
+}
+
+#[test]
+#[ignore = "needs the vmlet stack: make test"]
+fn nobody_but_the_qemu_user_reaches_a_pods_sockets_or_logs_without_libvirt() {
+    let s = stack();
+    let _direct = direct_launcher();
+    let id = unique_id("direct-gate");
+    s.run_detached(&id, &["sleep", "1000"]).unwrap();
+    let dir = pod_dir(&s, &id);
+    // virtiofsd's and the vsock backend's are root's (the shim connects them), vmlet's
+    // QMP monitor the QEMU user's; none is anybody else's.
+    let uid = qemu_uid();
+    for (socket, owner) in [("virtiofsd.sock", 0), ("vsock.sock", 0), ("qmp.sock", uid)] {
+        let path = dir.join(socket);
+        let meta = std::fs::metadata(&path).unwrap();
+        assert_eq!(
+            (meta.uid(), meta.mode() & 0o777),
+            (owner, 0o600),
+            "{socket}"
+        );
+        nobody_reaches_the_socket(&path);
+    }
+    let log_dir = dir.join("log");
+    let tmpfs = std::fs::metadata(&log_dir).unwrap().dev();
+    assert_ne!(
+        tmpfs,
+        std::fs::metadata(&dir).unwrap().dev(),
+        "log/ is a mount"
+    );
+    for log in ["qemu.log", "virtiofsd.log", "console.log"] {
+        let path = log_dir.join(log);
+        assert_eq!(std::fs::metadata(&path).unwrap().dev(), tmpfs, "{log}");
+        let out = std::process::Command::new("setpriv")
+            .args(["--reuid=nobody", "--regid=nogroup", "--clear-groups", "cat"])
+            .arg(&path)
+            .output()
+            .expect("setpriv (util-linux)");
+        assert!(!out.status.success(), "nobody read {}", path.display());
+    }
+    s.kill_and_remove(&id).unwrap();
+    assert_left_nothing(&s, &id);
+}
+
+/// A shim that dies leaves its QEMU and virtiofsd running (each has a session of its
+/// own): containerd's cleanup (`shim delete`) and `vmletctl gc` end them from the pod's
+/// `state.json`, and nothing of the pod is left.
+#[test]
+#[ignore = "needs the vmlet stack: make test"]
+fn a_dead_shims_qemu_is_ended_from_its_state() {
+    let s = stack();
+    let _direct = direct_launcher();
+    let id = unique_id("direct-orphan");
+    s.run_detached(&id, &["sleep", "1000"]).unwrap();
+    let p = pod_processes(&s, &id);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(p.shim as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !s.pod_processes(&id).is_empty() {
+        if std::time::Instant::now() > deadline {
+            // What containerd did not end, gc must.
+            crate::support::vmletctl(&s, &["gc"]);
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    assert_eq!(s.pod_processes(&id), Vec::new(), "the dead shim's VM");
+    let _ = s.ctr_output(&["task", "delete", "-f", &id]);
+    let _ = s.ctr_output(&["container", "rm", &id]);
+    assert_left_nothing(&s, &id);
+}
