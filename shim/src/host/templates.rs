@@ -59,6 +59,7 @@ pub fn key(description: &str) -> String {
 }
 
 /// The node's template directory.
+#[derive(Debug)]
 pub struct TemplateStore {
     dir: PathBuf,
     limits: Limits,

@@ -50,8 +50,9 @@ pub(super) async fn run(
     let taps = net.taps.take();
     let mut launched = launch_domain(config, &vmm, req, paths, rec, phases, guest, taps).await?;
     key_file.given()?;
-    if let Some(template) = launched.template.take() {
-        template
+    let mut template = None;
+    if let Some(start) = launched.template.take() {
+        template = start
             .finish(
                 launched.hotplug.qmp(),
                 &req.pod_id,
@@ -61,8 +62,15 @@ pub(super) async fn run(
             .await?;
         phases.mark("template");
     }
-    let (endpoint, agent, boot_id) =
-        agent_link::connect(config, &vmm, &req.pod_id, paths, &vsock, &launched, key).await?;
+    let connected =
+        agent_link::connect(config, &vmm, &req.pod_id, paths, &vsock, &launched, key).await;
+    let (endpoint, agent, boot_id) = match (connected, template) {
+        (Ok(connected), _) => connected,
+        // A guest from a template whose agent never answers: no pod will be made its own
+        // from that template either.
+        (Err(e), Some(used)) => return Err(e.within(&used.discard(&req.pod_id).await)),
+        (Err(e), None) => return Err(e),
+    };
     phases.mark("guest_boot");
     agent_link::configure_network(&agent, &net.interfaces).await?;
     phases.mark("guest_network");

@@ -187,14 +187,16 @@ impl TemplateStart {
     /// device that cannot be plugged in after a save or a load. Where QEMU refused or ended
     /// ([`blames_the_template`]), that saved guest is discarded (the shape's next pod boots
     /// cold and saves a new one), so that a template no pod can be made its own from is not
-    /// loaded again and again; a passed deadline leaves it.
+    /// loaded again and again; a passed deadline leaves it. Returns the template the pod now
+    /// runs from (none where a save failed), for [`Used::discard`] should the pod's agent
+    /// never answer.
     pub async fn finish(
         self,
         qmp: &Qmp,
         pod_id: &str,
         console: &Path,
         ready_within: Duration,
-    ) -> Result<(), Error> {
+    ) -> Result<Option<Used>, Error> {
         let TemplateStart {
             key,
             vsock,
@@ -233,7 +235,7 @@ impl TemplateStart {
             }
         };
         match (plug_devices(qmp, nics, &vsock).await, file) {
-            (Ok(()), _) => Ok(()),
+            (Ok(()), file) => Ok(file.map(|file| Used { store, key, file })),
             (Err(e), Some(file)) if blames_the_template(&e) => {
                 let discarded = discard(&store, &key, &file, pod_id).await;
                 Err(e.within(&format!(
@@ -242,6 +244,27 @@ impl TemplateStart {
             }
             (Err(e), _) => Err(e),
         }
+    }
+}
+
+/// The template a pod was saved from or loaded.
+#[derive(Debug)]
+pub(super) struct Used {
+    store: TemplateStore,
+    key: String,
+    file: File,
+}
+
+impl Used {
+    /// Discards the template, whose pod's agent never answered (a template no pod can be
+    /// made its own from must not be loaded again, nor kept fresh by each pod that loads
+    /// it); says how that went, for the pod's error.
+    pub async fn discard(self, pod_id: &str) -> String {
+        let Used { store, key, file } = self;
+        format!(
+            "the pod ran from template {key}, {}",
+            discard(&store, &key, &file, pod_id).await
+        )
     }
 }
 
@@ -436,7 +459,11 @@ mod tests {
 
     /// Loads a saved template into a fake QEMU that refuses `failing`'s plug, with one NIC;
     /// what `finish` returned, and whether the template is still there.
-    async fn load_with_a_refused(failing: &'static str) -> (Result<(), Error>, bool) {
+    /// Loads a template into a fake QEMU that refuses `failing`: how `finish` went, whether
+    /// the template is still there, and the directory that holds it.
+    async fn load_with_a_refused(
+        failing: &'static str,
+    ) -> (Result<Option<Used>, Error>, bool, tempfile::TempDir) {
         let dir = tempfile::tempdir().unwrap();
         let templates = dir.path().join("templates");
         let limits = Limits {
@@ -478,19 +505,33 @@ mod tests {
             .open(&key)
             .unwrap()
             .is_some();
-        (finished_with, kept)
+        (finished_with, kept, dir)
     }
 
     #[tokio::test]
     async fn a_loaded_pod_gets_its_devices_and_the_template_stays() {
-        let (finished_with, kept) = load_with_a_refused("none").await;
-        finished_with.unwrap();
+        let (finished_with, kept, _dir) = load_with_a_refused("none").await;
+        assert!(finished_with.unwrap().is_some());
         assert!(kept);
     }
 
     #[tokio::test]
+    async fn a_template_whose_pods_agent_never_answers_is_discarded() {
+        let (finished_with, _, dir) = load_with_a_refused("none").await;
+        let said = finished_with.unwrap().unwrap().discard("p1").await;
+        assert!(said.contains("is discarded"), "{said}");
+        let left: Vec<_> = std::fs::read_dir(dir.path().join("templates"))
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .filter(|n| !n.to_string_lossy().starts_with('.'))
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
+    }
+
+    #[tokio::test]
     async fn a_nic_that_cannot_be_plugged_after_a_load_discards_the_template() {
-        let (finished_with, kept) = load_with_a_refused("virtio-net-pci").await;
+        let (finished_with, kept, _dir) = load_with_a_refused("virtio-net-pci").await;
         let message = finished_with.unwrap_err().message();
         assert!(message.contains("is discarded"), "{message}");
         assert!(
@@ -503,7 +544,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_vsock_device_that_cannot_be_plugged_after_a_load_discards_the_template() {
-        let (finished_with, kept) = load_with_a_refused("vhost-user-vsock-pci").await;
+        let (finished_with, kept, _dir) = load_with_a_refused("vhost-user-vsock-pci").await;
         let message = finished_with.unwrap_err().message();
         assert!(message.contains("vsock device"), "{message}");
         assert!(!kept, "the template is gone");
