@@ -27,7 +27,7 @@ pub const DEADLINE: Duration = Duration::from_secs(10);
 const LOCK_DEADLINE: Duration = Duration::from_secs(30);
 /// The answer file and its lock, in the state directory.
 pub const ANSWER_FILE: &str = "kvm-probe.json";
-const LOCK_FILE: &str = "kvm-probe.lock";
+pub const LOCK_FILE: &str = "kvm-probe.lock";
 /// The most of the guest's console (and of an answer file) that is read.
 const MAX_READ: u64 = 64 * 1024;
 /// What the guest kernel prints when it got to its end.
