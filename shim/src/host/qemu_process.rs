@@ -61,9 +61,6 @@ pub fn spawn(
             confinement.uid, confinement.gid
         )));
     }
-    let err_log = log
-        .try_clone()
-        .map_err(|e| Error::io("dup QEMU's log", e))?;
     let Confinement {
         uid,
         gid,
@@ -87,15 +84,8 @@ pub fn spawn(
         .map(|p| CString::new(*p).expect("no NUL"))
         .collect();
     let oom_score_adj = oom_score_adj_path();
-    let mut command = Command::new(program);
-    command
-        .args(args)
-        .env_clear()
-        .envs(ENVIRONMENT)
-        .current_dir("/")
-        .stdin(Stdio::null())
-        .stdout(log)
-        .stderr(err_log);
+    let mut command = detached_command(program, log)?;
+    command.args(args).envs(ENVIRONMENT);
     // SAFETY: the closure makes only async-signal-safe system calls on data made before
     // the fork, and allocates nothing.
     unsafe {
@@ -145,6 +135,23 @@ pub fn spawn(
             Err(e)
         }
     }
+}
+
+/// `program` with nothing of the shim's: no environment, `/` for its directory, stdin
+/// `/dev/null`, stdout and stderr `log`; what [`detach`] and [`close_all_but`] finish
+/// between fork and exec.
+pub(crate) fn detached_command(program: &Path, log: File) -> Result<Command, Error> {
+    let err_log = log
+        .try_clone()
+        .map_err(|e| Error::io(format!("dup the log of {}", program.display()), e))?;
+    let mut command = Command::new(program);
+    command
+        .env_clear()
+        .current_dir("/")
+        .stdin(Stdio::null())
+        .stdout(log)
+        .stderr(err_log);
+    Ok(command)
 }
 
 /// `/proc/self/oom_score_adj`, for [`detach`].

@@ -11,7 +11,6 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixListener;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::{Command, Stdio};
 
 use crate::host::qemu_process;
 use crate::Error;
@@ -25,23 +24,13 @@ pub fn spawn(
     cgroup_procs: Vec<File>,
     log: File,
 ) -> Result<u32, Error> {
-    let err_log = log
-        .try_clone()
-        .map_err(|e| Error::io("dup virtiofsd's log", e))?;
     let socket: RawFd = listener.as_raw_fd();
     let cgroups: Vec<RawFd> = cgroup_procs.iter().map(AsRawFd::as_raw_fd).collect();
     let mut shared_dir = std::ffi::OsString::from("--shared-dir=");
     shared_dir.push(share);
     let oom_score_adj = qemu_process::oom_score_adj_path();
-    let mut command = Command::new(binary);
-    command
-        .arg(format!("--fd={socket}"))
-        .arg(shared_dir)
-        .env_clear()
-        .current_dir("/")
-        .stdin(Stdio::null())
-        .stdout(log)
-        .stderr(err_log);
+    let mut command = qemu_process::detached_command(binary, log)?;
+    command.arg(format!("--fd={socket}")).arg(shared_dir);
     // SAFETY: the closure makes only async-signal-safe system calls on data made before
     // the fork, and allocates nothing.
     unsafe {

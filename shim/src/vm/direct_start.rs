@@ -14,7 +14,6 @@
 //! and this launcher does not: a private `/dev` for QEMU and a device cgroup filter.
 
 use std::fs::File;
-use std::io::{Read, Seek, SeekFrom};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::Path;
@@ -32,8 +31,6 @@ use crate::Error;
 /// Where the kernel says whether AppArmor confines processes, and whether SELinux enforces.
 const APPARMOR_ENABLED: &str = "/sys/module/apparmor/parameters/enabled";
 const SELINUX_ENFORCE: &str = "/sys/fs/selinux/enforce";
-/// How much of QEMU's log an error quotes.
-const LOG_TAIL: u64 = 2048;
 
 /// Starts the pod's virtiofsd and then QEMU for `spec`, QEMU on `tap_fds` (the NICs'
 /// taps in `spec`'s order).
@@ -183,20 +180,12 @@ fn ended(log: &Path, what: &str) -> Error {
     Error::FailedPrecondition(format!("{what} ended as it started: {}", log_tail(log)))
 }
 
-/// The end of a process's log (at most [`LOG_TAIL`] bytes), for an error.
+/// The end of a process's log, for an error: read as the console's tail is (bounded, its
+/// control characters dropped: what QEMU and virtiofsd log, the guest may have caused).
 pub(super) fn log_tail(log: &Path) -> String {
-    let read = || -> std::io::Result<String> {
-        let mut file = File::open(log)?;
-        let len = file.metadata()?.len();
-        file.seek(SeekFrom::Start(len.saturating_sub(LOG_TAIL)))?;
-        let mut bytes = Vec::new();
-        file.take(LOG_TAIL).read_to_end(&mut bytes)?;
-        Ok(String::from_utf8_lossy(&bytes).trim().to_owned())
-    };
-    match read() {
-        Ok(text) if text.is_empty() => format!("{} is empty", log.display()),
-        Ok(text) => format!("{}: {text}", log.display()),
-        Err(e) => format!("{}: {e}", log.display()),
+    match crate::guest::console::tail(log).trim() {
+        "" => format!("{} is empty", log.display()),
+        text => format!("{}: {text}", log.display()),
     }
 }
 
@@ -222,7 +211,7 @@ mod tests {
         std::fs::write(&log, long).unwrap();
         let tail = log_tail(&log);
         assert!(tail.ends_with("not found"), "{tail}");
-        assert!(tail.len() < LOG_TAIL as usize + 100);
+        assert!(tail.len() < crate::guest::console::CONSOLE_TAIL as usize + 100);
         std::fs::write(&log, "").unwrap();
         assert!(log_tail(&log).ends_with("is empty"));
         let exists = create_log(&log).unwrap_err();
