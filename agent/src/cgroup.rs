@@ -2,11 +2,11 @@
 //! `/sys/fs/cgroup/vmlet`, holding its init and its exec processes. Limits, figures, the
 //! OOM-kill count and freezing all come from these files.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use vmlet_protocol::agent::{Resources, StatsResponse};
+use vmlet_protocol::cgroup_stats::keyed;
 
 use crate::Error;
 
@@ -227,23 +227,8 @@ impl Cgroup {
     }
 
     pub fn stats(&self) -> Result<StatsResponse, Error> {
-        let number = |name: &str| -> Result<u64, Error> {
-            let text = read(&self.path.join(name))?;
-            Ok(parse_limit(&text))
-        };
-        let map = |name: &str| -> Result<HashMap<String, u64>, Error> {
-            Ok(keyed(&read(&self.path.join(name))?))
-        };
-        Ok(StatsResponse {
-            memory_current: number("memory.current")?,
-            memory_max: number("memory.max")?,
-            memory_stat: map("memory.stat")?,
-            memory_events: map("memory.events")?,
-            cpu_stat: map("cpu.stat")?,
-            pids_current: number("pids.current")?,
-            pids_max: number("pids.max")?,
-            ..Default::default()
-        })
+        vmlet_protocol::cgroup_stats::read_stats(&self.path)
+            .map_err(|e| Error::io(format!("read {}", e.path.display()), e.source))
     }
 
     /// Freezes (or thaws) every process of the cgroup and waits until the kernel reports it
@@ -294,20 +279,6 @@ impl Cgroup {
 }
 
 /// `max` or a number.
-fn parse_limit(text: &str) -> u64 {
-    text.trim().parse().unwrap_or(0)
-}
-
-/// `key value` lines (memory.stat, cpu.stat, memory.events, cgroup.events).
-fn keyed(text: &str) -> HashMap<String, u64> {
-    text.lines()
-        .filter_map(|l| {
-            let (k, v) = l.split_once(' ')?;
-            Some((k.to_owned(), v.trim().parse().ok()?))
-        })
-        .collect()
-}
-
 fn read(path: &Path) -> Result<String, Error> {
     std::fs::read_to_string(path).map_err(|e| Error::io(format!("read {}", path.display()), e))
 }
@@ -328,16 +299,6 @@ fn mkdir(path: &Path) -> Result<(), Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn keyed_files_parse() {
-        let m = keyed("anon 4096\nfile 8192\nbad\noom_kill 2\n");
-        assert_eq!(m["anon"], 4096);
-        assert_eq!(m["oom_kill"], 2);
-        assert!(!m.contains_key("bad"));
-        assert_eq!(parse_limit("max\n"), 0);
-        assert_eq!(parse_limit("67108864\n"), 67108864);
-    }
 
     #[test]
     fn limits_are_written_as_the_kernel_expects() {

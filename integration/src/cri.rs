@@ -285,6 +285,20 @@ impl Cri {
             .context("ContainerStats returned no stats")
     }
 
+    /// ContainerStats' CPU time (ns) and memory working set (bytes), 0 where missing.
+    pub async fn cpu_and_working_set(&mut self, id: &str) -> anyhow::Result<(u64, u64)> {
+        let stats = self.container_stats(id).await?;
+        let cpu = stats
+            .cpu
+            .and_then(|c| c.usage_core_nano_seconds)
+            .map_or(0, |v| v.value);
+        let memory = stats
+            .memory
+            .and_then(|m| m.working_set_bytes)
+            .map_or(0, |v| v.value);
+        Ok((cpu, memory))
+    }
+
     pub async fn container_status(&mut self, id: &str) -> anyhow::Result<ContainerStatus> {
         self.client
             .container_status(ContainerStatusRequest {

@@ -8,6 +8,8 @@
 //!   [`FORWARD_PORT`], opened by the host with a [`ForwardRequest`] line, answered with a
 //!   [`ForwardReply`] line; after an `OK` the connection carries the bytes.
 //! - [`hybrid`]: the `CONNECT` handshake of hybrid vsock (`vhost-device-vsock`).
+//! - [`cgroup_stats`]: a cgroup's figures as the stats reply carries them (read by the
+//!   agent in the guest and by the shim for a VM image on the host).
 //! - [`auth`]: what opens every connection on every port, before any of the above: the
 //!   host proves it holds the VM's key, the agent proves it back.
 //!
@@ -15,6 +17,7 @@
 //! for decoding the agent's messages, the handshake reply and the port-forward reply.
 
 pub mod auth;
+pub mod cgroup_stats;
 mod forward;
 pub mod hybrid;
 mod stream;

@@ -14,13 +14,13 @@ use vmlet_integration::cri::Cri;
 use vmlet_integration::{unique_id, Stack};
 
 /// A loop device over a 4 MiB file under the stack directory, detached when dropped.
-struct LoopDevice {
-    device: String,
+pub(crate) struct LoopDevice {
+    pub(crate) device: String,
     file: PathBuf,
 }
 
 impl LoopDevice {
-    fn new(s: &Stack, name: &str) -> Self {
+    pub(crate) fn new(s: &Stack, name: &str) -> Self {
         let file = PathBuf::from(&s.dir).join(format!("{name}.img"));
         std::fs::write(&file, vec![0u8; 4 << 20]).unwrap();
         let out = Command::new("losetup")
@@ -36,7 +36,7 @@ impl LoopDevice {
     }
 
     /// Detaches the device and returns the start of the backing file.
-    fn detach_and_read(&mut self, len: usize) -> Vec<u8> {
+    pub(crate) fn detach_and_read(&mut self, len: usize) -> Vec<u8> {
         self.detach();
         let data = std::fs::read(&self.file).unwrap();
         data[..len].to_vec()

@@ -88,17 +88,9 @@ async fn cri_stats_of_a_busy_container_are_not_zero() {
         )
         .await;
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let stats = p.cri.container_stats(&c).await;
+    let stats = p.cri.cpu_and_working_set(&c).await;
     p.finish(&[&c]).await;
-    let stats = stats.unwrap();
-    let cpu = stats
-        .cpu
-        .and_then(|c| c.usage_core_nano_seconds)
-        .map_or(0, |v| v.value);
-    let memory = stats
-        .memory
-        .and_then(|m| m.working_set_bytes)
-        .map_or(0, |v| v.value);
+    let (cpu, memory) = stats.unwrap();
     assert!(
         cpu > 100_000_000,
         "CPU used in 3 s of a busy loop: {cpu} ns"

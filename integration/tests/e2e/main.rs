@@ -35,4 +35,5 @@ mod resources;
 mod templates;
 mod vm_mode;
 mod vm_options;
+mod vm_volumes;
 mod vmletctl;

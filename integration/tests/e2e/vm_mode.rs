@@ -11,7 +11,7 @@ use vmlet_integration::{bounded, unique_id, Stack};
 /// How long a VM image may take from `ctr run` to its power-off.
 const BOOT_DEADLINE: std::time::Duration = std::time::Duration::from_secs(300);
 
-fn vm_image() -> String {
+pub(crate) fn vm_image() -> String {
     std::env::var("VMLET_VM_IMAGE").expect("VMLET_VM_IMAGE (scripts/stack env)")
 }
 
@@ -394,7 +394,7 @@ async fn start_vm_pod(s: &Stack, boot: Boot) -> PodUnderTest {
 }
 
 /// The marker line in the CRI log at `log` of pod `name`, within [`MARKER_DEADLINE`].
-async fn marker_in(log: &std::path::Path, name: &str, network_config: &str) -> String {
+pub(crate) async fn marker_in(log: &std::path::Path, name: &str, network_config: &str) -> String {
     let deadline = std::time::Instant::now() + MARKER_DEADLINE;
     loop {
         let text = std::fs::read_to_string(log).unwrap_or_default();

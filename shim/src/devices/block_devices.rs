@@ -27,6 +27,53 @@ pub struct BlockDevice {
     pub gid: u32,
     /// The spec's device cgroup rules deny writes to it.
     pub readonly: bool,
+    /// The serial the guest sees it by; none: vmlet's own (`vmletN`), which the agent
+    /// looks for. A VM image's disks are named by their path ([`BlockDevice::named`]).
+    pub serial: Option<String>,
+}
+
+/// The longest serial every disk driver carries whole (virtio-blk's and NVMe's 20 bytes).
+pub const MAX_SERIAL: usize = 20;
+
+impl BlockDevice {
+    /// The device as a VM image's own disk (docs/vm-mode.md): its serial is the last part
+    /// of its path in the container (a Kubernetes `volumeDevice`'s `devicePath`:
+    /// `/dev/data` is `data`), which the guest finds under `/dev/disk/by-id/`. A name the
+    /// serial cannot carry is INVALID_ARGUMENT, naming the path.
+    pub fn named(mut self) -> Result<Self, Error> {
+        let name = self.path.rsplit('/').next().unwrap_or_default();
+        let plain = !name.is_empty()
+            && name.len() <= MAX_SERIAL
+            && !name.starts_with('.')
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+        if !plain {
+            return Err(Error::InvalidArgument(format!(
+                "block device {:?} of a VM-mode pod: the guest finds it by its path's last part, which must be 1 to {MAX_SERIAL} letters, digits, '.', '_' or '-' (not starting with '.')",
+                self.path
+            )));
+        }
+        self.serial = Some(name.to_owned());
+        Ok(self)
+    }
+}
+
+/// [`BlockDevice::named`] for each of a VM image's devices; two with one name are
+/// INVALID_ARGUMENT, naming both paths.
+pub fn named(devices: &[BlockDevice]) -> Result<Vec<BlockDevice>, Error> {
+    let mut named: Vec<BlockDevice> = Vec::new();
+    for device in devices {
+        let device = device.clone().named()?;
+        if let Some(other) = named.iter().find(|d| d.serial == device.serial) {
+            return Err(Error::InvalidArgument(format!(
+                "block devices {:?} and {:?} of a VM-mode pod end in the same name, by which the guest would find both",
+                other.path, device.path
+            )));
+        }
+        named.push(device);
+    }
+    Ok(named)
 }
 
 /// Opens the host's block device `major:minor` (found through sysfs), read-only or not.
@@ -87,7 +134,31 @@ pub(crate) mod tests {
             uid: 0,
             gid: 6,
             readonly,
+            serial: None,
         }
+    }
+
+    #[test]
+    fn a_vm_images_device_is_named_by_its_paths_last_part() {
+        let two = named(&[device("/dev/xvda", false), device("/dev/disk/data-1", true)]).unwrap();
+        assert_eq!(two[0].serial.as_deref(), Some("xvda"));
+        assert_eq!(two[1].serial.as_deref(), Some("data-1"));
+        for bad in [
+            "/dev/",
+            "/dev/.hidden",
+            "/dev/a b",
+            "/dev/twenty-one-characters",
+        ] {
+            let err = device(bad, false).named().unwrap_err();
+            assert_eq!(err.code(), ttrpc::Code::INVALID_ARGUMENT);
+            assert!(err.to_string().contains(&format!("{bad:?}")), "{err}");
+        }
+        let err = named(&[device("/dev/a/data", false), device("/dev/b/data", false)]).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("\"/dev/a/data\" and \"/dev/b/data\""),
+            "{err}"
+        );
     }
 
     #[test]

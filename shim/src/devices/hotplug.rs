@@ -108,7 +108,7 @@ impl Hotplug {
     ) -> Result<vmlet_protocol::agent::BlockDevice, Error> {
         let n = self.next.fetch_add(1, Ordering::Relaxed);
         let (serial, node, device_id) = (
-            format!("vmlet{n}"),
+            device.serial.clone().unwrap_or_else(|| format!("vmlet{n}")),
             format!("vmlet-blk{n}"),
             format!("vmlet-disk{n}"),
         );

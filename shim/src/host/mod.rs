@@ -4,7 +4,8 @@
 //!   thing is made as an entry of the undo journal ([`undo`]: each kind of entry and its
 //!   undo); [`reclaim`]: the one teardown, undoing the journal in reverse (a shim's delete, a
 //!   failed boot, `shim delete` after a dead shim, `vmletctl gc`);
-//! - [`pod_cgroup`]: the pod's host cgroup; [`log_dir`]: the size-limited tmpfs for what the
+//! - [`pod_cgroup`]: the pod's host cgroup, [`cgroup_stats`] a VM image's figures from it;
+//!   [`log_dir`]: the size-limited tmpfs for what the
 //!   guest can make the host log; [`share`]: the shared directory, over [`fd_mount`] (mounts,
 //!   unmounts and removal by file descriptor);
 //! - [`netns_holder`]: the pod's host process; [`taps`]: the tap fds handed to the emulator
@@ -14,6 +15,7 @@
 //!   shim's confined child and [`virtiofsd`] the pod's virtiofsd (`launcher = "direct"`);
 //! - [`templates`]: saved template VMs, one per VM shape, within the node's limits.
 
+pub(crate) mod cgroup_stats;
 pub(crate) mod fd_mount;
 pub(crate) mod file_lock;
 pub mod host_command;

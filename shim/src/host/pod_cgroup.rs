@@ -87,7 +87,7 @@ impl PodCgroup {
     }
 
     /// This cgroup in each hierarchy.
-    fn dirs(&self) -> Vec<PathBuf> {
+    pub fn dirs(&self) -> Vec<PathBuf> {
         hierarchies()
             .iter()
             .map(|h| h.join(self.relative()))

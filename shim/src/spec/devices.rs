@@ -61,6 +61,7 @@ pub fn block_devices(spec: &Spec) -> Result<Vec<BlockDevice>, Error> {
             file_mode: d.file_mode().unwrap_or(0),
             uid: d.uid().unwrap_or(0),
             gid: d.gid().unwrap_or(0),
+            serial: None,
         });
     }
     Ok(devices)
@@ -147,7 +148,8 @@ mod tests {
                     file_mode: 0o660,
                     uid: 0,
                     gid: 6,
-                    readonly: false
+                    readonly: false,
+                    serial: None,
                 },
                 BlockDevice {
                     path: "/dev/ro".into(),
@@ -156,7 +158,8 @@ mod tests {
                     file_mode: 0,
                     uid: 0,
                     gid: 0,
-                    readonly: true
+                    readonly: true,
+                    serial: None,
                 },
             ]
         );

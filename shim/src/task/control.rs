@@ -91,8 +91,13 @@ impl TaskService {
 
     pub(super) async fn metrics(&self, id: &str) -> Result<api::StatsResponse, Error> {
         let task = self.task(id)?;
-        let agent = task.vm.guest().agent().map_err(|n| n.refuse("stats"))?;
-        let stats = agent.stats(&task.id).await?;
+        let stats = match task.vm.guest().agent() {
+            Ok(agent) => agent.stats(&task.id).await?,
+            Err(no_agent) => match task.vm.host_stats() {
+                Some(stats) => stats?,
+                None => return Err(no_agent.refuse("stats")),
+            },
+        };
         let metrics = crate::task::container_metrics::from_agent(&stats);
         let value = protobuf::Message::write_to_bytes(&metrics)
             .map_err(|e| Error::Internal(format!("encode metrics: {e}")))?;

@@ -134,7 +134,17 @@ impl CreatePlan {
                 }),
             )?;
             if vm_image {
-                boot.image = Some(image_request(&req.id, spec, &pod_annotations)?);
+                // A cloud image's disks are virtio's unless the pod says: its volumes go
+                // on the root disk's bus.
+                boot.options.disk_driver = pod_annotations
+                    .disk_driver
+                    .unwrap_or(vmlet_config::DiskDriver::Virtio);
+                boot.image = Some(image_request(
+                    &req.id,
+                    spec,
+                    &pod_annotations,
+                    &block_devices,
+                )?);
             }
             Ok(boot)
         };
@@ -176,7 +186,8 @@ impl CreatePlan {
             hook_state,
             agent_request,
             memory_limit,
-            block_devices,
+            // A VM image's are its own disks, plugged in by its boot (`ImageRequest`).
+            block_devices: if vm_image { Vec::new() } else { block_devices },
             target,
         })
     }
@@ -335,8 +346,14 @@ fn pod_hold(
 
 /// A VM image's boot (docs/vm-mode.md): cloud-init's instance is the task, its host name
 /// the spec's (else the task's id), its user-data and keys the annotations', and the
-/// spec's environment goes into the guest's `/etc/cloud/environment`.
-fn image_request(id: &str, spec: &Spec, pod: &PodAnnotations) -> Result<ImageRequest, Error> {
+/// spec's environment goes into the guest's `/etc/cloud/environment`; its block devices
+/// are the VM's disks, named by their paths.
+fn image_request(
+    id: &str,
+    spec: &Spec,
+    pod: &PodAnnotations,
+    block_devices: &[BlockDevice],
+) -> Result<ImageRequest, Error> {
     Ok(ImageRequest {
         root_volume_mib: pod.root_volume_mib,
         instance_id: id.to_owned(),
@@ -348,6 +365,7 @@ fn image_request(id: &str, spec: &Spec, pod: &PodAnnotations) -> Result<ImageReq
         network_config: pod.cloud_init_network.unwrap_or_default() == CloudInitNetwork::V2,
         root_bus: RootBus::of(pod.disk_driver),
         firmware: pod.firmware.unwrap_or_default(),
+        disks: crate::devices::block_devices::named(block_devices)?,
     })
 }
 
@@ -495,10 +513,43 @@ mod tests {
             "a cloud image's root is vda"
         );
         assert!(boot.sandbox_id.is_none());
+        assert!(image.disks.is_empty());
         let container = spec(json!({"vmlet.io/image-type": "container"}), None);
         let plan = CreatePlan::new(&request("c1"), &container, &config, &NoPods).unwrap();
         let (boot, _, _) = boot_of(plan.target);
         assert!(boot.image.is_none());
+    }
+
+    #[test]
+    fn a_vm_images_block_devices_are_its_disks_named_by_their_paths() {
+        let config = NodeConfig::default();
+        let mut vm = spec(json!({"vmlet.io/image-type": "vm"}), None);
+        let device = |path: &str| {
+            serde_json::from_value::<oci_spec::runtime::LinuxDevice>(
+                json!({"path": path, "type": "b", "major": 7, "minor": 3}),
+            )
+            .unwrap()
+        };
+        let mut linux = vm.linux().clone().unwrap();
+        linux.set_devices(Some(vec![device("/dev/data")]));
+        vm.set_linux(Some(linux.clone()));
+        let plan = CreatePlan::new(&request("v1"), &vm, &config, &NoPods).unwrap();
+        assert!(plan.block_devices.is_empty(), "no agent takes them");
+        let (boot, _, _) = boot_of(plan.target);
+        let disks = boot.image.expect("a VM image").disks;
+        assert_eq!(disks.len(), 1);
+        assert_eq!(disks[0].serial.as_deref(), Some("data"));
+        assert_eq!(
+            boot.options.disk_driver,
+            vmlet_config::DiskDriver::Virtio,
+            "on the root disk's bus"
+        );
+        linux.set_devices(Some(vec![device("/dev/a/data"), device("/dev/b/data")]));
+        vm.set_linux(Some(linux));
+        let err = CreatePlan::new(&request("v1"), &vm, &config, &NoPods)
+            .err()
+            .unwrap();
+        assert_eq!(err.code(), ttrpc::Code::INVALID_ARGUMENT);
     }
 
     #[test]

@@ -215,6 +215,20 @@ pub(super) async fn run_image(
     });
     let taps = net.taps.take();
     let launched = launch_domain(config, &vmm, req, paths, rec, phases, guest, taps).await?;
+    if !image.disks.is_empty() {
+        // Plugged while the firmware or the kernel starts: the guest finds them as it
+        // enumerates, or when its hot-plug driver comes up.
+        let fds = image
+            .disks
+            .iter()
+            .map(crate::devices::block_devices::open_host)
+            .collect::<Result<Vec<_>, _>>()?;
+        launched
+            .hotplug
+            .attach(&req.container_id, &image.disks, fds)
+            .await?;
+        phases.mark("volumes");
+    }
     Ok(BootedImage {
         hotplug: launched.hotplug,
         ended: launched.ended,

@@ -13,6 +13,7 @@ use super::image_guest::ImageGuest;
 use super::{boot, new_pod_state, reclaim_failed_boot, Recorder};
 use crate::guest::stdio::{Copies, ProcessName, StdioPaths};
 use crate::guest::Guest;
+use crate::host::pod_cgroup::PodCgroup;
 use crate::host::state::PodState;
 use crate::task::phases::Phases;
 use crate::vm::pod_vm::{BootRequest, NotShared, PodVm, SharedVm};
@@ -33,6 +34,8 @@ pub struct ImageVm {
     console: crate::vm_mode::serial_console::SerialConsole,
     ended: tokio::sync::watch::Receiver<bool>,
     stopping: AtomicBool,
+    /// The cgroup QEMU runs in (the container's), whose figures are the VM's stats.
+    cgroup: Option<PodCgroup>,
 }
 
 impl ImageVm {
@@ -62,6 +65,7 @@ impl ImageVm {
             };
         let state = state.lock().unwrap().clone();
         Ok(ImageVm {
+            cgroup: req.cgroup.clone(),
             pod_id: req.pod_id,
             container_id: req.container_id,
             host_pid: booted.qemu_pid,
@@ -117,6 +121,18 @@ impl PodVm for ImageVm {
 
     fn is_stopping(&self) -> bool {
         self.stopping.load(Ordering::SeqCst)
+    }
+
+    /// QEMU's cgroup's figures: the VM's CPU and memory as the node sees them.
+    fn host_stats(&self) -> Option<Result<vmlet_protocol::agent::StatsResponse, Error>> {
+        let stats = match self.cgroup.as_ref() {
+            None => Err(Error::Unimplemented(format!(
+                "stats of {}: its spec names no cgroup for QEMU, whose figures would be the VM's",
+                self.container_id
+            ))),
+            Some(cgroup) => crate::host::cgroup_stats::read(&cgroup.dirs()),
+        };
+        Some(stats)
     }
 
     fn end_status(&self) -> u32 {

@@ -63,6 +63,12 @@ pub trait PodVm: Send + Sync {
         terminal: bool,
     ) -> Result<Copies, Error>;
 
+    /// The VM's figures from its host cgroup, for a pod whose guest has no agent to ask
+    /// (a VM image: QEMU's use is the VM's); none for the other kinds.
+    fn host_stats(&self) -> Option<Result<vmlet_protocol::agent::StatsResponse, Error>> {
+        None
+    }
+
     /// The VM-mode pod this is the sandbox of, when it is one ([`PodHold`]): its one
     /// container boots the VM.
     fn image_pod(&self) -> Option<&ImagePod> {
@@ -245,6 +251,9 @@ pub struct ImageRequest {
     pub root_bus: crate::vmm::vm_spec::RootBus,
     /// SeaBIOS or OVMF (`vmlet.io/firmware`).
     pub firmware: vmlet_config::Firmware,
+    /// The container's block devices (Kubernetes `volumeDevices`), plugged in as disks of
+    /// the VM on the pod's disk driver, each with its serial ([`BlockDevice::named`]).
+    pub disks: Vec<BlockDevice>,
 }
 
 /// The pod's host process (see [`crate::host::netns_holder`]): started before the VM in the pod
