@@ -11,6 +11,11 @@ use crate::{parse_memory_mib, Error};
 pub const ANNOTATION_PREFIX: &str = "vmlet.io/";
 /// Virtlet's annotations start with this prefix (no domain).
 pub const VIRTLET_PREFIX: &str = "Virtlet";
+/// CRI Proxy's annotation that sent a pod to Virtlet; with [`VIRTLET_RUNTIME`] it makes the
+/// pod a VM-mode one, any other value is not vmlet's.
+pub const TARGET_RUNTIME_KEY: &str = "kubernetes.io/target-runtime";
+/// Virtlet's runtime name, and the prefix of its image names (`virtlet.cloud/cirros`).
+pub const VIRTLET_RUNTIME: &str = "virtlet.cloud";
 
 /// What an annotation sets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -43,6 +48,27 @@ pub enum AnnotationKey {
     /// The firmware that boots a VM-mode pod's disk: `bios` (SeaBIOS, the default) or
     /// `uefi` (OVMF).
     Firmware,
+    /// A YAML mapping of cloud-init meta-data keys, set over vmlet's (`instance-id`,
+    /// `local-hostname`).
+    CloudInitMetaData,
+    /// `true`: the pod's user-data keys replace vmlet's instead of being merged with them.
+    CloudInitUserDataOverwrite,
+    /// The whole user-data as the pod wrote it (a script), instead of a cloud-config.
+    CloudInitUserDataScript,
+    /// The seed's data source: `nocloud` (the default) or `configdrive`.
+    CloudInitImageType,
+    /// `true`: the seed has no network-config, the image asks DHCP (Virtlet's spelling of
+    /// `vmlet.io/cloud-init-network-config: none`).
+    ForceDhcpNetworkConfig,
+    /// The user `virtletctl ssh` logs in as: accepted, nothing in the VM changes.
+    SshUser,
+    /// `true`: Virtlet's 9p mounts chowned; vmlet makes no 9p mounts, so `true` is refused.
+    Chown9pfsMounts,
+    /// Virtlet's annotations that name a Kubernetes object to read (a ConfigMap or a
+    /// Secret): always refused, a runtime holds no credentials for the API server.
+    KubernetesObject,
+    /// [`TARGET_RUNTIME_KEY`]: `virtlet.cloud` makes the pod a VM-mode one.
+    TargetRuntime,
 }
 
 impl AnnotationKey {
@@ -82,6 +108,48 @@ pub const ANNOTATION_KEYS: &[(&str, AnnotationKey)] = &[
     ("VirtletRootVolumeSize", AnnotationKey::RootVolumeSize),
     ("VirtletCloudInitUserData", AnnotationKey::CloudInitUserData),
     ("VirtletSSHKeys", AnnotationKey::SshKeys),
+    (
+        "vmlet.io/cloud-init-meta-data",
+        AnnotationKey::CloudInitMetaData,
+    ),
+    ("VirtletCloudInitMetaData", AnnotationKey::CloudInitMetaData),
+    (
+        "VirtletCloudInitUserDataOverwrite",
+        AnnotationKey::CloudInitUserDataOverwrite,
+    ),
+    (
+        "VirtletCloudInitUserDataScript",
+        AnnotationKey::CloudInitUserDataScript,
+    ),
+    (
+        "VirtletCloudInitImageType",
+        AnnotationKey::CloudInitImageType,
+    ),
+    (
+        "VirtletForceDHCPNetworkConfig",
+        AnnotationKey::ForceDhcpNetworkConfig,
+    ),
+    ("VirtletSSHUser", AnnotationKey::SshUser),
+    ("VirtletChown9pfsMounts", AnnotationKey::Chown9pfsMounts),
+    ("VirtletSSHKeySource", AnnotationKey::KubernetesObject),
+    (
+        "VirtletCloudInitUserDataSource",
+        AnnotationKey::KubernetesObject,
+    ),
+    (
+        "VirtletCloudInitUserDataSourceKey",
+        AnnotationKey::KubernetesObject,
+    ),
+    (
+        "VirtletCloudInitUserDataSourceEncoding",
+        AnnotationKey::KubernetesObject,
+    ),
+    ("VirtletConfigMapAsFiles", AnnotationKey::KubernetesObject),
+    (
+        "VirtletFilesFromDataSource",
+        AnnotationKey::KubernetesObject,
+    ),
+    (TARGET_RUNTIME_KEY, AnnotationKey::TargetRuntime),
 ];
 
 /// The annotations a node allows when its config says nothing: the VM's size and disk
@@ -103,6 +171,15 @@ pub const DEFAULT_ALLOWED: &[&str] = &[
     "VirtletRootVolumeSize",
     "VirtletCloudInitUserData",
     "VirtletSSHKeys",
+    "vmlet.io/cloud-init-meta-data",
+    "VirtletCloudInitMetaData",
+    "VirtletCloudInitUserDataOverwrite",
+    "VirtletCloudInitUserDataScript",
+    "VirtletCloudInitImageType",
+    "VirtletForceDHCPNetworkConfig",
+    "VirtletSSHUser",
+    "VirtletChown9pfsMounts",
+    TARGET_RUNTIME_KEY,
 ];
 
 /// Whether `machine` is a q35 machine type (`q35`, `pc-q35-<version>`): vmlet's devices sit
@@ -187,6 +264,17 @@ pub enum CloudInitNetwork {
     None,
 }
 
+/// The data source a VM-mode pod's seed is made for (`VirtletCloudInitImageType`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SeedSource {
+    /// cloud-init's NoCloud: `meta-data`, `user-data`, `network-config` on a volume
+    /// labelled `cidata`.
+    #[default]
+    NoCloud,
+    /// OpenStack's config drive: `openstack/latest/` on a volume labelled `config-2`.
+    ConfigDrive,
+}
+
 /// The firmware that boots a VM-mode pod's disk (`vmlet.io/firmware`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Firmware {
@@ -216,6 +304,13 @@ pub struct PodAnnotations {
     pub ssh_keys: Option<Vec<String>>,
     pub cloud_init_network: Option<CloudInitNetwork>,
     pub firmware: Option<Firmware>,
+    /// cloud-init meta-data keys over vmlet's: a JSON object's text.
+    pub cloud_init_meta_data: Option<String>,
+    /// Whether the pod's user-data keys replace vmlet's (else they are merged).
+    pub cloud_init_user_data_overwrite: bool,
+    /// The whole user-data as the pod wrote it (not a cloud-config).
+    pub cloud_init_user_data_script: Option<String>,
+    pub seed_source: Option<SeedSource>,
 }
 
 /// Longest value accepted for free-form annotations (kernel parameters).
@@ -245,7 +340,12 @@ impl PodAnnotations {
         // Deterministic errors whatever the map's order.
         pairs.sort();
         for (key, value) in pairs {
-            if !key.starts_with(ANNOTATION_PREFIX) && !key.starts_with(VIRTLET_PREFIX) {
+            let theirs = key == TARGET_RUNTIME_KEY && value != VIRTLET_RUNTIME;
+            if theirs
+                || !key.starts_with(ANNOTATION_PREFIX)
+                    && !key.starts_with(VIRTLET_PREFIX)
+                    && key != TARGET_RUNTIME_KEY
+            {
                 continue;
             }
             let Some((_, known)) = ANNOTATION_KEYS.iter().find(|(name, _)| name == key) else {
@@ -258,6 +358,13 @@ impl PodAnnotations {
                         .join(", "),
                 });
             };
+            if *known == AnnotationKey::KubernetesObject {
+                return Err(Error::InvalidAnnotation {
+                    key: key.clone(),
+                    value: value.clone(),
+                    reason: "vmlet reads no ConfigMap or Secret: a runtime holds no credentials for the API server (put SSH keys in VirtletSSHKeys, user-data in VirtletCloudInitUserData, files in a volume)".into(),
+                });
+            }
             if !allowed.iter().any(|a| a == key) {
                 return Err(Error::AnnotationNotAllowed { key: key.clone() });
             }
@@ -273,6 +380,7 @@ impl PodAnnotations {
             seen.insert(known.setting(), (key, value));
             parsed.set(*known, key, value)?;
         }
+        parsed.check_virtlet_pairs(&seen)?;
         if parsed.image_type != Some(ImageType::Vm) {
             for setting in [
                 AnnotationKey::RootVolumeSize,
@@ -280,6 +388,11 @@ impl PodAnnotations {
                 AnnotationKey::SshKeys,
                 AnnotationKey::CloudInitNetworkConfig,
                 AnnotationKey::Firmware,
+                AnnotationKey::CloudInitMetaData,
+                AnnotationKey::CloudInitUserDataOverwrite,
+                AnnotationKey::CloudInitUserDataScript,
+                AnnotationKey::CloudInitImageType,
+                AnnotationKey::ForceDhcpNetworkConfig,
             ] {
                 if let Some((key, value)) = seen.get(&setting) {
                     return Err(Error::InvalidAnnotation {
@@ -291,6 +404,44 @@ impl PodAnnotations {
             }
         }
         Ok(parsed)
+    }
+
+    /// Virtlet's keys that say what vmlet's (or another of Virtlet's) say too: they must
+    /// agree. Checked once all are parsed (they are read in the order of their names).
+    fn check_virtlet_pairs(
+        &self,
+        seen: &HashMap<AnnotationKey, (&String, &String)>,
+    ) -> Result<(), Error> {
+        let conflict = |a: AnnotationKey, b: AnnotationKey, why: &str| -> Result<(), Error> {
+            match (seen.get(&a), seen.get(&b)) {
+                (Some((key, value)), Some((other, other_value))) => Err(Error::InvalidAnnotation {
+                    key: (*key).clone(),
+                    value: (*value).clone(),
+                    reason: format!("{other} is {other_value:?}: {why}"),
+                }),
+                _ => Ok(()),
+            }
+        };
+        if self.image_type == Some(ImageType::Container) {
+            conflict(
+                AnnotationKey::TargetRuntime,
+                AnnotationKey::ImageType,
+                "Virtlet's pods are VM-mode pods",
+            )?;
+        }
+        conflict(
+            AnnotationKey::CloudInitUserDataScript,
+            AnnotationKey::CloudInitUserData,
+            "the user-data is one or the other",
+        )?;
+        if self.cloud_init_network == Some(CloudInitNetwork::V2) {
+            conflict(
+                AnnotationKey::ForceDhcpNetworkConfig,
+                AnnotationKey::CloudInitNetworkConfig,
+                "DHCP means no network-config",
+            )?;
+        }
+        Ok(())
     }
 
     /// Convenience for callers holding a map.
@@ -376,6 +527,48 @@ impl PodAnnotations {
                     _ => return Err(invalid("expected bios (SeaBIOS) or uefi (OVMF)".into())),
                 });
             }
+            AnnotationKey::CloudInitMetaData => {
+                self.cloud_init_meta_data = Some(check_meta_data(value).map_err(invalid)?);
+            }
+            AnnotationKey::CloudInitUserDataOverwrite => {
+                // Virtlet's booleans: "true" is true, anything else false.
+                self.cloud_init_user_data_overwrite = value == "true";
+            }
+            AnnotationKey::CloudInitUserDataScript => {
+                if value.len() > MAX_USER_DATA {
+                    return Err(invalid(format!("longer than {MAX_USER_DATA} bytes")));
+                }
+                if value.trim().is_empty() {
+                    return Err(invalid("empty".into()));
+                }
+                self.cloud_init_user_data_script = Some(value.to_owned());
+            }
+            AnnotationKey::CloudInitImageType => {
+                self.seed_source = Some(match value.trim().to_ascii_lowercase().as_str() {
+                    "nocloud" => SeedSource::NoCloud,
+                    "configdrive" => SeedSource::ConfigDrive,
+                    _ => return Err(invalid("expected nocloud or configdrive".into())),
+                });
+            }
+            AnnotationKey::ForceDhcpNetworkConfig => {
+                if value == "true" {
+                    self.cloud_init_network = Some(CloudInitNetwork::None);
+                }
+            }
+            AnnotationKey::SshUser => {}
+            AnnotationKey::Chown9pfsMounts => {
+                if value == "true" {
+                    return Err(invalid(
+                        "vmlet makes no 9p mounts in a VM image (a block volume is a disk of the VM)"
+                            .into(),
+                    ));
+                }
+            }
+            // Refused by `parse` before it gets here.
+            AnnotationKey::KubernetesObject => {}
+            AnnotationKey::TargetRuntime => {
+                self.image_type = Some(ImageType::Vm);
+            }
             AnnotationKey::CloudInitNetworkConfig => {
                 self.cloud_init_network = Some(match value.trim() {
                     "v2" => CloudInitNetwork::V2,
@@ -402,6 +595,27 @@ fn check_user_data(value: &str) -> Result<String, String> {
         Ok(_) => Err("expected a YAML mapping (cloud-config keys such as runcmd)".into()),
         Err(e) => Err(format!("not YAML: {e}")),
     }
+}
+
+/// cloud-init meta-data keys: a YAML (or JSON) mapping with string keys, at most
+/// [`MAX_USER_DATA`] bytes, returned as a JSON object's text.
+fn check_meta_data(value: &str) -> Result<String, String> {
+    if value.len() > MAX_USER_DATA {
+        return Err(format!("longer than {MAX_USER_DATA} bytes"));
+    }
+    let yaml = match serde_yaml_ng::from_str::<serde_yaml_ng::Value>(value) {
+        Ok(yaml @ serde_yaml_ng::Value::Mapping(_)) => yaml,
+        Ok(_) => return Err("expected a YAML mapping (meta-data keys such as instance-id)".into()),
+        Err(e) => return Err(format!("not YAML: {e}")),
+    };
+    let json = serde_json::to_value(&yaml).map_err(|e| format!("not meta-data: {e}"))?;
+    if !json
+        .as_object()
+        .is_some_and(|o| o.keys().all(|k| !k.is_empty()))
+    {
+        return Err("expected a mapping with string keys".into());
+    }
+    Ok(json.to_string())
 }
 
 /// SSH public keys, one per line (blank lines skipped): each starts with an OpenSSH key
@@ -497,6 +711,124 @@ mod tests {
 
     fn parse(pairs: &[(&str, &str)]) -> Result<PodAnnotations, Error> {
         parse_with(pairs, &all_allowed())
+    }
+
+    #[test]
+    fn a_virtlet_pods_annotations_mean_what_they_meant_to_virtlet() {
+        let a = parse(&[
+            (TARGET_RUNTIME_KEY, VIRTLET_RUNTIME),
+            (
+                "VirtletCloudInitMetaData",
+                "instance-id: foobar\nzone: [a, b]\n",
+            ),
+            ("VirtletCloudInitUserDataOverwrite", "true"),
+            ("VirtletCloudInitUserDataScript", "#!/bin/sh\necho hi\n"),
+            ("VirtletCloudInitImageType", "ConfigDrive"),
+            ("VirtletForceDHCPNetworkConfig", "true"),
+            ("VirtletSSHUser", "cirros"),
+            ("VirtletChown9pfsMounts", "false"),
+        ])
+        .unwrap();
+        assert_eq!(a.image_type, Some(ImageType::Vm));
+        assert_eq!(
+            a.cloud_init_meta_data.as_deref(),
+            Some(r#"{"instance-id":"foobar","zone":["a","b"]}"#)
+        );
+        assert!(a.cloud_init_user_data_overwrite);
+        assert_eq!(
+            a.cloud_init_user_data_script.as_deref(),
+            Some("#!/bin/sh\necho hi\n")
+        );
+        assert_eq!(a.seed_source, Some(SeedSource::ConfigDrive));
+        assert_eq!(a.cloud_init_network, Some(CloudInitNetwork::None));
+        // Another runtime's value is not vmlet's.
+        let other = parse(&[(TARGET_RUNTIME_KEY, "kata")]).unwrap();
+        assert_eq!(other.image_type, None);
+        assert!(
+            !parse(&[
+                ("vmlet.io/image-type", "vm"),
+                ("VirtletCloudInitUserDataOverwrite", "yes")
+            ])
+            .unwrap()
+            .cloud_init_user_data_overwrite
+        );
+    }
+
+    #[test]
+    fn virtlet_annotations_vmlet_cannot_honour_or_that_disagree_are_refused_by_name() {
+        for (pairs, key, says) in [
+            (
+                vec![
+                    (TARGET_RUNTIME_KEY, VIRTLET_RUNTIME),
+                    ("VirtletSSHKeySource", "secret/keys"),
+                ],
+                "VirtletSSHKeySource",
+                "no credentials for the API server",
+            ),
+            (
+                vec![("VirtletCloudInitUserDataSource", "configmap/ud")],
+                "VirtletCloudInitUserDataSource",
+                "reads no ConfigMap or Secret",
+            ),
+            (
+                vec![
+                    (TARGET_RUNTIME_KEY, VIRTLET_RUNTIME),
+                    ("VirtletChown9pfsMounts", "true"),
+                ],
+                "VirtletChown9pfsMounts",
+                "no 9p mounts",
+            ),
+            (
+                vec![
+                    (TARGET_RUNTIME_KEY, VIRTLET_RUNTIME),
+                    ("vmlet.io/image-type", "container"),
+                ],
+                TARGET_RUNTIME_KEY,
+                "are VM-mode pods",
+            ),
+            (
+                vec![
+                    ("vmlet.io/image-type", "vm"),
+                    ("VirtletCloudInitUserDataScript", "#!/bin/sh"),
+                    ("VirtletCloudInitUserData", "runcmd: []"),
+                ],
+                "VirtletCloudInitUserDataScript",
+                "one or the other",
+            ),
+            (
+                vec![
+                    ("vmlet.io/image-type", "vm"),
+                    ("VirtletForceDHCPNetworkConfig", "true"),
+                    ("vmlet.io/cloud-init-network-config", "v2"),
+                ],
+                "VirtletForceDHCPNetworkConfig",
+                "no network-config",
+            ),
+            (
+                vec![
+                    ("vmlet.io/image-type", "vm"),
+                    ("VirtletCloudInitMetaData", "- a list"),
+                ],
+                "VirtletCloudInitMetaData",
+                "expected a YAML mapping",
+            ),
+            (
+                vec![
+                    ("vmlet.io/image-type", "vm"),
+                    ("VirtletCloudInitImageType", "ec2"),
+                ],
+                "VirtletCloudInitImageType",
+                "nocloud or configdrive",
+            ),
+            (
+                vec![("VirtletCloudInitMetaData", "a: b")],
+                "VirtletCloudInitMetaData",
+                "only a VM-mode pod",
+            ),
+        ] {
+            let err = parse(&pairs).unwrap_err().to_string();
+            assert!(err.contains(key) && err.contains(says), "{pairs:?}: {err}");
+        }
     }
 
     #[test]
@@ -718,7 +1050,7 @@ mod tests {
 
     #[test]
     fn unknown_keys_of_ours_are_refused() {
-        for key in ["vmlet.io/cpus", "VirtletCloudInitImageType"] {
+        for key in ["vmlet.io/cpus", "VirtletNoSuchKey"] {
             let err = parse(&[(key, "2")]).unwrap_err();
             assert!(matches!(err, Error::UnknownAnnotation { .. }), "{err}");
             assert!(err.to_string().contains(key), "{err}");

@@ -20,7 +20,8 @@ mod shape;
 
 pub use annotations::{
     AnnotationKey, CloudInitNetwork, CpuModel, DiskDriver, Firmware, ImageType, PodAnnotations,
-    ANNOTATION_KEYS, ANNOTATION_PREFIX, DEFAULT_ALLOWED, VIRTLET_PREFIX,
+    SeedSource, ANNOTATION_KEYS, ANNOTATION_PREFIX, DEFAULT_ALLOWED, TARGET_RUNTIME_KEY,
+    VIRTLET_PREFIX, VIRTLET_RUNTIME,
 };
 pub use cpu_setting::{CpuFeature, CpuSetting, CpuSettingModel};
 pub use error::Error;

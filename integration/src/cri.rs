@@ -130,6 +130,30 @@ impl Cri {
             .context("the pod has no IP")
     }
 
+    /// The path of the pod's network namespace, from PodSandboxStatus's verbose info (the
+    /// sandbox's runtime spec).
+    pub async fn pod_netns(&mut self, pod: &str) -> anyhow::Result<String> {
+        let status = self
+            .client
+            .pod_sandbox_status(PodSandboxStatusRequest {
+                pod_sandbox_id: pod.into(),
+                verbose: true,
+            })
+            .await
+            .context("PodSandboxStatus")?
+            .into_inner();
+        let info: serde_json::Value =
+            serde_json::from_str(status.info.get("info").context("no verbose info")?)?;
+        info["runtimeSpec"]["linux"]["namespaces"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|n| n["type"] == "network")
+            .and_then(|n| n["path"].as_str())
+            .map(str::to_owned)
+            .context("the pod's spec has no network namespace path")
+    }
+
     pub async fn create_and_start(
         &mut self,
         pod: &str,

@@ -34,6 +34,8 @@ mod node_config;
 mod resources;
 mod templates;
 mod vm_mode;
+mod vm_networks;
 mod vm_options;
+mod vm_virtlet;
 mod vm_volumes;
 mod vmletctl;

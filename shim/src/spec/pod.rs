@@ -145,6 +145,8 @@ pub fn shared_namespaces(
 
 /// CRI's annotation naming a task's role: `sandbox` or `container`.
 pub const CONTAINER_TYPE_ANNOTATION: &str = "io.kubernetes.cri.container-type";
+/// The image a CRI container was created from, as the pod spec names it.
+pub const IMAGE_NAME_ANNOTATION: &str = "io.kubernetes.cri.image-name";
 /// CRI's annotation naming the pod (sandbox) a task belongs to.
 pub const SANDBOX_ID_ANNOTATION: &str = "io.kubernetes.cri.sandbox-id";
 /// CRI's annotations on a sandbox naming the pod: its UID and name.

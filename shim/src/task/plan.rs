@@ -95,6 +95,7 @@ impl CreatePlan {
         let annotations = crate::spec::bundle::annotations(spec);
         let pod_annotations = PodAnnotations::from_map(&annotations, &config.annotations.allowed)?;
         let vm_image = pod_annotations.image_type == Some(ImageType::Vm);
+        check_virtlet_image(&req.id, &annotations, vm_image)?;
         // A CRI sandbox (not a plain task, which has no role annotation).
         let cri_sandbox = annotations.contains_key(crate::spec::CONTAINER_TYPE_ANNOTATION);
         let role = crate::spec::pod_role(&annotations)?;
@@ -208,6 +209,29 @@ fn stdio(req: &api::CreateTaskRequest) -> Result<(StdioPaths, Stdio), Error> {
         ..Default::default()
     };
     Ok((paths, wanted))
+}
+
+/// A container whose image is named as Virtlet named its VM images (`virtlet.cloud/...`)
+/// is a VM image: its pod must be a VM-mode one, else FAILED_PRECONDITION names the remedy.
+fn check_virtlet_image(
+    id: &str,
+    annotations: &std::collections::HashMap<String, String>,
+    vm_image: bool,
+) -> Result<(), Error> {
+    let Some(image) = annotations.get(crate::spec::IMAGE_NAME_ANNOTATION) else {
+        return Ok(());
+    };
+    let virtlet = image
+        .strip_prefix(vmlet_config::VIRTLET_RUNTIME)
+        .is_some_and(|rest| rest.starts_with('/'));
+    if virtlet && !vm_image {
+        return Err(Error::FailedPrecondition(format!(
+            "container {id}: its image {image:?} is named as Virtlet named VM images, but its pod is not a VM-mode pod: annotate the pod {}: {} (as Virtlet's pods are) or vmlet.io/image-type: vm",
+            vmlet_config::TARGET_RUNTIME_KEY,
+            vmlet_config::VIRTLET_RUNTIME
+        )));
+    }
+    Ok(())
 }
 
 /// The running VM of pod `sandbox_id`, which container `id` (not a VM image) joins: a
@@ -359,6 +383,10 @@ fn image_request(
         instance_id: id.to_owned(),
         hostname: crate::spec::bundle::hostname(spec).unwrap_or_else(|| id.to_owned()),
         user_data: pod.cloud_init_user_data.clone(),
+        user_data_script: pod.cloud_init_user_data_script.clone(),
+        user_data_overwrite: pod.cloud_init_user_data_overwrite,
+        meta_data: pod.cloud_init_meta_data.clone(),
+        seed_source: pod.seed_source.unwrap_or_default(),
         ssh_keys: pod.ssh_keys.clone().unwrap_or_default(),
         env: crate::spec::bundle::env(spec),
         resolv_conf: crate::spec::bundle::resolv_conf(spec),
@@ -518,6 +546,26 @@ mod tests {
         let plan = CreatePlan::new(&request("c1"), &container, &config, &NoPods).unwrap();
         let (boot, _, _) = boot_of(plan.target);
         assert!(boot.image.is_none());
+    }
+
+    #[test]
+    fn a_virtlet_image_name_needs_a_vm_mode_pod_which_virtlets_annotation_makes() {
+        let config = NodeConfig::default();
+        let image = json!({"io.kubernetes.cri.image-name": "virtlet.cloud/cirros"});
+        let err = CreatePlan::new(&request("c1"), &spec(image.clone(), None), &config, &NoPods)
+            .err()
+            .unwrap();
+        assert_eq!(err.code(), ttrpc::Code::FAILED_PRECONDITION);
+        assert!(
+            err.to_string()
+                .contains("kubernetes.io/target-runtime: virtlet.cloud"),
+            "{err}"
+        );
+        let mut virtlet = image;
+        virtlet["kubernetes.io/target-runtime"] = json!("virtlet.cloud");
+        let plan = CreatePlan::new(&request("v1"), &spec(virtlet, None), &config, &NoPods).unwrap();
+        let (boot, _, _) = boot_of(plan.target);
+        assert!(boot.image.is_some(), "booted as a VM image");
     }
 
     #[test]

@@ -240,6 +240,14 @@ pub struct ImageRequest {
     pub instance_id: String,
     pub hostname: String,
     pub user_data: Option<String>,
+    /// `VirtletCloudInitUserDataScript`: the whole user-data, not a cloud-config.
+    pub user_data_script: Option<String>,
+    /// `VirtletCloudInitUserDataOverwrite`: the pod's user-data keys replace vmlet's.
+    pub user_data_overwrite: bool,
+    /// `VirtletCloudInitMetaData`: meta-data keys over vmlet's (a JSON object's text).
+    pub meta_data: Option<String>,
+    /// NoCloud or a config drive (`VirtletCloudInitImageType`).
+    pub seed_source: vmlet_config::SeedSource,
     pub ssh_keys: Vec<String>,
     /// The container spec's environment (`NAME=value`).
     pub env: Vec<String>,

@@ -1,15 +1,25 @@
 //! A VM-mode pod's cloud-init seed: the NoCloud data source's files (`meta-data`,
 //! `user-data`, `network-config`) on an ISO 9660 volume labelled `cidata`, which cloud-init
-//! finds on any block device.
+//! finds on any block device; or, with `VirtletCloudInitImageType: configdrive`, OpenStack's
+//! config drive (`openstack/latest/meta_data.json`, `user_data`, `network_data.json` on a
+//! volume labelled `config-2`), as Virtlet makes them.
 //!
 //! - `meta-data`: `instance-id` (the pod's UID, so a new pod is a new instance) and
-//!   `local-hostname` (the pod's host name);
+//!   `local-hostname` (the pod's host name), with the pod's `VirtletCloudInitMetaData`
+//!   keys set over them (on a config drive, both also as `uuid` and `hostname`);
 //! - `user-data`: the pod's `vmlet.io/cloud-init-user-data`, with the keys of
 //!   `vmlet.io/ssh-keys` appended to its `ssh_authorized_keys` and the container spec's
 //!   environment written to `/etc/cloud/environment` (one `NAME=value` line each), as
 //!   Virtlet does;
 //! - `network-config` (version 2): each pod interface matched by its MAC, with the
-//!   addresses, routes and MTU CNI gave it and the pod's DNS servers and search domains.
+//!   addresses, routes and MTU CNI gave it and the pod's DNS servers and search domains
+//!   (on a config drive, `network_data.json`: links, networks and DNS servers; OpenStack's
+//!   format has no search domains).
+//!
+//! A `VirtletCloudInitUserDataScript` is the user-data as written (Virtlet's
+//! `@virtlet-mount-script@` in it becomes a comment: vmlet has no volumes to mount), beside
+//! vmlet's part when there is one; `VirtletCloudInitUserDataOverwrite: "true"` makes the
+//! pod's keys replace vmlet's instead of being merged with them.
 //!
 //! vmlet's files and parts are JSON (which YAML reads) built from typed values, never
 //! pasted together, so no annotation can add a key the seed did not mean to have, and
@@ -22,6 +32,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use serde_json::{json, Map, Value};
+use vmlet_config::SeedSource;
 use vmlet_netns::{Interface, IpNet};
 
 use crate::host::host_command;
@@ -29,6 +40,12 @@ use crate::Error;
 
 /// The seed volume's label, which cloud-init's NoCloud source looks for.
 pub const VOLUME_LABEL: &str = "cidata";
+/// A config drive's label, which cloud-init's ConfigDrive source looks for.
+pub const CONFIG_DRIVE_LABEL: &str = "config-2";
+/// Where a config drive's files are.
+const CONFIG_DRIVE_DIR: &str = "openstack/latest";
+/// What Virtlet replaced with its volume-mounting commands in a user-data script.
+const VIRTLET_MOUNT_SCRIPT: &str = "@virtlet-mount-script@";
 /// Where the container spec's environment is written in the guest (Virtlet's path).
 pub const ENVIRONMENT_FILE: &str = "/etc/cloud/environment";
 /// How long `xorrisofs` may take.
@@ -148,6 +165,15 @@ pub struct SeedInput<'a> {
     pub hostname: &'a str,
     /// `vmlet.io/cloud-init-user-data` (a YAML mapping, checked by the config crate).
     pub user_data: Option<&'a str>,
+    /// `VirtletCloudInitUserDataScript`: the whole user-data, not a cloud-config.
+    pub user_data_script: Option<&'a str>,
+    /// `VirtletCloudInitUserDataOverwrite`: the pod's keys replace vmlet's.
+    pub overwrite: bool,
+    /// `VirtletCloudInitMetaData`: keys over vmlet's meta-data (a JSON object's text,
+    /// checked by the config crate).
+    pub meta_data: Option<&'a str>,
+    /// NoCloud or a config drive.
+    pub source: SeedSource,
     pub ssh_keys: &'a [String],
     /// The container spec's environment (`NAME=value`).
     pub env: &'a [String],
@@ -161,6 +187,7 @@ pub struct SeedInput<'a> {
 /// The seed's files.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Seed {
+    pub source: SeedSource,
     pub meta_data: String,
     pub user_data: String,
     pub network_config: Option<String>,
@@ -179,27 +206,70 @@ impl Seed {
     /// Builds the seed's files; a user-data that holds the MIME boundary vmlet uses is an
     /// error that says so.
     pub fn build(input: &SeedInput) -> Result<Seed, Error> {
-        let meta = json!({
+        let mut meta = json!({
             "instance-id": input.instance_id,
             "local-hostname": input.hostname,
         });
+        if let Some(theirs) = input.meta_data {
+            let Ok(Value::Object(theirs)) = serde_json::from_str::<Value>(theirs) else {
+                return Err(Error::Internal(
+                    "the pod's cloud-init meta-data is not a JSON object".into(),
+                ));
+            };
+            if let Value::Object(meta) = &mut meta {
+                meta.extend(theirs);
+            }
+        }
+        if input.source == SeedSource::ConfigDrive {
+            // cloud-init's ConfigDrive takes the instance from `uuid` and the host name
+            // from `hostname`: the pod's keys, where it set them.
+            meta["uuid"] = meta["instance-id"].clone();
+            meta["hostname"] = meta["local-hostname"].clone();
+        }
+        let network = match input.source {
+            SeedSource::NoCloud => network_config(input.interfaces, input.dns),
+            SeedSource::ConfigDrive => network_data(input.interfaces, input.dns),
+        };
         Ok(Seed {
+            source: input.source,
             meta_data: meta.to_string(),
             user_data: user_data(input)?,
-            network_config: input
-                .network_config
-                .then(|| network_config(input.interfaces, input.dns)),
+            network_config: input.network_config.then_some(network),
         })
     }
 
     /// Writes the files into `dir` (a directory of the shim's own, which must not hold
     /// them yet) and makes the ISO 9660 volume `iso` of them with `xorrisofs`.
     pub async fn write_iso(&self, dir: &Path, iso: &Path) -> Result<(), Error> {
-        let files = [
-            ("meta-data", Some(&self.meta_data)),
-            ("user-data", Some(&self.user_data)),
-            ("network-config", self.network_config.as_ref()),
-        ];
+        let (label, files) = match self.source {
+            SeedSource::NoCloud => (
+                VOLUME_LABEL,
+                [
+                    ("meta-data", Some(&self.meta_data)),
+                    ("user-data", Some(&self.user_data)),
+                    ("network-config", self.network_config.as_ref()),
+                ],
+            ),
+            SeedSource::ConfigDrive => {
+                let mut path = dir.to_path_buf();
+                for part in CONFIG_DRIVE_DIR.split('/') {
+                    path.push(part);
+                    std::fs::create_dir(&path)
+                        .map_err(|e| Error::io(format!("create {}", path.display()), e))?;
+                }
+                (
+                    CONFIG_DRIVE_LABEL,
+                    [
+                        ("openstack/latest/meta_data.json", Some(&self.meta_data)),
+                        ("openstack/latest/user_data", Some(&self.user_data)),
+                        (
+                            "openstack/latest/network_data.json",
+                            self.network_config.as_ref(),
+                        ),
+                    ],
+                )
+            }
+        };
         for (name, content) in files {
             let Some(content) = content else { continue };
             let path = dir.join(name);
@@ -213,7 +283,7 @@ impl Seed {
         let args = [
             "-quiet".as_ref(),
             "-volid".as_ref(),
-            VOLUME_LABEL.as_ref(),
+            label.as_ref(),
             "-joliet".as_ref(),
             "-rock".as_ref(),
             "-output".as_ref(),
@@ -247,17 +317,20 @@ fn vmlet_part(input: &SeedInput) -> Option<Value> {
 }
 
 /// The pod's user-data as it was written (cloud-init reads it as YAML 1.1, which vmlet
-/// does not re-serialize), and vmlet's part beside it in a MIME multipart whose merge
-/// type appends vmlet's keys and files to the pod's own lists.
+/// does not re-serialize), and vmlet's part beside it in a MIME multipart: after the pod's,
+/// with a merge type that appends vmlet's keys and files to the pod's own lists; with
+/// overwrite, before the pod's, whose keys then replace vmlet's (cloud-init's default).
 fn user_data(input: &SeedInput) -> Result<String, Error> {
     let ours = vmlet_part(input);
-    let theirs = input.user_data.map(|text| {
-        if text.starts_with("#cloud-config") {
-            text.to_owned()
-        } else {
-            format!("#cloud-config\n{text}")
-        }
-    });
+    let theirs = match (input.user_data, input.user_data_script) {
+        (Some(text), _) if text.starts_with("#cloud-config") => Some(text.to_owned()),
+        (Some(text), _) => Some(format!("#cloud-config\n{text}")),
+        (None, Some(script)) => Some(script.replace(
+            VIRTLET_MOUNT_SCRIPT,
+            "# vmlet: no volumes to mount (block volumes are under /dev/disk/by-id/)",
+        )),
+        (None, None) => None,
+    };
     match (theirs, ours) {
         (None, None) => Ok("#cloud-config\n{}\n".into()),
         (None, Some(ours)) => Ok(format!("#cloud-config\n{ours}\n")),
@@ -268,14 +341,46 @@ fn user_data(input: &SeedInput) -> Result<String, Error> {
                     "contains {BOUNDARY}, the boundary vmlet puts between its parts"
                 )));
             }
+            let kind = content_type(&theirs)?;
+            let theirs =
+                format!("--{BOUNDARY}\nContent-Type: {kind}; charset=\"utf-8\"\n\n{theirs}\n");
+            let ours = |merge: &str| {
+                format!(
+                    "--{BOUNDARY}\nContent-Type: text/cloud-config; charset=\"utf-8\"\n{merge}\n\
+                     #cloud-config\n{ours}\n"
+                )
+            };
+            let parts = if input.overwrite {
+                format!("{}{theirs}", ours(""))
+            } else {
+                format!("{theirs}{}", ours(&format!("Merge-Type: {MERGE_TYPE}\n")))
+            };
             Ok(format!(
                 "Content-Type: multipart/mixed; boundary=\"{BOUNDARY}\"\nMIME-Version: 1.0\n\n\
-                 --{BOUNDARY}\nContent-Type: text/cloud-config; charset=\"utf-8\"\n\n{theirs}\n\
-                 --{BOUNDARY}\nContent-Type: text/cloud-config; charset=\"utf-8\"\nMerge-Type: {MERGE_TYPE}\n\n\
-                 #cloud-config\n{ours}\n--{BOUNDARY}--\n"
+                 {parts}--{BOUNDARY}--\n"
             ))
         }
     }
+}
+
+/// The MIME type of a user-data that goes beside vmlet's part, from its first line as
+/// cloud-init tells them apart.
+fn content_type(user_data: &str) -> Result<&'static str, Error> {
+    const KINDS: &[(&str, &str)] = &[
+        ("#cloud-config", "text/cloud-config"),
+        ("#!", "text/x-shellscript"),
+        ("#cloud-boothook", "text/cloud-boothook"),
+        ("#include", "text/x-include-url"),
+    ];
+    KINDS
+        .iter()
+        .find(|(start, _)| user_data.starts_with(start))
+        .map(|(_, kind)| *kind)
+        .ok_or_else(|| {
+            Error::InvalidArgument(
+                "VirtletCloudInitUserDataScript: vmlet adds its SSH keys and the environment beside it, so it must start as cloud-init tells a part's kind: #!, #cloud-config, #cloud-boothook or #include".into(),
+            )
+        })
 }
 
 fn cidr(net: &IpNet) -> String {
@@ -329,6 +434,74 @@ fn network_config(interfaces: &[Interface], dns: &Dns) -> String {
         ethernets.insert(iface.name.clone(), eth);
     }
     json!({"version": 2, "ethernets": ethernets}).to_string()
+}
+
+/// The netmask of a prefix, as OpenStack's network data writes it.
+fn netmask(addr: &IpAddr, prefix: u8) -> String {
+    match addr {
+        IpAddr::V4(_) => {
+            let bits = u32::MAX
+                .checked_shl(32 - u32::from(prefix.min(32)))
+                .unwrap_or(0);
+            std::net::Ipv4Addr::from(bits).to_string()
+        }
+        IpAddr::V6(_) => {
+            let bits = u128::MAX
+                .checked_shl(128 - u32::from(prefix.min(128)))
+                .unwrap_or(0);
+            std::net::Ipv6Addr::from(bits).to_string()
+        }
+    }
+}
+
+/// A config drive's `network_data.json`: each pod interface a link (by MAC, with its MTU),
+/// each of its addresses a network with the routes of its family, the DNS servers as
+/// services.
+fn network_data(interfaces: &[Interface], dns: &Dns) -> String {
+    let mut links = Vec::new();
+    let mut networks = Vec::new();
+    for iface in interfaces {
+        links.push(json!({
+            "id": iface.name,
+            "type": "phy",
+            "ethernet_mac_address": iface.mac_string(),
+            "mtu": iface.mtu,
+        }));
+        let addresses = iface
+            .addresses
+            .iter()
+            .filter(|a| !vmlet_netns::is_link_local(&a.addr));
+        for (n, address) in addresses.enumerate() {
+            let v4 = address.addr.is_ipv4();
+            let routes: Vec<Value> = iface
+                .routes
+                .iter()
+                .filter_map(|route| {
+                    let via = route.gateway.filter(|g| g.is_ipv4() == v4)?;
+                    let (network, mask) = match &route.destination {
+                        None if v4 => ("0.0.0.0".to_owned(), "0.0.0.0".to_owned()),
+                        None => ("::".to_owned(), "::".to_owned()),
+                        Some(net) => (net.addr.to_string(), netmask(&net.addr, net.prefix)),
+                    };
+                    Some(json!({"network": network, "netmask": mask, "gateway": via.to_string()}))
+                })
+                .collect();
+            networks.push(json!({
+                "id": format!("{}-{n}", iface.name),
+                "type": if v4 { "ipv4" } else { "ipv6" },
+                "link": iface.name,
+                "ip_address": address.addr.to_string(),
+                "netmask": netmask(&address.addr, address.prefix),
+                "routes": routes,
+            }));
+        }
+    }
+    let services: Vec<Value> = dns
+        .nameservers
+        .iter()
+        .map(|a| json!({"type": "dns", "address": a.to_string()}))
+        .collect();
+    json!({"links": links, "networks": networks, "services": services}).to_string()
 }
 
 #[cfg(test)]
@@ -386,6 +559,10 @@ mod tests {
             instance_id: "0c5d-uid",
             hostname: "web-0",
             user_data,
+            user_data_script: None,
+            overwrite: false,
+            meta_data: None,
+            source: SeedSource::NoCloud,
             ssh_keys,
             env,
             interfaces,
@@ -549,14 +726,14 @@ mod tests {
         assert_eq!(Seed::build(&without).unwrap().network_config, None);
     }
 
-    /// With `xorrisofs` (installed by scripts/install-deps): the volume has cloud-init's
-    /// label and the files.
-    #[tokio::test]
-    async fn the_seed_volume_is_labelled_cidata() {
+    /// `seed`'s volume made with `xorrisofs` (installed by scripts/install-deps), as
+    /// `xorriso` lists its volume id and the directory `dir` of it.
+    async fn iso_listing(source: SeedSource, dir_in_iso: &str) -> String {
         let dns = Dns::default();
         let interfaces = [pod_interface()];
-        let seed =
-            Seed::build(&input(Some("runcmd: [true]"), &[], &[], &interfaces, &dns)).unwrap();
+        let mut input = input(Some("runcmd: [true]"), &[], &[], &interfaces, &dns);
+        input.source = source;
+        let seed = Seed::build(&input).unwrap();
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir(dir.path().join("files")).unwrap();
         let iso = dir.path().join("seed.iso");
@@ -566,13 +743,123 @@ mod tests {
         let listing = std::process::Command::new("xorriso")
             .args(["-indev"])
             .arg(&iso)
-            .args(["-pvd_info", "-ls", "/"])
+            .args(["-pvd_info", "-ls", dir_in_iso])
             .output()
             .unwrap();
-        let text = String::from_utf8_lossy(&listing.stdout).into_owned()
-            + &String::from_utf8_lossy(&listing.stderr);
+        String::from_utf8_lossy(&listing.stdout).into_owned()
+            + &String::from_utf8_lossy(&listing.stderr)
+    }
+
+    /// The volume has cloud-init's label and the files.
+    #[tokio::test]
+    async fn the_seed_volume_is_labelled_cidata() {
+        let text = iso_listing(SeedSource::NoCloud, "/").await;
         assert!(text.contains("Volume Id    : cidata"), "{text}");
         for name in ["meta-data", "user-data", "network-config"] {
+            assert!(text.contains(&format!("'{name}'")), "{name}: {text}");
+        }
+    }
+
+    #[test]
+    fn virtlets_meta_data_goes_over_vmlets_and_a_config_drive_repeats_the_identity() {
+        let dns = Dns::default();
+        let mut config_drive = input(None, &[], &[], &[], &dns);
+        config_drive.source = SeedSource::ConfigDrive;
+        config_drive.meta_data = Some(r#"{"instance-id":"foobar","zone":"a"}"#);
+        let meta = parse(&Seed::build(&config_drive).unwrap().meta_data);
+        assert_eq!(meta["instance-id"], "foobar");
+        assert_eq!(meta["zone"], "a");
+        assert_eq!(
+            meta["uuid"], "foobar",
+            "cloud-init's instance id on a config drive"
+        );
+        assert_eq!(meta["hostname"], "web-0");
+        assert_eq!(meta["local-hostname"], "web-0");
+    }
+
+    #[test]
+    fn a_user_data_script_goes_beside_vmlets_part_and_overwrite_puts_the_pods_keys_last() {
+        let dns = Dns::default();
+        let keys = ["ssh-ed25519 AAAA k".to_string()];
+        let mut script = input(None, &keys, &[], &[], &dns);
+        script.user_data_script = Some("#!/bin/sh\n@virtlet-mount-script@\necho hi\n");
+        let user_data = Seed::build(&script).unwrap().user_data;
+        assert!(
+            user_data.contains("Content-Type: text/x-shellscript"),
+            "{user_data}"
+        );
+        assert!(!user_data.contains(VIRTLET_MOUNT_SCRIPT), "{user_data}");
+        assert!(user_data.contains("echo hi"), "{user_data}");
+        assert_eq!(our_part(&user_data)["ssh_authorized_keys"][0], keys[0]);
+        // Alone, the script is the user-data as written.
+        let mut alone = input(None, &[], &[], &[], &dns);
+        alone.user_data_script = Some("#!/bin/sh\necho hi\n");
+        assert_eq!(
+            Seed::build(&alone).unwrap().user_data,
+            "#!/bin/sh\necho hi\n"
+        );
+        // Not a kind cloud-init tells apart in a multipart.
+        script.user_data_script = Some("echo hi");
+        let err = Seed::build(&script).unwrap_err();
+        assert_eq!(err.code(), ttrpc::Code::INVALID_ARGUMENT);
+        assert!(err.to_string().contains("#!"), "{err}");
+        // Overwrite: vmlet's part first, the pod's after it without a merge type.
+        let mut overwrite = input(Some("runcmd: [true]"), &keys, &[], &[], &dns);
+        overwrite.overwrite = true;
+        let user_data = Seed::build(&overwrite).unwrap().user_data;
+        let (ours, theirs) = (
+            user_data.find("ssh_authorized_keys").unwrap(),
+            user_data.find("runcmd").unwrap(),
+        );
+        assert!(ours < theirs, "{user_data}");
+        assert!(!user_data.contains("Merge-Type"), "{user_data}");
+    }
+
+    #[test]
+    fn a_config_drive_has_openstacks_network_data() {
+        let dns = Dns {
+            nameservers: vec!["10.96.0.10".parse().unwrap()],
+            search: vec!["svc.cluster.local".into()],
+        };
+        let interfaces = [pod_interface()];
+        let mut config_drive = input(None, &[], &[], &interfaces, &dns);
+        config_drive.source = SeedSource::ConfigDrive;
+        let data = parse(&Seed::build(&config_drive).unwrap().network_config.unwrap());
+        assert_eq!(
+            data["links"][0]["ethernet_mac_address"],
+            "52:54:00:12:34:56"
+        );
+        assert_eq!(data["links"][0]["mtu"], 1450);
+        let net = &data["networks"][0];
+        assert_eq!(net["type"], "ipv4");
+        assert_eq!(net["link"], "eth0");
+        assert_eq!(net["ip_address"], "10.88.0.5");
+        assert_eq!(net["netmask"], "255.255.0.0");
+        assert_eq!(
+            net["routes"],
+            json!([
+                {"network": "0.0.0.0", "netmask": "0.0.0.0", "gateway": "10.88.0.1"},
+                {"network": "10.99.0.0", "netmask": "255.255.0.0", "gateway": "10.88.0.254"},
+            ])
+        );
+        assert_eq!(
+            data["networks"].as_array().unwrap().len(),
+            1,
+            "no link-local"
+        );
+        assert_eq!(data["services"][0]["address"], "10.96.0.10");
+        assert_eq!(
+            netmask(&"fd00::1".parse().unwrap(), 64),
+            "ffff:ffff:ffff:ffff::"
+        );
+    }
+
+    /// A config drive is labelled `config-2` with OpenStack's layout.
+    #[tokio::test]
+    async fn a_config_drive_is_labelled_config_2() {
+        let text = iso_listing(SeedSource::ConfigDrive, "/openstack/latest").await;
+        assert!(text.contains("Volume Id    : config-2"), "{text}");
+        for name in ["meta_data.json", "user_data", "network_data.json"] {
             assert!(text.contains(&format!("'{name}'")), "{name}: {text}");
         }
     }

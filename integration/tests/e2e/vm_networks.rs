@@ -1,0 +1,94 @@
+//! End to end: a VM-mode CRI pod with two networks (docs/vm-mode.md). A second interface
+//! in the pod's network namespace, as a second CNI network (Multus) adds one, gets a tap
+//! and a NIC with its MAC; the seed's network-config gives the guest both addresses, and
+//! the guest answers on each. Run by `make test`.
+
+use crate::support::{stack, PodUnderTest};
+use crate::vm_mode::{marker_in, vm_image};
+use vmlet_integration::testnet::{ip, tcp_exchange_when_up, SECOND_PEER_ADDR, SECOND_POD_CIDR};
+
+/// The guest serves its host name on port 8080 and prints its interfaces' addresses.
+const USER_DATA: &str = r#"runcmd:
+  - mkdir -p /srv/www && hostname > /srv/www/name
+  - systemd-run --unit vmlet-www python3 -m http.server 8080 --directory /srv/www
+  - echo "vmlet-marker $(hostname) $(ip -4 -o addr show | awk '$2 != "lo" {print $2"="$4}' | sort | tr '\n' ' ')"
+"#;
+
+/// A namespace of the test's holding the second network's far end; removed on drop.
+struct Peer(String);
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("ip")
+            .args(["netns", "del", &self.0])
+            .status();
+    }
+}
+
+#[tokio::test]
+#[ignore = "needs the vmlet stack: make test"]
+async fn a_vm_pod_with_two_networks_answers_on_both() {
+    let s = stack();
+    let node = std::env::var("VMLET_NODE_NETNS").expect("VMLET_NODE_NETNS (the stack's)");
+    let mut p = PodUnderTest::start_with(&s, |c| {
+        for (key, value) in [
+            ("vmlet.io/image-type", "vm"),
+            ("vmlet.io/memory", "256Mi"),
+            ("vmlet.io/cloud-init-user-data", USER_DATA),
+        ] {
+            c.annotations.insert(key.into(), value.into());
+        }
+    })
+    .await;
+    let name = p.config.metadata.as_ref().unwrap().name.clone();
+    let pod_ip = p.cri.pod_ip(&p.pod).await.unwrap();
+    // The second network: `net1` in the pod's namespace, its peer in one of the test's.
+    let netns = p.cri.pod_netns(&p.pod).await.unwrap();
+    let peer = Peer(format!("vmlet-vmnet-{}", std::process::id() % 100_000));
+    ip(&["netns", "add", &peer.0]);
+    let in_pod = |args: &[&str]| {
+        let out = std::process::Command::new("nsenter")
+            .arg(format!("--net={netns}"))
+            .arg("ip")
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "ip {args:?} in the pod: {out:?}");
+    };
+    in_pod(&[
+        "link", "add", "net1", "type", "veth", "peer", "name", "peer1", "netns", &peer.0,
+    ]);
+    in_pod(&["addr", "add", SECOND_POD_CIDR, "dev", "net1"]);
+    in_pod(&["link", "set", "net1", "up"]);
+    ip(&["-n", &peer.0, "link", "set", "peer1", "up"]);
+    let peer_cidr = format!("{SECOND_PEER_ADDR}/24");
+    ip(&["-n", &peer.0, "addr", "add", &peer_cidr, "dev", "peer1"]);
+
+    let c = p.container("vm", &vm_image(), &[], 0).await;
+    let marker = marker_in(&p.logs.join("vm.log"), &name, "v2").await;
+    let second = SECOND_POD_CIDR.split('/').next().unwrap().to_owned();
+    let answers = {
+        let (node, peer, pod_ip, second) = (node.clone(), peer.0.clone(), pod_ip.clone(), second);
+        tokio::task::spawn_blocking(move || {
+            let get = "GET /name HTTP/1.0\r\n\r\n";
+            [
+                tcp_exchange_when_up(&node, &pod_ip, 8080, get),
+                tcp_exchange_when_up(&peer, &second, 8080, get),
+            ]
+        })
+        .await
+        .unwrap()
+    };
+    p.finish(&[&c]).await;
+    assert!(
+        marker.contains(&format!("eth0={pod_ip}/"))
+            && marker.contains(&format!("net1={SECOND_POD_CIDR}")),
+        "the guest's addresses: {marker}"
+    );
+    for answer in answers {
+        assert!(
+            answer.contains("200 OK") && answer.trim_end().ends_with(&name),
+            "{answer:?}"
+        );
+    }
+}

@@ -1,0 +1,86 @@
+//! End to end: a pod written for Virtlet runs on vmlet as it is (docs/vm-mode.md, "From
+//! Virtlet"): CRI Proxy's `kubernetes.io/target-runtime: virtlet.cloud` makes it a VM-mode
+//! pod, its image is named `virtlet.cloud/...`, and Virtlet's annotations keep their
+//! meaning: vCPUs and disk driver, SSH keys and user, cloud-init user-data and meta-data,
+//! and the config drive of `VirtletCloudInitImageType: configdrive`, from which the guest
+//! takes its identity and the pod's address. The RuntimeClass handler stands where CRI
+//! Proxy stood. Run by `make test`.
+
+use crate::support::{stack, PodUnderTest};
+use crate::vm_mode::{marker_in, vm_image};
+use vmlet_integration::cri::Cri;
+use vmlet_integration::{bounded, Stack};
+
+/// The test image under a name of Virtlet's, in the CRI plugin's namespace.
+const VIRTLET_IMAGE: &str = "virtlet.cloud/debian-vm:12";
+
+/// What the guest prints: its host name, cloud-init's instance id, the device of the
+/// volume labelled `config-2`, eth0's address, and how many lines of the environment
+/// file name the container's variable.
+const USER_DATA: &str = r#"runcmd:
+  - echo "vmlet-marker $(hostname) $(cat /var/lib/cloud/data/instance-id) $(blkid -L config-2 || echo no-config-drive) $(ip -4 -o addr show eth0 | awk '{print $4}') $(grep -c VIRTLET_POD_VAR /etc/cloud/environment)"
+"#;
+
+/// `ctr -n k8s.io images ARGS` on the stack's containerd.
+fn images(s: &Stack, args: &[&str]) -> std::process::Output {
+    bounded::output(
+        std::process::Command::new("ctr")
+            .args(["-a", &s.containerd, "-n", "k8s.io", "images"])
+            .args(args),
+    )
+    .unwrap()
+}
+
+#[tokio::test]
+#[ignore = "needs the vmlet stack: make test"]
+async fn a_virtlet_pod_spec_runs_unchanged_from_a_config_drive() {
+    let s = stack();
+    let tagged = images(&s, &["tag", "--force", &vm_image(), VIRTLET_IMAGE]);
+    assert!(tagged.status.success(), "{tagged:?}");
+    let mut p = PodUnderTest::start_with(&s, |c| {
+        for (key, value) in [
+            ("kubernetes.io/target-runtime", "virtlet.cloud"),
+            ("VirtletVCPUCount", "1"),
+            ("VirtletDiskDriver", "virtio"),
+            (
+                "VirtletSSHKeys",
+                "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIG1vbGV0 me@localhost\n",
+            ),
+            ("VirtletSSHUser", "debian"),
+            ("VirtletCloudInitImageType", "configdrive"),
+            ("VirtletCloudInitMetaData", "instance-id: foobar\n"),
+            ("VirtletCloudInitUserData", USER_DATA),
+        ] {
+            c.annotations.insert(key.into(), value.into());
+        }
+    })
+    .await;
+    let name = p.config.metadata.as_ref().unwrap().name.clone();
+    let ip = p.cri.pod_ip(&p.pod).await.unwrap();
+    let mut container = Cri::container_config(&p.config, "vm", VIRTLET_IMAGE, &[], 0);
+    container.envs = vec![k8s_cri::v1::KeyValue {
+        key: "VIRTLET_POD_VAR".into(),
+        value: "1".into(),
+    }];
+    let (pod, config) = (p.pod.clone(), p.config.clone());
+    let c = p
+        .cri
+        .create_and_start_config(&pod, &config, container)
+        .await;
+    let marker = match &c {
+        Ok(_) => Some(marker_in(&p.logs.join("vm.log"), &name, "configdrive").await),
+        Err(_) => None,
+    };
+    let c = c.unwrap();
+    p.finish(&[&c]).await;
+    images(&s, &["rm", VIRTLET_IMAGE]);
+    let marker = marker.unwrap();
+    assert!(
+        marker.contains(&format!("vmlet-marker {name} foobar /dev/vd")),
+        "the host name, the meta-data's instance id and the config drive: {marker}"
+    );
+    assert!(
+        marker.contains(&format!(" {ip}/")) && marker.trim_end().ends_with(" 1"),
+        "the pod's address from network_data.json, the container's environment: {marker}"
+    );
+}
