@@ -336,8 +336,9 @@ impl Cri {
             .context("ContainerStatus returned no status")
     }
 
-    /// StopContainer (SIGTERM, then SIGKILL after `timeout` s) and RemoveContainer.
-    pub async fn remove_container(&mut self, id: &str, timeout: i64) -> anyhow::Result<()> {
+    /// StopContainer: SIGTERM, then SIGKILL after `timeout` s (what kubelet gives as the
+    /// pod's grace period).
+    pub async fn stop_container(&mut self, id: &str, timeout: i64) -> anyhow::Result<()> {
         self.client
             .stop_container(StopContainerRequest {
                 container_id: id.into(),
@@ -345,6 +346,12 @@ impl Cri {
             })
             .await
             .context("StopContainer")?;
+        Ok(())
+    }
+
+    /// StopContainer (SIGTERM, then SIGKILL after `timeout` s) and RemoveContainer.
+    pub async fn remove_container(&mut self, id: &str, timeout: i64) -> anyhow::Result<()> {
+        self.stop_container(id, timeout).await?;
         self.client
             .remove_container(RemoveContainerRequest {
                 container_id: id.into(),

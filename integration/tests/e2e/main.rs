@@ -36,6 +36,7 @@ mod templates;
 mod vm_mode;
 mod vm_networks;
 mod vm_options;
+mod vm_stop;
 mod vm_virtlet;
 mod vm_volumes;
 mod vmletctl;
