@@ -4,6 +4,7 @@
 //! ttrpc over vsock; unit tests put a fake behind the same trait.
 
 pub mod console;
+pub mod guest_agent;
 pub mod guest_text;
 pub(crate) mod log_uri;
 pub(crate) mod port_forward;
