@@ -33,6 +33,7 @@ mod network;
 mod node_config;
 mod resources;
 mod templates;
+mod vm_exec;
 mod vm_mode;
 mod vm_networks;
 mod vm_options;

@@ -72,9 +72,9 @@ impl GuestAgent {
                 json!({"path": path, "arg": args, "env": env, "capture-output": true}),
             )
             .await?;
-        answer["pid"]
-            .as_i64()
-            .ok_or_else(|| Error::Internal(format!("guest-exec answered {} (no pid)", shown(&answer))))
+        answer["pid"].as_i64().ok_or_else(|| {
+            Error::Internal(format!("guest-exec answered {} (no pid)", shown(&answer)))
+        })
     }
 
     /// The exec `pid`'s outcome once it has exited; `None` while it runs.
@@ -94,7 +94,11 @@ impl GuestAgent {
             self.read().await
         })
         .await
-        .map_err(|_| Error::Timeout(format!("{execute}: the guest agent did not answer within {ANSWER_DEADLINE:?}")))??;
+        .map_err(|_| {
+            Error::Timeout(format!(
+                "{execute}: the guest agent did not answer within {ANSWER_DEADLINE:?}"
+            ))
+        })??;
         if let Some(error) = answer.get("error") {
             let desc = error["desc"].as_str().unwrap_or("no description");
             return Err(Error::FailedPrecondition(format!(
@@ -102,10 +106,12 @@ impl GuestAgent {
                 crate::guest::guest_text::clean(desc, 500)
             )));
         }
-        answer
-            .get("return")
-            .cloned()
-            .ok_or_else(|| Error::Internal(format!("{execute}: the guest agent answered {}", shown(&answer))))
+        answer.get("return").cloned().ok_or_else(|| {
+            Error::Internal(format!(
+                "{execute}: the guest agent answered {}",
+                shown(&answer)
+            ))
+        })
     }
 
     /// `guest-sync-delimited`: reads until its answer (after the 0xFF the agent puts before
@@ -171,7 +177,9 @@ fn exec_outcome(answer: &Value) -> Result<Option<ExecOutcome>, Error> {
             None => Ok(Vec::new()),
             Some(text) => base64::engine::general_purpose::STANDARD
                 .decode(text)
-                .map_err(|e| Error::Internal(format!("guest-exec-status: {key} is not base64: {e}"))),
+                .map_err(|e| {
+                    Error::Internal(format!("guest-exec-status: {key} is not base64: {e}"))
+                }),
         }
     };
     // A process ended by a signal has `signal` and no `exitcode`: 128 + the signal, as a
@@ -206,13 +214,13 @@ fn rand_bytes() -> [u8; 4] {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use tokio::io::{AsyncBufReadExt, BufReader};
 
     /// A guest agent that answers each request with `answer(request)` (after the sync's
     /// answer, which it gives as qemu-ga does: 0xFF, then the JSON).
-    fn fake_agent(
+    pub(crate) fn fake_agent(
         answer: impl Fn(&Value) -> Option<String> + Send + 'static,
     ) -> GuestAgent {
         let (ours, theirs) = UnixStream::pair().unwrap();
@@ -224,7 +232,11 @@ mod tests {
                 let request: Value = serde_json::from_slice(&line[start..]).unwrap();
                 if request["execute"] == "guest-sync-delimited" {
                     let mut reply = vec![0xff];
-                    reply.extend_from_slice(json!({"return": request["arguments"]["id"]}).to_string().as_bytes());
+                    reply.extend_from_slice(
+                        json!({"return": request["arguments"]["id"]})
+                            .to_string()
+                            .as_bytes(),
+                    );
                     reply.push(b'\n');
                     write.write_all(&reply).await.unwrap();
                 } else if let Some(reply) = answer(&request) {
@@ -264,7 +276,10 @@ mod tests {
         let killed = json!({"exited": true, "signal": 9});
         assert_eq!(exec_outcome(&killed).unwrap().unwrap().exit_code, 137);
         let bad = json!({"exited": true, "exitcode": 0, "out-data": "not base64!"});
-        assert!(exec_outcome(&bad).unwrap_err().to_string().contains("out-data"));
+        assert!(exec_outcome(&bad)
+            .unwrap_err()
+            .to_string()
+            .contains("out-data"));
     }
 
     #[tokio::test]
@@ -274,7 +289,10 @@ mod tests {
         });
         let err = agent.exec(&["nope".into()], &[]).await.unwrap_err();
         assert_eq!(err.code(), ttrpc::Code::FAILED_PRECONDITION);
-        assert!(err.to_string().contains("Failed to execute child process"), "{err}");
+        assert!(
+            err.to_string().contains("Failed to execute child process"),
+            "{err}"
+        );
         assert!(!err.to_string().contains('\u{1b}'), "cleaned: {err}");
     }
 

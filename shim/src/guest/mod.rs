@@ -90,6 +90,21 @@ pub trait Guest: Send + Sync {
     async fn shutdown(&self) -> Result<(), Error>;
     /// The calls only vmlet's agent answers; else why this pod has no agent.
     fn agent(&self) -> Result<&dyn AgentCalls, NoAgent>;
+    /// Creates an exec (not started): vmlet's agent's, unless the pod runs execs another
+    /// way (a VM image's QEMU guest agent).
+    async fn create_exec(&self, request: &CreateExecRequest) -> Result<(), Error> {
+        self.agent()
+            .map_err(|n| n.refuse("an exec"))?
+            .create_exec(request)
+            .await
+    }
+    /// Forgets an exec [`Guest::create_exec`] made (where none was, nothing to do).
+    async fn remove_exec(&self, process: &ProcessId) -> Result<(), Error> {
+        match self.agent() {
+            Ok(agent) => agent.remove_exec(process).await,
+            Err(_) => Ok(()),
+        }
+    }
 }
 
 /// Why a pod has no vmlet agent ([`Guest::agent`]): the end of a refusal.

@@ -31,6 +31,8 @@ pub struct PodPaths {
     pub console_socket: PathBuf,
     /// Where the node's operator types into a VM image's console (`vmletctl console -i`).
     pub console_input: PathBuf,
+    /// A VM image's QEMU guest agent port, which QEMU connects.
+    pub guest_agent_socket: PathBuf,
     /// A VM image's disk (the overlay's backing file), bound read-only here, where QEMU's
     /// user can reach it.
     pub image_disk: PathBuf,
@@ -69,6 +71,7 @@ impl PodPaths {
             agent_key: dir.join("agent.key"),
             console_socket: dir.join("console.sock"),
             console_input: dir.join("console-input.sock"),
+            guest_agent_socket: dir.join("qga.sock"),
             image_disk: dir.join(IMAGE_DISK),
             seed_dir: dir.join("seed"),
             seed_iso: dir.join("seed.iso"),

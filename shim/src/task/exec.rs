@@ -56,12 +56,7 @@ impl TaskService {
             .into(),
             ..Default::default()
         };
-        task.vm
-            .guest()
-            .agent()
-            .map_err(|n| n.refuse("an exec"))?
-            .create_exec(&request)
-            .await?;
+        task.vm.guest().create_exec(&request).await?;
         if let Some(meter) = self.meters.lock().unwrap().get(&task.pod_id) {
             meter.count_exec();
         }
@@ -120,13 +115,9 @@ impl TaskService {
     }
 }
 
-/// Drops the agent's record of an exec (best effort: the container may be gone).
+/// Drops the guest's record of an exec (best effort: the container may be gone).
 async fn forget_exec(task: &TaskEntry, id: &ProcessId) {
-    // Without an agent no exec was ever created.
-    let Ok(agent) = task.vm.guest().agent() else {
-        return;
-    };
-    if let Err(e) = agent.remove_exec(id).await {
+    if let Err(e) = task.vm.guest().remove_exec(id).await {
         log::warn!(
             "remove exec {} of task {}: {}",
             id.exec_id,

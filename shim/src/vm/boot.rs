@@ -149,6 +149,8 @@ pub(super) struct BootedImage {
     /// One DHCP responder per tap; dropped, they stop.
     pub dhcp: Vec<vmlet_netns::dhcp_server::DhcpServer>,
     pub console: crate::vm_mode::serial_console::SerialConsole,
+    /// The QEMU guest agent's port, which runs the pod's execs.
+    pub guest_agent: tokio::net::UnixStream,
 }
 
 /// Boots a VM image (docs/vm-mode.md): the host side and network as for vmlet's guest,
@@ -216,6 +218,7 @@ pub(super) async fn run_image(
         seed: seed_iso.to_string_lossy().into_owned(),
         root_bus: image.root_bus,
         firmware: image.firmware,
+        guest_agent_socket: paths.guest_agent_socket.to_string_lossy().into_owned(),
     });
     let taps = net.taps.take();
     let launched = launch_domain(config, &vmm, req, paths, rec, phases, guest, taps).await?;
@@ -242,6 +245,9 @@ pub(super) async fn run_image(
         console: launched
             .console
             .ok_or_else(|| Error::Internal("a VM image launched without its console".into()))?,
+        guest_agent: launched.guest_agent.ok_or_else(|| {
+            Error::Internal("a VM image launched without its guest agent's port".into())
+        })?,
     })
 }
 

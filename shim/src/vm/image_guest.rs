@@ -1,16 +1,18 @@
-//! The [`Guest`] of a VM-mode pod (docs/vm-mode.md): no agent runs in a VM image, and the
-//! container's one process is the VM itself. Its wait ends with QEMU (status 0 when the
-//! guest powered itself off, 137 when vmlet ended it); SIGTERM, SIGINT and SIGPWR press
-//! the ACPI power button, SIGKILL ends QEMU at once; what only an agent could do (exec,
-//! pause, resources, a terminal) is UNIMPLEMENTED with the reason.
+//! The [`Guest`] of a VM-mode pod (docs/vm-mode.md): no vmlet agent runs in a VM image,
+//! and the container's one process is the VM itself. Its wait ends with QEMU (status 0
+//! when the guest powered itself off, 137 when vmlet ended it); SIGTERM, SIGINT and SIGPWR
+//! press the ACPI power button, SIGKILL ends QEMU at once. Execs are the image's QEMU
+//! guest agent's ([`ImageExecs`]); what only vmlet's agent could do (pause, resources, a
+//! terminal) is UNIMPLEMENTED with the reason.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use serde_json::json;
-use vmlet_protocol::agent::CreateContainerRequest;
+use vmlet_protocol::agent::{CreateContainerRequest, CreateExecRequest};
 
+use super::image_exec::ImageExecs;
 use crate::devices::qmp::Qmp;
 use crate::guest::{AgentCalls, Guest, GuestExit, NoAgent, ProcessId};
 use crate::vm::pod_vm::VM_ENDED_STATUS;
@@ -21,6 +23,8 @@ pub struct ImageGuest {
     pub(super) qmp: Qmp,
     /// Set when vmlet ends the VM (SIGKILL, teardown): its end is then 137, not 0.
     pub(super) killed: Arc<AtomicBool>,
+    /// The execs, through the image's QEMU guest agent.
+    pub(super) execs: Arc<ImageExecs>,
 }
 
 /// Why a VM image has no agent's calls.
@@ -38,14 +42,6 @@ impl ImageGuest {
             0
         }
     }
-
-    fn only_the_vm(process: &ProcessId) -> Result<(), Error> {
-        if process.exec_id.is_empty() {
-            Ok(())
-        } else {
-            Err(no_agent().refuse("an exec"))
-        }
-    }
 }
 
 #[async_trait]
@@ -59,14 +55,30 @@ impl Guest for ImageGuest {
         Ok(0)
     }
 
-    /// The VM runs from its create on.
+    async fn create_exec(&self, request: &CreateExecRequest) -> Result<(), Error> {
+        self.execs.create(request)
+    }
+
+    async fn remove_exec(&self, process: &ProcessId) -> Result<(), Error> {
+        self.execs.remove(&process.exec_id);
+        Ok(())
+    }
+
+    /// The VM runs from its create on; an exec starts in the guest.
     async fn start_process(&self, process: &ProcessId) -> Result<u32, Error> {
-        Self::only_the_vm(process)?;
-        Ok(0)
+        if process.exec_id.is_empty() {
+            return Ok(0);
+        }
+        self.execs.start(&process.exec_id).await
     }
 
     async fn wait_process(&self, process: &ProcessId) -> Result<GuestExit, Error> {
-        Self::only_the_vm(process)?;
+        if !process.exec_id.is_empty() {
+            return Ok(GuestExit {
+                status: self.execs.wait(&process.exec_id).await?,
+                oom_killed: false,
+            });
+        }
         let mut ended = self.qmp.ended();
         let _ = ended.wait_for(|e| *e).await;
         Ok(GuestExit {
@@ -81,7 +93,12 @@ impl Guest for ImageGuest {
         signal: u32,
         _all: bool,
     ) -> Result<(), Error> {
-        Self::only_the_vm(process)?;
+        if !process.exec_id.is_empty() {
+            return Err(Error::Unimplemented(format!(
+                "signal {signal} to exec {}: the QEMU guest agent that runs it cannot signal a process",
+                process.exec_id
+            )));
+        }
         match signal as i32 {
             libc::SIGKILL => {
                 self.killed.store(true, Ordering::SeqCst);
@@ -119,6 +136,7 @@ impl Guest for ImageGuest {
 mod tests {
     use super::*;
     use crate::devices::qmp::tests::fake_qemu;
+    use crate::guest::guest_agent::tests::fake_agent;
 
     /// A QEMU that ends (the guest powered off, or QEMU quit) on `ending`, the one command
     /// that makes the VM's wait return; every other command is answered and nothing more.
@@ -133,6 +151,77 @@ mod tests {
         ImageGuest {
             qmp: Qmp::handshake(stream).await.unwrap(),
             killed: Arc::new(AtomicBool::new(false)),
+            execs: ImageExecs::new(fake_agent(|request| {
+                Some(match request["execute"].as_str().unwrap() {
+                    "guest-exec" => "{\"return\": {\"pid\": 7}}\n".into(),
+                    _ => "{\"return\": {\"exited\": true, \"exitcode\": 3, \"out-data\": \"aGkK\"}}\n"
+                        .into(),
+                })
+            })),
+        }
+    }
+
+    fn exec_request(exec_id: &str, terminal: bool, stdin: bool) -> CreateExecRequest {
+        CreateExecRequest {
+            container_id: "vm".into(),
+            exec_id: exec_id.into(),
+            process: Some(vmlet_protocol::agent::Process {
+                args: vec!["hostname".into()],
+                terminal,
+                ..Default::default()
+            })
+            .into(),
+            stdio: Some(vmlet_protocol::agent::Stdio {
+                stdin,
+                stdout: true,
+                ..Default::default()
+            })
+            .into(),
+            ..Default::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn an_exec_runs_through_the_guest_agent_and_ends_with_its_code_and_output() {
+        let guest = guest("quit").await;
+        guest
+            .create_exec(&exec_request("e1", false, false))
+            .await
+            .unwrap();
+        let exec = ProcessId::exec("vm", "e1");
+        let (out, mut read) = tokio::io::duplex(1024);
+        let mut copies = guest
+            .execs
+            .attach("e1", [Some(Box::new(out)), None])
+            .unwrap();
+        assert_eq!(guest.start_process(&exec).await.unwrap(), 7);
+        assert_eq!(guest.wait_process(&exec).await.unwrap().status, 3);
+        copies.drain().await;
+        let mut text = String::new();
+        tokio::io::AsyncReadExt::read_to_string(&mut read, &mut text)
+            .await
+            .unwrap();
+        assert_eq!(text, "hi\n");
+        let err = guest
+            .signal_process(&exec, libc::SIGKILL as u32, false)
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), ttrpc::Code::UNIMPLEMENTED);
+        guest.remove_exec(&exec).await.unwrap();
+        let err = guest.start_process(&exec).await.unwrap_err();
+        assert_eq!(err.code(), ttrpc::Code::NOT_FOUND);
+    }
+
+    #[tokio::test]
+    async fn an_exec_with_a_terminal_or_stdin_is_refused_by_name() {
+        let guest = guest("quit").await;
+        for (terminal, stdin, what) in [(true, false, "a terminal"), (false, true, "stdin")] {
+            let err = guest
+                .create_exec(&exec_request("e2", terminal, stdin))
+                .await
+                .unwrap_err();
+            assert_eq!(err.code(), ttrpc::Code::UNIMPLEMENTED);
+            assert!(err.to_string().contains(what), "{err}");
         }
     }
 
@@ -161,10 +250,6 @@ mod tests {
     #[tokio::test]
     async fn what_needs_an_agent_is_unimplemented_by_name() {
         let guest = guest("quit").await;
-        let exec = ProcessId::exec("vm", "e1");
-        let err = guest.start_process(&exec).await.unwrap_err();
-        assert_eq!(err.code(), ttrpc::Code::UNIMPLEMENTED);
-        assert!(err.to_string().contains("runs no vmlet agent"), "{err}");
         let err = guest.agent().err().expect("no agent").refuse("pause");
         assert!(err.to_string().starts_with("pause:"), "{err}");
         assert!(err.to_string().contains("runs no vmlet agent"), "{err}");

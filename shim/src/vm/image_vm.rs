@@ -77,18 +77,14 @@ impl ImageVm {
             guest: ImageGuest {
                 qmp: booted.hotplug.qmp().clone(),
                 killed: Arc::new(AtomicBool::new(false)),
+                execs: super::image_exec::ImageExecs::new(
+                    crate::guest::guest_agent::GuestAgent::new(booted.guest_agent),
+                ),
             },
             console: booted.console,
             ended: booted.ended,
             stopping: AtomicBool::new(false),
         })
-    }
-
-    fn one_container(&self, what: &str) -> Error {
-        Error::Unimplemented(format!(
-            "{what} in pod {}: a VM-mode pod (vmlet.io/image-type: vm) is its one container, {}",
-            self.pod_id, self.container_id
-        ))
     }
 }
 
@@ -179,7 +175,11 @@ impl PodVm for ImageVm {
         _terminal: bool,
     ) -> Result<Copies, Error> {
         if !process.exec_id.is_empty() {
-            return Err(self.one_container("an exec"));
+            // The QEMU guest agent's: its output once it exited, no stdin (refused at its
+            // create).
+            let outputs =
+                crate::guest::stdio::open_outputs(paths, process.container_id, namespace)?;
+            return self.guest.execs.attach(process.exec_id, outputs);
         }
         crate::vm_mode::serial_console::attach_console(&self.console, process, namespace, paths)
     }

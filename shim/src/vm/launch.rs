@@ -75,6 +75,8 @@ pub(super) struct Launched {
     pub started: Instant,
     /// A VM image's serial console (vmlet's guest writes a file instead).
     pub console: Option<SerialConsole>,
+    /// A VM image's QEMU guest agent port, as QEMU connected it.
+    pub guest_agent: Option<tokio::net::UnixStream>,
     /// The server that handed the taps to QEMU (none: no NIC).
     pub tap_server: Option<TapServer>,
     /// What the boot still does for a template start (none: a cold boot).
@@ -97,15 +99,17 @@ pub(super) async fn start(
     let qmp_listener = tokio::net::UnixListener::bind(&paths.qmp_socket)
         .map_err(|e| Error::io(format!("bind {}", paths.qmp_socket.display()), e))?;
     let qemu_uid = give_socket(&paths.qmp_socket, &config.qemu_user)?;
-    // A VM image's console is its task's stdio: QEMU connects it here.
-    let console_listener = match &devices.guest {
-        GuestBoot::Image(_) => {
-            let listener = tokio::net::UnixListener::bind(&paths.console_socket)
-                .map_err(|e| Error::io(format!("bind {}", paths.console_socket.display()), e))?;
-            give_socket(&paths.console_socket, &config.qemu_user)?;
-            Some(listener)
-        }
-        GuestBoot::Agent(_) => None,
+    // A VM image's console is its task's stdio, and its QEMU guest agent runs its execs:
+    // QEMU connects both here.
+    let (console_listener, agent_listener) = match &devices.guest {
+        GuestBoot::Image(_) => (
+            Some(listen_for_qemu(&paths.console_socket, &config.qemu_user)?),
+            Some(listen_for_qemu(
+                &paths.guest_agent_socket,
+                &config.qemu_user,
+            )?),
+        ),
+        GuestBoot::Agent(_) => (None, None),
     };
     let console = match console_listener {
         Some(_) => ConsoleTarget::Socket(paths.console_socket.to_string_lossy().into_owned()),
@@ -220,6 +224,17 @@ pub(super) async fn start(
         }
         None => None,
     };
+    let guest_agent = match agent_listener {
+        Some(listener) => {
+            let peer = Peer {
+                uid: qemu_uid,
+                pid: None,
+            };
+            let (stream, _) = accept_qemu(&listener, peer, "the QEMU guest agent's port").await?;
+            Some(stream)
+        }
+        None => None,
+    };
     // libvirt is done placing QEMU (in its own cgroup) once the domain started: the pod's
     // cgroup takes it, and virtiofsd (vmlet's guest's share), from here on.
     if req.cgroup.is_some() && !direct {
@@ -233,10 +248,19 @@ pub(super) async fn start(
         qemu_pid,
         started,
         console,
+        guest_agent,
         tap_server,
         template,
         qemu,
     })
+}
+
+/// A socket at `path` that only QEMU's `user` may connect to.
+fn listen_for_qemu(path: &std::path::Path, user: &str) -> Result<tokio::net::UnixListener, Error> {
+    let listener = tokio::net::UnixListener::bind(path)
+        .map_err(|e| Error::io(format!("bind {}", path.display()), e))?;
+    give_socket(path, user)?;
+    Ok(listener)
 }
 
 /// The pod's VM: `req`'s shape and options, the node's helpers, `devices`, and its console

@@ -25,6 +25,7 @@ mod direct_start;
 #[cfg(test)]
 mod fake_qemu;
 mod host_setup;
+mod image_exec;
 mod image_guest;
 mod image_vm;
 mod launch;

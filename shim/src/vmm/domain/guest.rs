@@ -117,6 +117,25 @@ impl GuestBoot {
         controllers
     }
 
+    /// A VM image's QEMU guest agent port, connected to the shim's socket (vmlet's guest
+    /// has its own agent on vsock).
+    pub(super) fn channels(&self) -> Vec<Channel> {
+        let GuestBoot::Image(image) = self else {
+            return Vec::new();
+        };
+        vec![Channel {
+            kind: "unix",
+            source: SerialSource {
+                mode: Some("connect"),
+                path: image.guest_agent_socket.clone(),
+            },
+            target: ChannelTarget {
+                kind: "virtio",
+                name: crate::guest::guest_agent::PORT_NAME,
+            },
+        }]
+    }
+
     pub(super) fn filesystems(&self) -> Vec<Filesystem> {
         let GuestBoot::Agent(a) = self else {
             return Vec::new();

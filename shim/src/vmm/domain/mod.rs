@@ -149,6 +149,7 @@ impl Domain {
                 disk: spec.guest.disks(),
                 filesystem: spec.guest.filesystems(),
                 serial: spec.console.serial(),
+                channel: spec.guest.channels(),
                 vsock,
                 controller: spec.guest.controllers(),
                 memballoon: if spec.free_page_reporting {
@@ -353,6 +354,7 @@ mod tests {
             seed: "/run/vmlet/t1/seed.iso".into(),
             root_bus,
             firmware,
+            guest_agent_socket: "/run/vmlet/t1/qga.sock".into(),
         })
     }
 
@@ -367,6 +369,7 @@ mod tests {
             "<disk type=\"file\" device=\"disk\"><driver name=\"qemu\" type=\"qcow2\"/><source file=\"/run/vmlet/t1/root.qcow2\"/><backingStore type=\"file\"><format type=\"qcow2\"/><source file=\"/run/vmlet/t1/rootfs/disk/debian.qcow2\"><seclabel model=\"dac\" relabel=\"no\"/></source><backingStore/></backingStore><target dev=\"vda\" bus=\"virtio\"/></disk>",
             "<disk type=\"file\" device=\"disk\"><driver name=\"qemu\" type=\"raw\"/><source file=\"/run/vmlet/t1/seed.iso\"/><backingStore/><target dev=\"vdb\" bus=\"virtio\"/><readonly/></disk>",
             "<serial type=\"unix\"><source mode=\"connect\" path=\"/run/vmlet/t1/console.sock\"/></serial>",
+            "<channel type=\"unix\"><source mode=\"connect\" path=\"/run/vmlet/t1/qga.sock\"/><target type=\"virtio\" name=\"org.qemu.guest_agent.0\"/></channel>",
             "<qemu:env name=\"VMLET_TAP_SOCKET\" value=\"/run/vmlet/t1/taps.sock\"/>",
         ] {
             assert!(xml.contains(expected), "missing {expected} in\n{xml}");
@@ -428,6 +431,7 @@ mod tests {
                 "/run/vmlet/t1/taps.sock rw",
                 "/run/vmlet/t1/root.qcow2 rwk",
                 "/run/vmlet/t1/rootfs/disk/debian.qcow2 rk",
+                "/run/vmlet/t1/qga.sock rw",
                 "/run/vmlet/t1/qmp.sock rw",
             ]
         );

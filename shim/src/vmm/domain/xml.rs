@@ -197,6 +197,7 @@ pub struct Devices {
     pub disk: Vec<Disk>,
     pub filesystem: Vec<Filesystem>,
     pub serial: Serial,
+    pub channel: Vec<Channel>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub vsock: Option<Vsock>,
     pub controller: Vec<Controller>,
@@ -312,6 +313,24 @@ pub struct SerialSource {
     pub mode: Option<&'static str>,
     #[serde(rename = "@path")]
     pub path: String,
+}
+
+/// A virtio-serial port whose other end is a socket QEMU connects (libvirt adds the
+/// virtio-serial controller).
+#[derive(Debug, Serialize)]
+pub struct Channel {
+    #[serde(rename = "@type")]
+    pub kind: &'static str,
+    pub source: SerialSource,
+    pub target: ChannelTarget,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ChannelTarget {
+    #[serde(rename = "@type")]
+    pub kind: &'static str,
+    #[serde(rename = "@name")]
+    pub name: &'static str,
 }
 
 #[derive(Debug, Serialize)]

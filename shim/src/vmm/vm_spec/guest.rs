@@ -58,6 +58,9 @@ pub struct ImageDisks {
     pub root_bus: RootBus,
     /// SeaBIOS (QEMU's default) or OVMF.
     pub firmware: Firmware,
+    /// The shim's socket the VM's QEMU guest agent channel
+    /// ([`crate::guest::guest_agent::PORT_NAME`]) connects to.
+    pub guest_agent_socket: String,
 }
 
 /// The bus a VM image's root disk is on: the pod's disk driver (`vmlet.io/disk-driver`), else

@@ -275,11 +275,13 @@ impl VmSpec {
                     files.push(file(socket, Access::ReadWrite));
                 }
             }
-            GuestBoot::Image(image) if image.root_bus == RootBus::Nvme => {
-                files.push(file(&image.overlay, Access::ReadWriteLock));
-                files.push(file(&image.backing, Access::ReadLock));
+            GuestBoot::Image(image) => {
+                if image.root_bus == RootBus::Nvme {
+                    files.push(file(&image.overlay, Access::ReadWriteLock));
+                    files.push(file(&image.backing, Access::ReadLock));
+                }
+                files.push(file(&image.guest_agent_socket, Access::ReadWrite));
             }
-            GuestBoot::Image(_) => {}
         }
         files.push(file(&self.qmp_socket, Access::ReadWrite));
         files
