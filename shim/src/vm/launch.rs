@@ -211,11 +211,13 @@ pub(super) async fn start(
         },
         None => accepted.await?,
     };
+    // The console and the guest agent's port are this pod's QEMU's alone (every pod's QEMU
+    // runs as the same user).
     let console = match console_listener {
         Some(listener) => {
             let peer = Peer {
                 uid: qemu_uid,
-                pid: None,
+                pid: Some(qemu_pid),
             };
             let (stream, _) = accept_qemu(&listener, peer, "the serial console").await?;
             let console = SerialConsole::start(stream, &paths.console)?;
@@ -228,7 +230,7 @@ pub(super) async fn start(
         Some(listener) => {
             let peer = Peer {
                 uid: qemu_uid,
-                pid: None,
+                pid: Some(qemu_pid),
             };
             let (stream, _) = accept_qemu(&listener, peer, "the QEMU guest agent's port").await?;
             Some(stream)
