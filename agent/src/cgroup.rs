@@ -278,7 +278,6 @@ impl Cgroup {
     }
 }
 
-/// `max` or a number.
 fn read(path: &Path) -> Result<String, Error> {
     std::fs::read_to_string(path).map_err(|e| Error::io(format!("read {}", path.display()), e))
 }

@@ -434,7 +434,10 @@ impl PodAnnotations {
             AnnotationKey::CloudInitUserData,
             "the user-data is one or the other",
         )?;
-        if self.cloud_init_network == Some(CloudInitNetwork::V2) {
+        let forces_dhcp = seen
+            .get(&AnnotationKey::ForceDhcpNetworkConfig)
+            .is_some_and(|(_, value)| value.as_str() == "true");
+        if forces_dhcp && self.cloud_init_network == Some(CloudInitNetwork::V2) {
             conflict(
                 AnnotationKey::ForceDhcpNetworkConfig,
                 AnnotationKey::CloudInitNetworkConfig,
@@ -538,8 +541,10 @@ impl PodAnnotations {
                 if value.len() > MAX_USER_DATA {
                     return Err(invalid(format!("longer than {MAX_USER_DATA} bytes")));
                 }
-                if value.trim().is_empty() {
-                    return Err(invalid("empty".into()));
+                if user_data_kind(value).is_none() {
+                    return Err(invalid(
+                        "its first line must say its kind as cloud-init reads it: #! (a script), #cloud-config, #cloud-config-archive, #cloud-boothook, #include, #include-once or #part-handler".into(),
+                    ));
                 }
                 self.cloud_init_user_data_script = Some(value.to_owned());
             }
@@ -582,6 +587,30 @@ impl PodAnnotations {
         }
         Ok(())
     }
+}
+
+/// The kinds of user-data cloud-init tells apart by their first line, with the MIME type of
+/// each as a part of a multipart (a `#!` script is `text/x-shellscript`).
+pub const USER_DATA_KINDS: &[(&str, &str)] = &[
+    ("#cloud-config", "text/cloud-config"),
+    ("#cloud-config-archive", "text/cloud-config-archive"),
+    ("#cloud-boothook", "text/cloud-boothook"),
+    ("#include", "text/x-include-url"),
+    ("#include-once", "text/x-include-once-url"),
+    ("#part-handler", "text/part-handler"),
+];
+
+/// The MIME type of a user-data whose first line is cloud-init's mark of its kind: a `#!`
+/// script, or one of [`USER_DATA_KINDS`]; `None` for anything else.
+pub fn user_data_kind(user_data: &str) -> Option<&'static str> {
+    let first = user_data.lines().next().unwrap_or_default().trim_end();
+    if first.starts_with("#!") {
+        return Some("text/x-shellscript");
+    }
+    USER_DATA_KINDS
+        .iter()
+        .find(|(mark, _)| *mark == first)
+        .map(|(_, kind)| *kind)
 }
 
 /// cloud-init user-data: a YAML mapping (cloud-config, merged with what vmlet writes) of at
@@ -744,6 +773,13 @@ mod tests {
         // Another runtime's value is not vmlet's.
         let other = parse(&[(TARGET_RUNTIME_KEY, "kata")]).unwrap();
         assert_eq!(other.image_type, None);
+        let not_forced = parse(&[
+            ("vmlet.io/image-type", "vm"),
+            ("VirtletForceDHCPNetworkConfig", "false"),
+            ("vmlet.io/cloud-init-network-config", "v2"),
+        ])
+        .unwrap();
+        assert_eq!(not_forced.cloud_init_network, Some(CloudInitNetwork::V2));
         assert!(
             !parse(&[
                 ("vmlet.io/image-type", "vm"),
@@ -811,6 +847,14 @@ mod tests {
                 ],
                 "VirtletCloudInitMetaData",
                 "expected a YAML mapping",
+            ),
+            (
+                vec![
+                    ("vmlet.io/image-type", "vm"),
+                    ("VirtletCloudInitUserDataScript", "echo hi"),
+                ],
+                "VirtletCloudInitUserDataScript",
+                "its first line must say its kind",
             ),
             (
                 vec![

@@ -19,9 +19,9 @@ mod quantity;
 mod shape;
 
 pub use annotations::{
-    AnnotationKey, CloudInitNetwork, CpuModel, DiskDriver, Firmware, ImageType, PodAnnotations,
-    SeedSource, ANNOTATION_KEYS, ANNOTATION_PREFIX, DEFAULT_ALLOWED, TARGET_RUNTIME_KEY,
-    VIRTLET_PREFIX, VIRTLET_RUNTIME,
+    user_data_kind, AnnotationKey, CloudInitNetwork, CpuModel, DiskDriver, Firmware, ImageType,
+    PodAnnotations, SeedSource, ANNOTATION_KEYS, ANNOTATION_PREFIX, DEFAULT_ALLOWED,
+    TARGET_RUNTIME_KEY, VIRTLET_PREFIX, VIRTLET_RUNTIME,
 };
 pub use cpu_setting::{CpuFeature, CpuSetting, CpuSettingModel};
 pub use error::Error;

@@ -15,10 +15,11 @@ use vmlet_integration::{bounded, Stack};
 const VIRTLET_IMAGE: &str = "virtlet.cloud/debian-vm:12";
 
 /// What the guest prints: its host name, cloud-init's instance id, the device of the
-/// volume labelled `config-2`, eth0's address, and how many lines of the environment
-/// file name the container's variable.
+/// volume labelled `config-2`, eth0's address and how it got it (a DHCP lease, or the
+/// config drive's network data), how many lines of the environment file name the
+/// container's variable, its CPUs and how many authorized keys hold the pod's key.
 const USER_DATA: &str = r#"runcmd:
-  - echo "vmlet-marker $(hostname) $(cat /var/lib/cloud/data/instance-id) $(blkid -L config-2 || echo no-config-drive) $(ip -4 -o addr show eth0 | awk '{print $4}') $(grep -c VIRTLET_POD_VAR /etc/cloud/environment)"
+  - echo "vmlet-marker $(hostname) $(cat /var/lib/cloud/data/instance-id) $(blkid -L config-2 || echo no-config-drive) $(ip -4 -o addr show eth0 | awk '{print $4}') $(test -s /var/lib/dhcp/dhclient.eth0.leases && echo by-dhcp || echo by-seed) env=$(grep -c VIRTLET_POD_VAR /etc/cloud/environment) cpus=$(nproc) keys=$(cat /home/*/.ssh/authorized_keys /root/.ssh/authorized_keys 2>/dev/null | grep -c AAAAC3NzaC1lZDI1NTE5AAAAIG1vbGV0)"
 "#;
 
 /// `ctr -n k8s.io images ARGS` on the stack's containerd.
@@ -31,12 +32,32 @@ fn images(s: &Stack, args: &[&str]) -> std::process::Output {
     .unwrap()
 }
 
+/// The test image's `virtlet.cloud/` name, removed when dropped (also when the test fails).
+struct VirtletTag<'a>(&'a Stack);
+
+impl<'a> VirtletTag<'a> {
+    fn new(s: &'a Stack) -> Self {
+        let tagged = images(s, &["tag", "--force", &vm_image(), VIRTLET_IMAGE]);
+        assert!(tagged.status.success(), "{tagged:?}");
+        VirtletTag(s)
+    }
+}
+
+impl Drop for VirtletTag<'_> {
+    fn drop(&mut self) {
+        let _ = bounded::output(
+            std::process::Command::new("ctr")
+                .args(["-a", &self.0.containerd, "-n", "k8s.io", "images", "rm"])
+                .arg(VIRTLET_IMAGE),
+        );
+    }
+}
+
 #[tokio::test]
 #[ignore = "needs the vmlet stack: make test"]
 async fn a_virtlet_pod_spec_runs_unchanged_from_a_config_drive() {
     let s = stack();
-    let tagged = images(&s, &["tag", "--force", &vm_image(), VIRTLET_IMAGE]);
-    assert!(tagged.status.success(), "{tagged:?}");
+    let _tag = VirtletTag::new(&s);
     let mut p = PodUnderTest::start_with(&s, |c| {
         for (key, value) in [
             ("kubernetes.io/target-runtime", "virtlet.cloud"),
@@ -73,14 +94,17 @@ async fn a_virtlet_pod_spec_runs_unchanged_from_a_config_drive() {
     };
     let c = c.unwrap();
     p.finish(&[&c]).await;
-    images(&s, &["rm", VIRTLET_IMAGE]);
     let marker = marker.unwrap();
     assert!(
         marker.contains(&format!("vmlet-marker {name} foobar /dev/vd")),
         "the host name, the meta-data's instance id and the config drive: {marker}"
     );
     assert!(
-        marker.contains(&format!(" {ip}/")) && marker.trim_end().ends_with(" 1"),
-        "the pod's address from network_data.json, the container's environment: {marker}"
+        marker.contains(&format!(" {ip}/")) && marker.contains(" by-seed "),
+        "the pod's address from the config drive's network_data.json: {marker}"
+    );
+    assert!(
+        marker.trim_end().ends_with(" env=1 cpus=1 keys=1"),
+        "the container's environment, VirtletVCPUCount, VirtletSSHKeys: {marker}"
     );
 }

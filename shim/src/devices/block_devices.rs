@@ -43,6 +43,7 @@ impl BlockDevice {
     pub fn named(mut self) -> Result<Self, Error> {
         let name = self.path.rsplit('/').next().unwrap_or_default();
         let plain = !name.is_empty()
+            && !name.starts_with("vmlet")
             && name.len() <= MAX_SERIAL
             && !name.starts_with('.')
             && name
@@ -50,7 +51,7 @@ impl BlockDevice {
                 .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
         if !plain {
             return Err(Error::InvalidArgument(format!(
-                "block device {:?} of a VM-mode pod: the guest finds it by its path's last part, which must be 1 to {MAX_SERIAL} letters, digits, '.', '_' or '-' (not starting with '.')",
+                "block device {:?} of a VM-mode pod: the guest finds it by its path's last part, which must be 1 to {MAX_SERIAL} letters, digits, '.', '_' or '-' (not starting with '.', nor with vmlet, whose names are vmlet's own disks')",
                 self.path
             )));
         }
@@ -148,6 +149,7 @@ pub(crate) mod tests {
             "/dev/.hidden",
             "/dev/a b",
             "/dev/twenty-one-characters",
+            "/dev/vmlet-root",
         ] {
             let err = device(bad, false).named().unwrap_err();
             assert_eq!(err.code(), ttrpc::Code::INVALID_ARGUMENT);

@@ -32,13 +32,28 @@ const V1_MEMORY_STAT: &[(&str, &str)] = &[
 /// v1's "no limit" is the largest page-aligned number; anything from 2^62 on is none (0).
 const V1_NO_LIMIT: u64 = 1 << 62;
 
-/// The figures of the cgroup whose directory in each hierarchy is one of `dirs`.
+/// The figures of the cgroup whose directory in each hierarchy is one of `dirs`: where
+/// the memory controller is (cgroup v2's `memory.current`, else v1's
+/// `memory.usage_in_bytes`); without it, FAILED_PRECONDITION says so.
 pub fn read(dirs: &[PathBuf]) -> Result<StatsResponse, Error> {
     let context = |e: ReadError| Error::io(format!("read {}", e.path.display()), e.source);
-    match dirs.iter().find(|d| d.join("memory.current").exists()) {
-        Some(v2) => read_stats(v2).map_err(context),
-        None => read_v1(dirs).map_err(context),
+    let has = |file: &str| dirs.iter().find(|d| d.join(file).exists());
+    if let Some(v2) = has("memory.current") {
+        return read_stats(v2).map_err(context);
     }
+    if has("memory.usage_in_bytes").is_some() {
+        return read_v1(dirs).map_err(context);
+    }
+    Err(Error::FailedPrecondition(match dirs.first() {
+        None => "no cgroup hierarchy is mounted on the node (/proc/self/mountinfo)".into(),
+        Some(_) => format!(
+            "the VM's cgroup has no memory controller (neither cgroup v2's memory.current nor v1's memory.usage_in_bytes in {})",
+            dirs.iter()
+                .map(|d| d.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }))
 }
 
 fn read_v1(dirs: &[PathBuf]) -> Result<StatsResponse, ReadError> {
@@ -155,7 +170,12 @@ mod tests {
             &[("cpuacct.usage", "1\n"), ("cpuacct.stat", "")],
         );
         let err = read(std::slice::from_ref(&cpu)).unwrap_err();
+        assert!(err.to_string().contains("no memory controller"), "{err}");
+        std::fs::write(cpu.join("memory.usage_in_bytes"), "1\n").unwrap();
+        let err = read(std::slice::from_ref(&cpu)).unwrap_err();
         std::fs::remove_dir_all(&cpu).unwrap();
         assert!(err.to_string().contains("memory.stat"), "{err}");
+        let err = read(&[]).unwrap_err();
+        assert!(err.to_string().contains("no cgroup hierarchy"), "{err}");
     }
 }

@@ -393,8 +393,27 @@ fn image_request(
         network_config: pod.cloud_init_network.unwrap_or_default() == CloudInitNetwork::V2,
         root_bus: RootBus::of(pod.disk_driver),
         firmware: pod.firmware.unwrap_or_default(),
-        disks: crate::devices::block_devices::named(block_devices)?,
+        disks: image_disks(id, pod, block_devices)?,
     })
+}
+
+/// A VM image's block devices as its disks, named by their paths; on a PCI disk driver
+/// (virtio, NVMe) each takes one of the VM's hot-plug ports, so more are refused by name.
+fn image_disks(
+    id: &str,
+    pod: &PodAnnotations,
+    block_devices: &[BlockDevice],
+) -> Result<Vec<BlockDevice>, Error> {
+    let driver = pod.disk_driver.unwrap_or(vmlet_config::DiskDriver::Virtio);
+    let ports = crate::vmm::pci_slots::HOTPLUG_PORTS;
+    if driver != vmlet_config::DiskDriver::Scsi && block_devices.len() > ports {
+        return Err(Error::InvalidArgument(format!(
+            "container {id}: {} block devices, and a VM-mode pod takes at most {ports} on {} (each its own PCI port; vmlet.io/disk-driver: scsi puts any number on one controller)",
+            block_devices.len(),
+            driver.as_str()
+        )));
+    }
+    crate::devices::block_devices::named(block_devices)
 }
 
 #[cfg(test)]
@@ -593,11 +612,18 @@ mod tests {
             "on the root disk's bus"
         );
         linux.set_devices(Some(vec![device("/dev/a/data"), device("/dev/b/data")]));
-        vm.set_linux(Some(linux));
+        vm.set_linux(Some(linux.clone()));
         let err = CreatePlan::new(&request("v1"), &vm, &config, &NoPods)
             .err()
             .unwrap();
         assert_eq!(err.code(), ttrpc::Code::INVALID_ARGUMENT);
+        let five: Vec<_> = (0..5).map(|n| device(&format!("/dev/d{n}"))).collect();
+        linux.set_devices(Some(five));
+        vm.set_linux(Some(linux));
+        let err = CreatePlan::new(&request("v1"), &vm, &config, &NoPods)
+            .err()
+            .unwrap();
+        assert!(err.to_string().contains("at most 4 on virtio"), "{err}");
     }
 
     #[test]

@@ -169,6 +169,12 @@ pub(super) async fn run_image(
         Some(path) => crate::vm_mode::nocloud::Dns::read(path).await?,
         None => crate::vm_mode::nocloud::Dns::default(),
     };
+    // The volumes' host devices, opened before anything is made: a missing one fails here.
+    let disk_fds = image
+        .disks
+        .iter()
+        .map(crate::devices::block_devices::open_host)
+        .collect::<Result<Vec<_>, _>>()?;
     host_setup::prepare(config, req, paths, rec)?;
     phases.mark("host_setup");
     let rootfs = crate::host::share::container_rootfs(&paths.dir, &req.container_id)?;
@@ -225,14 +231,9 @@ pub(super) async fn run_image(
     if !image.disks.is_empty() {
         // Plugged while the firmware or the kernel starts: the guest finds them as it
         // enumerates, or when its hot-plug driver comes up.
-        let fds = image
-            .disks
-            .iter()
-            .map(crate::devices::block_devices::open_host)
-            .collect::<Result<Vec<_>, _>>()?;
         launched
             .hotplug
-            .attach(&req.container_id, &image.disks, fds)
+            .attach(&req.container_id, &image.disks, disk_fds)
             .await?;
         phases.mark("volumes");
     }

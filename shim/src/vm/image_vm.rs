@@ -156,8 +156,9 @@ impl PodVm for ImageVm {
         super::power_off_and_reclaim(self, state, self.vmm.clone()).await
     }
 
-    /// Its one container is the VM: no other joins it, no block device or memory limit
-    /// reaches it (its size is its annotations').
+    /// Its one container is the VM: no other joins it, and no memory limit reaches it (its
+    /// size is its annotations'); its block devices are its own disks, plugged in by its
+    /// boot.
     fn shared(&self) -> Result<&dyn SharedVm, NotShared> {
         Err(NotShared(format!(
             "a VM-mode pod (vmlet.io/image-type: vm) runs its one container, {}, as the VM and takes nothing else into it yet",

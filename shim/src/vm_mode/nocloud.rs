@@ -220,11 +220,15 @@ impl Seed {
                 meta.extend(theirs);
             }
         }
-        if input.source == SeedSource::ConfigDrive {
+        if let (SeedSource::ConfigDrive, Value::Object(meta)) = (input.source, &mut meta) {
             // cloud-init's ConfigDrive takes the instance from `uuid` and the host name
-            // from `hostname`: the pod's keys, where it set them.
-            meta["uuid"] = meta["instance-id"].clone();
-            meta["hostname"] = meta["local-hostname"].clone();
+            // from `hostname`: the pod's own, else its instance-id and local-hostname.
+            for (key, from) in [("uuid", "instance-id"), ("hostname", "local-hostname")] {
+                if !meta.contains_key(key) {
+                    let value = meta[from].clone();
+                    meta.insert(key.into(), value);
+                }
+            }
         }
         let network = match input.source {
             SeedSource::NoCloud => network_config(input.interfaces, input.dns),
@@ -364,23 +368,13 @@ fn user_data(input: &SeedInput) -> Result<String, Error> {
 }
 
 /// The MIME type of a user-data that goes beside vmlet's part, from its first line as
-/// cloud-init tells them apart.
+/// cloud-init tells them apart (the config crate refused a script that says no kind).
 fn content_type(user_data: &str) -> Result<&'static str, Error> {
-    const KINDS: &[(&str, &str)] = &[
-        ("#cloud-config", "text/cloud-config"),
-        ("#!", "text/x-shellscript"),
-        ("#cloud-boothook", "text/cloud-boothook"),
-        ("#include", "text/x-include-url"),
-    ];
-    KINDS
-        .iter()
-        .find(|(start, _)| user_data.starts_with(start))
-        .map(|(_, kind)| *kind)
-        .ok_or_else(|| {
-            Error::InvalidArgument(
-                "VirtletCloudInitUserDataScript: vmlet adds its SSH keys and the environment beside it, so it must start as cloud-init tells a part's kind: #!, #cloud-config, #cloud-boothook or #include".into(),
-            )
-        })
+    vmlet_config::user_data_kind(user_data).ok_or_else(|| {
+        Error::InvalidArgument(
+            "VirtletCloudInitUserDataScript: its first line says no kind cloud-init knows".into(),
+        )
+    })
 }
 
 fn cidr(net: &IpNet) -> String {
@@ -802,7 +796,12 @@ mod tests {
         script.user_data_script = Some("echo hi");
         let err = Seed::build(&script).unwrap_err();
         assert_eq!(err.code(), ttrpc::Code::INVALID_ARGUMENT);
-        assert!(err.to_string().contains("#!"), "{err}");
+        script.user_data_script = Some("#cloud-config-archive\n- type: text/cloud-config\n");
+        let user_data = Seed::build(&script).unwrap().user_data;
+        assert!(
+            user_data.contains("Content-Type: text/cloud-config-archive"),
+            "{user_data}"
+        );
         // Overwrite: vmlet's part first, the pod's after it without a merge type.
         let mut overwrite = input(Some("runcmd: [true]"), &keys, &[], &[], &dns);
         overwrite.overwrite = true;
