@@ -22,6 +22,8 @@ pub struct Lines<R> {
     inner: R,
     max: usize,
     buf: Vec<u8>,
+    /// How much of `buf` is known to hold no newline (each byte is looked at once).
+    scanned: usize,
     /// Inside a line that was too long: dropping bytes up to its newline.
     skipping: bool,
 }
@@ -32,6 +34,7 @@ impl<R: AsyncRead + Unpin> Lines<R> {
             inner,
             max,
             buf: Vec::with_capacity(CHUNK),
+            scanned: 0,
             skipping: false,
         }
     }
@@ -41,8 +44,10 @@ impl<R: AsyncRead + Unpin> Lines<R> {
     /// newline is dropped: QEMU ended mid-line).
     pub async fn next(&mut self) -> Option<Result<String, LineError>> {
         loop {
-            if let Some(end) = self.buf.iter().position(|b| *b == b'\n') {
-                let line: Vec<u8> = self.buf.drain(..=end).collect();
+            let from = self.scanned;
+            if let Some(at) = self.buf[from..].iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = self.buf.drain(..=from + at).collect();
+                self.scanned = 0;
                 if std::mem::take(&mut self.skipping) {
                     continue;
                 }
@@ -52,10 +57,13 @@ impl<R: AsyncRead + Unpin> Lines<R> {
                 }
                 return Some(Ok(String::from_utf8_lossy(line).into_owned()));
             }
+            self.scanned = self.buf.len();
             if self.skipping {
                 self.buf.clear();
+                self.scanned = 0;
             } else if self.buf.len() > self.max {
                 self.buf.clear();
+                self.scanned = 0;
                 self.skipping = true;
                 return Some(Err(LineError::TooLong));
             }

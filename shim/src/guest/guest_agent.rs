@@ -9,6 +9,8 @@
 use std::time::Duration;
 
 use base64::Engine;
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::io::AsyncWriteExt;
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
@@ -24,8 +26,6 @@ pub const ANSWER_DEADLINE: Duration = Duration::from_secs(5);
 /// The longest answer read: an exec's output comes base64-encoded in one line, so an exec
 /// prints at most about 1.5 MiB through the guest agent (more is an error that says so).
 pub const MAX_LINE: usize = 2 << 20;
-/// Lines skipped while looking for a sync's answer (what a timed-out call left behind).
-const MAX_STALE_LINES: usize = 16;
 
 /// What an exec left when it exited.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,6 +35,46 @@ pub struct ExecOutcome {
     pub stderr: Vec<u8>,
     /// The agent cut the output short (its own limit).
     pub truncated: bool,
+}
+
+/// An answer of the agent, typed: unknown fields are skipped, never built into values.
+#[derive(Debug, Deserialize)]
+struct Answer<T> {
+    #[serde(rename = "return")]
+    ret: Option<T>,
+    error: Option<AgentError>,
+}
+
+#[derive(Debug, Deserialize)]
+struct AgentError {
+    desc: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Started {
+    pid: i64,
+}
+
+#[derive(Debug, Deserialize)]
+struct Status {
+    exited: bool,
+    exitcode: Option<i64>,
+    signal: Option<i64>,
+    #[serde(rename = "out-data")]
+    out_data: Option<String>,
+    #[serde(rename = "err-data")]
+    err_data: Option<String>,
+    #[serde(rename = "out-truncated", default)]
+    out_truncated: bool,
+    #[serde(rename = "err-truncated", default)]
+    err_truncated: bool,
+}
+
+/// A sync's answer: its id.
+#[derive(Debug, Deserialize)]
+struct Synced {
+    #[serde(rename = "return")]
+    ret: Option<u64>,
 }
 
 /// A connection to the guest agent; one call at a time.
@@ -66,56 +106,73 @@ impl GuestAgent {
         let (path, args) = command
             .split_first()
             .ok_or_else(|| Error::InvalidArgument("an exec with no command".into()))?;
-        let answer = self
+        let started: Started = self
             .call(
                 "guest-exec",
                 json!({"path": path, "arg": args, "env": env, "capture-output": true}),
             )
             .await?;
-        answer["pid"].as_i64().ok_or_else(|| {
-            Error::Internal(format!("guest-exec answered {} (no pid)", shown(&answer)))
-        })
+        Ok(started.pid)
     }
 
     /// The exec `pid`'s outcome once it has exited; `None` while it runs.
     pub async fn exec_status(&mut self, pid: i64) -> Result<Option<ExecOutcome>, Error> {
-        let answer = self.call("guest-exec-status", json!({"pid": pid})).await?;
-        exec_outcome(&answer)
+        let status: Status = self.call("guest-exec-status", json!({"pid": pid})).await?;
+        exec_outcome(status)
+    }
+
+    /// Asks the guest to send `signal` to its process `pid` (a `kill` the agent runs; its
+    /// own output is not collected).
+    pub async fn kill(&mut self, pid: i64, signal: u32) -> Result<(), Error> {
+        let _: Started = self
+            .call(
+                "guest-exec",
+                json!({"path": "kill", "arg": [format!("-{signal}"), pid.to_string()]}),
+            )
+            .await?;
+        Ok(())
     }
 
     /// `execute` with `arguments`, after a sync: its `return` value, or the agent's error.
-    async fn call(&mut self, execute: &str, arguments: Value) -> Result<Value, Error> {
+    async fn call<T: DeserializeOwned>(
+        &mut self,
+        execute: &str,
+        arguments: Value,
+    ) -> Result<T, Error> {
         tokio::time::timeout(ANSWER_DEADLINE, self.sync())
             .await
             .map_err(|_| no_agent(&format!("did not answer within {ANSWER_DEADLINE:?}")))??;
         let line = json!({"execute": execute, "arguments": arguments}).to_string() + "\n";
-        let answer = tokio::time::timeout(ANSWER_DEADLINE, async {
-            self.send(&line).await?;
-            self.read().await
+        let answer: Answer<T> = tokio::time::timeout(ANSWER_DEADLINE, async {
+            self.send_bytes(line.as_bytes()).await?;
+            let line = self.read_line().await?;
+            serde_json::from_str(&line).map_err(|e| {
+                Error::Internal(format!(
+                    "{execute}: the guest agent's answer does not parse: {e}"
+                ))
+            })
         })
         .await
         .map_err(|_| {
             Error::Timeout(format!(
-                "{execute}: the guest agent did not answer within {ANSWER_DEADLINE:?}"
+                "{execute}: the guest agent did not answer within {ANSWER_DEADLINE:?} (the command may still run in the guest)"
             ))
         })??;
-        if let Some(error) = answer.get("error") {
-            let desc = error["desc"].as_str().unwrap_or("no description");
+        if let Some(error) = answer.error {
+            let desc = error.desc.unwrap_or_else(|| "no description".into());
             return Err(Error::FailedPrecondition(format!(
                 "{execute} in the guest: {}",
-                crate::guest::guest_text::clean(desc, 500)
+                crate::guest::guest_text::clean(&desc, 500)
             )));
         }
-        answer.get("return").cloned().ok_or_else(|| {
-            Error::Internal(format!(
-                "{execute}: the guest agent answered {}",
-                shown(&answer)
-            ))
-        })
+        answer
+            .ret
+            .ok_or_else(|| Error::Internal(format!("{execute}: the guest agent answered nothing")))
     }
 
-    /// `guest-sync-delimited`: reads until its answer (after the 0xFF the agent puts before
-    /// it), skipping what an earlier call left.
+    /// `guest-sync-delimited`: reads until its answer, skipping whatever comes before it
+    /// (an earlier call's answer, a line too long or not JSON); the caller's deadline ends
+    /// the search.
     async fn sync(&mut self) -> Result<(), Error> {
         let id = self.next_sync;
         self.next_sync = self.next_sync.wrapping_add(1);
@@ -124,29 +181,30 @@ impl GuestAgent {
         let mut bytes = vec![0xff];
         bytes.extend_from_slice(line.as_bytes());
         bytes.push(b'\n');
-        self.write
-            .write_all(&bytes)
-            .await
-            .map_err(|e| no_agent(&format!("cannot be written to: {e}")))?;
-        for _ in 0..MAX_STALE_LINES {
-            let answer = self.read().await?;
-            if answer.get("return").and_then(Value::as_u64) == Some(u64::from(id)) {
-                return Ok(());
+        self.send_bytes(&bytes).await?;
+        loop {
+            let line = match self.read_line().await {
+                Ok(line) => line,
+                Err(e) if e.code() == ttrpc::Code::RESOURCE_EXHAUSTED => continue,
+                Err(e) => return Err(e),
+            };
+            if let Ok(Synced { ret: Some(answer) }) = serde_json::from_str(&line) {
+                if answer == u64::from(id) {
+                    return Ok(());
+                }
             }
         }
-        Err(no_agent("answered something else than the sync"))
     }
 
-    async fn send(&mut self, line: &str) -> Result<(), Error> {
+    async fn send_bytes(&mut self, bytes: &[u8]) -> Result<(), Error> {
         self.write
-            .write_all(line.as_bytes())
+            .write_all(bytes)
             .await
             .map_err(|e| no_agent(&format!("cannot be written to: {e}")))
     }
 
-    /// The next answer, a JSON object (the delimiter and anything before the first `{`
-    /// dropped).
-    async fn read(&mut self) -> Result<Value, Error> {
+    /// The next line from its first `{` (the delimiter and anything before it dropped).
+    async fn read_line(&mut self) -> Result<String, Error> {
         loop {
             match self.lines.next().await {
                 None => return Err(no_agent("closed its port")),
@@ -155,12 +213,13 @@ impl GuestAgent {
                         "the guest agent's answer is longer than {MAX_LINE} bytes (an exec's output through it is at most about 1.5 MiB)"
                     )))
                 }
-                Some(Err(LineError::Io(e))) => return Err(no_agent(&format!("cannot be read: {e}"))),
+                Some(Err(LineError::Io(e))) => {
+                    return Err(no_agent(&format!("cannot be read: {e}")))
+                }
                 Some(Ok(line)) => {
-                    let Some(start) = line.find('{') else { continue };
-                    return serde_json::from_str(&line[start..]).map_err(|e| {
-                        Error::Internal(format!("the guest agent sent something that is not JSON: {e}"))
-                    });
+                    if let Some(start) = line.find('{') {
+                        return Ok(line[start..].to_owned());
+                    }
                 }
             }
         }
@@ -168,12 +227,12 @@ impl GuestAgent {
 }
 
 /// An exec's outcome from `guest-exec-status`'s answer.
-fn exec_outcome(answer: &Value) -> Result<Option<ExecOutcome>, Error> {
-    if answer["exited"] != json!(true) {
+fn exec_outcome(status: Status) -> Result<Option<ExecOutcome>, Error> {
+    if !status.exited {
         return Ok(None);
     }
-    let data = |key: &str| -> Result<Vec<u8>, Error> {
-        match answer.get(key).and_then(Value::as_str) {
+    let data = |key: &str, text: Option<String>| -> Result<Vec<u8>, Error> {
+        match text {
             None => Ok(Vec::new()),
             Some(text) => base64::engine::general_purpose::STANDARD
                 .decode(text)
@@ -184,26 +243,21 @@ fn exec_outcome(answer: &Value) -> Result<Option<ExecOutcome>, Error> {
     };
     // A process ended by a signal has `signal` and no `exitcode`: 128 + the signal, as a
     // shell reports it.
-    let exit_code = match (answer["exitcode"].as_i64(), answer["signal"].as_i64()) {
+    let exit_code = match (status.exitcode, status.signal) {
         (Some(code), _) => code,
-        (None, Some(signal)) => 128 + signal,
+        (None, Some(signal)) => signal.saturating_add(128),
         (None, None) => {
-            return Err(Error::Internal(format!(
-                "guest-exec-status answered {} (exited, with neither exitcode nor signal)",
-                shown(answer)
-            )))
+            return Err(Error::Internal(
+                "guest-exec-status: exited, with neither exitcode nor signal".into(),
+            ))
         }
     };
     Ok(Some(ExecOutcome {
         exit_code: i32::try_from(exit_code).unwrap_or(i32::MAX),
-        stdout: data("out-data")?,
-        stderr: data("err-data")?,
-        truncated: answer["out-truncated"] == json!(true) || answer["err-truncated"] == json!(true),
+        stdout: data("out-data", status.out_data)?,
+        stderr: data("err-data", status.err_data)?,
+        truncated: status.out_truncated || status.err_truncated,
     }))
-}
-
-fn shown(value: &Value) -> String {
-    crate::guest::guest_text::clean(&value.to_string(), 200)
 }
 
 fn rand_bytes() -> [u8; 4] {
@@ -271,15 +325,46 @@ pub(crate) mod tests {
 
     #[tokio::test]
     async fn a_running_exec_and_a_signalled_one() {
-        let running = json!({"exited": false});
-        assert_eq!(exec_outcome(&running).unwrap(), None);
-        let killed = json!({"exited": true, "signal": 9});
-        assert_eq!(exec_outcome(&killed).unwrap().unwrap().exit_code, 137);
-        let bad = json!({"exited": true, "exitcode": 0, "out-data": "not base64!"});
-        assert!(exec_outcome(&bad)
-            .unwrap_err()
-            .to_string()
-            .contains("out-data"));
+        let status = |v: Value| exec_outcome(serde_json::from_value(v).unwrap());
+        assert_eq!(status(json!({"exited": false})).unwrap(), None);
+        let killed = status(json!({"exited": true, "signal": 9}))
+            .unwrap()
+            .unwrap();
+        assert_eq!(killed.exit_code, 137);
+        let huge = status(json!({"exited": true, "signal": i64::MAX}))
+            .unwrap()
+            .unwrap();
+        assert_eq!(huge.exit_code, i32::MAX, "no overflow");
+        let bad = status(json!({"exited": true, "exitcode": 0, "out-data": "not base64!"}));
+        assert!(bad.unwrap_err().to_string().contains("out-data"));
+    }
+
+    #[tokio::test]
+    async fn junk_before_the_syncs_answer_is_skipped() {
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        let mut agent = GuestAgent::new(ours);
+        tokio::spawn(async move {
+            let (read, mut write) = theirs.into_split();
+            let mut lines = BufReader::new(read).split(b'\n');
+            while let Ok(Some(line)) = lines.next_segment().await {
+                let start = line.iter().position(|b| *b == b'{').unwrap_or(0);
+                let request: Value = serde_json::from_slice(&line[start..]).unwrap();
+                if request["execute"] == "guest-sync-delimited" {
+                    let mut reply = b"not json\n{\"return\": 7}\n{broken\n".to_vec();
+                    reply.extend(vec![b'x'; MAX_LINE + 10]);
+                    reply.push(b'\n');
+                    reply.push(0xff);
+                    let id = json!({"return": request["arguments"]["id"]}).to_string();
+                    reply.extend_from_slice(id.as_bytes());
+                    reply.push(b'\n');
+                    write.write_all(&reply).await.unwrap();
+                } else {
+                    let answer = b"{\"return\": {\"pid\": 5, \"extra\": [0, 0, 0]}}\n";
+                    write.write_all(answer).await.unwrap();
+                }
+            }
+        });
+        assert_eq!(agent.exec(&["true".into()], &[]).await.unwrap(), 5);
     }
 
     #[tokio::test]

@@ -94,10 +94,7 @@ impl Guest for ImageGuest {
         _all: bool,
     ) -> Result<(), Error> {
         if !process.exec_id.is_empty() {
-            return Err(Error::Unimplemented(format!(
-                "signal {signal} to exec {}: the QEMU guest agent that runs it cannot signal a process",
-                process.exec_id
-            )));
+            return self.execs.kill(&process.exec_id, signal).await;
         }
         match signal as i32 {
             libc::SIGKILL => {
@@ -202,14 +199,63 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(text, "hi\n");
-        let err = guest
-            .signal_process(&exec, libc::SIGKILL as u32, false)
-            .await
-            .unwrap_err();
-        assert_eq!(err.code(), ttrpc::Code::UNIMPLEMENTED);
         guest.remove_exec(&exec).await.unwrap();
         let err = guest.start_process(&exec).await.unwrap_err();
         assert_eq!(err.code(), ttrpc::Code::NOT_FOUND);
+    }
+
+    #[tokio::test]
+    async fn a_killed_exec_ends_at_once_and_the_guest_is_asked_to_kill_it() {
+        let killed = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen = killed.clone();
+        let mut guest = guest("quit").await;
+        guest.execs = ImageExecs::new(fake_agent(move |request| {
+            Some(match request["arguments"]["path"].as_str() {
+                Some("kill") => {
+                    seen.lock()
+                        .unwrap()
+                        .push(request["arguments"]["arg"].clone());
+                    "{\"return\": {\"pid\": 8}}\n".into()
+                }
+                Some(_) => "{\"return\": {\"pid\": 7}}\n".into(),
+                None => "{\"return\": {\"exited\": false}}\n".into(),
+            })
+        }));
+        guest
+            .create_exec(&exec_request("e3", false, false))
+            .await
+            .unwrap();
+        let exec = ProcessId::exec("vm", "e3");
+        guest.start_process(&exec).await.unwrap();
+        guest
+            .signal_process(&exec, libc::SIGKILL as u32, false)
+            .await
+            .unwrap();
+        assert_eq!(guest.wait_process(&exec).await.unwrap().status, 137);
+        assert_eq!(*killed.lock().unwrap(), vec![json!(["-9", "7"])]);
+    }
+
+    #[tokio::test]
+    async fn a_refused_start_settles_the_exec_at_once() {
+        let mut guest = guest("quit").await;
+        guest.execs = ImageExecs::new(fake_agent(|_| {
+            Some(
+                "{\"error\": {\"class\": \"GenericError\", \"desc\": \"no such program\"}}\n"
+                    .into(),
+            )
+        }));
+        guest
+            .create_exec(&exec_request("e4", false, false))
+            .await
+            .unwrap();
+        let exec = ProcessId::exec("vm", "e4");
+        let err = guest.start_process(&exec).await.unwrap_err();
+        assert!(err.to_string().contains("no such program"), "{err}");
+        let exit =
+            tokio::time::timeout(std::time::Duration::from_secs(1), guest.wait_process(&exec))
+                .await
+                .expect("the wait ends at once");
+        assert_eq!(exit.unwrap().status, 255);
     }
 
     #[tokio::test]
