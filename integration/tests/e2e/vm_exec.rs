@@ -3,8 +3,8 @@
 //! stdout, stderr and exit code; in a guest whose agent does not run, refused within
 //! seconds with a message that says so. Run by `make test`.
 
-use crate::support::{stack, PodUnderTest};
-use crate::vm_mode::{marker_in, vm_image};
+use crate::support::stack;
+use crate::vm_mode::{marker_in, vm_image, vm_pod};
 
 const USER_DATA: &str = r#"runcmd:
   - echo "vmlet-marker $(hostname) $(systemctl is-active qemu-guest-agent)"
@@ -14,16 +14,7 @@ const USER_DATA: &str = r#"runcmd:
 #[ignore = "needs the vmlet stack: make test"]
 async fn an_exec_runs_through_the_guest_agent_and_without_one_says_why() {
     let s = stack();
-    let mut p = PodUnderTest::start_with(&s, |c| {
-        for (key, value) in [
-            ("vmlet.io/image-type", "vm"),
-            ("vmlet.io/memory", "256Mi"),
-            ("vmlet.io/cloud-init-user-data", USER_DATA),
-        ] {
-            c.annotations.insert(key.into(), value.into());
-        }
-    })
-    .await;
+    let mut p = vm_pod(&s, USER_DATA, &[]).await;
     let name = p.config.metadata.as_ref().unwrap().name.clone();
     let c = p.container("vm", &vm_image(), &[], 0).await;
     let marker = marker_in(&p.logs.join("vm.log"), &name, "v2").await;

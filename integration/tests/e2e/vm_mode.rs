@@ -393,6 +393,24 @@ async fn start_vm_pod(s: &Stack, boot: Boot) -> PodUnderTest {
     .await
 }
 
+/// A VM-mode CRI pod of 256 MiB whose cloud-init runs `user_data`; `more` annotations
+/// besides.
+pub(crate) async fn vm_pod(s: &Stack, user_data: &str, more: &[(&str, &str)]) -> PodUnderTest {
+    PodUnderTest::start_with(s, |c| {
+        for (key, value) in [
+            ("vmlet.io/image-type", "vm"),
+            ("vmlet.io/memory", "256Mi"),
+            ("vmlet.io/cloud-init-user-data", user_data),
+        ]
+        .iter()
+        .chain(more)
+        {
+            c.annotations.insert((*key).into(), (*value).into());
+        }
+    })
+    .await
+}
+
 /// The marker line in the CRI log at `log` of pod `name`, within [`MARKER_DEADLINE`].
 pub(crate) async fn marker_in(log: &std::path::Path, name: &str, network_config: &str) -> String {
     let deadline = std::time::Instant::now() + MARKER_DEADLINE;

@@ -3,8 +3,8 @@
 //! and a NIC with its MAC; the seed's network-config gives the guest both addresses, and
 //! the guest answers on each. Run by `make test`.
 
-use crate::support::{stack, PodUnderTest};
-use crate::vm_mode::{marker_in, vm_image};
+use crate::support::stack;
+use crate::vm_mode::{marker_in, vm_image, vm_pod};
 use vmlet_integration::testnet::{ip, tcp_exchange_when_up, SECOND_PEER_ADDR, SECOND_POD_CIDR};
 
 /// The guest serves its host name on port 8080 and prints its interfaces' addresses.
@@ -30,16 +30,7 @@ impl Drop for Peer {
 async fn a_vm_pod_with_two_networks_answers_on_both() {
     let s = stack();
     let node = std::env::var("VMLET_NODE_NETNS").expect("VMLET_NODE_NETNS (the stack's)");
-    let mut p = PodUnderTest::start_with(&s, |c| {
-        for (key, value) in [
-            ("vmlet.io/image-type", "vm"),
-            ("vmlet.io/memory", "256Mi"),
-            ("vmlet.io/cloud-init-user-data", USER_DATA),
-        ] {
-            c.annotations.insert(key.into(), value.into());
-        }
-    })
-    .await;
+    let mut p = vm_pod(&s, USER_DATA, &[]).await;
     let name = p.config.metadata.as_ref().unwrap().name.clone();
     let pod_ip = p.cri.pod_ip(&p.pod).await.unwrap();
     // The second network: `net1` in the pod's namespace, its peer in one of the test's.

@@ -6,8 +6,8 @@
 
 use std::time::{Duration, Instant};
 
-use crate::support::{stack, PodUnderTest};
-use crate::vm_mode::{marker_in, vm_image};
+use crate::support::stack;
+use crate::vm_mode::{marker_in, vm_image, vm_pod};
 
 /// A guest whose shutdown takes five seconds, then says so on the console.
 const USER_DATA: &str = r#"write_files:
@@ -29,16 +29,7 @@ runcmd:
 /// code, how long the stop took and the console.
 async fn stop_with_grace(grace: i64) -> (i32, Duration, String) {
     let s = stack();
-    let mut p = PodUnderTest::start_with(&s, |c| {
-        for (key, value) in [
-            ("vmlet.io/image-type", "vm"),
-            ("vmlet.io/memory", "256Mi"),
-            ("vmlet.io/cloud-init-user-data", USER_DATA),
-        ] {
-            c.annotations.insert(key.into(), value.into());
-        }
-    })
-    .await;
+    let mut p = vm_pod(&s, USER_DATA, &[]).await;
     let name = p.config.metadata.as_ref().unwrap().name.clone();
     let c = p.container("vm", &vm_image(), &[], 0).await;
     let log = p.logs.join("vm.log");

@@ -6,7 +6,7 @@
 
 use crate::block_devices::LoopDevice;
 use crate::support::{stack, PodUnderTest};
-use crate::vm_mode::{marker_in, vm_image};
+use crate::vm_mode::{marker_in, vm_image, vm_pod};
 use vmlet_integration::cri::Cri;
 use vmlet_integration::{unique_id, Stack};
 
@@ -27,16 +27,7 @@ async fn vm_pod_with_volume(
     device: &str,
     user_data: String,
 ) -> (PodUnderTest, String, String) {
-    let mut p = PodUnderTest::start_with(s, |c| {
-        for (key, value) in [
-            ("vmlet.io/image-type", "vm"),
-            ("vmlet.io/memory", "256Mi"),
-            ("vmlet.io/cloud-init-user-data", &user_data),
-        ] {
-            c.annotations.insert(key.into(), value.into());
-        }
-    })
-    .await;
+    let mut p = vm_pod(s, &user_data, &[]).await;
     let mut container = Cri::container_config(&p.config, "vm", &vm_image(), &[], 0);
     container.devices = vec![k8s_cri::v1::Device {
         container_path: "/dev/data".into(),

@@ -213,13 +213,13 @@ pub(super) async fn start(
     };
     // The console and the guest agent's port are this pod's QEMU's alone (every pod's QEMU
     // runs as the same user).
+    let ours = Peer {
+        uid: qemu_uid,
+        pid: Some(qemu_pid),
+    };
     let console = match console_listener {
         Some(listener) => {
-            let peer = Peer {
-                uid: qemu_uid,
-                pid: Some(qemu_pid),
-            };
-            let (stream, _) = accept_qemu(&listener, peer, "the serial console").await?;
+            let (stream, _) = accept_qemu(&listener, ours, "the serial console").await?;
             let console = SerialConsole::start(stream, &paths.console)?;
             console.serve_operator(&paths.console_input)?;
             Some(console)
@@ -227,14 +227,11 @@ pub(super) async fn start(
         None => None,
     };
     let guest_agent = match agent_listener {
-        Some(listener) => {
-            let peer = Peer {
-                uid: qemu_uid,
-                pid: Some(qemu_pid),
-            };
-            let (stream, _) = accept_qemu(&listener, peer, "the QEMU guest agent's port").await?;
-            Some(stream)
-        }
+        Some(listener) => Some(
+            accept_qemu(&listener, ours, "the QEMU guest agent's port")
+                .await?
+                .0,
+        ),
         None => None,
     };
     // libvirt is done placing QEMU (in its own cgroup) once the domain started: the pod's
