@@ -11,6 +11,7 @@
 //! [`VmShape::resolve`] combines both. Every error names the key (and value) that was wrong.
 #![forbid(unsafe_code)]
 
+mod annotation_values;
 mod annotations;
 mod cpu_setting;
 mod error;
@@ -18,10 +19,11 @@ mod node;
 mod quantity;
 mod shape;
 
+pub use annotation_values::{user_data_kind, USER_DATA_KINDS};
 pub use annotations::{
-    user_data_kind, AnnotationKey, CloudInitNetwork, CpuModel, DiskDriver, Firmware, ImageType,
-    PodAnnotations, SeedSource, ANNOTATION_KEYS, ANNOTATION_PREFIX, DEFAULT_ALLOWED,
-    TARGET_RUNTIME_KEY, VIRTLET_PREFIX, VIRTLET_RUNTIME,
+    AnnotationKey, CloudInitNetwork, CpuModel, DiskDriver, Firmware, ImageType, PodAnnotations,
+    SeedSource, ANNOTATION_KEYS, ANNOTATION_PREFIX, DEFAULT_ALLOWED, TARGET_RUNTIME_KEY,
+    VIRTLET_PREFIX, VIRTLET_RUNTIME,
 };
 pub use cpu_setting::{CpuFeature, CpuSetting, CpuSettingModel};
 pub use error::Error;
