@@ -80,6 +80,47 @@ pub fn tcp_exchange_when_up(ns: &str, addr: &str, port: u16, message: &str) -> S
     }
 }
 
+/// `crictl port-forward POD LOCAL:REMOTE...` run in the node namespace `node`, where
+/// containerd's CRI streaming server is; ended on drop.
+pub struct CrictlForward {
+    child: std::process::Child,
+    /// Kept open: crictl prints a line per port, and a closed pipe would end it.
+    _lines: std::io::Lines<std::io::BufReader<std::process::ChildStdout>>,
+    /// crictl's first line ("Forwarding from 127.0.0.1:LOCAL -> REMOTE").
+    pub first_line: String,
+}
+
+impl CrictlForward {
+    /// Starts forwarding and waits for crictl's first line.
+    pub fn start(node: &str, containerd: &str, pod: &str, ports: &[&str]) -> Self {
+        use std::io::{BufRead, BufReader};
+        let mut child = Command::new("ip")
+            .args(["netns", "exec", node, "crictl", "--runtime-endpoint"])
+            .arg(format!("unix://{containerd}"))
+            .arg("port-forward")
+            .arg(pod)
+            .args(ports)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("run crictl (scripts/install-deps builds it)");
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let first_line = lines.next().and_then(Result::ok).unwrap_or_default();
+        CrictlForward {
+            child,
+            _lines: lines,
+            first_line,
+        }
+    }
+}
+
+impl Drop for CrictlForward {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// The two namespaces; removed on drop.
 pub struct TestNet {
     pub pod: String,

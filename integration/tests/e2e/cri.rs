@@ -368,9 +368,7 @@ async fn cri_log_has_every_line_up_to_the_exit() {
 #[tokio::test]
 #[ignore = "needs the vmlet stack: make test"]
 async fn cri_port_forward_reaches_a_server_in_the_vm() {
-    use std::io::{BufRead, BufReader};
-    use std::process::{Command, Stdio};
-    use vmlet_integration::testnet::tcp_exchange;
+    use vmlet_integration::testnet::{tcp_exchange, CrictlForward};
 
     let s = Stack::from_env().expect("the vmlet stack");
     let node = std::env::var("VMLET_NODE_NETNS").expect("VMLET_NODE_NETNS (the stack's)");
@@ -387,24 +385,14 @@ async fn cri_port_forward_reaches_a_server_in_the_vm() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    // crictl's end listens in the node namespace, where the CRI streaming server is.
-    let mut crictl = Command::new("ip")
-        .args(["netns", "exec", &node, "crictl", "--runtime-endpoint"])
-        .arg(format!("unix://{}", s.containerd))
-        .args(["port-forward", &p.pod, "18080:8080", "18081:8081"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("run crictl (scripts/install-deps builds it)");
-    let mut lines = BufReader::new(crictl.stdout.take().unwrap()).lines();
-    let first = lines.next().and_then(Result::ok).unwrap_or_default();
+    let crictl = CrictlForward::start(&node, &s.containerd, &p.pod, &["18080:8080", "18081:8081"]);
     let request = "GET / HTTP/1.0\r\n\r\n";
     let pages: Vec<_> = (0..3)
         .map(|_| tcp_exchange(&node, "127.0.0.1", 18080, request))
         .collect();
     let nothing = tcp_exchange(&node, "127.0.0.1", 18081, request);
-    let _ = crictl.kill();
-    let _ = crictl.wait();
+    let first = crictl.first_line.clone();
+    drop(crictl);
     p.finish(&[&c]).await;
     assert!(first.contains("Forwarding from"), "crictl said {first:?}");
     for page in pages {

@@ -1,11 +1,14 @@
 //! End to end: a VM-mode CRI pod with two networks (docs/vm-mode.md). A second interface
 //! in the pod's network namespace, as a second CNI network (Multus) adds one, gets a tap
 //! and a NIC with its MAC; the seed's network-config gives the guest both addresses, and
-//! the guest answers on each. Run by `make test`.
+//! the guest answers on each, and through `crictl port-forward` (which reaches the guest's
+//! pod address). Run by `make test`.
 
 use crate::support::stack;
 use crate::vm_mode::{marker_in, vm_image, vm_pod};
-use vmlet_integration::testnet::{ip, tcp_exchange_when_up, SECOND_PEER_ADDR, SECOND_POD_CIDR};
+use vmlet_integration::testnet::{
+    ip, tcp_exchange, tcp_exchange_when_up, CrictlForward, SECOND_PEER_ADDR, SECOND_POD_CIDR,
+};
 
 /// The guest serves its host name on port 8080 and prints its interfaces' addresses.
 const USER_DATA: &str = r#"runcmd:
@@ -27,7 +30,7 @@ impl Drop for Peer {
 
 #[tokio::test]
 #[ignore = "needs the vmlet stack: make test"]
-async fn a_vm_pod_with_two_networks_answers_on_both() {
+async fn a_vm_pod_with_two_networks_answers_on_both_and_through_port_forward() {
     let s = stack();
     let node = std::env::var("VMLET_NODE_NETNS").expect("VMLET_NODE_NETNS (the stack's)");
     let mut p = vm_pod(&s, USER_DATA, &[]).await;
@@ -70,6 +73,23 @@ async fn a_vm_pod_with_two_networks_answers_on_both() {
         .await
         .unwrap()
     };
+    // containerd dials localhost:PORT in the pod's namespace; the shim carries it to the
+    // guest. A port nothing in the guest listens on closes the client's connection.
+    let forwarded = {
+        let (node, containerd, pod) = (node.clone(), s.containerd.clone(), p.pod.clone());
+        tokio::task::spawn_blocking(move || {
+            let crictl =
+                CrictlForward::start(&node, &containerd, &pod, &["18090:8080", "18091:8081"]);
+            let get = "GET /name HTTP/1.0\r\n\r\n";
+            let pages: Vec<_> = (0..3)
+                .map(|_| tcp_exchange(&node, "127.0.0.1", 18090, get))
+                .collect();
+            let nothing = tcp_exchange(&node, "127.0.0.1", 18091, get);
+            (crictl.first_line.clone(), pages, nothing)
+        })
+        .await
+        .unwrap()
+    };
     p.finish(&[&c]).await;
     assert!(
         marker.contains(&format!("eth0={pod_ip}/"))
@@ -82,4 +102,14 @@ async fn a_vm_pod_with_two_networks_answers_on_both() {
             "{answer:?}"
         );
     }
+    let (first, pages, nothing) = forwarded;
+    assert!(first.contains("Forwarding from"), "crictl said {first:?}");
+    for page in pages {
+        assert!(
+            page.as_deref()
+                .is_some_and(|p| p.contains("200 OK") && p.trim_end().ends_with(&name)),
+            "through the forward: {page:?}"
+        );
+    }
+    assert_eq!(nothing, None, "a port nothing listens on answered");
 }

@@ -4,13 +4,20 @@
 //! dialling `localhost:PORT` there. Under vmlet the pod's servers listen in the guest, so
 //! the shim listens in the pod namespace instead: one socket on 127.0.0.1, which every TCP
 //! connection to the namespace's loopback reaches whatever its port ([`crate::host::sk_lookup`]),
-//! and each accepted connection is carried over vsock to the agent, which dials the same
-//! port on the guest's loopback ([`vmlet_protocol::ForwardRequest`]). A port nothing in the
-//! guest listens on is refused there, and the client sees its connection closed.
+//! and each accepted connection goes to the same port in the guest ([`Target`]):
+//! - vmlet's guest: carried over vsock to the agent, which dials the port on the guest's
+//!   loopback ([`vmlet_protocol::ForwardRequest`]);
+//! - a VM image (docs/vm-mode.md), which has no vmlet agent: dialled on the guest's address
+//!   on the pod network, from the shim's own namespace, as the node reaches its pods (the
+//!   kubelet's HTTP probes do the same). Only a server listening on that address (or on
+//!   all of them) is reached, not one on the guest's loopback.
 //!
-//! Only processes in the pod namespace can connect (the steering matches 127.0.0.1, which
-//! packets from the guest's tap cannot carry), at most [`MAX_CONNECTIONS`] at a time.
+//! A port nothing in the guest listens on is refused there, and the client sees its
+//! connection closed. Only processes in the pod namespace can connect (the steering matches
+//! 127.0.0.1, which packets from the guest's tap cannot carry), at most [`MAX_CONNECTIONS`]
+//! at a time.
 
+use std::net::IpAddr;
 use std::os::fd::AsFd;
 use std::path::Path;
 use std::sync::Arc;
@@ -30,6 +37,17 @@ pub const MAX_CONNECTIONS: usize = 64;
 /// How long the agent may take to say whether it reached the guest's port (it gives up
 /// dialling after 5 s).
 const REPLY_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long dialling a VM image's address may take.
+const DIAL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Where a forwarded connection goes.
+#[derive(Clone)]
+pub enum Target {
+    /// vmlet's agent, over vsock: it dials the port on the guest's loopback.
+    Agent(Endpoint),
+    /// The guest's address on the pod network, dialled from the shim's namespace.
+    Address(IpAddr),
+}
 
 /// The pod's forwarding; stops (listener closed, steering detached, every connection
 /// dropped) when stopped or dropped.
@@ -38,15 +56,10 @@ pub struct PortForward {
 }
 
 impl PortForward {
-    /// Starts forwarding the loopback of the network namespace at `netns` into the guest
-    /// behind `endpoint`. None, with a warning, when that namespace's loopback has no
+    /// Starts forwarding the loopback of the network namespace at `netns` to `target`. None, with a warning, when that namespace's loopback has no
     /// 127.0.0.1 (the CNI loopback plugin did not run): a client there could reach nothing
     /// under runc either.
-    pub async fn start(
-        netns: &Path,
-        endpoint: Endpoint,
-        pod_id: &str,
-    ) -> Result<Option<Self>, Error> {
+    pub async fn start(netns: &Path, target: Target, pod_id: &str) -> Result<Option<Self>, Error> {
         let path = netns.to_owned();
         let listening = tokio::task::spawn_blocking(move || listen_in(&path))
             .await
@@ -67,7 +80,7 @@ impl PortForward {
         let task = tokio::spawn(async move {
             // Owned by the task: aborting it detaches the steering and closes the listener.
             let _link = link;
-            accept_loop(listener, endpoint, &pod_id).await;
+            accept_loop(listener, target, &pod_id).await;
         });
         Ok(Some(PortForward { task }))
     }
@@ -109,7 +122,7 @@ fn listen_in(netns: &Path) -> Result<Option<(std::net::TcpListener, std::os::fd:
     .map_err(|_| Error::Internal("the port-forward setup thread panicked".into()))?
 }
 
-async fn accept_loop(listener: TcpListener, endpoint: Endpoint, pod_id: &str) {
+async fn accept_loop(listener: TcpListener, target: Target, pod_id: &str) {
     let limit = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     // Dropped with the task: every connection ends with the forwarding.
     let mut connections = JoinSet::new();
@@ -132,22 +145,52 @@ async fn accept_loop(listener: TcpListener, endpoint: Endpoint, pod_id: &str) {
             );
             continue;
         };
-        let (endpoint, pod_id) = (endpoint.clone(), pod_id.to_owned());
+        let (target, pod_id) = (target.clone(), pod_id.to_owned());
         connections.spawn(async move {
             let _permit = permit;
-            if let Err(e) = carry(client, &endpoint).await {
+            if let Err(e) = carry(client, &target).await {
                 log::warn!("pod {pod_id}: port-forward: {}", e.message());
             }
         });
     }
 }
 
-/// One connection: asks the agent for the port it was made to, then copies both ways.
-async fn carry(mut client: TcpStream, endpoint: &Endpoint) -> Result<(), Error> {
+/// One connection: reaches the port it was made to in the guest, then copies both ways.
+async fn carry(mut client: TcpStream, target: &Target) -> Result<(), Error> {
     let port = client
         .local_addr()
         .map_err(|e| Error::io("port-forward: local address", e))?
         .port();
+    match target {
+        Target::Agent(endpoint) => {
+            let mut guest = through_agent(endpoint, port).await?;
+            let _ = tokio::io::copy_bidirectional(&mut client, &mut guest).await;
+        }
+        Target::Address(address) => {
+            let mut guest = dial(*address, port).await?;
+            let _ = tokio::io::copy_bidirectional(&mut client, &mut guest).await;
+        }
+    }
+    Ok(())
+}
+
+/// A VM image's `port` on its pod address, within [`DIAL_TIMEOUT`].
+async fn dial(address: IpAddr, port: u16) -> Result<TcpStream, Error> {
+    match tokio::time::timeout(DIAL_TIMEOUT, TcpStream::connect((address, port))).await {
+        Ok(Ok(guest)) => Ok(guest),
+        Ok(Err(e)) => Err(Error::io(
+            format!("port-forward to the guest's {address} port {port}"),
+            e,
+        )),
+        Err(_) => Err(Error::Timeout(format!(
+            "port-forward to the guest's {address} port {port}: no answer within {DIAL_TIMEOUT:?}"
+        ))),
+    }
+}
+
+/// Asks the agent for `port` on the guest's loopback; the stream carries the connection
+/// once the agent said it reached it.
+async fn through_agent(endpoint: &Endpoint, port: u16) -> Result<Box<dyn Stream>, Error> {
     let mut guest = endpoint.connect(FORWARD_PORT).await?;
     guest
         .write_all(ForwardRequest { port }.to_string().as_bytes())
@@ -165,8 +208,7 @@ async fn carry(mut client: TcpStream, endpoint: &Endpoint) -> Result<(), Error> 
             "port-forward to guest port {port}: {reason}"
         )));
     }
-    let _ = tokio::io::copy_bidirectional(&mut client, &mut guest).await;
-    Ok(())
+    Ok(guest)
 }
 
 /// The agent's reply line, at most [`MAX_HEADER_LEN`] bytes, byte by byte (what follows
@@ -190,4 +232,56 @@ async fn read_reply(guest: &mut Box<dyn Stream>) -> Result<ForwardReply, Error> 
     }
     let line = String::from_utf8_lossy(&line);
     ForwardReply::parse(&line).map_err(|e| Error::Internal(format!("port-forward: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A VM image's forward: the connection made to the listener's port reaches the same
+    /// port on the guest's address (127.0.0.2 standing in for it), both ways.
+    #[tokio::test]
+    async fn a_connection_reaches_the_same_port_on_the_guests_address() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let guest = TcpListener::bind(("127.0.0.2", port)).await.unwrap();
+        let served = tokio::spawn(async move {
+            let (mut conn, _) = guest.accept().await.unwrap();
+            let mut asked = [0u8; 4];
+            conn.read_exact(&mut asked).await.unwrap();
+            conn.write_all(b"pong").await.unwrap();
+            asked
+        });
+        let forward = tokio::spawn(accept_loop(
+            listener,
+            Target::Address("127.0.0.2".parse().unwrap()),
+            "pod",
+        ));
+        let mut client = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+        client.write_all(b"ping").await.unwrap();
+        let mut answer = [0u8; 4];
+        client.read_exact(&mut answer).await.unwrap();
+        forward.abort();
+        assert_eq!(&answer, b"pong");
+        assert_eq!(&served.await.unwrap(), b"ping");
+    }
+
+    /// Nothing listens on the guest's port: the client's connection is closed, not held.
+    #[tokio::test]
+    async fn a_port_nothing_listens_on_closes_the_clients_connection() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let forward = tokio::spawn(accept_loop(
+            listener,
+            Target::Address("127.0.0.3".parse().unwrap()),
+            "pod",
+        ));
+        let mut client = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+        let mut rest = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(10), client.read_to_end(&mut rest))
+            .await
+            .expect("the connection is closed");
+        forward.abort();
+        assert!(read.is_err() || rest.is_empty(), "{read:?} {rest:?}");
+    }
 }

@@ -9,7 +9,7 @@ use vmlet_protocol::agent_ttrpc::AgentClient;
 use super::net::{PendingTaps, PodNet, TapServer};
 use super::{accel, agent_link, host_setup, launch, net, vsock_backend, BootRequest, Recorder};
 use crate::devices::hotplug::Hotplug;
-use crate::guest::port_forward::PortForward;
+use crate::guest::port_forward::{PortForward, Target};
 use crate::guest::vsock::Endpoint;
 use crate::host::pod_paths::PodPaths;
 use crate::task::phases::Phases;
@@ -75,7 +75,10 @@ pub(super) async fn run(
     agent_link::configure_network(&agent, &net.interfaces).await?;
     phases.mark("guest_network");
     let port_forward = match &netns {
-        Some(netns) => PortForward::start(&netns.path, endpoint.clone(), &req.pod_id).await?,
+        Some(netns) => {
+            let target = Target::Agent(endpoint.clone());
+            PortForward::start(&netns.path, target, &req.pod_id).await?
+        }
         None => None,
     };
     phases.mark("port_forward");
@@ -151,6 +154,8 @@ pub(super) struct BootedImage {
     pub console: crate::vm_mode::serial_console::SerialConsole,
     /// The QEMU guest agent's port, which runs the pod's execs.
     pub guest_agent: tokio::net::UnixStream,
+    /// Port-forward to the guest's pod address.
+    pub port_forward: Option<PortForward>,
 }
 
 /// Boots a VM image (docs/vm-mode.md): the host side and network as for vmlet's guest,
@@ -237,7 +242,13 @@ pub(super) async fn run_image(
             .await?;
         phases.mark("volumes");
     }
+    let port_forward = match &netns {
+        Some(netns) => image_port_forward(netns, &net, &req.pod_id).await?,
+        None => None,
+    };
+    phases.mark("port_forward");
     Ok(BootedImage {
+        port_forward,
         hotplug: launched.hotplug,
         ended: launched.ended,
         qemu_pid: launched.qemu_pid,
@@ -250,6 +261,30 @@ pub(super) async fn run_image(
             Error::Internal("a VM image launched without its guest agent's port".into())
         })?,
     })
+}
+
+/// Port-forward to the VM image's address on its first interface (IPv4 first); none, with
+/// a warning, when that interface has no address.
+async fn image_port_forward(
+    netns: &host_setup::PodNetns,
+    net: &PodNet,
+    pod_id: &str,
+) -> Result<Option<PortForward>, Error> {
+    let addresses = net
+        .interfaces
+        .first()
+        .map(|i| &i.addresses[..])
+        .unwrap_or(&[]);
+    let Some(address) = addresses
+        .iter()
+        .map(|a| a.addr)
+        .find(std::net::IpAddr::is_ipv4)
+        .or_else(|| addresses.first().map(|a| a.addr))
+    else {
+        log::warn!("pod {pod_id}: no port-forward: its first interface has no address");
+        return Ok(None);
+    };
+    PortForward::start(&netns.path, Target::Address(address), pod_id).await
 }
 
 /// A DHCP responder on each of the pod's taps that has an address to give (the guest's

@@ -36,6 +36,7 @@ pub struct ImageVm {
     stopping: AtomicBool,
     /// The cgroup QEMU runs in (the container's), whose figures are the VM's stats.
     cgroup: Option<PodCgroup>,
+    port_forward: Option<crate::guest::port_forward::PortForward>,
 }
 
 impl ImageVm {
@@ -73,6 +74,7 @@ impl ImageVm {
             state: Mutex::new(state),
             vmm,
             tap_server: booted.tap_server,
+            port_forward: booted.port_forward,
             dhcp: Mutex::new(booted.dhcp),
             guest: ImageGuest {
                 qmp: booted.hotplug.qmp().clone(),
@@ -149,6 +151,9 @@ impl PodVm for ImageVm {
     async fn teardown(&self) -> Result<(), Error> {
         if let Some(server) = &self.tap_server {
             server.stop();
+        }
+        if let Some(forward) = &self.port_forward {
+            forward.stop();
         }
         self.dhcp.lock().unwrap().clear();
         self.stopping.store(true, Ordering::SeqCst);
