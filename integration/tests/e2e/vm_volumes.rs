@@ -2,7 +2,11 @@
 //! volume (the container's `devices`, as kubelet gives a `volumeDevice`) is a disk of the
 //! VM that the guest finds by the volume's name under `/dev/disk/by-id/`, and what one pod
 //! wrote on it the next pod reads; ContainerStats has the VM's CPU and memory, read from
-//! QEMU's cgroup on the host. Run by `make test`.
+//! QEMU's cgroup on the host. Filesystem volumes (a configMap's directory as kubelet writes
+//! it, a read-write emptyDir) are mounted at their paths by the seed over virtio-fs: an
+//! update of the configMap is seen, a write to the emptyDir reaches the host, and the guest
+//! can neither write the read-only one nor see anything of the host but its volumes. Run by
+//! `make test`.
 
 use crate::block_devices::LoopDevice;
 use crate::support::{stack, PodUnderTest};
@@ -83,4 +87,151 @@ async fn a_block_volume_is_a_disk_of_the_vm_the_next_pod_reads_and_stats_are_the
         "the host's file holds {:?}",
         String::from_utf8_lossy(&on_host)
     );
+}
+
+/// A directory laid out as kubelet's atomic writer leaves a configMap volume: the data in a
+/// timestamped directory, `..data` naming it, each key a link through `..data`; removed on
+/// drop.
+struct ConfigMapDir(std::path::PathBuf);
+
+impl ConfigMapDir {
+    fn new(value: &str) -> Self {
+        let dir = std::env::temp_dir().join(unique_id("vm-configmap"));
+        std::fs::create_dir(&dir).unwrap();
+        let it = ConfigMapDir(dir);
+        it.publish("..2026_11_29_first", value);
+        std::os::unix::fs::symlink("..data/key", it.0.join("key")).unwrap();
+        it
+    }
+
+    /// Writes `value` into a new data directory and swaps `..data` to it with a rename, as
+    /// kubelet updates a configMap volume.
+    fn publish(&self, version: &str, value: &str) {
+        std::fs::create_dir(self.0.join(version)).unwrap();
+        std::fs::write(self.0.join(version).join("key"), value).unwrap();
+        let _ = std::fs::remove_file(self.0.join("..data_tmp"));
+        std::os::unix::fs::symlink(version, self.0.join("..data_tmp")).unwrap();
+        std::fs::rename(self.0.join("..data_tmp"), self.0.join("..data")).unwrap();
+    }
+}
+
+impl Drop for ConfigMapDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// `command` through the guest agent; its stdout, trimmed, and exit code.
+async fn in_guest(p: &mut PodUnderTest, c: &str, command: &str) -> (String, i32) {
+    let r = p
+        .cri
+        .exec_sync(c, &["sh", "-c", command], 30)
+        .await
+        .expect("an exec through the guest agent");
+    (
+        String::from_utf8_lossy(&r.stdout).trim().to_owned(),
+        r.exit_code,
+    )
+}
+
+#[tokio::test]
+#[ignore = "needs the vmlet stack: make test"]
+async fn filesystem_volumes_are_mounted_a_config_map_update_is_seen_and_read_only_holds() {
+    let s = stack();
+    let config = ConfigMapDir::new("first-value");
+    let scratch = std::env::temp_dir().join(unique_id("vm-emptydir"));
+    std::fs::create_dir(&scratch).unwrap();
+    let _scratch = scopeguard(scratch.clone());
+    let mut p = vm_pod(
+        &s,
+        "runcmd:\n  - echo \"vmlet-marker $(hostname) $(cat /etc/app/key)\"\n",
+        &[],
+    )
+    .await;
+    let mut container = Cri::container_config(&p.config, "vm", &vm_image(), &[], 0);
+    container.mounts = vec![
+        k8s_cri::v1::Mount {
+            container_path: "/etc/app".into(),
+            host_path: config.0.to_string_lossy().into_owned(),
+            readonly: true,
+            ..Default::default()
+        },
+        k8s_cri::v1::Mount {
+            container_path: "/scratch".into(),
+            host_path: scratch.to_string_lossy().into_owned(),
+            ..Default::default()
+        },
+    ];
+    let (pod, pod_config) = (p.pod.clone(), p.config.clone());
+    let c = p
+        .cri
+        .create_and_start_config(&pod, &pod_config, container)
+        .await
+        .unwrap();
+    let name = pod_config.metadata.as_ref().unwrap().name.clone();
+    let marker = marker_in(&p.logs.join("vm.log"), &name, "v2").await;
+
+    config.publish("..2026_11_29_second", "second-value");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let updated = loop {
+        let (value, _) = in_guest(&mut p, &c, "cat /etc/app/key").await;
+        if value == "second-value" || std::time::Instant::now() > deadline {
+            break value;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    };
+    let (_, wrote) = in_guest(&mut p, &c, "echo from-the-guest > /scratch/out").await;
+    // The attack: write the read-only volume, first as mounted, then remounted read-write.
+    let (_, plain) = in_guest(&mut p, &c, "echo x > /etc/app/planted").await;
+    let (_, remounted) = in_guest(
+        &mut p,
+        &c,
+        "mount -o remount,rw /etc/app && echo x > /etc/app/planted",
+    )
+    .await;
+    let (_, share_rw) = in_guest(
+        &mut p,
+        &c,
+        "mount -o remount,rw /run/vmlet/volumes && echo x > /run/vmlet/volumes/planted",
+    )
+    .await;
+    let (listing, _) = in_guest(&mut p, &c, "ls -A /run/vmlet/volumes | tr '\\n' ' '").await;
+    p.finish(&[&c]).await;
+
+    assert!(
+        marker.ends_with(&format!("vmlet-marker {name} first-value")),
+        "{marker}"
+    );
+    assert_eq!(
+        updated, "second-value",
+        "the configMap's update in the guest"
+    );
+    assert_eq!(wrote, 0);
+    assert_eq!(
+        std::fs::read_to_string(scratch.join("out")).unwrap(),
+        "from-the-guest\n"
+    );
+    assert_ne!(plain, 0, "a write to the read-only volume succeeded");
+    assert_ne!(
+        remounted, 0,
+        "a write after remounting it read-write succeeded"
+    );
+    assert_ne!(share_rw, 0, "a write to the share's top succeeded");
+    assert!(!config.0.join("planted").exists());
+    // The container's binds, by number; not its root file system (the image).
+    assert!(
+        !listing.is_empty() && listing.split_whitespace().all(|n| n.parse::<u32>().is_ok()),
+        "the guest sees of the host: {listing}"
+    );
+}
+
+/// Removes a test directory on drop.
+fn scopeguard(dir: std::path::PathBuf) -> impl Drop {
+    struct Remove(std::path::PathBuf);
+    impl Drop for Remove {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    Remove(dir)
 }

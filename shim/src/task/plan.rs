@@ -140,12 +140,13 @@ impl CreatePlan {
                 boot.options.disk_driver = pod_annotations
                     .disk_driver
                     .unwrap_or(vmlet_config::DiskDriver::Virtio);
-                boot.image = Some(image_request(
+                let mut image = image_request(&req.id, spec, &pod_annotations, &block_devices)?;
+                image.volumes = crate::vm_mode::volumes::from_mounts(
                     &req.id,
-                    spec,
-                    &pod_annotations,
-                    &block_devices,
-                )?);
+                    &agent_request.mounts,
+                    &boot.binds,
+                );
+                boot.image = Some(image);
             }
             Ok(boot)
         };
@@ -394,6 +395,7 @@ fn image_request(
         root_bus: RootBus::of(pod.disk_driver),
         firmware: pod.firmware.unwrap_or_default(),
         disks: image_disks(id, pod, block_devices)?,
+        volumes: Vec::new(),
     })
 }
 

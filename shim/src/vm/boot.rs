@@ -218,6 +218,7 @@ pub(super) async fn run_image(
         interfaces: &net.interfaces,
         dns: &dns,
         network_config: image.network_config,
+        volumes: &image.volumes,
     })?;
     let seed_iso = &paths.seed_iso;
     seed.write_iso(seed_dir, seed_iso).await?;
@@ -230,6 +231,17 @@ pub(super) async fn run_image(
         root_bus: image.root_bus,
         firmware: image.firmware,
         guest_agent_socket: paths.guest_agent_socket.to_string_lossy().into_owned(),
+        volumes: crate::vm_mode::volumes::any_shared(&image.volumes).then(|| {
+            crate::vmm::vm_spec::VolumeShare {
+                virtiofsd: config.helpers.virtiofsd.to_string_lossy().into_owned(),
+                dir: paths
+                    .share
+                    .join(&req.container_id)
+                    .join("mounts")
+                    .to_string_lossy()
+                    .into_owned(),
+            }
+        }),
     });
     let taps = net.taps.take();
     let launched = launch_domain(config, &vmm, req, paths, rec, phases, guest, taps).await?;

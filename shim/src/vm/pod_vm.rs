@@ -262,6 +262,8 @@ pub struct ImageRequest {
     /// The container's block devices (Kubernetes `volumeDevices`), plugged in as disks of
     /// the VM on the pod's disk driver, each with its serial ([`BlockDevice::named`]).
     pub disks: Vec<BlockDevice>,
+    /// The container's filesystem volumes, which the seed mounts in the guest.
+    pub volumes: Vec<crate::vm_mode::volumes::GuestVolume>,
 }
 
 /// The pod's host process (see [`crate::host::netns_holder`]): started before the VM in the pod

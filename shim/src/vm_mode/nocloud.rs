@@ -182,6 +182,8 @@ pub struct SeedInput<'a> {
     /// Whether the seed has a `network-config` (without it, cloud-init falls back to DHCP
     /// on the first interface).
     pub network_config: bool,
+    /// The container's filesystem volumes, mounted by vmlet's `bootcmd`.
+    pub volumes: &'a [crate::vm_mode::volumes::GuestVolume],
 }
 
 /// The seed's files.
@@ -299,9 +301,12 @@ impl Seed {
     }
 }
 
-/// vmlet's own cloud-config: the SSH keys and the environment file.
+/// vmlet's own cloud-config: the SSH keys, the environment file and the volumes' mounts.
 fn vmlet_part(input: &SeedInput) -> Option<Value> {
     let mut part = Map::new();
+    if let Some(script) = crate::vm_mode::volumes::mount_script(input.volumes) {
+        part.insert("bootcmd".into(), json!([["sh", "-c", script]]));
+    }
     if !input.ssh_keys.is_empty() {
         part.insert("ssh_authorized_keys".into(), json!(input.ssh_keys));
     }
@@ -331,7 +336,7 @@ fn user_data(input: &SeedInput) -> Result<String, Error> {
         (Some(text), _) => Some(format!("#cloud-config\n{text}")),
         (None, Some(script)) => Some(script.replace(
             VIRTLET_MOUNT_SCRIPT,
-            "# vmlet: no volumes to mount (block volumes are under /dev/disk/by-id/)",
+            "# vmlet: volumes are mounted at boot (bootcmd); block volumes are under /dev/disk/by-id/",
         )),
         (None, None) => None,
     };
@@ -562,6 +567,7 @@ mod tests {
             interfaces,
             dns,
             network_config: true,
+            volumes: &[],
         }
     }
 
@@ -617,6 +623,32 @@ mod tests {
         assert_eq!(
             our_part(&seed.user_data)["ssh_authorized_keys"][0],
             "ssh-ed25519 AAAAC3Nza new"
+        );
+    }
+
+    #[test]
+    fn the_volumes_are_mounted_by_vmlets_bootcmd() {
+        let dns = Dns::default();
+        let volumes = [crate::vm_mode::volumes::GuestVolume {
+            destination: "/etc/app".into(),
+            readonly: true,
+            source: crate::vm_mode::volumes::VolumeSource::Shared {
+                path: "1".into(),
+                file: false,
+            },
+        }];
+        let mut with_volumes = input(Some("runcmd: [true]"), &[], &[], &[], &dns);
+        with_volumes.volumes = &volumes;
+        let ours = our_part(&Seed::build(&with_volumes).unwrap().user_data);
+        let bootcmd = &ours["bootcmd"][0];
+        assert_eq!(bootcmd[0], "sh");
+        assert_eq!(bootcmd[1], "-c");
+        assert!(
+            bootcmd[2]
+                .as_str()
+                .unwrap()
+                .contains("mount --bind '/run/vmlet/volumes/1' '/etc/app'"),
+            "{bootcmd}"
         );
     }
 

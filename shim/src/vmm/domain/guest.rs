@@ -136,9 +136,14 @@ impl GuestBoot {
         }]
     }
 
+    /// vmlet's guest's share, or a VM image's volumes'.
     pub(super) fn filesystems(&self) -> Vec<Filesystem> {
-        let GuestBoot::Agent(a) = self else {
-            return Vec::new();
+        let (virtiofsd, dir, tag) = match self {
+            GuestBoot::Agent(a) => (&a.virtiofsd, &a.share_dir, a.share_tag.as_str()),
+            GuestBoot::Image(crate::vmm::vm_spec::ImageDisks {
+                volumes: Some(v), ..
+            }) => (&v.virtiofsd, &v.dir, crate::vm_mode::volumes::TAG),
+            GuestBoot::Image(_) => return Vec::new(),
         };
         vec![Filesystem {
             kind: "mount",
@@ -147,13 +152,11 @@ impl GuestBoot {
                 kind: "virtiofs".into(),
             },
             binary: PathAttr {
-                path: a.virtiofsd.clone(),
+                path: virtiofsd.clone(),
             },
-            source: DirAttr {
-                dir: a.share_dir.clone(),
-            },
+            source: DirAttr { dir: dir.clone() },
             target: DirAttr {
-                dir: a.share_tag.clone(),
+                dir: tag.to_owned(),
             },
         }]
     }

@@ -355,6 +355,7 @@ mod tests {
             root_bus,
             firmware,
             guest_agent_socket: "/run/vmlet/t1/qga.sock".into(),
+            volumes: None,
         })
     }
 
@@ -377,6 +378,22 @@ mod tests {
         for absent in ["<kernel>", "<filesystem", "<vsock", "vhost-user-vsock"] {
             assert!(!xml.contains(absent), "{absent} in\n{xml}");
         }
+    }
+
+    #[test]
+    fn a_vm_images_volumes_are_one_virtio_fs_share() {
+        let mut p = spec(VsockDevice::Vhost);
+        let mut guest = image_guest(RootBus::Virtio, Firmware::Bios);
+        if let GuestBoot::Image(image) = &mut guest {
+            image.volumes = Some(crate::vmm::vm_spec::VolumeShare {
+                virtiofsd: "/usr/libexec/virtiofsd".into(),
+                dir: "/run/vmlet/t1/share/t1/mounts".into(),
+            });
+        }
+        p.guest = guest;
+        let xml = Domain::new(&p).to_xml().unwrap();
+        let fs = "<filesystem type=\"mount\" accessmode=\"passthrough\"><driver type=\"virtiofs\"/><binary path=\"/usr/libexec/virtiofsd\"/><source dir=\"/run/vmlet/t1/share/t1/mounts\"/><target dir=\"vmlet-volumes\"/></filesystem>";
+        assert!(xml.contains(fs), "{xml}");
     }
 
     #[test]

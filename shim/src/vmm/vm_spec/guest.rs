@@ -61,6 +61,16 @@ pub struct ImageDisks {
     /// The shim's socket the VM's QEMU guest agent channel
     /// ([`crate::guest::guest_agent::PORT_NAME`]) connects to.
     pub guest_agent_socket: String,
+    /// The container's filesystem volumes' share, when it has any.
+    pub volumes: Option<VolumeShare>,
+}
+
+/// A VM image's volumes over virtio-fs ([`crate::vm_mode::volumes`]): the directory libvirt's
+/// virtiofsd exports under the tag [`crate::vm_mode::volumes::TAG`].
+#[derive(Debug, Clone)]
+pub struct VolumeShare {
+    pub virtiofsd: String,
+    pub dir: String,
 }
 
 /// The bus a VM image's root disk is on: the pod's disk driver (`vmlet.io/disk-driver`), else
