@@ -28,7 +28,7 @@ pub struct HostBind {
 /// Whether a mount's options leave it read-only (`ro` or `rro`; the last of them and `rw`
 /// wins, as the agent reads them). The host side of a share bind is read-only with all its
 /// submounts either way: the guest sees one file system there.
-fn is_readonly(options: &[String]) -> bool {
+pub fn is_readonly(options: &[String]) -> bool {
     options
         .iter()
         .rev()

@@ -62,16 +62,7 @@ pub fn from_mounts(container_id: &str, mounts: &[Mount], binds: &[HostBind]) -> 
         .iter()
         .filter(|m| m.type_ == "bind" && !is_runtimes(&m.destination))
         .filter_map(|m| {
-            let readonly = m
-                .options
-                .iter()
-                .rev()
-                .find_map(|o| match o.as_str() {
-                    "ro" | "rro" => Some(true),
-                    "rw" => Some(false),
-                    _ => None,
-                })
-                .unwrap_or(false);
+            let readonly = crate::spec::is_readonly(&m.options);
             let source = if let Some(v) = m.pod_volume.as_ref() {
                 VolumeSource::Memory {
                     name: v.name.clone(),
