@@ -8,6 +8,9 @@ use crate::annotation_values::*;
 use crate::cpu_setting::CpuSetting;
 use crate::{parse_memory_mib, Error};
 
+/// The longest block volume name (the serial every disk driver carries whole).
+const MAX_VOLUME_NAME: usize = 20;
+
 /// Every vmlet annotation starts with this prefix.
 pub const ANNOTATION_PREFIX: &str = "vmlet.io/";
 /// Virtlet's annotations start with this prefix (no domain).
@@ -39,6 +42,9 @@ pub enum AnnotationKey {
     ImageType,
     /// The size a VM-mode pod's root disk grows to (a quantity: `4Gi`).
     RootVolumeSize,
+    /// The name of the block volume a VM-mode pod's root lives on (persistent root): the
+    /// last part of one of the container's `devicePath`s.
+    RootVolume,
     /// cloud-init user-data for a VM-mode pod (a YAML mapping, cloud-config).
     CloudInitUserData,
     /// SSH public keys for a VM-mode pod, one per line.
@@ -96,6 +102,7 @@ pub const ANNOTATION_KEYS: &[(&str, AnnotationKey)] = &[
     ("VirtletLibvirtCPUSetting", AnnotationKey::LibvirtCpuSetting),
     ("vmlet.io/image-type", AnnotationKey::ImageType),
     ("vmlet.io/root-volume-size", AnnotationKey::RootVolumeSize),
+    ("vmlet.io/root-volume", AnnotationKey::RootVolume),
     (
         "vmlet.io/cloud-init-user-data",
         AnnotationKey::CloudInitUserData,
@@ -163,6 +170,7 @@ pub const DEFAULT_ALLOWED: &[&str] = &[
     "vmlet.io/disk-driver",
     "vmlet.io/image-type",
     "vmlet.io/root-volume-size",
+    "vmlet.io/root-volume",
     "vmlet.io/cloud-init-user-data",
     "vmlet.io/ssh-keys",
     "vmlet.io/cloud-init-network-config",
@@ -299,6 +307,8 @@ pub struct PodAnnotations {
     pub image_type: Option<ImageType>,
     /// The size (MiB) a VM-mode pod's root disk grows to.
     pub root_volume_mib: Option<u64>,
+    /// The block volume (its name) a VM-mode pod's root lives on.
+    pub root_volume: Option<String>,
     /// cloud-init user-data (a YAML mapping), as given.
     pub cloud_init_user_data: Option<String>,
     /// SSH public keys, one per entry.
@@ -370,9 +380,21 @@ impl PodAnnotations {
             parsed.set(*known, key, value)?;
         }
         parsed.check_virtlet_pairs(&seen)?;
+        if let (Some(_), Some((key, value))) = (
+            &parsed.root_volume,
+            seen.get(&AnnotationKey::RootVolumeSize),
+        ) {
+            return Err(Error::InvalidAnnotation {
+                key: (*key).clone(),
+                value: (*value).clone(),
+                reason: "a root on a block volume (vmlet.io/root-volume) is that volume's size"
+                    .into(),
+            });
+        }
         if parsed.image_type != Some(ImageType::Vm) {
             for setting in [
                 AnnotationKey::RootVolumeSize,
+                AnnotationKey::RootVolume,
                 AnnotationKey::CloudInitUserData,
                 AnnotationKey::SshKeys,
                 AnnotationKey::CloudInitNetworkConfig,
@@ -505,6 +527,18 @@ impl PodAnnotations {
             }
             AnnotationKey::RootVolumeSize => {
                 self.root_volume_mib = Some(parse_memory_mib(value).map_err(invalid)?);
+            }
+            AnnotationKey::RootVolume => {
+                let name = check_name(value.trim(), "a block volume").map_err(invalid)?;
+                if name.len() > MAX_VOLUME_NAME
+                    || name.starts_with('.')
+                    || name.starts_with("vmlet")
+                {
+                    return Err(invalid(format!(
+                        "expected the last part of one of the container's devicePaths: 1 to {MAX_VOLUME_NAME} letters, digits, '.', '_' or '-', not starting with '.' or vmlet"
+                    )));
+                }
+                self.root_volume = Some(name);
             }
             AnnotationKey::CloudInitUserData => {
                 self.cloud_init_user_data = Some(check_user_data(value).map_err(invalid)?);
@@ -786,6 +820,9 @@ mod tests {
             ("vmlet.io/ssh-keys", "ssh-rsa"),
             ("vmlet.io/ssh-keys", "ssh-rsa AAAA\u{7}"),
             ("vmlet.io/root-volume-size", "big"),
+            ("vmlet.io/root-volume", "../dev/sda"),
+            ("vmlet.io/root-volume", "vmlet0"),
+            ("vmlet.io/root-volume", "a-name-longer-than-twenty"),
             ("vmlet.io/cloud-init-network-config", "dhcp"),
             ("vmlet.io/firmware", "efi"),
         ];
@@ -805,6 +842,31 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(err.contains("longer than"), "{err}");
+    }
+
+    #[test]
+    fn a_root_volume_is_named_and_takes_no_size() {
+        let a = parse(&[
+            ("vmlet.io/image-type", "vm"),
+            ("vmlet.io/root-volume", "root"),
+        ])
+        .unwrap();
+        assert_eq!(a.root_volume.as_deref(), Some("root"));
+        let err = parse(&[
+            ("vmlet.io/image-type", "vm"),
+            ("vmlet.io/root-volume", "root"),
+            ("VirtletRootVolumeSize", "4Gi"),
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("VirtletRootVolumeSize") && err.contains("that volume's size"),
+            "{err}"
+        );
+        let err = parse(&[("vmlet.io/root-volume", "root")])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("only a VM-mode pod"), "{err}");
     }
 
     #[test]

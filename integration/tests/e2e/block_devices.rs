@@ -23,6 +23,18 @@ impl LoopDevice {
     pub(crate) fn new(s: &Stack, name: &str) -> Self {
         let file = PathBuf::from(&s.dir).join(format!("{name}.img"));
         std::fs::write(&file, vec![0u8; 4 << 20]).unwrap();
+        Self::attach(file)
+    }
+
+    /// A device of `size` bytes over a sparse file in `/var/tmp` (the node's disk, not the
+    /// stack's tmpfs).
+    pub(crate) fn sparse(name: &str, size: u64) -> Self {
+        let file = PathBuf::from("/var/tmp").join(format!("{name}.img"));
+        std::fs::File::create(&file).unwrap().set_len(size).unwrap();
+        Self::attach(file)
+    }
+
+    fn attach(file: PathBuf) -> Self {
         let out = Command::new("losetup")
             .args(["--find", "--show"])
             .arg(&file)

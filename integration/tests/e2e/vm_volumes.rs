@@ -5,8 +5,11 @@
 //! QEMU's cgroup on the host. Filesystem volumes (a configMap's directory as kubelet writes
 //! it, a read-write emptyDir) are mounted at their paths by the seed over virtio-fs: an
 //! update of the configMap is seen, a write to the emptyDir reaches the host, and the guest
-//! can neither write the read-only one nor see anything of the host but its volumes. Run by
-//! `make test`.
+//! can neither write the read-only one nor see anything of the host but its volumes. A
+//! persistent root (`vmlet.io/root-volume`) keeps the guest's files from one pod to the next,
+//! and is booted raw whatever its bytes say. Run by `make test`.
+
+use std::process::Command;
 
 use crate::block_devices::LoopDevice;
 use crate::support::{stack, PodUnderTest};
@@ -31,20 +34,8 @@ async fn vm_pod_with_volume(
     device: &str,
     user_data: String,
 ) -> (PodUnderTest, String, String) {
-    let mut p = vm_pod(s, &user_data, &[]).await;
-    let mut container = Cri::container_config(&p.config, "vm", &vm_image(), &[], 0);
-    container.devices = vec![k8s_cri::v1::Device {
-        container_path: "/dev/data".into(),
-        host_path: device.into(),
-        permissions: "rwm".into(),
-    }];
-    let (pod, config) = (p.pod.clone(), p.config.clone());
-    let c = p
-        .cri
-        .create_and_start_config(&pod, &config, container)
-        .await
-        .unwrap();
-    let name = config.metadata.as_ref().unwrap().name.clone();
+    let (p, c) = vm_pod_with_device(s, "/dev/data", device, &user_data, &[]).await;
+    let name = p.config.metadata.as_ref().unwrap().name.clone();
     let marker = marker_in(&p.logs.join("vm.log"), &name, "v2").await;
     (p, c, marker)
 }
@@ -234,4 +225,136 @@ fn scopeguard(dir: std::path::PathBuf) -> impl Drop {
         }
     }
     Remove(dir)
+}
+
+/// A VM-mode pod booted from the block volume `device` with `user_data`: named by
+/// `vmlet.io/root-volume`, or (`at_slash`, Virtlet's way) given at `/`; the pod and its
+/// container.
+async fn vm_pod_on_root(
+    s: &Stack,
+    device: &str,
+    user_data: &str,
+    at_slash: bool,
+) -> (PodUnderTest, String) {
+    if at_slash {
+        vm_pod_with_device(s, "/", device, user_data, &[]).await
+    } else {
+        let named = [("vmlet.io/root-volume", "vm-root")];
+        vm_pod_with_device(s, "/dev/vm-root", device, user_data, &named).await
+    }
+}
+
+/// A VM-mode pod with `annotations` whose container has the host's `device` at `path` and
+/// runs `user_data`; the pod and its container.
+async fn vm_pod_with_device(
+    s: &Stack,
+    path: &str,
+    device: &str,
+    user_data: &str,
+    annotations: &[(&str, &str)],
+) -> (PodUnderTest, String) {
+    let mut p = vm_pod(s, user_data, annotations).await;
+    let mut container = Cri::container_config(&p.config, "vm", &vm_image(), &[], 0);
+    container.devices = vec![k8s_cri::v1::Device {
+        container_path: path.into(),
+        host_path: device.into(),
+        permissions: "rwm".into(),
+    }];
+    let (pod, config) = (p.pod.clone(), p.config.clone());
+    let c = p
+        .cri
+        .create_and_start_config(&pod, &config, container)
+        .await
+        .unwrap();
+    (p, c)
+}
+
+/// Whether any process on the node has `path` open.
+fn open_anywhere(path: &std::path::Path) -> bool {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .any(|process| {
+            std::fs::read_dir(process.path().join("fd"))
+                .map(|fds| {
+                    fds.flatten()
+                        .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|l| l == path))
+                })
+                .unwrap_or(false)
+        })
+}
+
+#[tokio::test]
+#[ignore = "needs the vmlet stack: make test"]
+async fn a_persistent_root_keeps_the_guests_files_and_is_booted_raw() {
+    let s = stack();
+    let id = unique_id("vm-root");
+    let mut dev = LoopDevice::sparse(&id, 1 << 30);
+    // A pod on the volume that runs `command`: its name and marker line.
+    let on_root = |command: &'static str, at_slash: bool| {
+        let (s, device) = (&s, dev.device.clone());
+        async move {
+            let user_data = format!("runcmd:\n  - {command}\n");
+            let (p, c) = vm_pod_on_root(s, &device, &user_data, at_slash).await;
+            let name = p.config.metadata.as_ref().unwrap().name.clone();
+            let marker = marker_in(&p.logs.join("vm.log"), &name, "v2").await;
+            p.finish(&[&c]).await;
+            (name, marker)
+        }
+    };
+    let (writer, kept) = on_root(
+        r#"hostname > /var/lib/vmlet-kept && sync && echo "vmlet-marker $(hostname) kept""#,
+        false,
+    )
+    .await;
+    // The next pod names it Virtlet's way.
+    let (reader, found) = on_root(
+        r#"echo "vmlet-marker $(hostname) found $(cat /var/lib/vmlet-kept)""#,
+        true,
+    )
+    .await;
+    assert!(
+        kept.ends_with(&format!("vmlet-marker {writer} kept")),
+        "{kept}"
+    );
+    assert!(
+        found.ends_with(&format!("vmlet-marker {reader} found {writer}")),
+        "the second pod found {found:?}, not what {writer} wrote"
+    );
+
+    // The attack: the volume's user puts a qcow2 header naming a host file where the guest's
+    // disk starts; the VM boots it raw, and nothing opens that file.
+    let secret = std::path::PathBuf::from("/var/tmp").join(format!("{id}.secret"));
+    std::fs::write(&secret, b"node secret").unwrap();
+    let _secret = scopeguard(secret.clone());
+    let planted = Command::new("qemu-img")
+        .args(["create", "-q", "-f", "qcow2", "-F", "raw", "-b"])
+        .arg(&secret)
+        .arg(format!("/var/tmp/{id}.qcow2"))
+        .arg("64M")
+        .status()
+        .unwrap();
+    assert!(planted.success());
+    let header = std::fs::read(format!("/var/tmp/{id}.qcow2")).unwrap();
+    let _ = std::fs::remove_file(format!("/var/tmp/{id}.qcow2"));
+    {
+        use std::os::unix::fs::FileExt;
+        let volume = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&dev.device)
+            .unwrap();
+        volume.write_all_at(&header, 1 << 20).unwrap();
+        volume.sync_all().unwrap();
+    }
+    let (third, c) = vm_pod_on_root(&s, &dev.device, "runcmd: [true]\n", false).await;
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    let opened = open_anywhere(&secret);
+    third.finish(&[&c]).await;
+    assert!(
+        !opened,
+        "the planted backing file {} was opened",
+        secret.display()
+    );
+    let on_host = dev.detach_and_read(25);
+    assert_eq!(on_host, b"vmlet persistent root v1\n", "vmlet's header");
 }

@@ -79,10 +79,20 @@ pub fn named(devices: &[BlockDevice]) -> Result<Vec<BlockDevice>, Error> {
 
 /// Opens the host's block device `major:minor` (found through sysfs), read-only or not.
 pub fn open_host(device: &BlockDevice) -> Result<OwnedFd, Error> {
+    open_host_node(device).map(|(_, fd)| fd)
+}
+
+/// [`open_host`], with the device node's path on the host (`/dev/NAME`, checked to be
+/// that device as it was opened).
+pub fn open_host_node(device: &BlockDevice) -> Result<(std::path::PathBuf, OwnedFd), Error> {
     open_host_in(Path::new("/sys/dev/block"), Path::new("/dev"), device)
 }
 
-fn open_host_in(sys: &Path, dev: &Path, device: &BlockDevice) -> Result<OwnedFd, Error> {
+fn open_host_in(
+    sys: &Path,
+    dev: &Path,
+    device: &BlockDevice,
+) -> Result<(std::path::PathBuf, OwnedFd), Error> {
     use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
     let what = format!(
         "host block device {}:{} (for {} in the container)",
@@ -113,7 +123,7 @@ fn open_host_in(sys: &Path, dev: &Path, device: &BlockDevice) -> Result<OwnedFd,
             node.display()
         )));
     }
-    Ok(OwnedFd::from(file))
+    Ok((node, OwnedFd::from(file)))
 }
 
 /// The id of hot-plug root port `i`.

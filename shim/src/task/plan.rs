@@ -379,6 +379,16 @@ fn image_request(
     pod: &PodAnnotations,
     block_devices: &[BlockDevice],
 ) -> Result<ImageRequest, Error> {
+    let (mut slash, others): (Vec<_>, Vec<_>) =
+        block_devices.iter().cloned().partition(|d| d.path == "/");
+    if slash.len() > 1 {
+        return Err(Error::InvalidArgument(format!(
+            "container {id}: {} block devices at /",
+            slash.len()
+        )));
+    }
+    let mut disks = image_disks(id, pod, &others)?;
+    let root_volume = take_root_volume(id, pod, &mut disks, slash.pop())?;
     Ok(ImageRequest {
         root_volume_mib: pod.root_volume_mib,
         instance_id: id.to_owned(),
@@ -394,9 +404,58 @@ fn image_request(
         network_config: pod.cloud_init_network.unwrap_or_default() == CloudInitNetwork::V2,
         root_bus: RootBus::of(pod.disk_driver),
         firmware: pod.firmware.unwrap_or_default(),
-        disks: image_disks(id, pod, block_devices)?,
+        disks,
         volumes: Vec::new(),
+        root_volume,
     })
+}
+
+/// The block volume the root lives on: the one `vmlet.io/root-volume` names, taken out of
+/// `disks`, or the one at `/` (Virtlet's spelling, `slash`). It must be written to (a
+/// read-only one cannot hold a root) and on a disk bus libvirt attaches (not NVMe).
+fn take_root_volume(
+    id: &str,
+    pod: &PodAnnotations,
+    disks: &mut Vec<BlockDevice>,
+    slash: Option<BlockDevice>,
+) -> Result<Option<BlockDevice>, Error> {
+    let what = match (&pod.root_volume, &slash) {
+        (None, None) => return Ok(None),
+        (Some(name), None) => format!("vmlet.io/root-volume {name:?}"),
+        (None, Some(_)) => "the block device at / (a persistent root)".to_owned(),
+        (Some(name), Some(_)) => {
+            return Err(Error::InvalidArgument(format!(
+                "container {id}: vmlet.io/root-volume {name:?} and a block device at / both name the root volume"
+            )))
+        }
+    };
+    let refused = |why: String| Error::InvalidArgument(format!("container {id}: {what}: {why}"));
+    if pod.disk_driver == Some(vmlet_config::DiskDriver::Nvme) {
+        return Err(refused(
+            "a root volume is attached as virtio or scsi, not nvme (vmlet.io/disk-driver)".into(),
+        ));
+    }
+    let volume = match (&pod.root_volume, slash) {
+        (_, Some(slash)) => slash,
+        (Some(name), None) => {
+            let Some(at) = disks.iter().position(|d| d.serial.as_deref() == Some(name)) else {
+                let names: Vec<_> = disks.iter().map(|d| d.path.as_str()).collect();
+                return Err(refused(format!(
+                    "the container has no block device whose path ends in {name:?} (its devices: {})",
+                    if names.is_empty() { "none".into() } else { names.join(", ") }
+                )));
+            };
+            disks.remove(at)
+        }
+        (None, None) => return Ok(None),
+    };
+    if volume.readonly {
+        return Err(refused(format!(
+            "{} is read-only to the container, and the guest writes its root",
+            volume.path
+        )));
+    }
+    Ok(Some(volume))
 }
 
 /// A VM image's block devices as its disks, named by their paths; on a PCI disk driver
@@ -626,6 +685,79 @@ mod tests {
             .err()
             .unwrap();
         assert!(err.to_string().contains("at most 4 on virtio"), "{err}");
+    }
+
+    #[test]
+    fn a_root_volume_is_taken_out_of_the_disks_or_refused_naming_why() {
+        let config = NodeConfig::default();
+        let device = |path: &str, access: &str| {
+            serde_json::from_value::<oci_spec::runtime::LinuxDevice>(
+                json!({"path": path, "type": "b", "major": 7, "minor": 3}),
+            )
+            .map(|d| (d, access.to_owned()))
+            .unwrap()
+        };
+        let plan_of =
+            |annotations: serde_json::Value,
+             devices: Vec<(oci_spec::runtime::LinuxDevice, String)>| {
+                let mut vm = spec(annotations, None);
+                let mut linux = vm.linux().clone().unwrap();
+                let rules = devices
+                .iter()
+                .map(|(d, access)| {
+                    serde_json::from_value(json!({"allow": access != "rm", "type": "b", "major": d.major(), "minor": d.minor(), "access": if access == "rm" { "w" } else { access }}))
+                        .unwrap()
+                })
+                .collect::<Vec<oci_spec::runtime::LinuxDeviceCgroup>>();
+                linux.set_devices(Some(devices.into_iter().map(|(d, _)| d).collect()));
+                let mut resources = linux.resources().clone().unwrap_or_default();
+                resources.set_devices(Some(rules));
+                linux.set_resources(Some(resources));
+                vm.set_linux(Some(linux));
+                CreatePlan::new(&request("v1"), &vm, &config, &NoPods)
+            };
+        let root = json!({"vmlet.io/image-type": "vm", "vmlet.io/root-volume": "root"});
+        let plan = plan_of(
+            root.clone(),
+            vec![device("/dev/root", "rwm"), device("/dev/data", "rwm")],
+        )
+        .unwrap();
+        let (boot, _, _) = boot_of(plan.target);
+        let image = boot.image.expect("a VM image");
+        assert_eq!(image.root_volume.unwrap().path, "/dev/root");
+        assert_eq!(image.disks.len(), 1, "the other volume is a disk");
+        let refused = |annotations: serde_json::Value, devices| {
+            let err = plan_of(annotations, devices).err().unwrap();
+            assert_eq!(err.code(), ttrpc::Code::INVALID_ARGUMENT, "{err}");
+            err.to_string()
+        };
+        let err = refused(root.clone(), vec![device("/dev/data", "rwm")]);
+        assert!(
+            err.contains("no block device whose path ends in \"root\"")
+                && err.contains("/dev/data"),
+            "{err}"
+        );
+        let err = refused(root.clone(), vec![device("/dev/root", "rm")]);
+        assert!(err.contains("read-only"), "{err}");
+        let nvme = json!({"vmlet.io/image-type": "vm", "vmlet.io/root-volume": "root", "vmlet.io/disk-driver": "nvme"});
+        let err = refused(nvme, vec![device("/dev/root", "rwm")]);
+        assert!(err.contains("not nvme"), "{err}");
+        // Virtlet's spelling: the block device at /.
+        let virtlet = json!({"vmlet.io/image-type": "vm"});
+        let plan = plan_of(
+            virtlet,
+            vec![device("/", "rwm"), device("/dev/data", "rwm")],
+        )
+        .unwrap();
+        let (boot, _, _) = boot_of(plan.target);
+        let image = boot.image.expect("a VM image");
+        assert_eq!(image.root_volume.unwrap().path, "/");
+        assert_eq!(image.disks.len(), 1);
+        let err = refused(
+            root.clone(),
+            vec![device("/", "rwm"), device("/dev/root", "rwm")],
+        );
+        assert!(err.contains("both name the root volume"), "{err}");
     }
 
     #[test]

@@ -201,7 +201,28 @@ pub(super) async fn run_image(
         None => Vec::new(),
     };
     phases.mark("dhcp");
-    let overlay = make_overlay(config, req, rec, image, &disk, size).await?;
+    let (overlay, root_volume) = match &image.root_volume {
+        None => (
+            make_overlay(config, req, rec, image, &disk, size).await?,
+            None,
+        ),
+        Some(volume) => {
+            let root = crate::vm_mode::persistent_root::prepare(volume, &disk).await?;
+            if root.copied {
+                log::info!(
+                    "pod {}: the image's disk copied onto its root volume {}",
+                    req.pod_id,
+                    root.device.display()
+                );
+            }
+            let root = crate::vmm::vm_spec::RootVolume {
+                device: root.device.to_string_lossy().into_owned(),
+                offset: crate::vm_mode::persistent_root::OFFSET,
+                size: root.size,
+            };
+            (std::path::PathBuf::new(), Some(root))
+        }
+    };
     let seed_dir = &paths.seed_dir;
     std::fs::create_dir(seed_dir)
         .map_err(|e| Error::io(format!("create {}", seed_dir.display()), e))?;
@@ -231,6 +252,7 @@ pub(super) async fn run_image(
         root_bus: image.root_bus,
         firmware: image.firmware,
         guest_agent_socket: paths.guest_agent_socket.to_string_lossy().into_owned(),
+        root_volume,
         volumes: crate::vm_mode::volumes::any_shared(&image.volumes).then(|| {
             crate::vmm::vm_spec::VolumeShare {
                 virtiofsd: config.helpers.virtiofsd.to_string_lossy().into_owned(),

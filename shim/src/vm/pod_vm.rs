@@ -264,6 +264,8 @@ pub struct ImageRequest {
     pub disks: Vec<BlockDevice>,
     /// The container's filesystem volumes, which the seed mounts in the guest.
     pub volumes: Vec<crate::vm_mode::volumes::GuestVolume>,
+    /// The block volume the root lives on (`vmlet.io/root-volume`), not among `disks`.
+    pub root_volume: Option<BlockDevice>,
 }
 
 /// The pod's host process (see [`crate::host::netns_holder`]): started before the VM in the pod

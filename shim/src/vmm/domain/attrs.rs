@@ -35,9 +35,3 @@ pub struct DirAttr {
 
 #[derive(Debug, Serialize, Default)]
 pub struct Empty {}
-
-#[derive(Debug, Serialize)]
-pub struct FileAttr {
-    #[serde(rename = "@file")]
-    pub file: String,
-}

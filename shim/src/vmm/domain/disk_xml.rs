@@ -3,10 +3,10 @@
 
 use serde::Serialize;
 
-use super::attrs::{Empty, FileAttr, TypeAttr};
+use super::attrs::{Empty, TypeAttr};
 
-/// A file-backed disk; its format and, for an overlay, its backing file are given, so
-/// libvirt and QEMU probe neither.
+/// A file- or block-backed disk; its format and, for an overlay, its backing file are
+/// given, so libvirt and QEMU probe neither.
 #[derive(Debug, Serialize)]
 pub struct Disk {
     #[serde(rename = "@type")]
@@ -14,7 +14,7 @@ pub struct Disk {
     #[serde(rename = "@device")]
     pub device: &'static str,
     pub driver: DiskDriver,
-    pub source: FileAttr,
+    pub source: DiskSource,
     #[serde(rename = "backingStore")]
     pub backing_store: BackingStore,
     pub target: DiskTarget,
@@ -23,6 +23,58 @@ pub struct Disk {
     pub boot: Option<BootOrder>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub readonly: Option<Empty>,
+}
+
+/// A disk's file (`type="file"`), or its block device (`type="block"`) with the slice of it
+/// the guest sees.
+#[derive(Debug, Serialize)]
+pub struct DiskSource {
+    #[serde(rename = "@file", skip_serializing_if = "Option::is_none")]
+    pub file: Option<String>,
+    #[serde(rename = "@dev", skip_serializing_if = "Option::is_none")]
+    pub dev: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slices: Option<Slices>,
+}
+
+impl DiskSource {
+    pub fn file(path: String) -> Self {
+        DiskSource {
+            file: Some(path),
+            dev: None,
+            slices: None,
+        }
+    }
+
+    /// `size` bytes of the block device `dev` from `offset` on.
+    pub fn block_slice(dev: String, offset: u64, size: u64) -> Self {
+        DiskSource {
+            file: None,
+            dev: Some(dev),
+            slices: Some(Slices {
+                slice: Slice {
+                    kind: "storage",
+                    offset,
+                    size,
+                },
+            }),
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct Slices {
+    pub slice: Slice,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Slice {
+    #[serde(rename = "@type")]
+    pub kind: &'static str,
+    #[serde(rename = "@offset")]
+    pub offset: u64,
+    #[serde(rename = "@size")]
+    pub size: u64,
 }
 
 #[derive(Debug, Serialize)]

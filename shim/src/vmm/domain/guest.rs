@@ -65,21 +65,45 @@ impl GuestBoot {
         let GuestBoot::Image(image) = self else {
             return Vec::new();
         };
-        let root = image.root_bus.target().map(|target| Disk {
-            kind: "file",
-            device: "disk",
-            driver: DiskDriver {
-                name: "qemu",
-                format: "qcow2",
-            },
-            source: FileAttr {
-                file: image.overlay.clone(),
-            },
-            backing_store: BackingStore::file(image.backing.clone(), image.backing_format.as_str()),
-            target,
-            boot: None,
-            readonly: None,
-        });
+        let root = image
+            .root_bus
+            .target()
+            .map(|target| match &image.root_volume {
+                // Raw, whatever its bytes say: the volume's content is the pod's.
+                Some(volume) => Disk {
+                    kind: "block",
+                    device: "disk",
+                    driver: DiskDriver {
+                        name: "qemu",
+                        format: "raw",
+                    },
+                    source: DiskSource::block_slice(
+                        volume.device.clone(),
+                        volume.offset,
+                        volume.size,
+                    ),
+                    backing_store: BackingStore::none(),
+                    target,
+                    boot: None,
+                    readonly: None,
+                },
+                None => Disk {
+                    kind: "file",
+                    device: "disk",
+                    driver: DiskDriver {
+                        name: "qemu",
+                        format: "qcow2",
+                    },
+                    source: DiskSource::file(image.overlay.clone()),
+                    backing_store: BackingStore::file(
+                        image.backing.clone(),
+                        image.backing_format.as_str(),
+                    ),
+                    target,
+                    boot: None,
+                    readonly: None,
+                },
+            });
         let seed = Disk {
             kind: "file",
             device: "disk",
@@ -87,9 +111,7 @@ impl GuestBoot {
                 name: "qemu",
                 format: "raw",
             },
-            source: FileAttr {
-                file: image.seed.clone(),
-            },
+            source: DiskSource::file(image.seed.clone()),
             backing_store: BackingStore::none(),
             target: DiskTarget {
                 dev: "vdb",

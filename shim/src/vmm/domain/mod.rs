@@ -356,6 +356,7 @@ mod tests {
             firmware,
             guest_agent_socket: "/run/vmlet/t1/qga.sock".into(),
             volumes: None,
+            root_volume: None,
         })
     }
 
@@ -378,6 +379,24 @@ mod tests {
         for absent in ["<kernel>", "<filesystem", "<vsock", "vhost-user-vsock"] {
             assert!(!xml.contains(absent), "{absent} in\n{xml}");
         }
+    }
+
+    #[test]
+    fn a_persistent_root_is_a_raw_slice_of_its_block_volume() {
+        let mut p = spec(VsockDevice::Vhost);
+        let mut guest = image_guest(RootBus::Virtio, Firmware::Bios);
+        if let GuestBoot::Image(image) = &mut guest {
+            image.root_volume = Some(crate::vmm::vm_spec::RootVolume {
+                device: "/dev/loop7".into(),
+                offset: 1 << 20,
+                size: 1 << 30,
+            });
+        }
+        p.guest = guest;
+        let xml = Domain::new(&p).to_xml().unwrap();
+        let root = "<disk type=\"block\" device=\"disk\"><driver name=\"qemu\" type=\"raw\"/><source dev=\"/dev/loop7\"><slices><slice type=\"storage\" offset=\"1048576\" size=\"1073741824\"/></slices></source><backingStore/><target dev=\"vda\" bus=\"virtio\"/></disk>";
+        assert!(xml.contains(root), "{xml}");
+        assert!(!xml.contains("qcow2"), "{xml}");
     }
 
     #[test]

@@ -47,7 +47,7 @@ pub struct AgentBoot {
 
 #[derive(Debug, Clone)]
 pub struct ImageDisks {
-    /// The qcow2 overlay the VM writes.
+    /// The qcow2 overlay the VM writes (none with a `root_volume`).
     pub overlay: String,
     /// The image's disk, the overlay's backing file, and its format.
     pub backing: String,
@@ -63,6 +63,17 @@ pub struct ImageDisks {
     pub guest_agent_socket: String,
     /// The container's filesystem volumes' share, when it has any.
     pub volumes: Option<VolumeShare>,
+    /// The root on a block volume (persistent root), in place of the overlay.
+    pub root_volume: Option<RootVolume>,
+}
+
+/// A persistent root ([`crate::vm_mode::persistent_root`]): `size` bytes of the host's block
+/// device `device` from `offset` on, raw.
+#[derive(Debug, Clone)]
+pub struct RootVolume {
+    pub device: String,
+    pub offset: u64,
+    pub size: u64,
 }
 
 /// A VM image's volumes over virtio-fs ([`crate::vm_mode::volumes`]): the directory libvirt's

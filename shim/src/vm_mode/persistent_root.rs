@@ -1,0 +1,112 @@
+//! A VM image's root on a block volume (docs/vm-mode.md, "Persistent root"): the pod names
+//! one of its block volumes with `vmlet.io/root-volume`, and its VM boots from that volume
+//! instead of an overlay on the node's disk.
+//!
+//! The volume's first MiB is vmlet's: a header line that says the image was copied. The
+//! first pod finds none, checks that the volume holds the image, copies the image's disk
+//! onto it after that MiB (`qemu-img convert`, the image's checked format in, raw out) and
+//! then writes the header; every later pod finds the header and boots the volume as it is,
+//! whatever image it names. A copy cut short leaves no header, and the next pod copies again.
+//! The guest sees the volume from the MiB on as a raw disk: nothing on it is ever read as a
+//! format (a qcow2 header the pod's user wrote there names no host file), and the guest
+//! cannot reach the header. The image's own disk is only read.
+
+use std::ffi::OsStr;
+use std::fs::File;
+use std::io::{Seek, SeekFrom};
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::devices::block_devices::BlockDevice;
+use crate::host::host_command;
+use crate::vm_mode::vm_disk::DiskImage;
+use crate::Error;
+
+/// Where the guest's disk starts on the volume.
+pub const OFFSET: u64 = 1 << 20;
+/// The header of a volume that holds a copied image.
+const HEADER: &[u8] = b"vmlet persistent root v1\n";
+/// How long copying the image may take.
+const COPY_DEADLINE: Duration = Duration::from_secs(600);
+
+/// The volume, ready to boot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Prepared {
+    /// The host's device node.
+    pub device: PathBuf,
+    /// The guest's disk: the volume from [`OFFSET`] on.
+    pub size: u64,
+    /// Whether this pod copied the image onto it.
+    pub copied: bool,
+}
+
+/// Makes `volume` a root for `disk`: copies the image unless the volume says it holds one.
+pub async fn prepare(volume: &BlockDevice, disk: &DiskImage) -> Result<Prepared, Error> {
+    let (device, fd) = crate::devices::block_devices::open_host_node(volume)?;
+    let mut file = File::from(fd);
+    let what = format!("the root volume {} ({})", volume.path, device.display());
+    let end = file
+        .seek(SeekFrom::End(0))
+        .map_err(|e| Error::io(format!("size of {what}"), e))?;
+    let Some(size) = end.checked_sub(OFFSET).filter(|s| *s > 0) else {
+        return Err(too_small(&what, end, disk));
+    };
+    let mut header = vec![0u8; HEADER.len()];
+    file.read_exact_at(&mut header, 0)
+        .map_err(|e| Error::io(format!("read {what}"), e))?;
+    if header == HEADER {
+        return Ok(Prepared {
+            device,
+            size,
+            copied: false,
+        });
+    }
+    if size < disk.virtual_size {
+        return Err(too_small(&what, end, disk));
+    }
+    copy(disk, &device, &what).await?;
+    file.write_all_at(HEADER, 0)
+        .and_then(|()| file.sync_all())
+        .map_err(|e| Error::io(format!("write {what}'s header"), e))?;
+    Ok(Prepared {
+        device,
+        size,
+        copied: true,
+    })
+}
+
+fn too_small(what: &str, end: u64, disk: &DiskImage) -> Error {
+    Error::FailedPrecondition(format!(
+        "{what} holds {end} bytes: the image's disk ({} bytes) and vmlet's first MiB need {}",
+        disk.virtual_size,
+        disk.virtual_size + OFFSET
+    ))
+}
+
+/// The image's disk, as the guest sees it, onto `device` from [`OFFSET`] on.
+async fn copy(disk: &DiskImage, device: &std::path::Path, what: &str) -> Result<(), Error> {
+    // QEMU's option syntax: a comma in a value is doubled.
+    let target = format!(
+        "driver=raw,offset={OFFSET},size={},file.driver=host_device,file.filename={}",
+        disk.virtual_size,
+        device.to_string_lossy().replace(',', ",,")
+    );
+    let args: Vec<&OsStr> = vec![
+        OsStr::new("convert"),
+        OsStr::new("-q"),
+        OsStr::new("-f"),
+        OsStr::new(disk.format.as_str()),
+        OsStr::new("-n"),
+        disk.path.as_os_str(),
+        OsStr::new("--target-image-opts"),
+        OsStr::new(&target),
+    ];
+    host_command::run_tool(
+        "qemu-img",
+        &args,
+        COPY_DEADLINE,
+        &format!("copy the image onto {what}"),
+    )
+    .await
+}
