@@ -174,6 +174,41 @@ async fn carry(mut client: TcpStream, target: &Target) -> Result<(), Error> {
     Ok(())
 }
 
+/// Whether the shim may dial `address` as a VM image's pod address: not a loopback,
+/// link-local, multicast, broadcast or unspecified one, and none of its own namespace's
+/// (which a pod's network cannot own), so that whatever a pod's network spec names, a
+/// port-forward reaches no service of the node's. The reason when not.
+pub fn check_guest_address(address: IpAddr) -> Result<(), String> {
+    let special = match address {
+        IpAddr::V4(a) => {
+            a.is_loopback()
+                || a.is_unspecified()
+                || a.is_link_local()
+                || a.is_multicast()
+                || a.is_broadcast()
+        }
+        IpAddr::V6(a) => {
+            a.is_loopback()
+                || a.is_unspecified()
+                || a.is_multicast()
+                || (a.segments()[0] & 0xffc0) == 0xfe80
+                || a.to_ipv4_mapped().is_some()
+        }
+    };
+    if special {
+        return Err(format!(
+            "{address} is a loopback, link-local, multicast, broadcast or unspecified address"
+        ));
+    }
+    match std::net::TcpListener::bind((address, 0)) {
+        Err(e) if e.raw_os_error() == Some(libc::EADDRNOTAVAIL) => Ok(()),
+        Ok(_) => Err(format!("{address} is an address of the node's own")),
+        Err(e) => Err(format!(
+            "{address}: cannot tell whether it is the node's: {e}"
+        )),
+    }
+}
+
 /// A VM image's `port` on its pod address, within [`DIAL_TIMEOUT`].
 async fn dial(address: IpAddr, port: u16) -> Result<TcpStream, Error> {
     match tokio::time::timeout(DIAL_TIMEOUT, TcpStream::connect((address, port))).await {
@@ -264,6 +299,24 @@ mod tests {
         forward.abort();
         assert_eq!(&answer, b"pong");
         assert_eq!(&served.await.unwrap(), b"ping");
+    }
+
+    #[test]
+    fn only_an_address_off_the_node_is_dialled() {
+        for refused in [
+            "127.0.0.1",
+            "169.254.169.254",
+            "0.0.0.0",
+            "224.0.0.1",
+            "::1",
+            "fe80::1",
+            "::ffff:127.0.0.1",
+        ] {
+            let err = check_guest_address(refused.parse().unwrap()).unwrap_err();
+            assert!(err.contains(refused), "{err}");
+        }
+        // TEST-NET-1: nobody's, so not this namespace's either.
+        assert_eq!(check_guest_address("192.0.2.10".parse().unwrap()), Ok(()));
     }
 
     /// Nothing listens on the guest's port: the client's connection is closed, not held.

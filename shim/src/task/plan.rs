@@ -141,6 +141,12 @@ impl CreatePlan {
                     .disk_driver
                     .unwrap_or(vmlet_config::DiskDriver::Virtio);
                 let mut image = image_request(&req.id, spec, &pod_annotations, &block_devices)?;
+                // The runtime's own files (hosts, resolv.conf, termination-log) are not put
+                // in the share: the guest has its own.
+                boot.binds = crate::vm_mode::volumes::guest_binds(
+                    &agent_request.mounts,
+                    std::mem::take(&mut boot.binds),
+                );
                 image.volumes = crate::vm_mode::volumes::from_mounts(
                     &req.id,
                     &agent_request.mounts,
@@ -387,8 +393,9 @@ fn image_request(
             slash.len()
         )));
     }
-    let mut disks = image_disks(id, pod, &others)?;
+    let mut disks = crate::devices::block_devices::named(&others)?;
     let root_volume = take_root_volume(id, pod, &mut disks, slash.pop())?;
+    check_disks(id, pod, &disks, root_volume.as_ref())?;
     Ok(ImageRequest {
         root_volume_mib: pod.root_volume_mib,
         instance_id: id.to_owned(),
@@ -435,6 +442,11 @@ fn take_root_volume(
             "a root volume is attached as virtio or scsi, not nvme (vmlet.io/disk-driver)".into(),
         ));
     }
+    if pod.root_volume_mib.is_some() {
+        return Err(refused(
+            "a root on a block volume is that volume's size (no vmlet.io/root-volume-size or VirtletRootVolumeSize)".into(),
+        ));
+    }
     let volume = match (&pod.root_volume, slash) {
         (_, Some(slash)) => slash,
         (Some(name), None) => {
@@ -458,23 +470,37 @@ fn take_root_volume(
     Ok(Some(volume))
 }
 
-/// A VM image's block devices as its disks, named by their paths; on a PCI disk driver
-/// (virtio, NVMe) each takes one of the VM's hot-plug ports, so more are refused by name.
-fn image_disks(
+/// A VM image's disks (its block devices but the root volume): on a PCI disk driver
+/// (virtio, NVMe) each takes one of the VM's hot-plug ports, so more are refused by name;
+/// one host device given twice (two disks, or a disk and the root) is refused too.
+fn check_disks(
     id: &str,
     pod: &PodAnnotations,
-    block_devices: &[BlockDevice],
-) -> Result<Vec<BlockDevice>, Error> {
+    disks: &[BlockDevice],
+    root: Option<&BlockDevice>,
+) -> Result<(), Error> {
     let driver = pod.disk_driver.unwrap_or(vmlet_config::DiskDriver::Virtio);
     let ports = crate::vmm::pci_slots::HOTPLUG_PORTS;
-    if driver != vmlet_config::DiskDriver::Scsi && block_devices.len() > ports {
+    if driver != vmlet_config::DiskDriver::Scsi && disks.len() > ports {
         return Err(Error::InvalidArgument(format!(
             "container {id}: {} block devices, and a VM-mode pod takes at most {ports} on {} (each its own PCI port; vmlet.io/disk-driver: scsi puts any number on one controller)",
-            block_devices.len(),
+            disks.len(),
             driver.as_str()
         )));
     }
-    crate::devices::block_devices::named(block_devices)
+    let all: Vec<&BlockDevice> = root.into_iter().chain(disks).collect();
+    for (n, a) in all.iter().enumerate() {
+        if let Some(b) = all[..n]
+            .iter()
+            .find(|b| (b.major, b.minor) == (a.major, a.minor))
+        {
+            return Err(Error::InvalidArgument(format!(
+                "container {id}: block devices {:?} and {:?} are one host device ({}:{}), which a VM takes once",
+                b.path, a.path, a.major, a.minor
+            )));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -690,9 +716,11 @@ mod tests {
     #[test]
     fn a_root_volume_is_taken_out_of_the_disks_or_refused_naming_why() {
         let config = NodeConfig::default();
+        // Each path its own loop device (the data volume 7:1, the root 7:2).
         let device = |path: &str, access: &str| {
+            let minor = if path.ends_with("data") { 1 } else { 2 };
             serde_json::from_value::<oci_spec::runtime::LinuxDevice>(
-                json!({"path": path, "type": "b", "major": 7, "minor": 3}),
+                json!({"path": path, "type": "b", "major": 7, "minor": minor}),
             )
             .map(|d| (d, access.to_owned()))
             .unwrap()
@@ -758,6 +786,15 @@ mod tests {
             vec![device("/", "rwm"), device("/dev/root", "rwm")],
         );
         assert!(err.contains("both name the root volume"), "{err}");
+        let twice = json!({"vmlet.io/image-type": "vm", "vmlet.io/root-volume": "root"});
+        let err = refused(
+            twice,
+            vec![device("/dev/root", "rwm"), device("/dev/vm/root2", "rwm")],
+        );
+        assert!(err.contains("one host device (7:2)"), "{err}");
+        let sized = json!({"vmlet.io/image-type": "vm", "VirtletRootVolumeSize": "4Gi"});
+        let err = refused(sized, vec![device("/", "rwm")]);
+        assert!(err.contains("that volume's size"), "{err}");
     }
 
     #[test]

@@ -184,11 +184,15 @@ pub(super) async fn run_image(
     phases.mark("host_setup");
     let rootfs = crate::host::share::container_rootfs(&paths.dir, &req.container_id)?;
     let (mut disk, file) = crate::vm_mode::vm_disk::find(&rootfs)?;
-    let size = crate::vm_mode::vm_disk::overlay_size(
-        &disk,
-        image.root_volume_mib,
-        config.vm_images.max_root_disk_mib,
-    )?;
+    // An overlay's size, capped by the node; a persistent root is its volume's size.
+    let root = match &image.root_volume {
+        None => RootDisk::Overlay(crate::vm_mode::vm_disk::overlay_size(
+            &disk,
+            image.root_volume_mib,
+            config.vm_images.max_root_disk_mib,
+        )?),
+        Some(volume) => RootDisk::Volume(volume),
+    };
     disk.path = crate::vm_mode::vm_disk::bind_for_qemu(
         &file,
         &paths.dir,
@@ -201,12 +205,12 @@ pub(super) async fn run_image(
         None => Vec::new(),
     };
     phases.mark("dhcp");
-    let (overlay, root_volume) = match &image.root_volume {
-        None => (
+    let (overlay, root_volume) = match root {
+        RootDisk::Overlay(size) => (
             make_overlay(config, req, rec, image, &disk, size).await?,
             None,
         ),
-        Some(volume) => {
+        RootDisk::Volume(volume) => {
             let root = crate::vm_mode::persistent_root::prepare(volume, &disk).await?;
             if root.copied {
                 log::info!(
@@ -297,6 +301,12 @@ pub(super) async fn run_image(
     })
 }
 
+/// What a VM image boots: an overlay of this size, or its root volume.
+enum RootDisk<'a> {
+    Overlay(u64),
+    Volume(&'a crate::devices::block_devices::BlockDevice),
+}
+
 /// Port-forward to the VM image's address on its first interface (IPv4 first); none, with
 /// a warning, when that interface has no address.
 async fn image_port_forward(
@@ -318,6 +328,10 @@ async fn image_port_forward(
         log::warn!("pod {pod_id}: no port-forward: its first interface has no address");
         return Ok(None);
     };
+    if let Err(why) = crate::guest::port_forward::check_guest_address(address) {
+        log::warn!("pod {pod_id}: no port-forward to the guest: {why}");
+        return Ok(None);
+    }
     PortForward::start(&netns.path, Target::Address(address), pod_id).await
 }
 

@@ -29,6 +29,9 @@ pub const OFFSET: u64 = 1 << 20;
 const HEADER: &[u8] = b"vmlet persistent root v1\n";
 /// How long copying the image may take.
 const COPY_DEADLINE: Duration = Duration::from_secs(600);
+/// How long reading or writing the header (and the device's size) may take.
+const DEVICE_DEADLINE: Duration = Duration::from_secs(30);
+const SECTOR: u64 = 512;
 
 /// The volume, ready to boot.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,31 +47,37 @@ pub struct Prepared {
 /// Makes `volume` a root for `disk`: copies the image unless the volume says it holds one.
 pub async fn prepare(volume: &BlockDevice, disk: &DiskImage) -> Result<Prepared, Error> {
     let (device, fd) = crate::devices::block_devices::open_host_node(volume)?;
-    let mut file = File::from(fd);
     let what = format!("the root volume {} ({})", volume.path, device.display());
-    let end = file
-        .seek(SeekFrom::End(0))
-        .map_err(|e| Error::io(format!("size of {what}"), e))?;
+    let file = File::from(fd);
+    // Whole sectors: QEMU's raw driver takes no other size.
+    let image = disk.virtual_size.div_ceil(SECTOR) * SECTOR;
+    let (file, end, has_header) = on_device(&what, move || {
+        let mut file = file;
+        let end = file.seek(SeekFrom::End(0))?;
+        let mut header = vec![0u8; HEADER.len()];
+        file.read_exact_at(&mut header, 0)?;
+        Ok((file, end, header == HEADER))
+    })
+    .await?;
     let Some(size) = end.checked_sub(OFFSET).filter(|s| *s > 0) else {
-        return Err(too_small(&what, end, disk));
+        return Err(too_small(&what, end, image));
     };
-    let mut header = vec![0u8; HEADER.len()];
-    file.read_exact_at(&mut header, 0)
-        .map_err(|e| Error::io(format!("read {what}"), e))?;
-    if header == HEADER {
+    if has_header {
         return Ok(Prepared {
             device,
             size,
             copied: false,
         });
     }
-    if size < disk.virtual_size {
-        return Err(too_small(&what, end, disk));
+    if size < image {
+        return Err(too_small(&what, end, image));
     }
-    copy(disk, &device, &what).await?;
-    file.write_all_at(HEADER, 0)
-        .and_then(|()| file.sync_all())
-        .map_err(|e| Error::io(format!("write {what}'s header"), e))?;
+    copy(disk, image, &device, &what).await?;
+    on_device(&what, move || {
+        file.write_all_at(HEADER, 0)?;
+        file.sync_all()
+    })
+    .await?;
     Ok(Prepared {
         device,
         size,
@@ -76,20 +85,39 @@ pub async fn prepare(volume: &BlockDevice, disk: &DiskImage) -> Result<Prepared,
     })
 }
 
-fn too_small(what: &str, end: u64, disk: &DiskImage) -> Error {
+/// `work` on the device, on a thread of its own, within [`DEVICE_DEADLINE`] (a device that
+/// hangs fails the start instead of holding the shim).
+async fn on_device<T: Send + 'static>(
+    what: &str,
+    work: impl FnOnce() -> std::io::Result<T> + Send + 'static,
+) -> Result<T, Error> {
+    match tokio::time::timeout(DEVICE_DEADLINE, tokio::task::spawn_blocking(work)).await {
+        Ok(Ok(Ok(done))) => Ok(done),
+        Ok(Ok(Err(e))) => Err(Error::io(format!("read or write {what}"), e)),
+        Ok(Err(e)) => Err(Error::Internal(format!("{what}: {e}"))),
+        Err(_) => Err(Error::Timeout(format!(
+            "{what} did not answer within {DEVICE_DEADLINE:?}"
+        ))),
+    }
+}
+
+fn too_small(what: &str, end: u64, image: u64) -> Error {
     Error::FailedPrecondition(format!(
-        "{what} holds {end} bytes: the image's disk ({} bytes) and vmlet's first MiB need {}",
-        disk.virtual_size,
-        disk.virtual_size + OFFSET
+        "{what} holds {end} bytes: the image's disk ({image} bytes) and vmlet's first MiB need {}",
+        image.saturating_add(OFFSET)
     ))
 }
 
 /// The image's disk, as the guest sees it, onto `device` from [`OFFSET`] on.
-async fn copy(disk: &DiskImage, device: &std::path::Path, what: &str) -> Result<(), Error> {
+async fn copy(
+    disk: &DiskImage,
+    size: u64,
+    device: &std::path::Path,
+    what: &str,
+) -> Result<(), Error> {
     // QEMU's option syntax: a comma in a value is doubled.
     let target = format!(
-        "driver=raw,offset={OFFSET},size={},file.driver=host_device,file.filename={}",
-        disk.virtual_size,
+        "driver=raw,offset={OFFSET},size={size},file.driver=host_device,file.filename={}",
         device.to_string_lossy().replace(',', ",,")
     );
     let args: Vec<&OsStr> = vec![

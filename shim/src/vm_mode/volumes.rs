@@ -89,6 +89,19 @@ pub fn from_mounts(container_id: &str, mounts: &[Mount], binds: &[HostBind]) -> 
         .collect()
 }
 
+/// Of the container's `binds`, those [`from_mounts`] takes: the share holds nothing else.
+pub fn guest_binds(mounts: &[Mount], binds: Vec<HostBind>) -> Vec<HostBind> {
+    binds
+        .into_iter()
+        .filter(|b| {
+            mounts
+                .iter()
+                .find(|m| m.type_ == "bind" && m.pod_volume.is_none() && m.source == b.share_path)
+                .is_some_and(|m| !is_runtimes(&m.destination))
+        })
+        .collect()
+}
+
 fn is_runtimes(destination: &str) -> bool {
     let path = destination.trim_end_matches('/');
     RUNTIME_FILES.contains(&path)
@@ -211,6 +224,15 @@ mod tests {
             host(2, &file),
             host(3, &file),
         ];
+        let shared: Vec<_> = guest_binds(&mounts, binds.to_vec())
+            .into_iter()
+            .map(|b| b.share_path)
+            .collect();
+        assert_eq!(
+            shared,
+            ["c1/mounts/1", "c1/mounts/3"],
+            "the share holds the volumes only"
+        );
         let volumes = from_mounts("c1", &mounts, &binds);
         assert_eq!(
             volumes[..2],
