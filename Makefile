@@ -45,11 +45,12 @@ mutants:
 fuzz:
 	scripts/fuzz
 
-## lint: rustfmt, clippy with warnings as errors, cargo-deny (licenses, sources, duplicate versions).
+## lint: rustfmt, clippy with warnings as errors, cargo-deny (licenses, sources, duplicate versions), and every path the docs and manifests name (scripts/check-paths).
 lint:
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets --locked -- -D warnings
 	scripts/deny
+	scripts/check-paths
 
 ## e2e / smoke / critest / bench / bench-*: against a stack that is already up (eval "$$(scripts/stack up)").
 e2e:

@@ -97,9 +97,34 @@ func (c *checker) podTemplate(owner string, t corev1.PodTemplateSpec, image stri
 			hostRoot[v.Name] = true
 		}
 	}
-	if len(s.Containers) != 1 {
-		c.fail("%s has %d containers, expected the installer's one", owner, len(s.Containers))
+	if len(s.Containers) == 0 {
+		c.fail("%s has no container, expected the installer's", owner)
 		return
+	}
+	// Beside the installer, only its metrics: the same image, unprivileged, reading the
+	// shims' state directory through read-only mounts.
+	readOnlyHost := map[string]bool{}
+	for _, v := range s.Volumes {
+		if v.HostPath != nil && v.HostPath.Path != "/" {
+			readOnlyHost[v.Name] = true
+		}
+	}
+	for _, m := range s.Containers[1:] {
+		c.name(owner+" container name", m.Name, false)
+		if m.Name != "metrics" || !strings.Contains(strings.Join(m.Command, " "), "vmletctl metrics") {
+			c.fail("%s's container %s: beside the installer only `vmletctl metrics` runs", owner, m.Name)
+		}
+		if m.Image != image {
+			c.fail("%s's container %s runs image %q, not the installer %q", owner, m.Name, m.Image, image)
+		}
+		if m.SecurityContext != nil && m.SecurityContext.Privileged != nil && *m.SecurityContext.Privileged {
+			c.fail("%s's container %s is privileged; it only reads", owner, m.Name)
+		}
+		for _, vm := range m.VolumeMounts {
+			if !readOnlyHost[vm.Name] || !vm.ReadOnly {
+				c.fail("%s's container %s mounts %s, which is not a read-only host directory", owner, m.Name, vm.Name)
+			}
+		}
 	}
 	k := s.Containers[0]
 	c.name(owner+" container name", k.Name, false)
@@ -264,6 +289,25 @@ func main() {
 				}
 				if v.Spec.Template.Spec.RestartPolicy != "" && v.Spec.Template.Spec.RestartPolicy != corev1.RestartPolicyAlways {
 					c.fail("DaemonSet %s: a DaemonSet's pods restart Always", v.Name)
+				}
+			case *corev1.Service:
+				c.meta("Service", v.ObjectMeta, true)
+				selects := false
+				for _, o := range objs {
+					if d, ok := o.(*appsv1.DaemonSet); ok && len(v.Spec.Selector) > 0 &&
+						labels.SelectorFromSet(v.Spec.Selector).Matches(labels.Set(d.Spec.Template.Labels)) &&
+						d.Namespace == v.Namespace {
+						for _, k := range d.Spec.Template.Spec.Containers {
+							for _, p := range k.Ports {
+								for _, sp := range v.Spec.Ports {
+									selects = selects || (sp.TargetPort.StrVal == p.Name && p.Name != "")
+								}
+							}
+						}
+					}
+				}
+				if !selects {
+					c.fail("Service %s selects no port of a DaemonSet's pods in its file", v.Name)
 				}
 			case *batchv1.Job:
 				c.meta("Job", v.ObjectMeta, true)

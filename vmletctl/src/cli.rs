@@ -25,8 +25,9 @@ pub struct Vmletctl {
 
 #[derive(Debug, Subcommand)]
 pub enum CtlCommand {
-    /// List every pod vmlet finds: state directories, marked libvirt domains, marked taps in
-    /// /run/netns, with whether its shim still runs.
+    /// List every pod vmlet finds (state directories, marked libvirt domains, marked taps in
+    /// /run/netns): its namespace and name, kind, vCPUs, memory, accelerator, state (running,
+    /// stopped, or orphaned when its shim is gone) and age.
     Ps {
         /// The output format.
         #[arg(short, long, value_enum, default_value_t = OutputFormat::Table)]
@@ -51,6 +52,10 @@ pub enum CtlCommand {
         /// 127.0.0.1:9464, loopback only).
         #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = crate::metrics_server::DEFAULT_ADDRESS)]
         listen: Option<std::net::SocketAddr>,
+        /// The pods' state directory to read instead of the node config's `state_dir` (the
+        /// node config is then not read: a container that mounts only that directory).
+        #[arg(long, value_name = "DIR")]
+        state_dir: Option<PathBuf>,
     },
     /// Install the release this vmletctl belongs to (an unpacked `make dist` tarball) onto
     /// the node: its programs, guest image, man pages and completions, vmlet's CRI runtime in
@@ -69,7 +74,8 @@ pub enum CtlCommand {
 
 #[derive(Debug, Args)]
 pub struct ConsoleArgs {
-    /// The pod's id (its sandbox's id for a CRI pod, the task's id for `ctr run`).
+    /// The pod: NAMESPACE/NAME (Kubernetes' for a CRI pod, containerd's namespace and the
+    /// task's id for `ctr run`), or its pod id (`vmletctl ps` shows both).
     pub pod: String,
     /// Keep printing what the guest writes until the pod is gone (or Ctrl-C).
     #[arg(short, long)]
@@ -143,6 +149,11 @@ pub struct UninstallArgs {
     /// config.
     #[arg(long)]
     pub restart_containerd: bool,
+    /// Uninstall although vmlet pods run (refused otherwise, naming them): they run on, but
+    /// without vmlet's programs their removal leaves their VMs behind (`vmletctl gc` of a
+    /// later install removes them).
+    #[arg(long)]
+    pub force: bool,
     #[command(flatten)]
     pub node: NodeArgs,
 }

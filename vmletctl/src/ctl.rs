@@ -9,6 +9,7 @@ use std::path::Path;
 use vmlet_config::NodeConfig;
 use vmlet_netns::MarkedTap;
 
+use vmlet_shim::host::pod_record::PodRecord;
 use vmlet_shim::host::state::PodState;
 use vmlet_shim::vmm::VmManager;
 use vmlet_shim::Error;
@@ -31,6 +32,9 @@ pub struct PodView {
     /// PIDs of the `vhost-device-vsock` processes serving it (found by their socket in its
     /// state directory, so also when its `state.json` is lost).
     pub helpers: Vec<u32>,
+    /// What its shim recorded of it for the operator (names, kind, shape, accelerator):
+    /// none without one, else the record or why it could not be read.
+    pub record: Option<Result<PodRecord, String>>,
 }
 
 impl PodView {
@@ -51,14 +55,47 @@ impl PodView {
         }
     }
 
-    /// The pod as one JSON object (`vmletctl ps -o json`).
-    pub fn to_json(&self) -> serde_json::Value {
+    /// The pod as a whole: `running` (its shim and VM run), `stopped` (its shim runs, its
+    /// VM ended), `no-vm` (its shim runs and no VM was started for it: a VM-mode pod's
+    /// sandbox, whose VM is its container's, or a pod still starting), `orphaned` (its
+    /// shim is gone: `gc` removes it).
+    pub fn state(&self) -> &'static str {
+        match (self.shim_pid, self.vm(), &self.record) {
+            (None, _, _) => "orphaned",
+            (Some(_), "running", _) => "running",
+            (Some(_), _, Some(_)) => "stopped",
+            (Some(_), _, None) => "no-vm",
+        }
+    }
+
+    /// Its record, when it has one that could be read.
+    pub fn record(&self) -> Option<&PodRecord> {
+        self.record.as_ref()?.as_ref().ok()
+    }
+
+    /// The pod as one JSON object (`vmletctl ps -o json`); `now` in seconds since the
+    /// epoch, for its age.
+    pub fn to_json(&self, now: u64) -> serde_json::Value {
+        let record = self.record();
         serde_json::json!({
             "pod": self.pod_id,
+            "namespace": record.map(|r| &r.names.namespace),
+            "name": record.map(|r| &r.names.name),
+            "kind": record.map(|r| r.kind.as_str()),
+            "vcpus": record.map(|r| r.vcpus),
+            "memory_mib": record.map(|r| r.memory_mib),
+            "accel": record.map(|r| &r.accel),
+            "started": record.map(|r| r.started),
+            "age_seconds": record.map(|r| now.saturating_sub(r.started)),
+            "record_error": self.record.as_ref().and_then(|r| r.as_ref().err()),
+            "state": self.state(),
             "shim_pid": self.shim_pid,
-            "state": self.has_state,
+            "has_state": self.has_state,
             "domain": self.vm(),
-            "launcher": if self.qemu_pid.is_some() { "direct" } else { "libvirt" },
+            "launcher": record.map_or(
+                if self.qemu_pid.is_some() { "direct" } else { "libvirt" },
+                |r| r.launcher.as_str(),
+            ),
             "qemu_pid": self.qemu_pid,
             "taps": self.taps.iter().map(|t| serde_json::json!({
                 "name": t.name,
@@ -76,22 +113,30 @@ impl PodView {
 pub fn metrics(state_dir: &Path) -> String {
     let mut figures = Vec::new();
     let mut errors = 0;
-    for (pod_id, shim_pid, _) in state_dirs(state_dir) {
-        let dir = vmlet_shim::host::pod_paths::PodPaths::new(state_dir, &pod_id).dir;
+    for found in state_dirs(state_dir) {
+        let dir = vmlet_shim::host::pod_paths::PodPaths::new(state_dir, &found.pod_id).dir;
         // No socket: a VM-mode pod's sandbox (its container's VM has the figures), or a
         // pod still booting.
-        if shim_pid.is_none() || !dir.join(vmlet_shim::task::pod_metrics::SOCKET).exists() {
+        if found.shim_pid.is_none() || !dir.join(vmlet_shim::task::pod_metrics::SOCKET).exists() {
             continue;
         }
         match vmlet_shim::task::pod_metrics::fetch(&dir) {
             Ok(f) => figures.push(f),
             Err(e) => {
-                log::warn!("pod {pod_id}: {e}");
+                log::warn!("pod {}: {e}", found.pod_id);
                 errors += 1;
             }
         }
     }
-    vmlet_shim::task::pod_metrics::render(&figures, errors)
+    let node = match vmlet_shim::task::node_counters::NodeCounters::load(state_dir) {
+        Ok(node) => Some(node),
+        Err(e) => {
+            log::warn!("the node's counters: {e}");
+            errors += 1;
+            None
+        }
+    };
+    vmlet_shim::task::pod_metrics::render(&figures, node.as_ref(), errors)
 }
 
 /// Checks a pod id given on the command line before it names a path: containerd's
@@ -137,12 +182,15 @@ pub fn survey(
         qemu_pid: None,
         taps: Vec::new(),
         helpers: Vec::new(),
+        record: None,
     };
-    for (id, shim_pid, qemu_pid) in state_dirs(state_dir) {
+    for found in state_dirs(state_dir) {
+        let id = found.pod_id;
         let pod = pods.entry(id.clone()).or_insert_with(|| view(&id));
         pod.has_state = true;
-        pod.shim_pid = shim_pid;
-        pod.qemu_pid = qemu_pid;
+        pod.shim_pid = found.shim_pid;
+        pod.qemu_pid = found.qemu_pid;
+        pod.record = found.record;
     }
     for domain in vmm.vmlet_domains()? {
         let pod = pods
@@ -165,10 +213,19 @@ pub fn survey(
     Ok(pods.into_values().collect())
 }
 
-/// Every pod state directory under `state_dir` (its pod id) with the PID of the shim that
-/// serves it when that shim lives (a VM-mode pod's VM is served by its sandbox's shim), and
-/// of the QEMU it started without libvirt while that runs.
-fn state_dirs(state_dir: &Path) -> Vec<(String, Option<u32>, Option<u32>)> {
+/// A pod state directory as found.
+pub struct StateDir {
+    pub pod_id: String,
+    /// The shim that serves it, while it lives (a VM-mode pod's VM is served by its
+    /// sandbox's shim).
+    pub shim_pid: Option<u32>,
+    /// QEMU the shim started without libvirt, while it runs.
+    pub qemu_pid: Option<u32>,
+    pub record: Option<Result<PodRecord, String>>,
+}
+
+/// Every pod state directory under `state_dir`.
+pub fn state_dirs(state_dir: &Path) -> Vec<StateDir> {
     let Ok(entries) = std::fs::read_dir(state_dir) else {
         return Vec::new();
     };
@@ -184,8 +241,12 @@ fn state_dirs(state_dir: &Path) -> Vec<(String, Option<u32>, Option<u32>)> {
             let qemu_pid = state
                 .as_ref()
                 .and_then(|s| s.qemu().filter(|q| q.runs()).map(|q| q.pid));
-            let id = entry.file_name().to_string_lossy().into_owned();
-            (id, shim_pid, qemu_pid)
+            StateDir {
+                pod_id: entry.file_name().to_string_lossy().into_owned(),
+                shim_pid,
+                qemu_pid,
+                record: PodRecord::load(&entry.path()),
+            }
         })
         .collect()
 }

@@ -2,7 +2,8 @@
 //! shim left them (state directories, libvirt domains, taps) and installs a release.
 //!
 //! - [`cli`]: its command line;
-//! - [`ctl`]: `ps`, `console` and `gc`; [`operator_console`]: `console --interactive`;
+//! - [`ctl`]: `ps`, `console` and `gc`; [`pod_listing`]: `ps`'s table and a pod found by
+//!   `NAMESPACE/NAME`; [`operator_console`]: `console --interactive`;
 //! - [`host_check`]: `check`, what the node has and what vmlet needs of it, over
 //!   [`node_program`] (the node's programs, asked with deadlines);
 //! - [`node_install`]: `install` and `uninstall` of a release, with containerd's config
@@ -21,3 +22,4 @@ pub mod node_install;
 pub mod node_label;
 pub mod node_program;
 pub mod operator_console;
+pub mod pod_listing;

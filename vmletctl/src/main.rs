@@ -14,10 +14,10 @@ use vmlet_shim::guest::console::ConsoleFollower;
 use vmlet_shim::host::pod_paths::PodPaths;
 use vmletctl::cli::{ConsoleArgs, CtlCommand, InstallArgs, NodeArgs, OutputFormat, Vmletctl};
 use vmletctl::containerd_config::{self, ConfigLayout};
-use vmletctl::ctl;
 use vmletctl::host_check::{self, HostFacts, Verdict};
 use vmletctl::node_install::{self, Steps};
 use vmletctl::node_label::{self, InCluster, NodeApi};
+use vmletctl::{ctl, pod_listing};
 
 /// How often `console --follow` looks for more.
 const FOLLOW_POLL: Duration = Duration::from_millis(200);
@@ -57,6 +57,34 @@ fn run(cli: Vmletctl) -> Result<(), String> {
         }
         CtlCommand::Install(args) => install(args),
         CtlCommand::Uninstall(args) => {
+            // The node's config under the root (this one's where the root is `/`).
+            let config = if args.root == Path::new("/") {
+                node()?
+            } else {
+                let installed = args.root.join(node_install::NODE_CONFIG);
+                match installed.is_file() {
+                    true => NodeConfig::load_from(&installed).map_err(|e| {
+                        format!("node config: {}", vmlet_shim::Error::Config(e).message())
+                    })?,
+                    false => NodeConfig::default(),
+                }
+            };
+            let state_dir = args.root.join(
+                config
+                    .state_dir
+                    .strip_prefix("/")
+                    .unwrap_or(&config.state_dir),
+            );
+            let running = pod_listing::running(&state_dir);
+            if !running.is_empty() && !args.force {
+                return Err(format!(
+                    "{} vmlet pod(s) run on this node: {}. Delete them first, or pass --force \
+                     (they run on, but without vmlet's programs their removal leaves their VMs \
+                     behind)",
+                    running.len(),
+                    running.join(", ")
+                ));
+            }
             // The label first: no pod is scheduled here for vmlet from now on.
             label(&args.node, None)?;
             let steps = node_install::uninstall(&args.root).map_err(|e| e.message())?;
@@ -66,12 +94,15 @@ fn run(cli: Vmletctl) -> Result<(), String> {
             let config = node()?;
             let vmm = Libvirt::new(&config.libvirt_uri);
             let pods = ctl::survey(&config.state_dir, netns_dir, &vmm).map_err(|e| e.message())?;
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs());
             match output {
                 OutputFormat::Json => {
-                    let all: Vec<_> = pods.iter().map(ctl::PodView::to_json).collect();
+                    let all: Vec<_> = pods.iter().map(|p| p.to_json(now)).collect();
                     println!("{}", serde_json::Value::Array(all));
                 }
-                OutputFormat::Table => print_table(&pods),
+                OutputFormat::Table => print!("{}", pod_listing::table(&pods, now)),
             }
             Ok(())
         }
@@ -115,15 +146,20 @@ fn run(cli: Vmletctl) -> Result<(), String> {
                 )),
             }
         }
-        CtlCommand::Metrics { listen: None } => {
-            print!("{}", ctl::metrics(&node()?.state_dir));
-            Ok(())
-        }
-        CtlCommand::Metrics {
-            listen: Some(address),
-        } => {
-            let state_dir = node()?.state_dir;
-            vmletctl::metrics_server::listen(*address, move || ctl::metrics(&state_dir))
+        CtlCommand::Metrics { listen, state_dir } => {
+            let state_dir = match state_dir {
+                Some(dir) => dir.clone(),
+                None => node()?.state_dir,
+            };
+            match listen {
+                None => {
+                    print!("{}", ctl::metrics(&state_dir));
+                    Ok(())
+                }
+                Some(address) => {
+                    vmletctl::metrics_server::listen(*address, move || ctl::metrics(&state_dir))
+                }
+            }
         }
     }
 }
@@ -218,30 +254,13 @@ fn wait_for_termination() -> Result<(), String> {
     Ok(())
 }
 
-fn print_table(pods: &[ctl::PodView]) {
-    println!(
-        "{:<66} {:>8} {:>6} {:<8} {:>4}",
-        "POD", "SHIM", "STATE", "VM", "TAPS"
-    );
-    for p in pods {
-        println!(
-            "{:<66} {:>8} {:>6} {:<8} {:>4}",
-            p.pod_id,
-            p.shim_pid.map_or("gone".into(), |pid| pid.to_string()),
-            if p.has_state { "yes" } else { "no" },
-            p.vm(),
-            p.taps.len()
-        );
-    }
-}
-
 /// Prints the pod's console so far; with `--follow`, then what the guest writes until the
 /// pod's state directory is gone; with `--interactive`, a session at it.
 fn console(config: &NodeConfig, args: &ConsoleArgs) -> Result<(), String> {
-    ctl::check_pod_id(&args.pod).map_err(|e| e.message())?;
-    let paths = PodPaths::new(&config.state_dir, &args.pod);
+    let pod = pod_listing::resolve(&config.state_dir, &args.pod).map_err(|e| e.message())?;
+    let paths = PodPaths::new(&config.state_dir, &pod);
     if args.interactive {
-        return vmletctl::operator_console::run(&paths, &args.pod);
+        return vmletctl::operator_console::run(&paths, &pod);
     }
     let mut follower = ConsoleFollower::new(&paths.console);
     let mut out = std::io::stdout().lock();

@@ -42,7 +42,14 @@ fn vmletctl_prints_completions_and_names_a_bad_pod_id() {
         String::from_utf8_lossy(&out.stderr).into_owned()
     };
     let err = console_error("../etc");
-    assert!(err.contains("pod id \"../etc\""), "{err}");
+    assert!(
+        err.contains("pod \"../etc\": expected a pod id or NAMESPACE/NAME"),
+        "{err}"
+    );
+    let err = console_error("..etc");
+    assert!(err.contains("pod id \"..etc\""), "{err}");
+    let err = console_error("default/nopod");
+    assert!(err.contains("no pod default/nopod on this node"), "{err}");
     let err = console_error("nopod");
     assert!(err.contains("no console log"), "{err}");
     let out = Command::new(ctl).arg("frobnicate").output().unwrap();

@@ -54,10 +54,13 @@ fn survey(s: &Stack) -> BTreeSet<String> {
     for m in s.state_mounts() {
         found.insert(format!("mount {m}: a pod's rootfs or share (vmlet's shim)"));
     }
-    // The node's KVM answer (`accel = "auto"`), kept for the host's boot, is no pod's.
+    // The node's KVM answer (`accel = "auto"`), kept for the host's boot, and its counters
+    // of every pod's start (`vmletctl metrics`) are no pod's.
     let node_files = [
         vmlet_shim::vmm::kvm_probe::ANSWER_FILE,
         vmlet_shim::vmm::kvm_probe::LOCK_FILE,
+        vmlet_shim::task::node_counters::FILE,
+        vmlet_shim::task::node_counters::LOCK,
     ];
     for entry in std::fs::read_dir(format!("{}/state", s.dir)).expect("the pod state dir") {
         let name = entry.expect("a pod state entry").file_name();

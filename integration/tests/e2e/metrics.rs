@@ -1,7 +1,8 @@
 //! End to end: `vmletctl metrics --listen` serves every running pod's figures over HTTP as
 //! Prometheus text that a real parser (python3-prometheus-client's) reads, with each
-//! per-pod series for two pods at once and the exec one pod ran counted. Run by
-//! `make test`.
+//! per-pod series for two pods at once (labelled `cri_name`, `cri_namespace`, `pod_id`), the
+//! exec one pod ran counted, the node's boot histogram with both boots in it, a refused
+//! create counted by its reason, and `vmlet_build_info`. Run by `make test`.
 
 use std::io::{Read, Write};
 use std::process::{Command, Stdio};
@@ -24,13 +25,16 @@ const POD_SERIES: &[&str] = &[
 ];
 
 /// Parses the Prometheus text in the file argv[1] with prometheus_client's parser: one
-/// `name pod value` line a sample (pod label or "-").
+/// `name label value` line a sample, the label the sample's `cri_name`, else its `le`,
+/// `reason` or `version`, else "-"; and one `family NAME TYPE` line a family.
 const PARSE: &str = r#"
 import sys
 from prometheus_client.parser import text_string_to_metric_families
 for family in text_string_to_metric_families(open(sys.argv[1]).read()):
+    print("family", family.name, family.type)
     for s in family.samples:
-        print(s.name, s.labels.get("pod", "-"), s.value)
+        label = next((s.labels[k] for k in ("cri_name", "le", "reason", "version") if k in s.labels), "-")
+        print(s.name, label, s.value)
 "#;
 
 /// GET /metrics from the exporter, retried while it starts.
@@ -66,6 +70,20 @@ fn metrics_of_two_pods_are_valid_prometheus_text() {
         .ctr_output(&["task", "exec", "--exec-id", "m1", &pods[0], "true"])
         .unwrap();
     assert!(out.status.success(), "exec: {}", text(&out.stderr));
+    let counters = format!("{}/state/.node-counters.json", s.dir);
+    let before: serde_json::Value = std::fs::read(&counters)
+        .map(|b| serde_json::from_slice(&b).unwrap())
+        .unwrap_or_default();
+    let refused = unique_id("metrics-bad");
+    let out = s
+        .run(
+            &refused,
+            &["--annotation", "vmlet.io/memory=lots"],
+            &["true"],
+        )
+        .unwrap();
+    assert!(!out.status.success(), "a bad annotation is refused");
+    let _ = s.ctr_output(&["container", "rm", &refused]);
 
     let address = {
         let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -129,6 +147,37 @@ fn metrics_of_two_pods_are_valid_prometheus_text() {
     assert_eq!(value("vmlet_pod_execs_total", &pods[0]), 1.0);
     assert_eq!(value("vmlet_pod_execs_total", &pods[1]), 0.0);
     assert!(value("vmlet_pods", "-") >= 2.0);
+    // The node's: a histogram of every boot (both pods' among them), the refused create by
+    // its reason, and the release.
+    for family in [
+        "family vmlet_pod_boot_duration_seconds histogram",
+        "family vmlet_create_failures counter",
+        "family vmlet_build_info gauge",
+    ] {
+        assert!(
+            samples.lines().any(|l| l == family),
+            "{family} in:\n{samples}"
+        );
+    }
+    let boots = value("vmlet_pod_boot_duration_seconds_count", "-");
+    assert!(boots >= 2.0, "{body}");
+    assert_eq!(
+        value("vmlet_pod_boot_duration_seconds_bucket", "+Inf"),
+        boots
+    );
+    assert!(value("vmlet_pod_boot_duration_seconds_sum", "-") > 0.0);
+    let failed_before = before["create_failures"]["invalid_argument"]
+        .as_u64()
+        .unwrap_or(0) as f64;
+    assert!(
+        value("vmlet_create_failures_total", "invalid_argument") > failed_before,
+        "{body}"
+    );
+    assert_eq!(
+        value("vmlet_build_info", env!("CARGO_PKG_VERSION")),
+        1.0,
+        "{body}"
+    );
 
     for pod in &pods {
         s.kill_and_remove(pod).unwrap();

@@ -27,6 +27,18 @@ pub fn vmletctl(s: &Stack, args: &[&str]) -> String {
     text(&out.stdout)
 }
 
+/// `vmletctl ARGS` that must fail: what it said on stderr.
+pub fn vmletctl_fails(s: &Stack, args: &[&str]) -> String {
+    let out = vmlet_integration::bounded::output(
+        std::process::Command::new(format!("{}/bin/vmletctl", s.dir))
+            .args(args)
+            .env("VMLET_CONFIG", format!("{}/config.toml", s.dir)),
+    )
+    .unwrap();
+    assert!(!out.status.success(), "vmletctl {args:?} succeeded");
+    text(&out.stderr)
+}
+
 /// A command's output as text.
 pub fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()

@@ -319,6 +319,7 @@ async fn serve_from_a_cri_vm_pod(s: &Stack, boot: Boot) -> (String, String) {
     };
     let mut p = start_vm_pod(s, boot).await;
     let name = p.config.metadata.as_ref().unwrap().name.clone();
+    let namespace = p.config.metadata.as_ref().unwrap().namespace.clone();
     let ip = p.cri.pod_ip(&p.pod).await.unwrap();
     // The command is the image's (`sh`), which a VM image does not run.
     let c = p.container("vm", &image, &[], 0).await;
@@ -327,6 +328,8 @@ async fn serve_from_a_cri_vm_pod(s: &Stack, boot: Boot) -> (String, String) {
     // The container's VM is served by the pod's shim: vmlet sees both alive.
     let gc = vmletctl(s, &["gc", "--dry-run"]);
     let ps = vmletctl(s, &["ps"]);
+    // The operator knows the pod by its Kubernetes names: its VM's row, and its console.
+    let by_name = vmletctl(s, &["console", &format!("{namespace}/{name}")]);
     let page = {
         let (node, ip) = (node.clone(), ip.clone());
         tokio::task::spawn_blocking(move || page_on(&node, &ip))
@@ -347,15 +350,24 @@ async fn serve_from_a_cri_vm_pod(s: &Stack, boot: Boot) -> (String, String) {
         page.contains("200 OK") && page.trim_end().ends_with(&name),
         "the guest's server on {ip}:8080 answered {page:?}"
     );
+    let vm_row = ps.lines().find(|l| l.ends_with(c.as_str())).unwrap_or("");
+    assert!(
+        vm_row.starts_with(&format!("{namespace}/{name} ")) && vm_row.contains(" vm-image "),
+        "the VM's row in ps names the pod and its kind:\n{ps}"
+    );
+    assert!(
+        by_name.contains(&format!("vmlet-marker {name} ")),
+        "vmletctl console {namespace}/{name} printed {by_name:?}"
+    );
     // The pod's sandbox and its container's VM each had a state directory.
     for id in [&pod_id, &c] {
         assert!(
             !gc.contains(id.as_str()),
             "gc would remove {id}, which lives:\n{gc}"
         );
-        let line = ps.lines().find(|l| l.starts_with(id.as_str()));
+        let line = ps.lines().find(|l| l.ends_with(id.as_str()));
         assert!(
-            line.is_some_and(|l| !l.contains("gone")),
+            line.is_some_and(|l| !l.contains("orphaned")),
             "{id} is not a live pod in ps:\n{ps}"
         );
         assert!(

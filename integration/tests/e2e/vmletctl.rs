@@ -58,6 +58,14 @@ fn gc_removes_orphans_only_and_ps_and_console_show_the_pods() {
 
     let console = vmletctl(&s, &["console", &live]);
     assert!(console.contains("agent ready on vsock port"), "{console}");
+    // By the names it is known by: containerd's namespace and the task's id.
+    let by_name = vmletctl(&s, &["console", &format!("default/{live}")]);
+    assert!(
+        by_name.starts_with(&console[..console.len().min(200)]),
+        "{by_name}"
+    );
+    let missing = crate::support::vmletctl_fails(&s, &["console", "default/no-such-pod"]);
+    assert!(missing.contains("no pod default/no-such-pod"), "{missing}");
     // Following the console until the pod is gone.
     let (mut follower, followed) = follow_console(&s, &live);
 
@@ -160,24 +168,51 @@ impl Orphans {
     }
 }
 
-/// `vmletctl ps` (as a table and as JSON) shows the live pod running with its tap, the
-/// orphans gone, and nothing not vmlet's.
+/// `vmletctl ps` (as a table and as JSON) shows the live pod running with its names, kind,
+/// shape and tap, the orphans orphaned, and nothing not vmlet's.
 fn ps_shows_the_pods(s: &Stack, live: &str, o: &Orphans) {
     let ps = vmletctl(s, &["ps"]);
-    let line = |id: &str| {
+    let cells = |id: &str| -> Vec<String> {
         ps.lines()
-            .find(|l| l.starts_with(id))
+            .find(|l| l.ends_with(id))
             .unwrap_or_else(|| panic!("{id} missing from ps:\n{ps}"))
-            .to_owned()
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect()
     };
-    assert!(!line(live).contains("gone"), "{ps}");
-    assert!(line(live).contains("running"), "{ps}");
-    assert!(line(&o.orphan_pod).contains("gone"), "{ps}");
-    assert!(line(&o.gone).contains("gone"), "{ps}");
-    let taps_column = |id: &str| line(id).split_whitespace().last().unwrap().to_owned();
+    let header: Vec<&str> = ps.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(
+        header,
+        [
+            "NAMESPACE/NAME",
+            "KIND",
+            "VCPUS",
+            "MEMORY",
+            "ACCEL",
+            "STATE",
+            "AGE",
+            "VM",
+            "TAPS",
+            "POD",
+            "ID"
+        ],
+        "{ps}"
+    );
+    let live_row = cells(live);
+    assert_eq!(live_row[0], format!("default/{live}"), "{ps}");
+    assert_eq!(live_row[1..4], ["containers", "1", "256Mi"], "{ps}");
+    assert!(["kvm", "tcg"].contains(&live_row[4].as_str()), "{ps}");
+    assert_eq!(live_row[5], "running", "{ps}");
+    assert!(
+        live_row[6].ends_with('s') || live_row[6].ends_with('m'),
+        "{ps}"
+    );
+    for orphan in [&o.orphan_pod, &o.gone, &o.tap_pod] {
+        assert!(cells(orphan).contains(&"orphaned".to_owned()), "{ps}");
+    }
+    let taps_column = |id: &str| cells(id)[cells(id).len() - 2].clone();
     assert_eq!(taps_column(live), "1", "{ps}");
     assert_eq!(taps_column(&o.tap_pod), "1", "{ps}");
-    assert!(line(&o.tap_pod).contains("gone"), "{ps}");
     assert!(
         !ps.contains(&o.foreign) && !ps.contains(&o.lookalike),
         "{ps}"
@@ -192,12 +227,23 @@ fn ps_shows_the_pods(s: &Stack, live: &str, o: &Orphans) {
         .find(|p| p["pod"] == live)
         .unwrap_or_else(|| panic!("{live} missing from ps -o json: {json}"));
     assert_eq!(live_json["domain"], "running", "{live_json}");
+    assert_eq!(live_json["state"], "running", "{live_json}");
+    assert_eq!(live_json["namespace"], "default", "{live_json}");
+    assert_eq!(live_json["name"], live, "{live_json}");
+    assert_eq!(live_json["kind"], "containers", "{live_json}");
+    assert_eq!(live_json["accel"], live_row_accel(&ps, live), "{live_json}");
     assert!(live_json["shim_pid"].as_u64().is_some(), "{live_json}");
     assert_eq!(
         live_json["taps"].as_array().unwrap().len(),
         1,
         "{live_json}"
     );
+}
+
+/// The ACCEL cell of `id`'s row in `ps`'s table.
+fn live_row_accel(ps: &str, id: &str) -> String {
+    let row = ps.lines().find(|l| l.ends_with(id)).unwrap();
+    row.split_whitespace().nth(4).unwrap().to_owned()
 }
 
 /// `vmletctl console --follow` of `pod`, and what it prints until it ends (16 MiB at most).

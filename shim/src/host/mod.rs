@@ -13,7 +13,8 @@
 //! - [`host_command`]: host programs run with deadlines and bounded output; [`file_lock`]:
 //!   a lock between shims; [`pidfd`]: processes held by pidfd; [`qemu_process`]: QEMU as the
 //!   shim's confined child and [`virtiofsd`] the pod's virtiofsd (`launcher = "direct"`);
-//! - [`templates`]: saved template VMs, one per VM shape, within the node's limits.
+//! - [`templates`]: saved template VMs, one per VM shape, within the node's limits;
+//! - [`pod_record`]: what an operator knows a pod by (`vmletctl ps`).
 
 pub(crate) mod cgroup_stats;
 pub(crate) mod fd_mount;
@@ -24,6 +25,7 @@ pub(crate) mod netns_holder;
 pub(crate) mod pidfd;
 pub mod pod_cgroup;
 pub mod pod_paths;
+pub mod pod_record;
 pub mod qemu_process;
 pub mod reclaim;
 pub(crate) mod share;

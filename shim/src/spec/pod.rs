@@ -162,6 +162,18 @@ pub fn kube_names(annotations: &HashMap<String, String>) -> Option<(String, Stri
     ))
 }
 
+/// What an operator knows task `id`'s pod by: Kubernetes' names (CRI), else containerd's
+/// namespace and the task's id.
+pub fn pod_names(
+    id: &str,
+    annotations: &HashMap<String, String>,
+    containerd_namespace: &str,
+) -> crate::host::pod_record::PodNames {
+    let (name, namespace) =
+        kube_names(annotations).unwrap_or_else(|| (id.to_owned(), containerd_namespace.to_owned()));
+    crate::host::pod_record::PodNames { namespace, name }
+}
+
 /// Whether a task brings up its pod's VM or joins an existing one.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PodRole {

@@ -22,6 +22,7 @@ use super::{TaskEntry, TaskService};
 use crate::guest::stdio::ProcessName;
 use crate::guest::ProcessId;
 use crate::spec::hooks::{HookState, HostHooks};
+use crate::task::node_counters;
 use crate::task::phases::Phases;
 use crate::task::pod_metrics::PodMeter;
 use crate::vm::pod_vm::PodVm;
@@ -38,10 +39,21 @@ struct InVm {
 }
 
 impl TaskService {
+    /// A task's create; a failed one is counted for the node by its error's code.
     pub(super) async fn create_task(
         &self,
         req: api::CreateTaskRequest,
     ) -> Result<api::CreateTaskResponse, Error> {
+        let created = self.create(req).await;
+        if let Err(e) = &created {
+            if let Ok(config) = (self.config)() {
+                node_counters::count_failure(&config.state_dir, e).await;
+            }
+        }
+        created
+    }
+
+    async fn create(&self, req: api::CreateTaskRequest) -> Result<api::CreateTaskResponse, Error> {
         if self.tasks.lock().unwrap().contains_key(&req.id) {
             return Err(Error::AlreadyExists(format!("task {}", req.id)));
         }
@@ -101,6 +113,9 @@ impl TaskService {
             }
         };
         self.record_vm(&req.id, &spec, &config, &in_vm);
+        if let Some((boot, _)) = in_vm.booted {
+            node_counters::count_boot(&config.state_dir, boot).await;
+        }
         let InVm {
             vm,
             pod_id,
@@ -202,8 +217,9 @@ impl TaskService {
         let Some((boot, agent_ready)) = in_vm.booted else {
             return;
         };
-        let names = crate::spec::kube_names(&crate::spec::bundle::annotations(spec))
-            .unwrap_or_else(|| (id.to_owned(), self.namespace.clone()));
+        let names =
+            crate::spec::pod_names(id, &crate::spec::bundle::annotations(spec), &self.namespace);
+        let names = (names.name, names.namespace);
         let dir = crate::host::pod_paths::PodPaths::new(&config.state_dir, in_vm.vm.pod_id()).dir;
         if let Some(meter) = PodMeter::start(&in_vm.vm, &dir, names, boot, agent_ready) {
             self.meters.lock().unwrap().insert(id.to_owned(), meter);
@@ -301,6 +317,10 @@ impl RunningPods for TaskService {
                     "pod sandbox {sandbox_id} (its VM is not in this shim)"
                 ))
             })
+    }
+
+    fn namespace(&self) -> &str {
+        &self.namespace
     }
 }
 

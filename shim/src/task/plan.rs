@@ -33,6 +33,8 @@ pub(super) trait RunningPods {
     fn so_far(&self, sandbox_id: &str) -> Option<PodSoFar>;
     /// The running sandbox `sandbox_id`'s VM (or, for a VM-mode pod, its hold).
     fn vm(&self, sandbox_id: &str) -> Result<Arc<dyn PodVm>, Error>;
+    /// containerd's namespace of the shim's tasks.
+    fn namespace(&self) -> &str;
 }
 
 /// Where the container goes.
@@ -129,6 +131,7 @@ impl CreatePlan {
                 config,
                 rootfs,
                 binds,
+                crate::spec::pod_names(&req.id, &annotations, pods.namespace()),
                 (!hooks.is_empty()).then(|| HostProcess {
                     create_hooks: hooks.create.clone(),
                     state: hook_state.clone(),
@@ -305,6 +308,7 @@ fn boot_request(
     config: &NodeConfig,
     rootfs: RootfsSource,
     binds: Vec<HostBind>,
+    names: crate::host::pod_record::PodNames,
     host_process: Option<HostProcess>,
 ) -> Result<BootRequest, Error> {
     let limits = crate::spec::pod_limits(spec, annotations)?;
@@ -351,6 +355,7 @@ fn boot_request(
         cgroup,
         image: None,
         sandbox_id: None,
+        names,
     })
 }
 
@@ -558,6 +563,10 @@ mod tests {
         fn vm(&self, sandbox_id: &str) -> Result<Arc<dyn PodVm>, Error> {
             Err(Error::NotFound(format!("pod sandbox {sandbox_id}")))
         }
+
+        fn namespace(&self) -> &str {
+            "default"
+        }
     }
 
     /// A shim running sandbox `p1`, which reported PID 42, its containers sharing its PID
@@ -579,6 +588,10 @@ mod tests {
                 "p1" => Ok(self.vm.clone()),
                 _ => NoPods.vm(sandbox_id),
             }
+        }
+
+        fn namespace(&self) -> &str {
+            "default"
         }
     }
 

@@ -6,8 +6,11 @@
 //! A pod's figures: its VM's host-side CPU and memory (the pod's cgroup, where QEMU and its
 //! helpers run), how long the VM took to boot and its agent to answer, the agent's
 //! round-trip time (one call made for the scrape), the execs started, and the shim's own
-//! memory, CPU and threads. Labels: `pod` and `namespace` (Kubernetes' for a CRI pod,
-//! containerd's task id and namespace otherwise) and `pod_id` (the sandbox id).
+//! memory, CPU and threads. Labels: `cri_name` and `cri_namespace` (Kubernetes' pod name
+//! and namespace for a CRI pod, containerd's task id and namespace otherwise: not `pod` and
+//! `namespace`, which Prometheus' Kubernetes discovery sets to the exporter's own) and
+//! `pod_id` (the sandbox id). Beside them, the node's: every boot's time as a histogram and
+//! the failed creates by reason ([`crate::task::node_counters`]), and `vmlet_build_info`.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -18,6 +21,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use tokio::io::AsyncWriteExt;
 
+use crate::task::node_counters::{NodeCounters, BOOT_BUCKETS};
 use crate::vm::pod_vm::PodVm;
 use crate::Error;
 
@@ -339,16 +343,24 @@ const FAMILIES: &[Family] = &[
     },
 ];
 
-/// The figures of every pod as Prometheus text (exposition format 0.0.4), and
-/// `vmlet_pods` and `vmlet_scrape_errors` for the node.
-pub fn render(pods: &[PodFigures], errors: usize) -> String {
+/// The figures of every pod as Prometheus text (exposition format 0.0.4), the node's
+/// counters (none when they could not be read: an error of the scrape), and
+/// `vmlet_build_info`, `vmlet_pods` and `vmlet_scrape_errors` for the node.
+pub fn render(pods: &[PodFigures], node: Option<&NodeCounters>, errors: usize) -> String {
     let mut out = format!(
-        "# HELP vmlet_pods Pods whose shim answered this scrape.\n# TYPE vmlet_pods gauge\n\
+        "# HELP vmlet_build_info The vmlet release that serves these figures.\n\
+         # TYPE vmlet_build_info gauge\nvmlet_build_info{{version=\"{}\"}} 1\n\
+         # HELP vmlet_pods Pods whose shim answered this scrape.\n# TYPE vmlet_pods gauge\n\
          vmlet_pods {}\n\
-         # HELP vmlet_scrape_errors Live pods whose shim did not answer this scrape.\n\
+         # HELP vmlet_scrape_errors Live pods whose shim did not answer this scrape, and the \
+         node's counters when they could not be read.\n\
          # TYPE vmlet_scrape_errors gauge\nvmlet_scrape_errors {errors}\n",
+        escape(env!("CARGO_PKG_VERSION")),
         pods.len()
     );
+    if let Some(node) = node {
+        out.push_str(&render_node(node));
+    }
     for f in FAMILIES {
         out.push_str(&format!(
             "# HELP {} {}\n# TYPE {} {}\n",
@@ -357,7 +369,7 @@ pub fn render(pods: &[PodFigures], errors: usize) -> String {
         for pod in pods {
             if let Some(value) = (f.value)(pod) {
                 out.push_str(&format!(
-                    "{}{{pod=\"{}\",namespace=\"{}\",pod_id=\"{}\"}} {}\n",
+                    "{}{{cri_name=\"{}\",cri_namespace=\"{}\",pod_id=\"{}\"}} {}\n",
                     f.name,
                     escape(&pod.pod),
                     escape(&pod.namespace),
@@ -366,6 +378,37 @@ pub fn render(pods: &[PodFigures], errors: usize) -> String {
                 ));
             }
         }
+    }
+    out
+}
+
+/// The node's counters: the boot histogram (cumulative buckets) and the failed creates.
+fn render_node(node: &NodeCounters) -> String {
+    let name = "vmlet_pod_boot_duration_seconds";
+    let mut out = format!(
+        "# HELP {name} From a pod's create to its VM booted with its network configured, \
+         every boot on the node.\n# TYPE {name} histogram\n"
+    );
+    let mut cumulative = 0;
+    for (i, le) in BOOT_BUCKETS.iter().enumerate() {
+        cumulative += node.boot_buckets.get(i).copied().unwrap_or(0);
+        out.push_str(&format!("{name}_bucket{{le=\"{le}\"}} {cumulative}\n"));
+    }
+    out.push_str(&format!(
+        "{name}_bucket{{le=\"+Inf\"}} {}\n{name}_sum {}\n{name}_count {}\n",
+        node.boots(),
+        node.boot_sum_seconds,
+        node.boots()
+    ));
+    out.push_str(
+        "# HELP vmlet_create_failures_total Creates that failed on the node, by the error's \
+         code.\n# TYPE vmlet_create_failures_total counter\n",
+    );
+    for (reason, count) in &node.create_failures {
+        out.push_str(&format!(
+            "vmlet_create_failures_total{{reason=\"{}\"}} {count}\n",
+            escape(reason)
+        ));
     }
     out
 }
@@ -404,13 +447,30 @@ mod tests {
             namespace: "k8s.io".into(),
             ..Default::default()
         };
-        let text = render(&[a, b], 1);
+        let node = NodeCounters {
+            boot_buckets: vec![1, 0, 2],
+            boot_over: 1,
+            boot_sum_seconds: 200.5,
+            create_failures: [("invalid_argument".to_owned(), 3)].into(),
+        };
+        let text = render(&[a, b], Some(&node), 1);
+        assert!(text.contains("vmlet_build_info{version=\""), "{text}");
+        assert!(text.contains("vmlet_pod_boot_duration_seconds_bucket{le=\"0.25\"} 1\n"));
+        assert!(
+            text.contains("vmlet_pod_boot_duration_seconds_bucket{le=\"1\"} 3\n"),
+            "{text}"
+        );
+        assert!(text.contains("vmlet_pod_boot_duration_seconds_bucket{le=\"120\"} 3\n"));
+        assert!(text.contains("vmlet_pod_boot_duration_seconds_bucket{le=\"+Inf\"} 4\n"));
+        assert!(text.contains("vmlet_pod_boot_duration_seconds_count 4\n"));
+        assert!(text.contains("vmlet_create_failures_total{reason=\"invalid_argument\"} 3\n"));
+        assert!(!render(&[], None, 1).contains("vmlet_pod_boot_duration_seconds"));
         assert!(text.contains("vmlet_pods 2\n"), "{text}");
         assert!(text.contains("vmlet_scrape_errors 1\n"), "{text}");
         assert!(text.contains(
-            "vmlet_pod_vm_memory_bytes{pod=\"web\",namespace=\"default\",pod_id=\"sb1\"} 314572800\n"
+            "vmlet_pod_vm_memory_bytes{cri_name=\"web\",cri_namespace=\"default\",pod_id=\"sb1\"} 314572800\n"
         ));
-        assert!(text.contains("vmlet_pod_execs_total{pod=\"we\\\"ird\\\\name\",namespace=\"k8s.io\",pod_id=\"sb2\"} 0\n"), "{text}");
+        assert!(text.contains("vmlet_pod_execs_total{cri_name=\"we\\\"ird\\\\name\",cri_namespace=\"k8s.io\",pod_id=\"sb2\"} 0\n"), "{text}");
         assert!(
             !text
                 .lines()

@@ -56,6 +56,10 @@ fn request(pod_id: &str) -> BootRequest {
         cgroup: None,
         image: None,
         sandbox_id: None,
+        names: crate::host::pod_record::PodNames {
+            namespace: "default".into(),
+            name: pod_id.into(),
+        },
     }
 }
 

@@ -126,6 +126,7 @@ pub(super) async fn start(
                 false
             }
         };
+    record(req, paths, &spec, direct)?;
     // None for a VM image, which has no agent to wait for a restore.
     let mut template = super::template_start::choose(config, &spec, direct).await?;
     spec.template = template.as_ref().map(TemplateStart::role);
@@ -252,6 +253,28 @@ pub(super) async fn start(
         template,
         qemu,
     })
+}
+
+/// The pod's record for the operator ([`crate::host::pod_record`]), as its VM starts.
+fn record(req: &BootRequest, paths: &PodPaths, spec: &VmSpec, direct: bool) -> Result<(), Error> {
+    use crate::host::pod_record::{PodKind, PodRecord, VERSION};
+    let started = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    PodRecord {
+        version: VERSION,
+        names: req.names.clone(),
+        kind: match spec.guest {
+            GuestBoot::Agent(_) => PodKind::Containers,
+            GuestBoot::Image(_) => PodKind::VmImage,
+        },
+        vcpus: spec.vcpus,
+        memory_mib: spec.memory_mib,
+        accel: if spec.kvm { "kvm" } else { "tcg" }.into(),
+        launcher: if direct { "direct" } else { "libvirt" }.into(),
+        started,
+    }
+    .write(&paths.dir)
 }
 
 /// A socket at `path` that only QEMU's `user` may connect to.

@@ -169,6 +169,8 @@ pub struct BootRequest {
     /// The pod whose one container this VM is (a VM-mode CRI pod: the shim's id is the
     /// sandbox's); none when the VM is its own pod's.
     pub sandbox_id: Option<String>,
+    /// What an operator knows the pod by (its record, [`crate::host::pod_record`]).
+    pub names: crate::host::pod_record::PodNames,
 }
 
 /// A VM-mode CRI pod's sandbox (docs/vm-mode.md): the VM image comes with the pod's one

@@ -18,9 +18,10 @@ fn installer_image_archive() -> std::path::PathBuf {
         .expect("dist/vmlet-installer-VERSION.oci.tar: `make dist` writes it (make test does)")
 }
 
-/// A shipped manifest of deploy/ aimed at `root` instead of the node's `/`, and without the
-/// containerd restart (the scratch root has no systemd): the only changes.
-fn aimed_at(manifest: &str, root: &std::path::Path) -> String {
+/// A shipped manifest of deploy/ aimed at `root` instead of the node's `/`, without the
+/// containerd restart (the scratch root has no systemd), and with the stack's state
+/// directory `state` for the node's `/run/vmlet` (the metrics'): the only changes.
+fn aimed_at(manifest: &str, root: &std::path::Path, state: &str) -> String {
     let text = std::fs::read_to_string(
         std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy")).join(manifest),
     )
@@ -31,6 +32,10 @@ fn aimed_at(manifest: &str, root: &std::path::Path) -> String {
     assert_eq!(text.matches(restart).count(), 1, "{manifest}: one restart");
     text.replace(host, &format!("            path: {}\n", root.display()))
         .replace(restart, "")
+        .replace(
+            "            path: /run/vmlet\n",
+            &format!("            path: {state}\n"),
+        )
 }
 
 /// The node's label is the installer's to set and the cleanup's to remove: it goes first
@@ -114,16 +119,18 @@ fn the_daemonset_installer_and_the_cleanup_job_run_as_shipped() {
     let scratch = Scratch::with_containerd_config(config);
     let root = scratch.0.clone();
 
-    let deploy = aimed_at("vmlet-deploy.yaml", &root);
+    let state = format!("{}/state", s.dir);
+    let deploy = aimed_at("vmlet-deploy.yaml", &root, &state);
     k.apply(&deploy).unwrap();
     the_installer_installs_and_labels(&k, &root);
+    its_metrics_are_served(&k, &s);
 
     // Off again: the DaemonSet first (its pods would install again), then the Job.
     let deleted = k
         .with_input(&["delete", "-f", "-", "--timeout=120s"], &deploy)
         .unwrap();
     assert!(deleted.status.success(), "{}", text(&deleted.stderr));
-    let cleanup = aimed_at("vmlet-cleanup.yaml", &root);
+    let cleanup = aimed_at("vmlet-cleanup.yaml", &root, &state);
     k.apply(&cleanup).unwrap();
     the_cleanup_gives_the_root_back(&k, &root, config);
     let deleted = k
@@ -153,13 +160,87 @@ fn the_installer_installs_and_labels(k: &Cluster, root: &std::path::Path) {
     // yet (its relist), and until it has, `kubectl logs` answers "waiting to start".
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let logs = k.ok(&["logs", "-n", "kube-system", "daemonset/vmlet-installer"]);
+        let logs = k.ok(&[
+            "logs",
+            "-n",
+            "kube-system",
+            "daemonset/vmlet-installer",
+            "-c",
+            "install",
+        ]);
         match logs {
             Ok(logs) if logs.contains("installed; waiting for SIGTERM") => break,
             other => assert!(Instant::now() < deadline, "the installer's log: {other:?}"),
         }
         std::thread::sleep(Duration::from_secs(1));
     }
+}
+
+/// The installer's pod serves the node's figures through the Service `vmlet-metrics` (asked
+/// through the API server's service proxy), as Prometheus text that a real parser reads,
+/// with a running vmlet pod's series labelled by its Kubernetes names, the node's boot
+/// histogram and `vmlet_build_info`.
+fn its_metrics_are_served(k: &Cluster, s: &vmlet_integration::Stack) {
+    let ns = Namespace::new(k, "metrics");
+    let pod = format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata: {{name: measured, namespace: {ns}}}
+spec:
+  runtimeClassName: vmlet
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: app
+    image: {image}
+    imagePullPolicy: Never
+    command: ["sleep", "1000"]
+"#,
+        ns = ns.name,
+        image = s.image,
+    );
+    k.apply(&pod).unwrap();
+    wait_ready(k, &ns.name, "measured", READY_DEADLINE);
+    let path = "/api/v1/namespaces/kube-system/services/vmlet-metrics:metrics/proxy/metrics";
+    let body = eventually(Duration::from_secs(60), "the metrics Service", || {
+        k.ok(&["get", "--raw", path])
+            .ok()
+            .filter(|b| b.contains("cri_name=\"measured\""))
+    });
+    let file = format!("{}/{}.prom", s.dir, ns.name);
+    std::fs::write(&file, &body).unwrap();
+    const PARSE: &str = r#"
+import sys
+from prometheus_client.parser import text_string_to_metric_families
+for family in text_string_to_metric_families(open(sys.argv[1]).read()):
+    for s in family.samples:
+        print(s.name, s.labels.get("cri_namespace", "-"), s.labels.get("cri_name", "-"), s.value)
+"#;
+    let parsed = vmlet_integration::bounded::output(
+        std::process::Command::new("/usr/bin/python3").args(["-c", PARSE, &file]),
+    )
+    .unwrap();
+    std::fs::remove_file(&file).unwrap();
+    assert!(
+        parsed.status.success(),
+        "not valid Prometheus text: {}\n{body}",
+        text(&parsed.stderr)
+    );
+    let samples = text(&parsed.stdout);
+    let memory = format!("vmlet_pod_vm_memory_bytes {} measured ", ns.name);
+    for wanted in [
+        &memory,
+        "vmlet_pod_boot_duration_seconds_count - - ",
+        "vmlet_build_info - - 1.0",
+    ] {
+        assert!(
+            samples.lines().any(|l| l.starts_with(wanted)),
+            "{wanted:?} in the served figures:\n{body}"
+        );
+    }
+    println!(
+        "the DaemonSet's metrics Service served {} samples",
+        samples.lines().count()
+    );
 }
 
 /// The applied cleanup Job completes, removes the node's label and leaves `root` as it
