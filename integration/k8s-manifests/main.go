@@ -81,6 +81,14 @@ func (c *checker) meta(kind string, m metav1.ObjectMeta, namespaced bool) {
 
 // A pod template: the installer's needs (the host's root, its PIDs, the node's name for the
 // label, the image).
+func toStrings(caps []corev1.Capability) []string {
+	out := make([]string, len(caps))
+	for i, c := range caps {
+		out[i] = string(c)
+	}
+	return out
+}
+
 func (c *checker) podTemplate(owner string, t corev1.PodTemplateSpec, image string, accounts map[string]bool) {
 	c.labelSet(owner+" pod label", t.Labels)
 	c.labelSet(owner+" nodeSelector", t.Spec.NodeSelector)
@@ -117,8 +125,11 @@ func (c *checker) podTemplate(owner string, t corev1.PodTemplateSpec, image stri
 		if m.Image != image {
 			c.fail("%s's container %s runs image %q, not the installer %q", owner, m.Name, m.Image, image)
 		}
-		if m.SecurityContext != nil && m.SecurityContext.Privileged != nil && *m.SecurityContext.Privileged {
-			c.fail("%s's container %s is privileged; it only reads", owner, m.Name)
+		sc := m.SecurityContext
+		if sc == nil || (sc.Privileged != nil && *sc.Privileged) || sc.Capabilities == nil ||
+			!contains(toStrings(sc.Capabilities.Drop), "ALL") || len(sc.Capabilities.Add) > 0 ||
+			sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation {
+			c.fail("%s's container %s must drop every capability and privilege escalation; it only reads", owner, m.Name)
 		}
 		for _, vm := range m.VolumeMounts {
 			if !readOnlyHost[vm.Name] || !vm.ReadOnly {

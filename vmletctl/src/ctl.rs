@@ -56,11 +56,12 @@ impl PodView {
     }
 
     /// The pod as a whole: `running` (its shim and VM run), `stopped` (its shim runs, its
-    /// VM ended), `no-vm` (its shim runs and no VM was started for it: a VM-mode pod's
-    /// sandbox, whose VM is its container's, or a pod still starting), `orphaned` (its
-    /// shim is gone: `gc` removes it).
+    /// VM was started and does not run: ended, or still starting), `no-vm` (its shim runs
+    /// and no VM was started for it: a VM-mode pod's sandbox, whose VM is its container's,
+    /// a pod still being set up, or one whose record cannot be read), `orphaned` (its shim
+    /// is gone: `gc` removes it).
     pub fn state(&self) -> &'static str {
-        match (self.shim_pid, self.vm(), &self.record) {
+        match (self.shim_pid, self.vm(), self.record()) {
             (None, _, _) => "orphaned",
             (Some(_), "running", _) => "running",
             (Some(_), _, Some(_)) => "stopped",
@@ -109,21 +110,48 @@ impl PodView {
 
 /// The node's pods as Prometheus text: the figures of every pod whose shim lives and
 /// serves them (`vmlet_scrape_errors` counts those that did not answer). Only the state
-/// directories are read: a scrape asks neither libvirt nor the network namespaces.
+/// directories are read: a scrape asks neither libvirt nor the network namespaces. The
+/// shims are asked all at once, so that a scrape takes one shim's deadline however many
+/// guests are slow to answer theirs.
 pub fn metrics(state_dir: &Path) -> String {
+    // No socket: a VM-mode pod's sandbox (its container's VM has the figures), or a pod
+    // still booting.
+    let serving: Vec<(String, std::path::PathBuf)> = state_dirs(state_dir)
+        .into_iter()
+        .filter(|found| found.shim_pid.is_some())
+        .map(|found| {
+            let dir = vmlet_shim::host::pod_paths::PodPaths::new(state_dir, &found.pod_id).dir;
+            (found.pod_id, dir)
+        })
+        .filter(|(_, dir)| dir.join(vmlet_shim::task::pod_metrics::SOCKET).exists())
+        .collect();
+    let answers: Vec<_> = std::thread::scope(|scope| {
+        let asked: Vec<_> = serving
+            .iter()
+            .map(|(pod_id, dir)| {
+                (
+                    pod_id,
+                    scope.spawn(move || vmlet_shim::task::pod_metrics::fetch(dir)),
+                )
+            })
+            .collect();
+        asked
+            .into_iter()
+            .map(|(pod_id, asked)| {
+                let answer = asked
+                    .join()
+                    .unwrap_or_else(|_| Err("the scrape's thread panicked".into()));
+                (pod_id, answer)
+            })
+            .collect()
+    });
     let mut figures = Vec::new();
     let mut errors = 0;
-    for found in state_dirs(state_dir) {
-        let dir = vmlet_shim::host::pod_paths::PodPaths::new(state_dir, &found.pod_id).dir;
-        // No socket: a VM-mode pod's sandbox (its container's VM has the figures), or a
-        // pod still booting.
-        if found.shim_pid.is_none() || !dir.join(vmlet_shim::task::pod_metrics::SOCKET).exists() {
-            continue;
-        }
-        match vmlet_shim::task::pod_metrics::fetch(&dir) {
+    for (pod_id, answer) in answers {
+        match answer {
             Ok(f) => figures.push(f),
             Err(e) => {
-                log::warn!("pod {}: {e}", found.pod_id);
+                log::warn!("pod {pod_id}: {e}");
                 errors += 1;
             }
         }

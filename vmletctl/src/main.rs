@@ -57,33 +57,8 @@ fn run(cli: Vmletctl) -> Result<(), String> {
         }
         CtlCommand::Install(args) => install(args),
         CtlCommand::Uninstall(args) => {
-            // The node's config under the root (this one's where the root is `/`).
-            let config = if args.root == Path::new("/") {
-                node()?
-            } else {
-                let installed = args.root.join(node_install::NODE_CONFIG);
-                match installed.is_file() {
-                    true => NodeConfig::load_from(&installed).map_err(|e| {
-                        format!("node config: {}", vmlet_shim::Error::Config(e).message())
-                    })?,
-                    false => NodeConfig::default(),
-                }
-            };
-            let state_dir = args.root.join(
-                config
-                    .state_dir
-                    .strip_prefix("/")
-                    .unwrap_or(&config.state_dir),
-            );
-            let running = pod_listing::running(&state_dir);
-            if !running.is_empty() && !args.force {
-                return Err(format!(
-                    "{} vmlet pod(s) run on this node: {}. Delete them first, or pass --force \
-                     (they run on, but without vmlet's programs their removal leaves their VMs \
-                     behind)",
-                    running.len(),
-                    running.join(", ")
-                ));
+            if !args.force {
+                refuse_with_pods(&args.root, &node)?;
             }
             // The label first: no pod is scheduled here for vmlet from now on.
             label(&args.node, None)?;
@@ -201,6 +176,45 @@ fn install(args: &InstallArgs) -> Result<(), String> {
         wait_for_termination()?;
     }
     Ok(())
+}
+
+/// An error naming the vmlet pods that run under `root` (its node config's state
+/// directory; `node` reads the config where the root is `/`), when any does.
+fn refuse_with_pods(
+    root: &Path,
+    node: &dyn Fn() -> Result<NodeConfig, String>,
+) -> Result<(), String> {
+    let unread = |e: String| format!("{e} (to find the pods that run; --force skips that)");
+    let config = if root == Path::new("/") {
+        node().map_err(unread)?
+    } else {
+        let installed = root.join(node_install::NODE_CONFIG);
+        match installed.is_file() {
+            true => NodeConfig::load_from(&installed).map_err(|e| {
+                unread(format!(
+                    "node config: {}",
+                    vmlet_shim::Error::Config(e).message()
+                ))
+            })?,
+            false => NodeConfig::default(),
+        }
+    };
+    let state_dir = root.join(
+        config
+            .state_dir
+            .strip_prefix("/")
+            .unwrap_or(&config.state_dir),
+    );
+    let running = pod_listing::running(&state_dir);
+    if running.is_empty() {
+        return Ok(());
+    }
+    Err(format!(
+        "{} vmlet pod(s) run on this node: {}. Delete them first, or pass --force (they run \
+         on, but without vmlet's programs their removal leaves their VMs behind)",
+        running.len(),
+        running.join(", ")
+    ))
 }
 
 /// Prints what install or uninstall did, and restarts containerd when asked and its config

@@ -61,6 +61,7 @@ fn survey(s: &Stack) -> BTreeSet<String> {
         vmlet_shim::vmm::kvm_probe::LOCK_FILE,
         vmlet_shim::task::node_counters::FILE,
         vmlet_shim::task::node_counters::LOCK,
+        vmlet_shim::task::node_counters::TMP,
     ];
     for entry in std::fs::read_dir(format!("{}/state", s.dir)).expect("the pod state dir") {
         let name = entry.expect("a pod state entry").file_name();

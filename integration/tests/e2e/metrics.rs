@@ -9,7 +9,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::support::{stack, text};
-use vmlet_integration::{bounded, unique_id};
+use vmlet_integration::unique_id;
 
 /// The per-pod series every running pod has.
 const POD_SERIES: &[&str] = &[
@@ -113,17 +113,7 @@ fn metrics_of_two_pods_are_valid_prometheus_text() {
     let _ = exporter.kill();
     let _ = exporter.wait();
 
-    let file = format!("{}/{}.prom", s.dir, pods[0]);
-    std::fs::write(&file, &body).unwrap();
-    let parsed =
-        bounded::output(Command::new("/usr/bin/python3").args(["-c", PARSE, &file])).unwrap();
-    std::fs::remove_file(&file).unwrap();
-    assert!(
-        parsed.status.success(),
-        "not valid Prometheus text: {}\n{body}",
-        text(&parsed.stderr)
-    );
-    let samples = text(&parsed.stdout);
+    let samples = crate::support::parsed_prometheus(&s, &body, PARSE);
     let value = |name: &str, pod: &str| -> f64 {
         samples
             .lines()

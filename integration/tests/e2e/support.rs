@@ -27,6 +27,25 @@ pub fn vmletctl(s: &Stack, args: &[&str]) -> String {
     text(&out.stdout)
 }
 
+/// Prometheus text `body` through a real parser (python3-prometheus-client's): `script` reads
+/// the file argv[1] and prints what the test looks for; its output. Fails the test when the
+/// parser does not take the text.
+pub fn parsed_prometheus(s: &Stack, body: &str, script: &str) -> String {
+    let file = format!("{}/{}.prom", s.dir, vmlet_integration::unique_id("scrape"));
+    std::fs::write(&file, body).unwrap();
+    let parsed = vmlet_integration::bounded::output(
+        std::process::Command::new("/usr/bin/python3").args(["-c", script, &file]),
+    )
+    .unwrap();
+    std::fs::remove_file(&file).unwrap();
+    assert!(
+        parsed.status.success(),
+        "not valid Prometheus text: {}\n{body}",
+        text(&parsed.stderr)
+    );
+    text(&parsed.stdout)
+}
+
 /// `vmletctl ARGS` that must fail: what it said on stderr.
 pub fn vmletctl_fails(s: &Stack, args: &[&str]) -> String {
     let out = vmlet_integration::bounded::output(

@@ -73,11 +73,12 @@ pub struct PodRecord {
 }
 
 impl PodRecord {
-    /// Writes the record into the pod's state directory `dir` (whole or not at all).
+    /// Writes the record into the pod's state directory `dir` (whole or not at all; root's
+    /// alone to read: it names the pod).
     pub fn write(&self, dir: &Path) -> Result<(), Error> {
         let json = serde_json::to_vec_pretty(self).map_err(|e| Error::Internal(e.to_string()))?;
         let tmp = dir.join(".pod.json.tmp");
-        std::fs::write(&tmp, json).map_err(|e| Error::io("write the pod's record", e))?;
+        write_private(&tmp, &json).map_err(|e| Error::io("write the pod's record", e))?;
         std::fs::rename(&tmp, dir.join(FILE)).map_err(|e| Error::io("save the pod's record", e))
     }
 
@@ -85,22 +86,13 @@ impl PodRecord {
     /// starting, a VM-mode pod's sandbox, a pod of an earlier version), else the record or
     /// why it cannot be read.
     pub fn load(dir: &Path) -> Option<Result<Self, String>> {
-        use std::os::unix::fs::OpenOptionsExt;
         let path = dir.join(FILE);
-        let file = match std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&path)
-        {
-            Ok(file) => file,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
-            Err(e) => return Some(Err(format!("{}: {e}", path.display()))),
+        let parsed = match read_private(&path, LIMIT) {
+            Ok(None) => return None,
+            Ok(Some(text)) => Self::parse(&text),
+            Err(e) => Err(e.to_string()),
         };
-        let mut text = Vec::new();
-        if let Err(e) = file.take(LIMIT).read_to_end(&mut text) {
-            return Some(Err(format!("{}: {e}", path.display())));
-        }
-        Some(Self::parse(&text).map_err(|e| format!("{}: {e}", path.display())))
+        Some(parsed.map_err(|e| format!("{}: {e}", path.display())))
     }
 
     fn parse(text: &[u8]) -> Result<Self, String> {
@@ -118,6 +110,41 @@ impl PodRecord {
         }
         serde_json::from_slice(text).map_err(|e| e.to_string())
     }
+}
+
+/// At most `limit` bytes of the file at `path`, never through a link; None when there is
+/// none.
+pub(crate) fn read_private(path: &Path, limit: u64) -> std::io::Result<Option<Vec<u8>>> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+    {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let mut text = Vec::new();
+    file.take(limit).read_to_end(&mut text)?;
+    Ok(Some(text))
+}
+
+/// `bytes` into a new file at `path` (one there is replaced), mode 0600, never through a link.
+pub(crate) fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)?
+        .write_all(bytes)
 }
 
 #[cfg(test)]
@@ -145,6 +172,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         record().write(dir.path()).unwrap();
         assert_eq!(PodRecord::load(dir.path()).unwrap().unwrap(), record());
+        let mode = std::fs::metadata(dir.path().join(FILE))
+            .unwrap()
+            .permissions();
+        assert_eq!(
+            std::os::unix::fs::PermissionsExt::mode(&mode) & 0o777,
+            0o600
+        );
         let text = std::fs::read_to_string(dir.path().join(FILE)).unwrap();
         assert!(text.contains(r#""kind": "vm-image""#), "{text}");
         assert!(text.contains(r#""namespace": "default""#), "{text}");

@@ -7,7 +7,6 @@
 //! A shim that cannot count says so in its log and goes on: counting never fails a create.
 
 use std::collections::BTreeMap;
-use std::io::Read;
 use std::path::Path;
 use std::time::Duration;
 
@@ -19,6 +18,8 @@ use crate::Error;
 pub const FILE: &str = ".node-counters.json";
 /// The lock its updates take, beside it.
 pub const LOCK: &str = ".node-counters.lock";
+/// Where an update is written before it replaces [`FILE`].
+pub const TMP: &str = ".node-counters.json.tmp";
 /// How long a shim waits for another's update.
 const LOCK_DEADLINE: Duration = Duration::from_secs(2);
 /// The largest file read (the reasons are the error codes: a few dozen bytes each).
@@ -29,9 +30,15 @@ const LIMIT: u64 = 64 << 10;
 /// tens of seconds.
 pub const BOOT_BUCKETS: &[f64] = &[0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0, 120.0];
 
+/// The file's layout this version writes: a shim of an older one leaves a newer file alone
+/// (it would drop what it does not know), and says so.
+pub const VERSION: u32 = 1;
+
 /// What the node counted.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct NodeCounters {
+    #[serde(default)]
+    pub version: u32,
     /// Boots at or under each of [`BOOT_BUCKETS`] (not cumulative here).
     #[serde(default)]
     pub boot_buckets: Vec<u64>,
@@ -63,31 +70,33 @@ impl NodeCounters {
 
     /// The counters in `state_dir` (zero where there are none yet).
     pub fn load(state_dir: &Path) -> Result<Self, String> {
-        use std::os::unix::fs::OpenOptionsExt;
         let path = state_dir.join(FILE);
-        let file = match std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&path)
-        {
-            Ok(file) => file,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Self::default()),
+        let text = match crate::host::pod_record::read_private(&path, LIMIT) {
+            Ok(None) => return Ok(Self::default()),
+            Ok(Some(text)) => text,
             Err(e) => return Err(format!("{}: {e}", path.display())),
         };
-        let mut text = Vec::new();
-        file.take(LIMIT)
-            .read_to_end(&mut text)
-            .map_err(|e| format!("{}: {e}", path.display()))?;
-        serde_json::from_slice(&text).map_err(|e| format!("{}: {e}", path.display()))
+        let counters: Self =
+            serde_json::from_slice(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+        if counters.version > VERSION {
+            return Err(format!(
+                "{}: counters of version {}, newer than this vmlet's ({VERSION})",
+                path.display(),
+                counters.version
+            ));
+        }
+        Ok(counters)
     }
 
     async fn update(state_dir: &Path, change: impl FnOnce(&mut Self)) -> Result<(), Error> {
         let _lock = crate::host::file_lock::exclusive(&state_dir.join(LOCK), LOCK_DEADLINE).await?;
         let mut counters = Self::load(state_dir).map_err(Error::Internal)?;
         change(&mut counters);
+        counters.version = VERSION;
         let json = serde_json::to_vec(&counters).map_err(|e| Error::Internal(e.to_string()))?;
-        let tmp = state_dir.join(".node-counters.json.tmp");
-        std::fs::write(&tmp, json).map_err(|e| Error::io("write the node's counters", e))?;
+        let tmp = state_dir.join(TMP);
+        crate::host::pod_record::write_private(&tmp, &json)
+            .map_err(|e| Error::io("write the node's counters", e))?;
         std::fs::rename(&tmp, state_dir.join(FILE))
             .map_err(|e| Error::io("save the node's counters", e))
     }
@@ -133,6 +142,20 @@ mod tests {
         assert!((c.boot_sum_seconds - 201.85).abs() < 1e-9);
         assert_eq!(c.create_failures["invalid_argument"], 2);
         assert_eq!(c.create_failures["deadline_exceeded"], 1);
+    }
+
+    #[tokio::test]
+    async fn a_newer_versions_file_is_left_as_it_is() {
+        let dir = tempfile::tempdir().unwrap();
+        let newer = r#"{"version": 2, "boot_buckets": [5], "something_new": 1}"#;
+        std::fs::write(dir.path().join(FILE), newer).unwrap();
+        count_boot(dir.path(), Duration::from_secs(1)).await;
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join(FILE)).unwrap(),
+            newer
+        );
+        let err = NodeCounters::load(dir.path()).unwrap_err();
+        assert!(err.contains("newer than this vmlet's"), "{err}");
     }
 
     #[tokio::test]

@@ -448,6 +448,7 @@ mod tests {
             ..Default::default()
         };
         let node = NodeCounters {
+            version: 1,
             boot_buckets: vec![1, 0, 2],
             boot_over: 1,
             boot_sum_seconds: 200.5,

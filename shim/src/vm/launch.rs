@@ -126,7 +126,10 @@ pub(super) async fn start(
                 false
             }
         };
-    record(req, paths, &spec, direct)?;
+    // For the operator only: a pod starts without it.
+    if let Err(e) = record(req, paths, &spec, direct) {
+        log::warn!("pod {pod_id}: no record for vmletctl: {}", e.message());
+    }
     // None for a VM image, which has no agent to wait for a restore.
     let mut template = super::template_start::choose(config, &spec, direct).await?;
     spec.template = template.as_ref().map(TemplateStart::role);

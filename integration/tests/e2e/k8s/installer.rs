@@ -206,8 +206,6 @@ spec:
             .ok()
             .filter(|b| b.contains("cri_name=\"measured\""))
     });
-    let file = format!("{}/{}.prom", s.dir, ns.name);
-    std::fs::write(&file, &body).unwrap();
     const PARSE: &str = r#"
 import sys
 from prometheus_client.parser import text_string_to_metric_families
@@ -215,17 +213,7 @@ for family in text_string_to_metric_families(open(sys.argv[1]).read()):
     for s in family.samples:
         print(s.name, s.labels.get("cri_namespace", "-"), s.labels.get("cri_name", "-"), s.value)
 "#;
-    let parsed = vmlet_integration::bounded::output(
-        std::process::Command::new("/usr/bin/python3").args(["-c", PARSE, &file]),
-    )
-    .unwrap();
-    std::fs::remove_file(&file).unwrap();
-    assert!(
-        parsed.status.success(),
-        "not valid Prometheus text: {}\n{body}",
-        text(&parsed.stderr)
-    );
-    let samples = text(&parsed.stdout);
+    let samples = crate::support::parsed_prometheus(s, &body, PARSE);
     let memory = format!("vmlet_pod_vm_memory_bytes {} measured ", ns.name);
     for wanted in [
         &memory,
