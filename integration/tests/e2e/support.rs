@@ -11,14 +11,19 @@ pub fn stack() -> Stack {
     Stack::from_env().expect("the vmlet stack")
 }
 
-/// `vmletctl ARGS` against the stack's node config; its stdout (it must succeed).
-pub fn vmletctl(s: &Stack, args: &[&str]) -> String {
-    let out = vmlet_integration::bounded::output(
+/// `vmletctl ARGS` against the stack's node config, run to its end.
+fn vmletctl_run(s: &Stack, args: &[&str]) -> std::process::Output {
+    vmlet_integration::bounded::output(
         std::process::Command::new(format!("{}/bin/vmletctl", s.dir))
             .args(args)
             .env("VMLET_CONFIG", format!("{}/config.toml", s.dir)),
     )
-    .unwrap();
+    .unwrap()
+}
+
+/// `vmletctl ARGS` against the stack's node config; its stdout (it must succeed).
+pub fn vmletctl(s: &Stack, args: &[&str]) -> String {
+    let out = vmletctl_run(s, args);
     assert!(
         out.status.success(),
         "vmletctl {args:?}: {}",
@@ -48,12 +53,7 @@ pub fn parsed_prometheus(s: &Stack, body: &str, script: &str) -> String {
 
 /// `vmletctl ARGS` that must fail: what it said on stderr.
 pub fn vmletctl_fails(s: &Stack, args: &[&str]) -> String {
-    let out = vmlet_integration::bounded::output(
-        std::process::Command::new(format!("{}/bin/vmletctl", s.dir))
-            .args(args)
-            .env("VMLET_CONFIG", format!("{}/config.toml", s.dir)),
-    )
-    .unwrap();
+    let out = vmletctl_run(s, args);
     assert!(!out.status.success(), "vmletctl {args:?} succeeded");
     text(&out.stderr)
 }

@@ -219,7 +219,6 @@ impl TaskService {
         };
         let names =
             crate::spec::pod_names(id, &crate::spec::bundle::annotations(spec), &self.namespace);
-        let names = (names.name, names.namespace);
         let dir = crate::host::pod_paths::PodPaths::new(&config.state_dir, in_vm.vm.pod_id()).dir;
         if let Some(meter) = PodMeter::start(&in_vm.vm, &dir, names, boot, agent_ready) {
             self.meters.lock().unwrap().insert(id.to_owned(), meter);

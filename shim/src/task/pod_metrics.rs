@@ -71,19 +71,20 @@ pub struct PodMeter {
 
 impl PodMeter {
     /// Serves the figures of `vm`, booted in `boot` (its agent answering `agent_ready`
-    /// after the VM started), from its state directory `dir`; `names` are its (pod,
-    /// namespace) labels. None, logged, when the socket cannot be made: the pod runs on.
+    /// after the VM started), from its state directory `dir`; `names` are its `cri_name`
+    /// and `cri_namespace` labels. None, logged, when the socket cannot be made: the pod
+    /// runs on.
     pub fn start(
         vm: &Arc<dyn PodVm>,
         dir: &Path,
-        names: (String, String),
+        names: crate::host::pod_record::PodNames,
         boot: Duration,
         agent_ready: Option<Duration>,
     ) -> Option<Arc<Self>> {
         let meter = Arc::new(Self {
             pod_id: vm.pod_id().to_owned(),
-            pod: names.0,
-            namespace: names.1,
+            pod: names.name,
+            namespace: names.namespace,
             dir: dir.to_owned(),
             cgroup: crate::host::state::PodState::load(dir)
                 .ok()
