@@ -9,7 +9,8 @@ demo:
 	scripts/demo
 
 ## dist: the release tarball dist/vmlet-VERSION-x86_64.tar.gz (programs, guest image, man
-## pages, completions, containerd snippets, RuntimeClass, DaemonSet; MANIFEST.json, SHA256SUMS)
+## pages, completions, containerd snippets, RuntimeClass, DaemonSet; MANIFEST.json, a CycloneDX
+## SBOM sbom.cdx.json, SHA256SUMS)
 ## and the installer image dist/vmlet-installer-VERSION.oci.tar.
 dist:
 	scripts/dist

@@ -10,7 +10,7 @@ use std::io::Read;
 use clap::Parser;
 use vmlet_libvirt::cli::LibvirtHelper;
 use vmlet_libvirt::Libvirt;
-use vmlet_shim::vmm::libvirt_helper::serve;
+use vmlet_shim::vmm::libvirt_helper::{check_protocol, serve, PROTOCOL_ENV};
 use vmlet_shim::Error;
 
 /// The largest start request taken on stdin.
@@ -34,7 +34,10 @@ fn main() {
     }
     // libvirt would print each error to stderr itself as well; the shim wants one message.
     virt::error::clear_error_callback();
-    match serve(&Libvirt::new(&uri), &operation, &input) {
+    let protocol = std::env::var(PROTOCOL_ENV).ok();
+    let answered = check_protocol(protocol.as_deref())
+        .and_then(|()| serve(&Libvirt::new(&uri), &operation, &input));
+    match answered {
         Ok(answer) => print!("ok\n{answer}"),
         Err(e) => {
             // The shim makes a libvirt error of this text again.

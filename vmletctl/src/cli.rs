@@ -89,6 +89,11 @@ pub struct ConsoleArgs {
 
 #[derive(Debug, Args)]
 pub struct CheckArgs {
+    /// Print only the accelerator this node's pods get now, `kvm` or `tcg` (status 1 where
+    /// no pod can start: accel = "kvm" where KVM runs no guest). The installer labels the
+    /// node `vmlet.io/accel` with it.
+    #[arg(long)]
+    pub accel: bool,
     /// The containerd binary to ask its version (default: containerd on the PATH).
     #[arg(long, value_name = "FILE")]
     pub containerd: Option<PathBuf>,

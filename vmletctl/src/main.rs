@@ -19,6 +19,10 @@ use vmletctl::node_install::{self, Steps};
 use vmletctl::node_label::{self, InCluster, NodeApi};
 use vmletctl::{ctl, pod_listing};
 
+/// How long the installed vmletctl may take to tell the accelerator (a KVM probe guest
+/// boots within 10 s; libvirt and the programs' versions are asked with deadlines too).
+const ACCEL_DEADLINE: Duration = Duration::from_secs(90);
+
 /// How often `console --follow` looks for more.
 const FOLLOW_POLL: Duration = Duration::from_millis(200);
 
@@ -60,8 +64,9 @@ fn run(cli: Vmletctl) -> Result<(), String> {
             if !args.force {
                 refuse_with_pods(&args.root, &node)?;
             }
-            // The label first: no pod is scheduled here for vmlet from now on.
-            label(&args.node, None)?;
+            // The labels first: no pod is scheduled here for vmlet from now on.
+            label(&args.node, node_label::LABEL, None)?;
+            label(&args.node, node_label::ACCEL_LABEL, None)?;
             let steps = node_install::uninstall(&args.root).map_err(|e| e.message())?;
             report(&steps, args.restart_containerd)
         }
@@ -106,6 +111,19 @@ fn run(cli: Vmletctl) -> Result<(), String> {
                 args.containerd.as_deref(),
                 &args.containerd_config,
             );
+            if args.accel {
+                return match host_check::accelerator(&config, &facts) {
+                    Some(word) => {
+                        println!("{word}");
+                        Ok(())
+                    }
+                    None => Err(
+                        "no accelerator: accel = \"kvm\" in the node config, but KVM \
+                                 runs no guest here (vmletctl check says why)"
+                            .into(),
+                    ),
+                };
+            }
             let findings = host_check::assess(&config, &facts);
             for finding in &findings {
                 println!("{finding}");
@@ -170,8 +188,28 @@ fn install(args: &InstallArgs) -> Result<(), String> {
     };
     let steps = node_install::install(&release, &args.root, layout).map_err(|e| e.message())?;
     report(&steps, args.restart_containerd)?;
-    // The label last: pods come once containerd can start them.
-    label(&args.node, Some(node_label::LABEL_VALUE))?;
+    if args.node.node.is_some() {
+        // What the installed vmletctl finds on the node, run there (chrooted into the root).
+        let asked = vmletctl::node_program::run_under(
+            &args.root,
+            Path::new("/usr/local/bin/vmletctl"),
+            &["check".as_ref(), "--accel".as_ref()],
+            ACCEL_DEADLINE,
+        );
+        match asked.as_deref().map(str::trim) {
+            Ok(word @ ("kvm" | "tcg")) => label(&args.node, node_label::ACCEL_LABEL, Some(word))?,
+            Ok(other) => println!(
+                "vmletctl check --accel said {other:?}: node left without {}",
+                node_label::ACCEL_LABEL
+            ),
+            Err(e) => println!(
+                "vmletctl check --accel: {e}: node left without {}",
+                node_label::ACCEL_LABEL
+            ),
+        }
+    }
+    // The runtime's label last: pods come once containerd can start them.
+    label(&args.node, node_label::LABEL, Some(node_label::LABEL_VALUE))?;
     if args.wait {
         wait_for_termination()?;
     }
@@ -234,18 +272,17 @@ fn report(steps: &Steps, restart: bool) -> Result<(), String> {
     Ok(())
 }
 
-/// Sets (`Some`) or removes the node's `vmlet.io/runtime` label, when a node is named.
-fn label(args: &NodeArgs, value: Option<&str>) -> Result<(), String> {
+/// Sets (`Some`) or removes the node's label `key`, when a node is named.
+fn label(args: &NodeArgs, key: &str, value: Option<&str>) -> Result<(), String> {
     let Some(node) = &args.node else {
         return Ok(());
     };
     let api = InCluster::new(|k| std::env::var(k).ok(), &args.service_account)
         .map_err(|e| e.message())?;
-    api.label(node, node_label::LABEL, value)
-        .map_err(|e| e.message())?;
+    api.label(node, key, value).map_err(|e| e.message())?;
     match value {
-        Some(v) => println!("labelled node {node} {}={v}", node_label::LABEL),
-        None => println!("removed the label {} of node {node}", node_label::LABEL),
+        Some(v) => println!("labelled node {node} {key}={v}"),
+        None => println!("removed the label {key} of node {node}"),
     }
     Ok(())
 }

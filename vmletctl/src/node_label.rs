@@ -24,6 +24,9 @@ use vmlet_shim::Error;
 /// The label a node with vmlet installed carries (value [`LABEL_VALUE`]).
 pub const LABEL: &str = "vmlet.io/runtime";
 pub const LABEL_VALUE: &str = "true";
+/// The accelerator the node's pods get (`kvm` or `tcg`, `vmletctl check --accel`), so that a
+/// RuntimeClass can keep pods to KVM nodes.
+pub const ACCEL_LABEL: &str = "vmlet.io/accel";
 /// Where a pod's service account is mounted.
 pub const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 

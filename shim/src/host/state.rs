@@ -10,9 +10,13 @@ use crate::Error;
 
 /// File name inside the pod's state directory.
 pub const STATE_FILE: &str = "state.json";
+/// The state file's layout this version writes (files without one are of the versions
+/// before it, read as [`StateFile`] says). A file of a newer version is refused by name: an
+/// older shim or `vmletctl` could not know what it lists, and would leave that behind.
+pub const STATE_VERSION: u32 = 1;
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(from = "StateFile", into = "StateFile")]
+#[serde(try_from = "StateFile", into = "StateFile")]
 pub struct PodState {
     /// The pod's state directory (removed last).
     pub dir: PathBuf,
@@ -32,6 +36,8 @@ pub struct PodState {
 /// journal (an earlier version's) becomes one in the order that version undid it.
 #[derive(Serialize, Deserialize)]
 struct StateFile {
+    #[serde(default)]
+    version: u32,
     dir: PathBuf,
     #[serde(default)]
     shim_pid: Option<u32>,
@@ -57,15 +63,24 @@ struct StateFile {
     disk_dir: Option<PathBuf>,
 }
 
-impl From<StateFile> for PodState {
-    fn from(f: StateFile) -> Self {
+impl TryFrom<StateFile> for PodState {
+    type Error = String;
+
+    fn try_from(f: StateFile) -> Result<Self, String> {
+        if f.version > STATE_VERSION {
+            return Err(format!(
+                "a state file of version {}, newer than this vmlet's ({STATE_VERSION}): use \
+                 the vmlet that wrote it",
+                f.version
+            ));
+        }
         if let Some(made) = f.made {
-            return PodState {
+            return Ok(PodState {
                 dir: f.dir,
                 shim_pid: f.shim_pid,
                 shim_id: f.shim_id,
                 made,
-            };
+            });
         }
         // Undone last first: the domain, the network, the host process, the vsock backend,
         // the disk directory, the mounts (the last made first), the cgroup.
@@ -79,12 +94,12 @@ impl From<StateFile> for PodState {
             wirings: f.wirings,
         }));
         made.extend(f.domain.map(Made::Domain));
-        PodState {
+        Ok(PodState {
             dir: f.dir,
             shim_pid: f.shim_pid,
             shim_id: f.shim_id,
             made,
-        }
+        })
     }
 }
 
@@ -99,6 +114,7 @@ impl From<PodState> for StateFile {
             })
             .unwrap_or_default();
         StateFile {
+            version: STATE_VERSION,
             domain: s.domain().map(str::to_owned),
             vsock_pid: s.made.iter().find_map(|m| match m {
                 Made::VsockBackend(pid) => Some(*pid),
@@ -248,6 +264,23 @@ mod tests {
         assert_eq!(state.domain(), Some("vmlet-x"));
         assert_eq!(state.holder_pid(), Some(43));
         assert_eq!(state.cgroup(), Some(Path::new("/kubepods/pod1/p")));
+    }
+
+    #[test]
+    fn the_file_carries_its_version_and_a_newer_one_is_refused_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = PodState {
+            dir: dir.path().to_owned(),
+            ..Default::default()
+        };
+        state.save().unwrap();
+        let text = std::fs::read_to_string(dir.path().join(STATE_FILE)).unwrap();
+        let mut json: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(json["version"], STATE_VERSION);
+        json["version"] = (STATE_VERSION + 1).into();
+        std::fs::write(dir.path().join(STATE_FILE), json.to_string()).unwrap();
+        let err = PodState::load(dir.path()).unwrap_err().message();
+        assert!(err.contains("newer than this vmlet's"), "{err}");
     }
 
     #[test]

@@ -7,7 +7,12 @@
 //! The helper's interface: `vmlet-libvirt URI OPERATION [ARGS]`, for `start` the request on
 //! stdin ([`StartDomain`] as JSON: the domain XML and the files of the pod's AppArmor
 //! profile); on stdout `ok` and the answer, or `error` and the message, each after a
-//! newline.
+//! newline. The shim names the interface's version it speaks in the environment
+//! ([`PROTOCOL_ENV`]); the helper answers the versions from [`OLDEST_PROTOCOL`] to
+//! [`PROTOCOL`] and refuses another by name ([`check_protocol`]). After an upgrade a running
+//! pod's shim calls the new helper, so a new helper keeps answering the versions the
+//! releases before it spoke; a shim that names none is of those before the version was
+//! named, which spoke version 1.
 
 use std::io::{Read, Write};
 use std::path::PathBuf;
@@ -24,6 +29,39 @@ const ANSWER_LIMIT: usize = 8 << 20;
 const ERROR_LIMIT: usize = 16 << 10;
 /// How long one call may take (libvirt's define and start of a domain takes ~0.3 s).
 const CALL_DEADLINE: Duration = Duration::from_secs(120);
+
+/// The version of the helper's interface this shim speaks and this helper answers.
+pub const PROTOCOL: u32 = 1;
+/// The oldest version this helper answers.
+pub const OLDEST_PROTOCOL: u32 = 1;
+/// The environment variable a shim names its version in.
+pub const PROTOCOL_ENV: &str = "VMLET_HELPER_PROTOCOL";
+
+/// The helper's side: whether it answers the version the shim named (`sent`, none from a
+/// shim before the version was named); an error that says which side to upgrade otherwise.
+pub fn check_protocol(sent: Option<&str>) -> Result<(), Error> {
+    let version = match sent {
+        None => 1,
+        Some(text) => text.trim().parse::<u32>().map_err(|_| {
+            Error::InvalidArgument(format!("{PROTOCOL_ENV}={text:?}: expected a number"))
+        })?,
+    };
+    if version > PROTOCOL {
+        return Err(Error::FailedPrecondition(format!(
+            "the vmlet shim speaks the helper's interface version {version}, this vmlet-libvirt \
+             {OLDEST_PROTOCOL} to {PROTOCOL}: the node's vmlet-libvirt is older than the shim \
+             (install the shim's release)"
+        )));
+    }
+    if version < OLDEST_PROTOCOL {
+        return Err(Error::FailedPrecondition(format!(
+            "the vmlet shim speaks the helper's interface version {version}, this vmlet-libvirt \
+             {OLDEST_PROTOCOL} to {PROTOCOL}: the pod's shim is from a release this one no \
+             longer answers (restart the pod)"
+        )));
+    }
+    Ok(())
+}
 
 /// libvirt through `vmlet-libvirt`.
 pub struct LibvirtHelper {
@@ -48,6 +86,7 @@ impl LibvirtHelper {
         let mut child = Command::new(&self.binary)
             .arg(&self.uri)
             .args(args)
+            .env(PROTOCOL_ENV, PROTOCOL.to_string())
             .stdin(if input.is_empty() {
                 Stdio::null()
             } else {
@@ -248,6 +287,26 @@ mod tests {
     }
 
     #[test]
+    fn the_helper_answers_the_versions_it_knows_and_names_the_side_to_upgrade() {
+        check_protocol(None).unwrap();
+        check_protocol(Some(&PROTOCOL.to_string())).unwrap();
+        check_protocol(Some(&OLDEST_PROTOCOL.to_string())).unwrap();
+        let newer = check_protocol(Some(&(PROTOCOL + 1).to_string())).unwrap_err();
+        assert!(
+            newer.message().contains("older than the shim"),
+            "{}",
+            newer.message()
+        );
+        assert_eq!(newer.code(), ttrpc::Code::FAILED_PRECONDITION);
+        let bad = check_protocol(Some("one")).unwrap_err();
+        assert!(
+            bad.message().contains("expected a number"),
+            "{}",
+            bad.message()
+        );
+    }
+
+    #[test]
     fn the_fakes_answers_cross_the_helper_interface() {
         let fake = FakeVmm::default();
         let arg = |s: &[&str]| s.iter().map(|a| a.to_string()).collect::<Vec<_>>();
@@ -304,8 +363,9 @@ mod tests {
 
     #[test]
     fn the_helper_gets_uri_operation_and_input_and_its_answer_comes_back() {
-        let (helper, dir) =
-            script(r#"[ "$1 $2 $3" = "test:///uri is-active vmlet-p1" ] && printf 'ok\nyes'"#);
+        let (helper, dir) = script(
+            r#"[ "$1 $2 $3 $VMLET_HELPER_PROTOCOL" = "test:///uri is-active vmlet-p1 1" ] && printf 'ok\nyes'"#,
+        );
         assert!(helper.is_active("vmlet-p1").unwrap());
         let (helper, dir2) =
             script(r#"[ "$2" = start ] && grep -q '<name>vmlet-p2</name>' && echo ok"#);

@@ -40,6 +40,18 @@ fn paravirtual_note(kvm: &KvmFacts) -> &'static str {
     }
 }
 
+/// The accelerator this node's pods get now: `kvm` or `tcg`; none where no pod can start
+/// (`accel = "kvm"` where KVM does not run a guest). The same judgement as `check`'s accel
+/// line: what `vmletctl check --accel` prints, and the installer's `vmlet.io/accel` label.
+pub fn accelerator(config: &NodeConfig, facts: &HostFacts) -> Option<&'static str> {
+    match (config.accel, facts.libvirt_kvm, &facts.kvm_probe) {
+        (Accel::Tcg, _, _) => Some("tcg"),
+        (_, true, Some(Result::Ok(_)) | None) => Some("kvm"),
+        (Accel::Auto, _, _) => Some("tcg"),
+        (Accel::Kvm, _, _) => None,
+    }
+}
+
 /// The accelerator: KVM (probed), or TCG by choice or as the fallback.
 fn accel(config: &NodeConfig, facts: &HostFacts) -> Finding {
     let kvm_why = || {
@@ -353,6 +365,27 @@ mod tests {
     use super::*;
     use crate::host_check::ContainerdFacts;
     use vmlet_libvirt::LibvirtHost;
+
+    #[test]
+    fn the_accelerator_word_follows_the_accel_line() {
+        let config = |accel| NodeConfig {
+            accel,
+            ..Default::default()
+        };
+        let mut f = facts();
+        // Not usable: auto falls back, kvm cannot start a pod, tcg is TCG.
+        assert_eq!(accelerator(&config(Accel::Auto), &f), Some("tcg"));
+        assert_eq!(accelerator(&config(Accel::Kvm), &f), None);
+        assert_eq!(accelerator(&config(Accel::Tcg), &f), Some("tcg"));
+        f.libvirt_kvm = true;
+        f.kvm_probe = Some(Err("a probe guest did not boot on KVM within 10 s".into()));
+        assert_eq!(accelerator(&config(Accel::Auto), &f), Some("tcg"));
+        assert_eq!(accelerator(&config(Accel::Kvm), &f), None);
+        f.kvm_probe = Some(Result::Ok(250));
+        assert_eq!(accelerator(&config(Accel::Auto), &f), Some("kvm"));
+        assert_eq!(accelerator(&config(Accel::Kvm), &f), Some("kvm"));
+        assert_eq!(accelerator(&config(Accel::Tcg), &f), Some("tcg"));
+    }
 
     fn facts() -> HostFacts {
         HostFacts {

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 
 use vmlet_libvirt::LibvirtHost;
 
-pub use self::assess::assess;
+pub use self::assess::{accelerator, assess};
 
 /// How one line of the check ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
