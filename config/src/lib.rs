@@ -11,6 +11,7 @@
 //! [`VmShape::resolve`] combines both. Every error names the key (and value) that was wrong.
 #![forbid(unsafe_code)]
 
+mod annotation_keys;
 mod annotation_values;
 mod annotations;
 mod cpu_setting;
@@ -18,13 +19,14 @@ mod error;
 mod node;
 mod quantity;
 mod shape;
+mod vm_choices;
 
-pub use annotation_values::{user_data_kind, USER_DATA_KINDS};
-pub use annotations::{
-    AnnotationKey, CloudInitNetwork, CpuModel, DiskDriver, Firmware, ImageType, PodAnnotations,
-    SeedSource, ANNOTATION_KEYS, ANNOTATION_PREFIX, DEFAULT_ALLOWED, TARGET_RUNTIME_KEY,
+pub use annotation_keys::{
+    AnnotationKey, ANNOTATION_KEYS, ANNOTATION_PREFIX, DEFAULT_ALLOWED, TARGET_RUNTIME_KEY,
     VIRTLET_PREFIX, VIRTLET_RUNTIME,
 };
+pub use annotation_values::{user_data_kind, USER_DATA_KINDS};
+pub use annotations::PodAnnotations;
 pub use cpu_setting::{CpuFeature, CpuSetting, CpuSettingModel};
 pub use error::Error;
 pub use node::{
@@ -33,3 +35,4 @@ pub use node::{
 };
 pub use quantity::parse_memory_mib;
 pub use shape::{PodLimits, ShapeSource, VmOptions, VmShape};
+pub use vm_choices::{CloudInitNetwork, CpuModel, DiskDriver, Firmware, ImageType, SeedSource};

@@ -408,7 +408,7 @@ impl NodeConfig {
             .annotations
             .allowed
             .iter()
-            .find(|a| !crate::annotations::is_known(a))
+            .find(|a| !crate::annotation_keys::is_known(a))
         {
             return invalid(
                 "annotations.allowed",

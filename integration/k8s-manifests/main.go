@@ -22,6 +22,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	nodev1 "k8s.io/api/node/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -182,7 +183,7 @@ func main() {
 
 	scheme := runtime.NewScheme()
 	for _, add := range []func(*runtime.Scheme) error{corev1.AddToScheme, appsv1.AddToScheme,
-		batchv1.AddToScheme, rbacv1.AddToScheme, nodev1.AddToScheme} {
+		batchv1.AddToScheme, rbacv1.AddToScheme, nodev1.AddToScheme, networkingv1.AddToScheme} {
 		if err := add(scheme); err != nil {
 			panic(err)
 		}
@@ -333,6 +334,9 @@ func main() {
 				if v.Spec.Template.Spec.NodeSelector[key] != value {
 					c.fail("Job %s does not go to nodes labelled %s=%s", v.Name, key, value)
 				}
+			case *networkingv1.NetworkPolicy:
+				c.meta("NetworkPolicy", v.ObjectMeta, true)
+				c.metricsPolicy(v, objects)
 			default:
 				c.fail("unexpected kind %T", o)
 			}
@@ -345,6 +349,43 @@ func main() {
 		os.Exit(1)
 	}
 	fmt.Printf("check-manifests: %d objects in %d files valid\n", len(objects), flag.NArg())
+}
+
+// A NetworkPolicy (deploy/vmlet-metrics-networkpolicy.yaml) must select the pods of a
+// DaemonSet among all the files, in its namespace, and admit ingress to their metrics port
+// only.
+func (c *checker) metricsPolicy(p *networkingv1.NetworkPolicy, objects []runtime.Object) {
+	selector, err := metav1.LabelSelectorAsSelector(&p.Spec.PodSelector)
+	if err != nil || selector.Empty() {
+		c.fail("NetworkPolicy %s: its podSelector must name the installer's pods", p.Name)
+		return
+	}
+	selects := false
+	for _, o := range objects {
+		if d, ok := o.(*appsv1.DaemonSet); ok && d.Namespace == p.Namespace &&
+			selector.Matches(labels.Set(d.Spec.Template.Labels)) {
+			selects = true
+		}
+	}
+	if !selects {
+		c.fail("NetworkPolicy %s selects no DaemonSet's pods in namespace %s", p.Name, p.Namespace)
+	}
+	if len(p.Spec.PolicyTypes) != 1 || p.Spec.PolicyTypes[0] != networkingv1.PolicyTypeIngress {
+		c.fail("NetworkPolicy %s: policyTypes must be [Ingress] (the installer reaches the API server)", p.Name)
+	}
+	for _, rule := range p.Spec.Ingress {
+		if len(rule.From) == 0 {
+			c.fail("NetworkPolicy %s: a rule without from admits everyone", p.Name)
+		}
+		for _, port := range rule.Ports {
+			if port.Port == nil || port.Port.StrVal != "metrics" {
+				c.fail("NetworkPolicy %s: only the port named metrics is served", p.Name)
+			}
+		}
+		if len(rule.Ports) == 0 {
+			c.fail("NetworkPolicy %s: a rule without ports admits every port", p.Name)
+		}
+	}
 }
 
 func contains(list []string, s string) bool {

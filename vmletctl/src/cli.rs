@@ -58,11 +58,13 @@ pub enum CtlCommand {
         state_dir: Option<PathBuf>,
     },
     /// Install the release this vmletctl belongs to (an unpacked `make dist` tarball) onto
-    /// the node: its programs, guest image, man pages and completions, vmlet's CRI runtime in
-    /// containerd's config (after a backup), /etc/vmlet/config.toml when absent. Another
-    /// installed version is taken off first.
+    /// the node: its programs, guest image, man pages and completions, vmlet's CRI runtime (a
+    /// drop-in file where containerd's config imports a directory of them and containerd
+    /// merges it, else appended to the config after a backup), /etc/vmlet/config.toml when
+    /// absent. Another installed version is taken off first.
     Install(InstallArgs),
-    /// Take off what `install` put on the node; containerd's config gets its bytes back.
+    /// Take off what `install` put on the node; containerd's config gets its bytes back (or
+    /// vmlet's drop-in file is removed).
     Uninstall(UninstallArgs),
     /// Print a shell completion script for vmletctl.
     Completion {

@@ -62,7 +62,7 @@ impl ConfigLayout {
     }
 }
 
-fn invalid(message: String) -> Error {
+pub(crate) fn invalid(message: String) -> Error {
     Error::InvalidArgument(message)
 }
 
@@ -72,7 +72,7 @@ pub fn vmlet_runtimes(config_text: &str) -> Result<Vec<String>, String> {
     Ok(vmlet_runtimes_in(&parse(config_text)?))
 }
 
-fn parse(text: &str) -> Result<toml::Table, String> {
+pub(crate) fn parse(text: &str) -> Result<toml::Table, String> {
     text.parse()
         .map_err(|e: toml::de::Error| e.message().to_owned())
 }
@@ -86,7 +86,7 @@ fn cri_containerd(config: &toml::Table, layout: ConfigLayout) -> Option<&toml::V
 }
 
 /// [`vmlet_runtimes`] of a parsed config.
-fn vmlet_runtimes_in(config: &toml::Table) -> Vec<String> {
+pub(crate) fn vmlet_runtimes_in(config: &toml::Table) -> Vec<String> {
     let mut found = Vec::new();
     for layout in [ConfigLayout::V2, ConfigLayout::V3] {
         let runtimes = cri_containerd(config, layout)
@@ -122,26 +122,37 @@ pub fn add_runtime(text: &str, layout: ConfigLayout) -> Result<Option<(String, S
     if text.trim().is_empty() {
         block.push_str(&format!("version = {}\n", layout.version()));
     }
-    // The snippet's table and keys, without its comments.
+    let with_runc = keeps_runc(&config, layout);
+    block.push_str(&runtime_tables(layout, with_runc));
+    let added: &[&str] = if with_runc {
+        &["vmlet", "runc"]
+    } else {
+        &["vmlet"]
+    };
+    let merged = format!("{text}{block}");
+    check_only_runtimes_added(text, &merged, layout, added)?;
+    Ok(Some((merged, block)))
+}
+
+/// vmlet's runtime table in `layout` (the deploy/ snippet's table and keys, without its
+/// comments), and runc's when `with_runc`.
+pub(crate) fn runtime_tables(layout: ConfigLayout, with_runc: bool) -> String {
+    let mut tables = String::new();
     for line in layout.snippet().lines() {
         if !line.trim_start().starts_with('#') && !line.trim().is_empty() {
-            block.push_str(line);
-            block.push('\n');
+            tables.push_str(line);
+            tables.push('\n');
         }
     }
-    let mut added = vec!["vmlet"];
-    if keeps_runc(&config, layout) {
-        block.push_str(&format!(
+    if with_runc {
+        tables.push_str(&format!(
             "# containerd 1.6 and 1.7 take a config's runtimes instead of their own: runc, the default,\n\
              # as they define it.\n\
              [plugins.\"{}\".containerd.runtimes.runc]\n  runtime_type = \"io.containerd.runc.v2\"\n",
             layout.plugin()
         ));
-        added.push("runc");
     }
-    let merged = format!("{text}{block}");
-    check_only_runtimes_added(text, &merged, layout, &added)?;
-    Ok(Some((merged, block)))
+    tables
 }
 
 /// Whether vmlet's block must define runc: in the `version = 2` layout, containerd 1.6 and

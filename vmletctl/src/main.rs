@@ -14,8 +14,9 @@ use vmlet_shim::guest::console::ConsoleFollower;
 use vmlet_shim::host::pod_paths::PodPaths;
 use vmletctl::cli::{ConsoleArgs, CtlCommand, InstallArgs, NodeArgs, OutputFormat, Vmletctl};
 use vmletctl::containerd_config::{self, ConfigLayout};
+use vmletctl::containerd_imports::Release;
 use vmletctl::host_check::{self, HostFacts, Verdict};
-use vmletctl::node_install::{self, Steps};
+use vmletctl::node_install::{self, NodeContainerd, Steps};
 use vmletctl::node_label::{self, InCluster, NodeApi};
 use vmletctl::{ctl, pod_listing};
 
@@ -165,28 +166,21 @@ fn install(args: &InstallArgs) -> Result<(), String> {
             .and_then(|exe| Some(exe.parent()?.parent()?.to_owned()))
             .ok_or("cannot tell which release this vmletctl is in: give --release DIR")?,
     };
-    let layout = match args.config_version.as_deref() {
-        Some("2") => ConfigLayout::V2,
-        Some(_) => ConfigLayout::V3,
-        None => {
-            let under = |program: &str| {
-                vmletctl::node_program::version_line_under(&args.root, Path::new(program))
-            };
-            let version = under("/usr/local/bin/containerd")
-                .or_else(|_| under("/usr/bin/containerd"))
-                .unwrap_or_default();
-            // `containerd github.com/containerd/containerd v1.7.29 ...`; Debian: `1.6.20~ds1`.
-            let old = version
-                .split_whitespace()
-                .any(|w| w.trim_start_matches('v').starts_with("1."));
-            if old {
-                ConfigLayout::V2
-            } else {
-                ConfigLayout::V3
-            }
-        }
+    let under =
+        |program: &str| vmletctl::node_program::version_line_under(&args.root, Path::new(program));
+    let version = under("/usr/local/bin/containerd")
+        .or_else(|_| under("/usr/bin/containerd"))
+        .unwrap_or_default();
+    let release_line = Release::of_version_line(&version);
+    let default_layout = match (args.config_version.as_deref(), release_line) {
+        (Some("2"), _) | (None, Release::One) => ConfigLayout::V2,
+        _ => ConfigLayout::V3,
     };
-    let steps = node_install::install(&release, &args.root, layout).map_err(|e| e.message())?;
+    let containerd = NodeContainerd {
+        release: release_line,
+        default_layout,
+    };
+    let steps = node_install::install(&release, &args.root, containerd).map_err(|e| e.message())?;
     report(&steps, args.restart_containerd)?;
     if args.node.node.is_some() {
         // What the installed vmletctl finds on the node, run there (chrooted into the root).

@@ -6,12 +6,14 @@
 //!   `/usr/local/share/vmlet`); each is
 //!   recorded with its hash in `/var/lib/vmlet/install.json`, and uninstall removes exactly
 //!   those (a file changed since is named and kept).
-//! - containerd's config: vmlet's CRI runtime is appended as one marked block in the layout
-//!   of the config's `version` (1.6/1.7: `version = 2`, 2.x: `version = 3`), after a backup;
-//!   the result is parsed and must equal the original plus that runtime, nothing else.
-//!   Uninstall removes the block, which gives the original back byte for byte (a config
-//!   without a block as written is left as it is, named). A config that registers vmlet
-//!   already is not touched.
+//! - containerd's config: where it imports a directory of drop-in files and containerd
+//!   merges one ([`crate::containerd_imports`]), vmlet's CRI runtime is a file of its own
+//!   there, and uninstall removes it (when unchanged). Elsewhere the runtime is appended as
+//!   one marked block in the layout of the config's `version` (1.6/1.7: `version = 2`, 2.x:
+//!   `version = 3`), after a backup; the result is parsed and must equal the original plus
+//!   that runtime, nothing else. Uninstall removes the block, which gives the original back
+//!   byte for byte (a config without a block as written is left as it is, named). A config
+//!   that registers vmlet already (itself or in a file it imports) is not touched.
 //! - `/etc/vmlet/config.toml` is written only when absent, and removed by uninstall only
 //!   when it is still as written. Where the distribution's virtiofsd is new enough
 //!   ([`crate::distro_virtiofsd`]), it names that one.
@@ -30,7 +32,8 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use vmlet_vm_image::{sha256_file, sha256_hex};
 
-use crate::containerd_config::{add_runtime, ConfigLayout, BLOCK_START};
+use crate::containerd_config::{ConfigLayout, BLOCK_START};
+use crate::containerd_imports::{self, Registration, Release};
 use crate::{distro_virtiofsd, node_apparmor};
 use vmlet_config::NodeConfig;
 use vmlet_shim::Error;
@@ -75,11 +78,33 @@ pub struct Record {
     pub containerd_block: Option<String>,
     /// Whether containerd's config did not exist before (uninstall removes it then).
     pub containerd_config_created: bool,
+    /// The drop-in file with vmlet's runtime, when install wrote one.
+    #[serde(default)]
+    pub containerd_drop_in: Option<DropIn>,
     /// The node config's sha256, when install wrote it.
     pub node_config: Option<String>,
     /// The blocks appended to AppArmor's site-local files.
     #[serde(default)]
     pub apparmor: Vec<AppendedBlock>,
+}
+
+/// A drop-in file of containerd's config that install wrote.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DropIn {
+    /// The file, relative to the root.
+    pub file: PathBuf,
+    pub sha256: String,
+    /// Its directory, when install made it (uninstall removes it then, when empty).
+    pub made_dir: Option<PathBuf>,
+}
+
+/// The node's containerd, as install needs it.
+#[derive(Debug, Clone, Copy)]
+pub struct NodeContainerd {
+    /// How it merges an imported file.
+    pub release: Release,
+    /// The layout of a config that does not exist yet.
+    pub default_layout: ConfigLayout,
 }
 
 /// A block appended to a file under the root.
@@ -110,15 +135,14 @@ impl Steps {
     }
 }
 
-/// Installs the release unpacked at `release` under `root`. `default_layout` is the layout
-/// of a containerd config that does not exist yet.
-pub fn install(release: &Path, root: &Path, default_layout: ConfigLayout) -> Result<Steps, Error> {
+/// Installs the release unpacked at `release` under `root`, for the node's `containerd`.
+pub fn install(release: &Path, root: &Path, containerd: NodeContainerd) -> Result<Steps, Error> {
     let mut steps = Steps::default();
     let version = release_version(release)?;
     let record_path = root.join(RECORD);
-    let containerd = root.join(CONTAINERD_CONFIG);
-    let config_before = std::fs::read(&containerd).ok();
-    let mut record = match read_record(&record_path)? {
+    let old = read_record(&record_path)?;
+    let containerd_before = containerd_files(root, old.as_ref());
+    let mut record = match old {
         Some(old) if old.version != version => {
             // Another version (an upgrade, or back): it comes off first, as uninstall takes
             // it off (containerd's config as before it, its files, its unchanged node config).
@@ -140,7 +164,7 @@ pub fn install(release: &Path, root: &Path, default_layout: ConfigLayout) -> Res
         },
     };
     install_files(release, root, &mut record, &mut steps)?;
-    register_runtime(&containerd, default_layout, &mut record, &mut steps)?;
+    register_runtime(root, containerd, &mut record, &mut steps)?;
     // The node config, only when absent.
     let node_config = root.join(NODE_CONFIG);
     let defaults = release.join(NODE_CONFIG);
@@ -163,7 +187,15 @@ pub fn install(release: &Path, root: &Path, default_layout: ConfigLayout) -> Res
     }
     let json = serde_json::to_vec_pretty(&record).map_err(|e| Error::Internal(e.to_string()))?;
     write_file(&record_path, &json, 0o644)?;
-    steps.containerd_config_changed = std::fs::read(&containerd).ok() != config_before;
+    let containerd_after = containerd_files(root, Some(&record));
+    steps.containerd_config_changed = containerd_after.iter().any(|(path, bytes)| {
+        containerd_before
+            .iter()
+            .find(|(p, _)| p == path)
+            .map_or(bytes.is_some(), |(_, b)| b != bytes)
+    }) || containerd_before
+        .iter()
+        .any(|(path, _)| !containerd_after.iter().any(|(p, _)| p == path));
     if steps.done.is_empty() {
         steps.push(format!(
             "vmlet {version} is installed already; nothing changed"
@@ -215,25 +247,65 @@ fn install_files(
     Ok(())
 }
 
-/// vmlet's CRI runtime in containerd's config at `containerd` (a backup of the config as it
-/// was beside it), unless a runtime starts vmlet already; the block appended is recorded.
+/// containerd's config and the drop-in `record` names, when it does, each with its bytes
+/// (None: no such file): what a restart of containerd would read anew.
+fn containerd_files(root: &Path, record: Option<&Record>) -> Vec<(PathBuf, Option<Vec<u8>>)> {
+    let drop_in = record.and_then(|r| r.containerd_drop_in.as_ref());
+    std::iter::once(Path::new(CONTAINERD_CONFIG))
+        .chain(drop_in.map(|d| d.file.as_path()))
+        .map(|file| (file.to_owned(), std::fs::read(root.join(file)).ok()))
+        .collect()
+}
+
+/// vmlet's CRI runtime in containerd's config under `root`: a drop-in file where the config
+/// imports one and containerd merges it, else a block appended to the config (a backup of
+/// it beside it); nothing when a runtime starts vmlet already. What was written is recorded.
 fn register_runtime(
-    containerd: &Path,
-    default_layout: ConfigLayout,
+    root: &Path,
+    node: NodeContainerd,
     record: &mut Record,
     steps: &mut Steps,
 ) -> Result<(), Error> {
+    let containerd = &root.join(CONTAINERD_CONFIG);
     let (text, existed) = match std::fs::read_to_string(containerd) {
         Ok(text) => (text, true),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => (String::new(), false),
         Err(e) => return Err(Error::io(format!("read {}", containerd.display()), e)),
     };
-    let layout = ConfigLayout::of(&text, default_layout)?;
-    let Some((merged, block)) = add_runtime(&text, layout)? else {
-        steps.push(format!(
-            "/{CONTAINERD_CONFIG}: a runtime starts vmlet already; left as it is"
-        ));
-        return Ok(());
+    let layout = ConfigLayout::of(&text, node.default_layout)?;
+    let node_path = Path::new("/").join(CONTAINERD_CONFIG);
+    let (merged, block, why) = match containerd_imports::plan(
+        root,
+        &node_path,
+        &text,
+        layout,
+        node.release,
+    )? {
+        Registration::Present(names) => {
+            steps.push(format!(
+                "/{CONTAINERD_CONFIG}: a runtime starts vmlet already ({}); left as it is",
+                names.join(", ")
+            ));
+            return Ok(());
+        }
+        Registration::DropIn { file, text } => {
+            let relative = file.strip_prefix("/").unwrap_or(&file).to_owned();
+            let dir = relative.parent().unwrap_or(Path::new("")).to_owned();
+            let made_dir = (!root.join(&dir).is_dir()).then_some(dir);
+            write_file(&root.join(&relative), text.as_bytes(), 0o644)?;
+            record.containerd_drop_in = Some(DropIn {
+                file: relative,
+                sha256: sha256_hex(text.as_bytes()),
+                made_dir,
+            });
+            steps.push(format!(
+                    "registered the CRI runtime vmlet in {}, a drop-in file /{CONTAINERD_CONFIG} imports (config version {}; the config is left as it is); restart containerd to use it",
+                    file.display(),
+                    layout.version()
+                ));
+            return Ok(());
+        }
+        Registration::Append { merged, block, why } => (merged, block, why),
     };
     if existed {
         let backup = backup_path(containerd);
@@ -248,7 +320,7 @@ fn register_runtime(
     record.containerd_block = Some(block);
     record.containerd_config_created = !existed;
     steps.push(format!(
-        "registered the CRI runtime vmlet in /{CONTAINERD_CONFIG} (config version {}); restart containerd to use it",
+        "registered the CRI runtime vmlet in /{CONTAINERD_CONFIG} (config version {}), appended: no drop-in file, as {why}; restart containerd to use it",
         layout.version()
     ));
     Ok(())
@@ -321,6 +393,22 @@ pub fn uninstall(root: &Path) -> Result<Steps, Error> {
                 "/{CONTAINERD_CONFIG}: vmlet's block is no longer at its end (edited since); remove the [..runtimes.vmlet] table by hand (the config before install: {})",
                 backup_path(&containerd).display()
             )),
+        }
+    }
+    if let Some(drop_in) = &record.containerd_drop_in {
+        match remove_if_unchanged(root, &drop_in.file, &drop_in.sha256)? {
+            Removal::Removed => {
+                steps.containerd_config_changed = true;
+                steps.push(format!(
+                    "removed the vmlet runtime's drop-in /{}; restart containerd",
+                    drop_in.file.display()
+                ));
+            }
+            Removal::Changed(what) => kept.push(what),
+            Removal::Gone => {}
+        }
+        if let Some(dir) = &drop_in.made_dir {
+            let _ = std::fs::remove_dir(root.join(dir));
         }
     }
     if let Some(hash) = &record.node_config {
@@ -494,6 +582,12 @@ mod tests {
     use super::*;
     use crate::containerd_config::tests::DEBIAN_16;
 
+    /// containerd 2.x, which would make its config in `version = 3`.
+    const NODE: NodeContainerd = NodeContainerd {
+        release: Release::Two,
+        default_layout: ConfigLayout::V3,
+    };
+
     fn release(dir: &Path) -> PathBuf {
         let r = dir.join("release");
         for (path, text) in [
@@ -538,7 +632,7 @@ mod tests {
         std::fs::write(root.join("usr/local/bin/other"), "not vmlet's").unwrap();
         let before = tree(&root);
 
-        let steps = install(&release, &root, ConfigLayout::V3).unwrap();
+        let steps = install(&release, &root, NODE).unwrap();
         assert!(
             steps
                 .iter()
@@ -561,7 +655,7 @@ mod tests {
         );
         let installed = tree(&root);
 
-        let again = install(&release, &root, ConfigLayout::V3).unwrap();
+        let again = install(&release, &root, NODE).unwrap();
         assert!(again.iter().all(|s| !s.contains("registered")), "{again:?}");
         assert!(
             !again.containerd_config_changed,
@@ -589,7 +683,7 @@ mod tests {
         std::fs::create_dir_all(root.join("etc/containerd")).unwrap();
         std::fs::write(root.join(CONTAINERD_CONFIG), DEBIAN_16).unwrap();
         let before = tree(&root);
-        install(&old, &root, ConfigLayout::V3).unwrap();
+        install(&old, &root, NODE).unwrap();
 
         let new = dir.path().join("new");
         for (path, bytes) in tree(&old) {
@@ -601,7 +695,7 @@ mod tests {
         std::fs::write(new.join("VERSION"), "0.2.0\n").unwrap();
         std::fs::write(new.join("bin/vmletctl"), "#!/bin/sh\n# 0.2.0\n").unwrap();
 
-        let steps = install(&new, &root, ConfigLayout::V3).unwrap();
+        let steps = install(&new, &root, NODE).unwrap();
         assert!(
             steps.iter().any(|s| s.contains("replacing it with 0.2.0")),
             "{steps:?}"
@@ -624,6 +718,58 @@ mod tests {
     }
 
     #[test]
+    fn a_config_that_imports_drop_ins_is_left_as_it_is_and_the_drop_in_goes_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let release = release(dir.path());
+        let root = dir.path().join("root");
+        let config = "version = 3\nimports = ['/etc/containerd/conf.d/*.toml']\n";
+        std::fs::create_dir_all(root.join("etc/containerd")).unwrap();
+        std::fs::write(root.join(CONTAINERD_CONFIG), config).unwrap();
+        let before = tree(&root);
+
+        let steps = install(&release, &root, NODE).unwrap();
+        assert!(steps.containerd_config_changed, "{steps:?}");
+        assert!(
+            steps
+                .iter()
+                .any(|s| s.contains("in /etc/containerd/conf.d/vmlet.toml, a drop-in file")),
+            "{steps:?}"
+        );
+        assert_eq!(
+            std::fs::read_to_string(root.join(CONTAINERD_CONFIG)).unwrap(),
+            config,
+            "the operator's config is not touched"
+        );
+        assert!(!root
+            .join("etc/containerd/config.toml.before-vmlet")
+            .exists());
+        let drop_in =
+            std::fs::read_to_string(root.join("etc/containerd/conf.d/vmlet.toml")).unwrap();
+        assert!(drop_in.contains("runtimes.vmlet]"), "{drop_in}");
+
+        // Again, and another version over it: containerd reads the same bytes.
+        let again = install(&release, &root, NODE).unwrap();
+        assert!(!again.containerd_config_changed, "{again:?}");
+        assert!(
+            again.iter().any(|s| s.contains("vmlet already")),
+            "{again:?}"
+        );
+        std::fs::write(release.join("VERSION"), "0.2.0\n").unwrap();
+        let upgrade = install(&release, &root, NODE).unwrap();
+        assert!(!upgrade.containerd_config_changed, "{upgrade:?}");
+
+        let steps = uninstall(&root).unwrap();
+        assert!(steps.containerd_config_changed, "{steps:?}");
+        assert!(steps.iter().all(|s| !s.starts_with("kept")), "{steps:?}");
+        assert_eq!(
+            tree(&root),
+            before,
+            "the drop-in and its directory are gone"
+        );
+        assert!(!root.join("etc/containerd/conf.d").exists());
+    }
+
+    #[test]
     fn apparmor_rules_are_appended_where_libvirt_has_its_profiles_and_taken_off_again() {
         let dir = tempfile::tempdir().unwrap();
         let release = release(dir.path());
@@ -641,7 +787,7 @@ mod tests {
         .unwrap();
         let before = tree(&root);
 
-        let steps = install(&release, &root, ConfigLayout::V3).unwrap();
+        let steps = install(&release, &root, NODE).unwrap();
         assert!(
             steps.iter().any(|s| s.contains("AppArmor is off here")),
             "{steps:?}"
@@ -656,7 +802,7 @@ mod tests {
         assert!(!root.join("etc/apparmor.d/local/abstractions").exists());
         // Again: nothing more.
         let installed = tree(&root);
-        install(&release, &root, ConfigLayout::V3).unwrap();
+        install(&release, &root, NODE).unwrap();
         assert_eq!(tree(&root), installed);
 
         uninstall(&root).unwrap();
@@ -670,7 +816,7 @@ mod tests {
         let root = dir.path().join("root");
         std::fs::create_dir_all(root.join("etc/vmlet")).unwrap();
         std::fs::write(root.join(NODE_CONFIG), "state_dir = \"/x\"\n").unwrap();
-        install(&release, &root, ConfigLayout::V3).unwrap();
+        install(&release, &root, NODE).unwrap();
         assert_eq!(
             std::fs::read_to_string(root.join(NODE_CONFIG)).unwrap(),
             "state_dir = \"/x\"\n"

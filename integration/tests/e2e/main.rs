@@ -13,6 +13,7 @@ mod support;
 mod agent_gate;
 mod block_devices;
 mod cni;
+mod containerd_drop_in;
 mod cri;
 mod ctr;
 mod cycles;

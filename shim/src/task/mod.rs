@@ -15,6 +15,7 @@ pub(crate) mod features;
 pub mod node_counters;
 pub mod phases;
 mod plan;
+mod plan_vm_image;
 pub mod pod_metrics;
 pub(crate) mod process;
 pub(crate) mod shim;

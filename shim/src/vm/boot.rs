@@ -171,8 +171,8 @@ pub(super) async fn run_image(
     phases: &Phases,
 ) -> Result<BootedImage, Error> {
     let dns = match &image.resolv_conf {
-        Some(path) => crate::vm_mode::nocloud::Dns::read(path).await?,
-        None => crate::vm_mode::nocloud::Dns::default(),
+        Some(path) => crate::vm_mode::pod_dns::Dns::read(path).await?,
+        None => crate::vm_mode::pod_dns::Dns::default(),
     };
     // The volumes' host devices, opened before anything is made: a missing one fails here.
     let disk_fds = image
@@ -340,7 +340,7 @@ async fn image_port_forward(
 async fn start_dhcp(
     netns: &host_setup::PodNetns,
     net: &PodNet,
-    dns: &crate::vm_mode::nocloud::Dns,
+    dns: &crate::vm_mode::pod_dns::Dns,
     hostname: &str,
 ) -> Result<Vec<vmlet_netns::dhcp_server::DhcpServer>, Error> {
     let mut dhcp = Vec::new();

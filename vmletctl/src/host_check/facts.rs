@@ -78,7 +78,7 @@ impl HostFacts {
                     .and_then(|bin| version_line(&bin)),
                 config: containerd_config.to_owned(),
                 vmlet_runtimes: read_bounded(containerd_config, CONFIG_FILE_LIMIT)
-                    .and_then(|text| crate::containerd_config::vmlet_runtimes(&text)),
+                    .and_then(|text| containerd_runtimes(containerd_config, &text)),
                 shim_on_path: on_path("containerd-shim-vmlet-v2"),
             },
         }
@@ -181,6 +181,14 @@ fn guest_image(kernel: &Path, initrd: &Path) -> Result<String, String> {
         manifest.agent_version
     ));
     Ok(text)
+}
+
+/// The CRI runtimes that start vmlet in containerd's config (`text`, at `config`) and the
+/// files it imports.
+fn containerd_runtimes(config: &Path, text: &str) -> Result<Vec<String>, String> {
+    let config = std::path::absolute(config).map_err(|e| format!("{e}"))?;
+    let files = crate::containerd_imports::load(Path::new("/"), &config, text)?;
+    Ok(crate::containerd_imports::vmlet_runtimes(&files))
 }
 
 fn read_bounded(path: &Path, limit: u64) -> Result<String, String> {

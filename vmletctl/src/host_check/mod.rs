@@ -57,8 +57,8 @@ pub struct ContainerdFacts {
     /// `containerd --version`'s line, or why there is none.
     pub version: Result<String, String>,
     pub config: PathBuf,
-    /// The runtimes in the config that start vmlet's shim, as `plugin.runtimes.NAME`, or
-    /// why the config could not be read.
+    /// The runtimes in the config and the files it imports that start vmlet's shim, as
+    /// `plugin.runtimes.NAME` (with the imported file's path), or why they could not be read.
     pub vmlet_runtimes: Result<Vec<String>, String>,
     /// Where `containerd-shim-vmlet-v2` is on the PATH (containerd finds the shim of
     /// `io.containerd.vmlet.v2` there).
