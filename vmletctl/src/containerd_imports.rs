@@ -11,6 +11,9 @@
 
 use std::path::{Component, Path, PathBuf};
 
+use nix::fcntl::{OFlag, OpenHow, ResolveFlag};
+use nix::sys::stat::Mode;
+
 use crate::containerd_config::{
     add_runtime, invalid, parse, runtime_tables, vmlet_runtimes_in, ConfigLayout,
 };
@@ -120,48 +123,51 @@ fn imports(table: &toml::Table) -> impl Iterator<Item = &str> {
         .filter_map(toml::Value::as_str)
 }
 
-/// An import entry as containerd resolves it: relative to the importing file's directory,
-/// a glob in its last component matched against that directory (sorted, as Go's
-/// `filepath.Glob` gives them).
+/// An import entry as containerd resolves it: relative to the importing file's directory;
+/// an entry with a `*` is a glob (Go's `filepath.Glob`, sorted), which vmlet follows where
+/// only the file name has wildcards (`*` and `?`), else the path itself.
 fn resolve(root: &Path, parent: &Path, entry: &str) -> Result<Vec<PathBuf>, String> {
     let path = absolute(parent, entry)?;
-    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
-    let dir = path.parent().unwrap_or(Path::new("/"));
-    if dir.to_string_lossy().contains(['*', '?', '[']) || name.contains('[') {
+    if !path.to_string_lossy().contains('*') {
+        return Ok(vec![path]);
+    }
+    let Some((dir, name)) = glob_parts(&path) else {
         return Err(format!(
             "imports entry {entry:?}: vmlet follows globs of `*` and `?` in the file name only"
         ));
-    }
-    if !name.contains(['*', '?']) {
-        return Ok(vec![path]);
-    }
-    let mut matches: Vec<PathBuf> = match std::fs::read_dir(under(root, dir)) {
-        Ok(entries) => entries
-            .flatten()
-            .filter_map(|e| e.file_name().into_string().ok())
-            .filter(|n| glob_match(name, n))
-            .map(|n| dir.join(n))
-            .collect(),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-        Err(e) => return Err(format!("read {}: {e}", dir.display())),
     };
+    let mut matches: Vec<PathBuf> = list_under(root, dir)
+        .map_err(|e| format!("read {}: {e}", dir.display()))?
+        .into_iter()
+        .filter(|n| glob_match(name, n))
+        .map(|n| dir.join(n))
+        .collect();
     matches.sort();
     Ok(matches)
 }
 
-/// `entry` made absolute against the directory of `parent`, with no `..` or `.` left.
+/// A glob's literal directory and its file name pattern (`*` and `?` only); None for a
+/// glob vmlet does not follow (wildcards in the directory, `[`, `\`).
+fn glob_parts(path: &Path) -> Option<(&Path, &str)> {
+    let name = path.file_name()?.to_str()?;
+    let dir = path.parent()?;
+    let literal_dir = !dir.to_string_lossy().contains(['*', '?', '[', '\\']);
+    (literal_dir && !name.contains(['[', '\\'])).then_some((dir, name))
+}
+
+/// `entry` made absolute against the directory of `parent`, cleaned as Go's
+/// `filepath.Clean` cleans it (`.` dropped, `..` taking off a name, never above `/`).
 fn absolute(parent: &Path, entry: &str) -> Result<PathBuf, String> {
     let joined = parent.parent().unwrap_or(Path::new("/")).join(entry);
     let mut path = PathBuf::from("/");
     for component in joined.components() {
         match component {
             Component::Normal(part) => path.push(part),
-            Component::RootDir | Component::CurDir => {}
-            Component::ParentDir | Component::Prefix(_) => {
-                return Err(format!(
-                    "imports entry {entry:?}: vmlet does not follow `..`"
-                ))
+            Component::ParentDir => {
+                path.pop();
             }
+            Component::RootDir | Component::CurDir => {}
+            Component::Prefix(_) => return Err(format!("imports entry {entry:?}: not a path")),
         }
     }
     Ok(path)
@@ -196,27 +202,148 @@ fn under(root: &Path, path: &Path) -> PathBuf {
     root.join(path.strip_prefix("/").unwrap_or(path))
 }
 
-/// A config file under `root`, read up to [`FILE_LIMIT`] bytes.
+/// The node path `path` opened with `flags`, resolved as the node resolves it: `root` is
+/// its `/`, so that a link to an absolute path stays on the node's file system.
+fn open_in_root(root: &Path, path: &Path, flags: OFlag) -> nix::Result<std::os::fd::OwnedFd> {
+    let dir = nix::fcntl::open(
+        root,
+        OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )?;
+    let relative = path.strip_prefix("/").unwrap_or(path);
+    let relative = if relative.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        relative
+    };
+    let how = OpenHow::new()
+        .flags(flags | OFlag::O_CLOEXEC)
+        .resolve(ResolveFlag::RESOLVE_IN_ROOT | ResolveFlag::RESOLVE_NO_MAGICLINKS);
+    match nix::fcntl::openat2(&dir, relative, how) {
+        // Before Linux 5.6: the node's own root resolves as the node does anyway.
+        Err(nix::errno::Errno::ENOSYS) if root == Path::new("/") => {
+            nix::fcntl::open(path, flags | OFlag::O_CLOEXEC, Mode::empty())
+        }
+        other => other,
+    }
+}
+
+/// A config file on the node under `root`, whole; refused when larger than [`FILE_LIMIT`].
 fn read_under(root: &Path, path: &Path) -> Result<String, String> {
     use std::io::Read;
+    let file = std::fs::File::from(
+        open_in_root(root, path, OFlag::O_RDONLY).map_err(|e| e.desc().to_owned())?,
+    );
     let mut text = String::new();
-    std::fs::File::open(under(root, path))
-        .and_then(|f| f.take(FILE_LIMIT).read_to_string(&mut text))
+    file.take(FILE_LIMIT + 1)
+        .read_to_string(&mut text)
         .map_err(|e| e.to_string())?;
+    if text.len() as u64 > FILE_LIMIT {
+        return Err(format!("larger than {FILE_LIMIT} bytes"));
+    }
     Ok(text)
 }
 
+/// The names in the node's directory `dir` under `root` (none when it is missing).
+fn list_under(root: &Path, dir: &Path) -> Result<Vec<String>, String> {
+    let fd = match open_in_root(root, dir, OFlag::O_RDONLY | OFlag::O_DIRECTORY) {
+        Ok(fd) => fd,
+        Err(nix::errno::Errno::ENOENT) => return Ok(Vec::new()),
+        Err(e) => return Err(e.desc().to_owned()),
+    };
+    let mut names = Vec::new();
+    for entry in nix::dir::Dir::from_fd(fd)
+        .map_err(|e| e.desc().to_owned())?
+        .iter()
+    {
+        let entry = entry.map_err(|e| e.desc().to_owned())?;
+        match entry.file_name().to_str() {
+            Ok("." | "..") | Err(_) => {}
+            Ok(name) => names.push(name.to_owned()),
+        }
+    }
+    Ok(names)
+}
+
 /// Where a drop-in would go: the first import glob whose directory is literal and whose file
-/// name has `*`, with `vmlet` for each `*` (`conf.d/*.toml`: `conf.d/vmlet.toml`).
+/// name has `*` (and no `?`), with `vmlet` for each `*` (`conf.d/*.toml`: `conf.d/vmlet.toml`).
 fn drop_in_path(config: &ConfigFile) -> Option<PathBuf> {
     imports(&config.table).find_map(|entry| {
         let path = absolute(&config.path, entry).ok()?;
-        let name = path.file_name()?.to_str()?;
-        let dir = path.parent()?;
-        let literal_dir = !dir.to_string_lossy().contains(['*', '?', '[']);
-        (literal_dir && name.contains('*') && !name.contains(['?', '[']))
-            .then(|| dir.join(name.replace('*', "vmlet")))
+        let (dir, name) = glob_parts(&path)?;
+        (name.contains('*') && !name.contains('?')).then(|| dir.join(name.replace('*', "vmlet")))
     })
+}
+
+/// The first directory on the way from `/` to the node's `dir` (under `root`) that is a
+/// symbolic link: vmlet writes no drop-in through one.
+fn link_on_the_way(root: &Path, dir: &Path) -> Option<PathBuf> {
+    let mut path = PathBuf::from("/");
+    for component in dir.components().skip(1) {
+        path.push(component);
+        match under(root, &path).symlink_metadata() {
+            Ok(meta) if meta.file_type().is_symlink() => return Some(path),
+            Ok(_) => {}
+            Err(_) => return None,
+        }
+    }
+    None
+}
+
+/// The CRI plugin's table as containerd 1.6 and 1.7 take it: the whole table of the last
+/// file (in merge order) that has one.
+fn cri_table_of_1x(files: &[ConfigFile], layout: ConfigLayout) -> Option<&ConfigFile> {
+    files.iter().rev().find(|f| {
+        f.table
+            .get("plugins")
+            .and_then(|p| p.get(layout.plugin()))
+            .is_some()
+    })
+}
+
+/// Whether containerd takes the CRI plugin's table whole from one file: 1.6 and 1.7 (or a
+/// version vmlet cannot tell) with a `version = 2` config.
+fn whole_tables(layout: ConfigLayout, release: Release) -> bool {
+    layout == ConfigLayout::V2 && release != Release::Two
+}
+
+/// The CRI runtimes that start vmlet among the loaded `files` (the config first), as
+/// containerd of `release` takes them: from every file (2.x), or from the one file whose
+/// CRI table 1.6 and 1.7 take.
+pub fn taken_vmlet_runtimes(
+    files: &[ConfigFile],
+    layout: ConfigLayout,
+    release: Release,
+) -> Vec<String> {
+    if !whole_tables(layout, release) {
+        return vmlet_runtimes(files);
+    }
+    match cri_table_of_1x(files, layout) {
+        Some(file) if file.path == files[0].path => vmlet_runtimes(&files[..1]),
+        Some(file) => vmlet_runtimes(std::slice::from_ref(file))
+            .into_iter()
+            .map(|name| format!("{name} ({})", file.path.display()))
+            .collect(),
+        None => Vec::new(),
+    }
+}
+
+/// The `version` of each file that names one, when they are not all `version`.
+fn other_versions(files: &[ConfigFile], version: u8) -> Option<String> {
+    let named: Vec<(&Path, i64)> = files
+        .iter()
+        .filter_map(|f| Some((f.path.as_path(), f.table.get("version")?.as_integer()?)))
+        .collect();
+    named
+        .iter()
+        .any(|(_, v)| *v != i64::from(version))
+        .then(|| {
+            named
+                .iter()
+                .map(|(p, v)| format!("{} {v}", p.display()))
+                .collect::<Vec<_>>()
+                .join(", ")
+        })
 }
 
 /// How vmlet's runtime gets into containerd's config.
@@ -236,6 +363,10 @@ pub enum Registration {
 
 /// How to register vmlet's runtime in containerd's config `text` (at `config` on the node,
 /// files read under `root`), whose layout is `layout`, for a containerd of `release`.
+///
+/// Refused, by name: a `version = 2` config whose CRI settings containerd 1.6 and 1.7 take
+/// from an imported file (they take the last file's whole table, so a runtime appended to
+/// the config would be dropped), and a file of the operator's where the drop-in goes.
 pub fn plan(
     root: &Path,
     config: &Path,
@@ -252,40 +383,63 @@ pub fn plan(
             ),
         })
     };
+    // 1.6 and 1.7 (or a version vmlet cannot tell) with a `version = 2` config: one file's
+    // CRI table is all they take.
+    let whole_tables = whole_tables(layout, release);
     let files = match load(root, config, text) {
         Ok(files) => files,
+        Err(e) if whole_tables => {
+            return Err(Error::FailedPrecondition(format!(
+                "containerd's imports cannot be followed ({e}), and containerd 1.6 and 1.7 may take the CRI plugin's settings from a file among them alone: add vmlet's runtime by hand (deploy/containerd-vmlet-v2.toml)"
+            )))
+        }
         Err(e) => return append(format!("its imports cannot be followed: {e}")),
     };
-    let present = vmlet_runtimes(&files);
+    let cri = whole_tables
+        .then(|| cri_table_of_1x(&files, layout))
+        .flatten();
+    let present = taken_vmlet_runtimes(&files, layout, release);
     if !present.is_empty() {
         return Ok(Registration::Present(present));
+    }
+    if let Some(file) = cri.filter(|f| f.path != files[0].path) {
+        return Err(Error::FailedPrecondition(format!(
+            "containerd 1.6 and 1.7 take the CRI plugin's settings from {} alone (the last file with a [plugins.\"{}\"] table{}): add vmlet's runtime there by hand (deploy/containerd-vmlet-v2.toml)",
+            file.path.display(),
+            layout.plugin(),
+            match release {
+                Release::Unknown => "; containerd's version is unknown, so vmlet takes it for one of them",
+                _ => "",
+            }
+        )));
     }
     let Some(file) = drop_in_path(&files[0]) else {
         return append("it imports no directory of drop-in files".into());
     };
-    if layout == ConfigLayout::V2 {
-        match release {
-            Release::Two => {}
-            Release::One => {
-                let cri = files.iter().find(|f| {
-                    f.table
-                        .get("plugins")
-                        .and_then(|p| p.get(layout.plugin()))
-                        .is_some()
-                });
-                if let Some(cri) = cri {
-                    return append(format!(
-                        "containerd 1.6 and 1.7 would replace the CRI plugin's settings in {} with a drop-in's",
-                        cri.path.display()
-                    ));
-                }
-            }
-            Release::Unknown => {
-                return append(
-                    "containerd's version is unknown, and 1.6 and 1.7 merge a drop-in's CRI settings by replacing the config's".into(),
-                )
-            }
+    if whole_tables {
+        if let Some(cri) = cri {
+            return append(format!(
+                "containerd 1.6 and 1.7 would replace the CRI plugin's settings in {} with a drop-in's",
+                cri.path.display()
+            ));
         }
+        if release == Release::Unknown {
+            return append(
+                "containerd's version is unknown, and 1.6 and 1.7 merge a drop-in's CRI settings by replacing the config's".into(),
+            );
+        }
+    }
+    if let Some(versions) = other_versions(&files, layout.version()) {
+        return append(format!(
+            "the files containerd reads name different versions ({versions}), and a drop-in's would decide which one containerd ends with"
+        ));
+    }
+    let dir = file.parent().unwrap_or(Path::new("/"));
+    if let Some(link) = link_on_the_way(root, dir) {
+        return append(format!(
+            "{} is a symbolic link, and vmlet writes no drop-in through one",
+            link.display()
+        ));
     }
     if under(root, &file).symlink_metadata().is_ok() {
         return Err(Error::FailedPrecondition(format!(
@@ -296,7 +450,7 @@ pub fn plan(
     let text = format!(
         "{DROP_IN_START}\nversion = {}\n\n{}",
         layout.version(),
-        runtime_tables(layout, release == Release::One)
+        runtime_tables(layout, whole_tables)
     );
     let table = parse(&text).map_err(|e| Error::Internal(format!("vmlet's drop-in: {e}")))?;
     if vmlet_runtimes_in(&table).is_empty() {
@@ -373,6 +527,12 @@ mod tests {
             panic!("no drop-in");
         };
         assert_eq!(file, Path::new("/etc/containerd/runtime_vmlet.toml"));
+        // `..` cleaned as containerd cleans it.
+        let text = "version = 3\nimports = ['../x/./*.toml']\n";
+        let Registration::DropIn { file, .. } = plan_in(root.path(), text, Release::Two) else {
+            panic!("no drop-in");
+        };
+        assert_eq!(file, Path::new("/etc/x/vmlet.toml"));
     }
 
     #[test]
@@ -412,15 +572,38 @@ mod tests {
         };
         assert!(merged.starts_with(&with_cri));
         assert!(why.contains("/etc/containerd/config.toml"), "{why}");
-        // The same settings in an imported file.
+        // The CRI settings in an imported file: 1.x takes that file's table alone, so a
+        // runtime appended to the config would be dropped.
         let imported = root_with(&[(
             "/etc/containerd/conf.d/cni.toml",
             "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".cni]\n  bin_dir = \"/opt/cni\"\n",
         )]);
-        let Registration::Append { why, .. } = plan_in(imported.path(), bare, Release::One) else {
-            panic!("not appended");
-        };
-        assert!(why.contains("conf.d/cni.toml"), "{why}");
+        for text in [bare, with_cri.as_str()] {
+            let layout = ConfigLayout::V2;
+            let err = plan(
+                imported.path(),
+                Path::new(CONFIG),
+                text,
+                layout,
+                Release::One,
+            )
+            .unwrap_err()
+            .message();
+            assert!(
+                err.contains("from /etc/containerd/conf.d/cni.toml alone")
+                    && err.contains("by hand"),
+                "{err}"
+            );
+        }
+        // A vmlet runtime counts only in the table 1.x takes.
+        let shadowed = root_with(&[(
+            "/etc/containerd/conf.d/vmlet.toml",
+            include_str!("../../deploy/containerd-vmlet-v2.toml"),
+        )]);
+        assert!(matches!(
+            plan_in(shadowed.path(), bare, Release::One),
+            Registration::Present(_)
+        ));
         // 2.x merges them: a drop-in.
         assert!(matches!(
             plan_in(imported.path(), &with_cri, Release::Two),
@@ -438,9 +621,9 @@ mod tests {
         let root = root_with(&[]);
         for (imports, said) in [
             ("", "imports no directory"),
-            ("imports = ['/etc/containerd/[ab].toml']\n", "globs of"),
+            ("imports = ['/etc/containerd/[ab]*.toml']\n", "globs of"),
+            ("imports = ['/etc/containerd/a?.toml']\n", "a?.toml"),
             ("imports = ['/etc/*/x.toml']\n", "globs of"),
-            ("imports = ['../x/*.toml']\n", "`..`"),
             (
                 "imports = ['/etc/containerd/missing.toml']\n",
                 "missing.toml",
@@ -452,6 +635,43 @@ mod tests {
             };
             assert!(why.contains(said), "{imports:?}: {why}");
         }
+    }
+
+    #[test]
+    fn a_drop_in_that_would_change_containerds_version_or_go_through_a_link_is_not_written() {
+        let text = "version = 3\nimports = ['/etc/containerd/conf.d/*.toml']\n";
+        let mixed = root_with(&[("/etc/containerd/conf.d/50-gpu.toml", "version = 2\n")]);
+        let Registration::Append { why, .. } = plan_in(mixed.path(), text, Release::Two) else {
+            panic!("not appended");
+        };
+        assert!(why.contains("50-gpu.toml 2"), "{why}");
+
+        let linked = root_with(&[("/srv/conf/10.toml", "version = 3\n")]);
+        std::fs::create_dir_all(linked.path().join("etc/containerd")).unwrap();
+        std::os::unix::fs::symlink("/srv/conf", linked.path().join("etc/containerd/conf.d"))
+            .unwrap();
+        let Registration::Append { why, .. } = plan_in(linked.path(), text, Release::Two) else {
+            panic!("not appended");
+        };
+        assert!(
+            why.contains("/etc/containerd/conf.d is a symbolic link"),
+            "{why}"
+        );
+        // Read through the link as the node reads it: /srv is the root's, not this host's.
+        let files = load(linked.path(), Path::new(CONFIG), text).unwrap();
+        assert_eq!(files.len(), 2);
+    }
+
+    #[test]
+    fn an_imported_file_over_the_bound_is_refused() {
+        let big = format!("# {}\n", "x".repeat(FILE_LIMIT as usize));
+        let root = root_with(&[("/etc/containerd/conf.d/big.toml", big.as_str())]);
+        let text = "version = 3\nimports = ['/etc/containerd/conf.d/*.toml']\n";
+        let err = load(root.path(), Path::new(CONFIG), text).unwrap_err();
+        assert!(
+            err.contains("big.toml") && err.contains("larger than"),
+            "{err}"
+        );
     }
 
     #[test]

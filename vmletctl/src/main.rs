@@ -168,10 +168,25 @@ fn install(args: &InstallArgs) -> Result<(), String> {
     };
     let under =
         |program: &str| vmletctl::node_program::version_line_under(&args.root, Path::new(program));
-    let version = under("/usr/local/bin/containerd")
-        .or_else(|_| under("/usr/bin/containerd"))
-        .unwrap_or_default();
-    let release_line = Release::of_version_line(&version);
+    let asked = ["/usr/local/bin/containerd", "/usr/bin/containerd"].map(under);
+    let version = asked.iter().find_map(|a| a.as_ref().ok()).cloned();
+    let release_line = Release::of_version_line(version.as_deref().unwrap_or_default());
+    if release_line == Release::Unknown {
+        let said: Vec<String> = ["/usr/local/bin/containerd", "/usr/bin/containerd"]
+            .iter()
+            .zip(&asked)
+            .map(|(path, answer)| match answer {
+                Ok(line) => format!("{path}: {line:?}"),
+                Err(e) => format!("{path}: {e}"),
+            })
+            .collect();
+        println!(
+            "containerd's version is unknown under {} ({}): vmlet takes it for 1.6 or 1.7 where a `version = 2` config's CRI settings are concerned, and writes a new config in version {} (--config-version says otherwise)",
+            args.root.display(),
+            said.join("; "),
+            if args.config_version.as_deref() == Some("2") { 2 } else { 3 },
+        );
+    }
     let default_layout = match (args.config_version.as_deref(), release_line) {
         (Some("2"), _) | (None, Release::One) => ConfigLayout::V2,
         _ => ConfigLayout::V3,

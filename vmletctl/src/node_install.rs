@@ -94,7 +94,8 @@ pub struct DropIn {
     /// The file, relative to the root.
     pub file: PathBuf,
     pub sha256: String,
-    /// Its directory, when install made it (uninstall removes it then, when empty).
+    /// The topmost directory install made for it, relative to the root (uninstall removes
+    /// the directories from the file's up to that one, those left empty).
     pub made_dir: Option<PathBuf>,
 }
 
@@ -164,7 +165,20 @@ pub fn install(release: &Path, root: &Path, containerd: NodeContainerd) -> Resul
         },
     };
     install_files(release, root, &mut record, &mut steps)?;
-    register_runtime(root, containerd, &mut record, &mut steps)?;
+    if let Err(e) = register_runtime(root, containerd, &mut record, &mut steps) {
+        // What is installed stays recorded, for uninstall to take off.
+        let recorded = serde_json::to_vec_pretty(&record)
+            .map_err(|e| Error::Internal(e.to_string()))
+            .and_then(|json| write_file(&record_path, &json, 0o644));
+        return Err(Error::FailedPrecondition(format!(
+            "{}. vmlet {version}'s files are installed but its runtime is not registered with containerd: fix that and run install again, or `vmletctl uninstall`{}",
+            e.message(),
+            match recorded {
+                Ok(()) => String::new(),
+                Err(w) => format!(" (which cannot find them: {})", w.message()),
+            }
+        )));
+    }
     // The node config, only when absent.
     let node_config = root.join(NODE_CONFIG);
     let defaults = release.join(NODE_CONFIG);
@@ -290,8 +304,12 @@ fn register_runtime(
         }
         Registration::DropIn { file, text } => {
             let relative = file.strip_prefix("/").unwrap_or(&file).to_owned();
-            let dir = relative.parent().unwrap_or(Path::new("")).to_owned();
-            let made_dir = (!root.join(&dir).is_dir()).then_some(dir);
+            let made_dir = relative
+                .ancestors()
+                .skip(1)
+                .take_while(|d| !d.as_os_str().is_empty() && !root.join(d).exists())
+                .last()
+                .map(Path::to_owned);
             write_file(&root.join(&relative), text.as_bytes(), 0o644)?;
             record.containerd_drop_in = Some(DropIn {
                 file: relative,
@@ -407,8 +425,19 @@ pub fn uninstall(root: &Path) -> Result<Steps, Error> {
             Removal::Changed(what) => kept.push(what),
             Removal::Gone => {}
         }
-        if let Some(dir) = &drop_in.made_dir {
-            let _ = std::fs::remove_dir(root.join(dir));
+        if let Some(top) = drop_in
+            .made_dir
+            .as_ref()
+            .filter(|t| drop_in.file.starts_with(t))
+        {
+            for dir in drop_in.file.ancestors().skip(1) {
+                if dir.as_os_str().is_empty()
+                    || std::fs::remove_dir(root.join(dir)).is_err()
+                    || dir == top.as_path()
+                {
+                    break;
+                }
+            }
         }
     }
     if let Some(hash) = &record.node_config {
@@ -722,7 +751,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let release = release(dir.path());
         let root = dir.path().join("root");
-        let config = "version = 3\nimports = ['/etc/containerd/conf.d/*.toml']\n";
+        // The drop-in's directory and its parent do not exist yet.
+        let config = "version = 3\nimports = ['/etc/k8s/containerd.d/*.toml']\n";
         std::fs::create_dir_all(root.join("etc/containerd")).unwrap();
         std::fs::write(root.join(CONTAINERD_CONFIG), config).unwrap();
         let before = tree(&root);
@@ -732,7 +762,7 @@ mod tests {
         assert!(
             steps
                 .iter()
-                .any(|s| s.contains("in /etc/containerd/conf.d/vmlet.toml, a drop-in file")),
+                .any(|s| s.contains("in /etc/k8s/containerd.d/vmlet.toml, a drop-in file")),
             "{steps:?}"
         );
         assert_eq!(
@@ -744,7 +774,7 @@ mod tests {
             .join("etc/containerd/config.toml.before-vmlet")
             .exists());
         let drop_in =
-            std::fs::read_to_string(root.join("etc/containerd/conf.d/vmlet.toml")).unwrap();
+            std::fs::read_to_string(root.join("etc/k8s/containerd.d/vmlet.toml")).unwrap();
         assert!(drop_in.contains("runtimes.vmlet]"), "{drop_in}");
 
         // Again, and another version over it: containerd reads the same bytes.
@@ -766,7 +796,48 @@ mod tests {
             before,
             "the drop-in and its directory are gone"
         );
-        assert!(!root.join("etc/containerd/conf.d").exists());
+        assert!(
+            !root.join("etc/k8s").exists(),
+            "the directories install made are gone"
+        );
+        assert!(root.join("etc/containerd").exists());
+    }
+
+    #[test]
+    fn an_upgrade_moves_an_appended_runtime_into_a_drop_in_and_a_refusal_keeps_the_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let release = release(dir.path());
+        let root = dir.path().join("root");
+        std::fs::create_dir_all(root.join("etc/containerd")).unwrap();
+        std::fs::write(root.join(CONTAINERD_CONFIG), "version = 3\n").unwrap();
+        install(&release, &root, NODE).unwrap();
+        // The operator imports a directory since; the block stays at the config's end.
+        let appended = std::fs::read_to_string(root.join(CONTAINERD_CONFIG)).unwrap();
+        let imports = "imports = ['/etc/containerd/conf.d/*.toml']\n";
+        std::fs::write(root.join(CONTAINERD_CONFIG), format!("{imports}{appended}")).unwrap();
+        std::fs::write(release.join("VERSION"), "0.2.0\n").unwrap();
+        let steps = install(&release, &root, NODE).unwrap();
+        assert!(steps.containerd_config_changed, "{steps:?}");
+        assert_eq!(
+            std::fs::read_to_string(root.join(CONTAINERD_CONFIG)).unwrap(),
+            format!("{imports}version = 3\n")
+        );
+        assert!(root.join("etc/containerd/conf.d/vmlet.toml").is_file());
+        uninstall(&root).unwrap();
+
+        // A file of the operator's where the drop-in goes: refused, and what was installed
+        // stays recorded for uninstall.
+        std::fs::create_dir_all(root.join("etc/containerd/conf.d")).unwrap();
+        std::fs::write(root.join("etc/containerd/conf.d/vmlet.toml"), "# mine\n").unwrap();
+        let err = install(&release, &root, NODE).unwrap_err().message();
+        assert!(err.contains("conf.d/vmlet.toml is there"), "{err}");
+        assert!(root.join("usr/local/bin/vmletctl").exists());
+        uninstall(&root).unwrap();
+        assert!(!root.join("usr/local/bin/vmletctl").exists());
+        assert_eq!(
+            std::fs::read_to_string(root.join("etc/containerd/conf.d/vmlet.toml")).unwrap(),
+            "# mine\n"
+        );
     }
 
     #[test]

@@ -64,16 +64,17 @@ impl Root {
         std::fs::write(self.dir.join("etc/containerd/config.toml"), text).unwrap();
     }
 
-    /// Every file under the root's /etc/containerd, with its bytes.
-    fn etc(&self) -> Vec<(PathBuf, Vec<u8>)> {
+    /// Every directory and file under the root's /etc, with a file's bytes.
+    fn etc(&self) -> Vec<(PathBuf, Option<Vec<u8>>)> {
         let mut all = Vec::new();
-        let mut dirs = vec![self.dir.join("etc/containerd")];
+        let mut dirs = vec![self.dir.join("etc")];
         while let Some(d) = dirs.pop() {
             for e in std::fs::read_dir(&d).unwrap().flatten() {
                 if e.file_type().unwrap().is_dir() {
                     dirs.push(e.path());
+                    all.push((e.path(), None));
                 } else {
-                    all.push((e.path(), std::fs::read(e.path()).unwrap()));
+                    all.push((e.path(), Some(std::fs::read(e.path()).unwrap())));
                 }
             }
         }
@@ -83,13 +84,21 @@ impl Root {
 
     /// `vmletctl install` of a release with nothing but its VERSION; what it printed.
     fn install(&self, s: &Stack) -> String {
+        let out = self.try_install(s);
+        assert!(out.status.success(), "install: {}", text(&out.stderr));
+        text(&out.stdout)
+    }
+
+    fn try_install(&self, s: &Stack) -> std::process::Output {
         let release = self.dir.with_extension("release");
         std::fs::create_dir_all(&release).unwrap();
         std::fs::write(release.join("VERSION"), "0.0.0-dropin\n").unwrap();
-        self.vmletctl(
-            s,
-            &["install", "--release", release.to_str().unwrap(), "--root"],
+        vmlet_integration::bounded::output(
+            std::process::Command::new(format!("{}/bin/vmletctl", s.dir))
+                .args(["install", "--release", release.to_str().unwrap(), "--root"])
+                .arg(&self.dir),
         )
+        .unwrap()
     }
 
     fn uninstall(&self, s: &Stack) -> String {
@@ -209,6 +218,19 @@ fn containerd_2_merges_vmlets_drop_in_and_the_config_is_not_touched() {
         "uninstall leaves /etc/containerd as it was"
     );
     assert_eq!(runtimes(&root.dump(), V3_CRI), ["operators", "runc"]);
+    drop(root);
+
+    // A `version = 2` config on 2.2: the drop-in in that version, migrated with the rest.
+    let root = Root::new(&s, "2.2");
+    root.write_config(&format!(
+        "version = 2\nimports = [\"/etc/containerd/conf.d/*.toml\"]\n[plugins.\"{V2_CRI}\".containerd.runtimes.operators]\n  runtime_type = \"io.containerd.runc.v2\"\n"
+    ));
+    let said = root.install(&s);
+    assert!(said.contains("(config version 2;"), "{said}");
+    assert_eq!(
+        runtimes(&root.dump(), V3_CRI),
+        ["operators", "runc", "vmlet"]
+    );
 }
 
 #[test]
@@ -233,6 +255,22 @@ fn containerd_1_gets_a_drop_in_only_where_it_would_not_replace_the_cri_settings(
             Some("/opt/operators/cni"),
             "containerd {series} kept the config's CRI settings beside an imported file's: \
              vmlet could use a drop-in there"
+        );
+        // So a runtime appended to the config would be dropped too: refused, naming the
+        // file whose table containerd takes.
+        let before = root.etc();
+        let refused = root.try_install(&s);
+        assert!(!refused.status.success(), "{series}: install went ahead");
+        let said = text(&refused.stderr);
+        assert!(
+            said.contains("from /etc/containerd/conf.d/other.toml alone"),
+            "{series}: {said}"
+        );
+        root.uninstall(&s);
+        assert_eq!(
+            root.etc(),
+            before,
+            "{series}: the refused install left nothing"
         );
         drop(root);
 

@@ -218,7 +218,8 @@ impl AgentCalls for FakeGuest {
         })
     }
 
-    async fn list_processes(&self, _container_id: &str) -> Result<Vec<u32>, Error> {
+    async fn list_processes(&self, container_id: &str) -> Result<Vec<u32>, Error> {
+        self.record(format!("list_processes {container_id}"));
         Ok(vec![GUEST_PID, GUEST_PID + 1])
     }
 

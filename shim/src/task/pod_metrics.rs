@@ -5,7 +5,9 @@
 //!
 //! A pod's figures: its VM's host-side CPU and memory (the pod's cgroup, where QEMU and its
 //! helpers run), how long the VM took to boot and its agent to answer, the agent's
-//! round-trip time (one call made for the scrape), the execs started, and the shim's own
+//! round-trip time (one call, timed: made by the first scrape, then again in the background
+//! when a scrape finds it older than [`RTT_REFRESH`], so that no scrape waits on a slow
+//! guest but the first), the execs started, and the shim's own
 //! memory, CPU and threads. Labels: `cri_name` and `cri_namespace` (Kubernetes' pod name
 //! and namespace for a CRI pod, containerd's task id and namespace otherwise: not `pod` and
 //! `namespace`, which Prometheus' Kubernetes discovery sets to the exporter's own) and
@@ -14,7 +16,7 @@
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -31,6 +33,8 @@ pub const SOCKET: &str = "metrics.sock";
 pub const ANSWER_DEADLINE: Duration = Duration::from_secs(3);
 /// The agent's share of it.
 const AGENT_DEADLINE: Duration = Duration::from_secs(2);
+/// How old the agent's measured round trip may be before a scrape has it measured again.
+pub const RTT_REFRESH: Duration = Duration::from_secs(10);
 /// The largest answer `fetch` reads.
 const ANSWER_LIMIT: u64 = 64 << 10;
 
@@ -66,6 +70,11 @@ pub struct PodMeter {
     execs: AtomicU64,
     /// The pod's VM, for the agent's round trip (not kept alive by the meter).
     vm: Weak<dyn PodVm>,
+    /// The agent's round trip as last measured (None: no answer), and when.
+    /// (tokio's clock: the tests move it.)
+    rtt: std::sync::Mutex<Option<(Option<f64>, tokio::time::Instant)>>,
+    /// Whether a measurement runs in the background.
+    rtt_measuring: AtomicBool,
     server: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
@@ -93,6 +102,8 @@ impl PodMeter {
             agent_ready_seconds: agent_ready.map(|d| d.as_secs_f64()),
             execs: AtomicU64::new(0),
             vm: Arc::downgrade(vm),
+            rtt: std::sync::Mutex::new(None),
+            rtt_measuring: AtomicBool::new(false),
             server: std::sync::Mutex::new(None),
         });
         match meter.serve() {
@@ -143,7 +154,7 @@ impl PodMeter {
     }
 
     /// The figures now.
-    pub async fn figures(&self) -> PodFigures {
+    pub async fn figures(self: &Arc<Self>) -> PodFigures {
         let (vm_cpu_seconds, vm_memory_bytes) =
             self.cgroup.as_deref().map_or((None, None), cgroup_usage);
         let shim = ProcessFigures::of_self();
@@ -155,12 +166,33 @@ impl PodMeter {
             vm_memory_bytes,
             boot_seconds: Some(self.boot_seconds),
             agent_ready_seconds: self.agent_ready_seconds,
-            agent_rtt_seconds: self.agent_round_trip().await,
+            agent_rtt_seconds: self.round_trip().await,
             execs: self.execs.load(Ordering::Relaxed),
             shim_resident_bytes: shim.resident_bytes,
             shim_cpu_seconds: shim.cpu_seconds,
             shim_threads: shim.threads,
         }
+    }
+
+    /// The agent's round trip: measured now when it never was, else as last measured, and
+    /// measured again in the background when that is older than [`RTT_REFRESH`].
+    async fn round_trip(self: &Arc<Self>) -> Option<f64> {
+        let last = *self.rtt.lock().unwrap();
+        let Some((seconds, at)) = last else {
+            let measured = self.agent_round_trip().await;
+            *self.rtt.lock().unwrap() = Some((measured, tokio::time::Instant::now()));
+            return measured;
+        };
+        if at.elapsed() >= RTT_REFRESH && !self.rtt_measuring.swap(true, Ordering::AcqRel) {
+            // Bounded by the agent's deadline; the meter lives on until it ends.
+            let meter = Arc::clone(self);
+            tokio::spawn(async move {
+                let measured = meter.agent_round_trip().await;
+                *meter.rtt.lock().unwrap() = Some((measured, tokio::time::Instant::now()));
+                meter.rtt_measuring.store(false, Ordering::Release);
+            });
+        }
+        seconds
     }
 
     /// One cheap agent call (the pod's processes), timed; None without an agent.
@@ -315,7 +347,7 @@ const FAMILIES: &[Family] = &[
     Family {
         name: "vmlet_pod_agent_rtt_seconds",
         kind: "gauge",
-        help: "Round trip of one agent call, made for this scrape.",
+        help: "Round trip of one agent call, as last measured (at most 10 s before the scrape before this one).",
         value: |f| f.agent_rtt_seconds,
     },
     Family {
@@ -483,6 +515,34 @@ mod tests {
         for f in FAMILIES {
             assert_eq!(text.matches(&format!("# TYPE {} ", f.name)).count(), 1);
         }
+    }
+
+    /// The first scrape measures the agent's round trip; the next ones get it as measured,
+    /// and one that finds it old has it measured again behind its answer.
+    #[tokio::test(start_paused = true)]
+    async fn the_agents_round_trip_is_measured_once_then_in_the_background() {
+        let fake = Arc::new(crate::task::fakes::FakeVm::default());
+        let vm: Arc<dyn PodVm> = fake.clone();
+        let dir = tempfile::tempdir().unwrap();
+        let names = crate::host::pod_record::PodNames {
+            name: "web".into(),
+            namespace: "default".into(),
+        };
+        let meter = PodMeter::start(&vm, dir.path(), names, Duration::from_secs(2), None).unwrap();
+        let calls = || fake.guest.called("list_processes");
+        assert!(meter.figures().await.agent_rtt_seconds.is_some());
+        assert_eq!(calls(), 1);
+        meter.figures().await;
+        assert_eq!(calls(), 1, "a fresh measurement is kept");
+        tokio::time::advance(RTT_REFRESH).await;
+        assert!(meter.figures().await.agent_rtt_seconds.is_some());
+        tokio::task::yield_now().await;
+        assert_eq!(
+            calls(),
+            2,
+            "an old one is measured again, behind the answer"
+        );
+        meter.stop();
     }
 
     #[test]

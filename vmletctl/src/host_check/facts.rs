@@ -8,6 +8,8 @@ use vmlet_config::{Accel, NodeConfig};
 use vmlet_vm_image::{sha256_file, Manifest};
 
 use super::{ContainerdFacts, HostFacts, KvmFacts};
+use crate::containerd_config::ConfigLayout;
+use crate::containerd_imports::{taken_vmlet_runtimes, Release};
 use crate::node_program::{on_path, version_line};
 
 /// The largest config file read (containerd's, AppArmor's local files).
@@ -72,14 +74,18 @@ impl HostFacts {
             qemu_img: on_path("qemu-img"),
             xorrisofs: on_path("xorrisofs"),
             cgroup_v2: Path::new("/sys/fs/cgroup/cgroup.controllers").exists(),
-            containerd: ContainerdFacts {
-                version: containerd_bin
+            containerd: {
+                let version = containerd_bin
                     .ok_or_else(|| "no containerd on the PATH".to_owned())
-                    .and_then(|bin| version_line(&bin)),
-                config: containerd_config.to_owned(),
-                vmlet_runtimes: read_bounded(containerd_config, CONFIG_FILE_LIMIT)
-                    .and_then(|text| containerd_runtimes(containerd_config, &text)),
-                shim_on_path: on_path("containerd-shim-vmlet-v2"),
+                    .and_then(|bin| version_line(&bin));
+                let release = Release::of_version_line(version.as_deref().unwrap_or_default());
+                ContainerdFacts {
+                    config: containerd_config.to_owned(),
+                    vmlet_runtimes: read_bounded(containerd_config, CONFIG_FILE_LIMIT)
+                        .and_then(|text| containerd_runtimes(containerd_config, &text, release)),
+                    shim_on_path: on_path("containerd-shim-vmlet-v2"),
+                    version,
+                }
             },
         }
     }
@@ -185,10 +191,20 @@ fn guest_image(kernel: &Path, initrd: &Path) -> Result<String, String> {
 
 /// The CRI runtimes that start vmlet in containerd's config (`text`, at `config`) and the
 /// files it imports.
-fn containerd_runtimes(config: &Path, text: &str) -> Result<Vec<String>, String> {
+fn containerd_runtimes(config: &Path, text: &str, release: Release) -> Result<Vec<String>, String> {
     let config = std::path::absolute(config).map_err(|e| format!("{e}"))?;
-    let files = crate::containerd_imports::load(Path::new("/"), &config, text)?;
-    Ok(crate::containerd_imports::vmlet_runtimes(&files))
+    // An empty config names no runtime; one without a version (1) only 1.x reads whole.
+    let layout = ConfigLayout::of(text, ConfigLayout::V3).unwrap_or(ConfigLayout::V2);
+    match crate::containerd_imports::load(Path::new("/"), &config, text) {
+        Ok(files) => Ok(taken_vmlet_runtimes(&files, layout, release)),
+        // The config's own runtimes, where its imports cannot be followed and containerd
+        // merges them (2.x); 1.6 and 1.7 may take the CRI table from one of those.
+        Err(e) if layout == ConfigLayout::V2 && release != Release::Two => Err(e),
+        Err(e) => match crate::containerd_config::vmlet_runtimes(text)? {
+            found if found.is_empty() => Err(e),
+            found => Ok(found),
+        },
+    }
 }
 
 fn read_bounded(path: &Path, limit: u64) -> Result<String, String> {
@@ -198,4 +214,51 @@ fn read_bounded(path: &Path, limit: u64) -> Result<String, String> {
         .read_to_string(&mut text)
         .map_err(|e| format!("{e}"))?;
     Ok(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const VMLET_V3: &str = include_str!("../../../deploy/containerd-vmlet-v3.toml");
+    const VMLET_V2: &str = include_str!("../../../deploy/containerd-vmlet-v2.toml");
+
+    #[test]
+    fn check_finds_vmlets_runtime_where_containerd_takes_it() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("conf.d")).unwrap();
+        std::fs::write(dir.path().join("conf.d/vmlet.toml"), VMLET_V3).unwrap();
+        let config = dir.path().join("config.toml");
+        let text = "version = 3\nimports = ['conf.d/*.toml']\n";
+        let found = containerd_runtimes(&config, text, Release::Two).unwrap();
+        assert_eq!(found.len(), 1);
+        assert!(found[0].ends_with("conf.d/vmlet.toml)"), "{found:?}");
+        // 1.6 and 1.7 take the CRI table of the last file that has one: a runtime in the
+        // config does not count beside an imported CRI table.
+        std::fs::write(
+            dir.path().join("conf.d/vmlet.toml"),
+            "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".cni]\n  bin_dir = \"/x\"\n",
+        )
+        .unwrap();
+        let shadowed = format!("version = 2\nimports = ['conf.d/*.toml']\n{VMLET_V2}");
+        assert!(containerd_runtimes(&config, &shadowed, Release::One)
+            .unwrap()
+            .is_empty());
+        assert_eq!(
+            containerd_runtimes(&config, &shadowed, Release::Two)
+                .unwrap()
+                .len(),
+            1
+        );
+        // Imports vmlet cannot follow: the config's own runtime counts on 2.x only.
+        let own = format!("version = 2\nimports = ['/etc/*/x.toml']\n{VMLET_V2}");
+        assert_eq!(
+            containerd_runtimes(&config, &own, Release::Two)
+                .unwrap()
+                .len(),
+            1
+        );
+        let err = containerd_runtimes(&config, &own, Release::One).unwrap_err();
+        assert!(err.contains("globs of"), "{err}");
+    }
 }
