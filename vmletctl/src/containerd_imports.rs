@@ -101,16 +101,23 @@ pub fn load(root: &Path, config: &Path, text: &str) -> Result<Vec<ConfigFile>, S
 /// The CRI runtimes that start vmlet in the loaded `files`, each named with its file when
 /// that is an imported one.
 pub fn vmlet_runtimes(files: &[ConfigFile]) -> Vec<String> {
-    let mut found = Vec::new();
-    for (i, file) in files.iter().enumerate() {
-        for name in vmlet_runtimes_in(&file.table) {
-            found.push(match i {
-                0 => name,
-                _ => format!("{name} ({})", file.path.display()),
-            });
-        }
-    }
-    found
+    files
+        .iter()
+        .enumerate()
+        .flat_map(|(i, file)| named_runtimes(i, file))
+        .collect()
+}
+
+/// The CRI runtimes that start vmlet in `file`, the `index`th loaded (0: the config), with
+/// its path when it is an imported one.
+fn named_runtimes(index: usize, file: &ConfigFile) -> Vec<String> {
+    vmlet_runtimes_in(&file.table)
+        .into_iter()
+        .map(|name| match index {
+            0 => name,
+            _ => format!("{name} ({})", file.path.display()),
+        })
+        .collect()
 }
 
 /// The config's `imports` (strings only; containerd refuses other values).
@@ -290,10 +297,10 @@ fn link_on_the_way(root: &Path, dir: &Path) -> Option<PathBuf> {
     None
 }
 
-/// The CRI plugin's table as containerd 1.6 and 1.7 take it: the whole table of the last
-/// file (in merge order) that has one.
-fn cri_table_of_1x(files: &[ConfigFile], layout: ConfigLayout) -> Option<&ConfigFile> {
-    files.iter().rev().find(|f| {
+/// The index of the file whose CRI plugin table containerd 1.6 and 1.7 take whole: the
+/// last (in merge order) that has one.
+fn cri_table_of_1x(files: &[ConfigFile], layout: ConfigLayout) -> Option<usize> {
+    files.iter().rposition(|f| {
         f.table
             .get("plugins")
             .and_then(|p| p.get(layout.plugin()))
@@ -303,7 +310,7 @@ fn cri_table_of_1x(files: &[ConfigFile], layout: ConfigLayout) -> Option<&Config
 
 /// Whether containerd takes the CRI plugin's table whole from one file: 1.6 and 1.7 (or a
 /// version vmlet cannot tell) with a `version = 2` config.
-fn whole_tables(layout: ConfigLayout, release: Release) -> bool {
+pub fn whole_tables(layout: ConfigLayout, release: Release) -> bool {
     layout == ConfigLayout::V2 && release != Release::Two
 }
 
@@ -318,14 +325,7 @@ pub fn taken_vmlet_runtimes(
     if !whole_tables(layout, release) {
         return vmlet_runtimes(files);
     }
-    match cri_table_of_1x(files, layout) {
-        Some(file) if file.path == files[0].path => vmlet_runtimes(&files[..1]),
-        Some(file) => vmlet_runtimes(std::slice::from_ref(file))
-            .into_iter()
-            .map(|name| format!("{name} ({})", file.path.display()))
-            .collect(),
-        None => Vec::new(),
-    }
+    cri_table_of_1x(files, layout).map_or_else(Vec::new, |i| named_runtimes(i, &files[i]))
 }
 
 /// The `version` of each file that names one, when they are not all `version`.
@@ -397,7 +397,8 @@ pub fn plan(
     };
     let cri = whole_tables
         .then(|| cri_table_of_1x(&files, layout))
-        .flatten();
+        .flatten()
+        .map(|i| &files[i]);
     let present = taken_vmlet_runtimes(&files, layout, release);
     if !present.is_empty() {
         return Ok(Registration::Present(present));

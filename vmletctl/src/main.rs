@@ -166,20 +166,21 @@ fn install(args: &InstallArgs) -> Result<(), String> {
             .and_then(|exe| Some(exe.parent()?.parent()?.to_owned()))
             .ok_or("cannot tell which release this vmletctl is in: give --release DIR")?,
     };
-    let under =
-        |program: &str| vmletctl::node_program::version_line_under(&args.root, Path::new(program));
-    let asked = ["/usr/local/bin/containerd", "/usr/bin/containerd"].map(under);
-    let version = asked.iter().find_map(|a| a.as_ref().ok()).cloned();
+    // The node's containerd, asked in order until one answers (each said, for the message).
+    let mut said = Vec::new();
+    let mut version = None;
+    for program in ["/usr/local/bin/containerd", "/usr/bin/containerd"] {
+        match vmletctl::node_program::version_line_under(&args.root, Path::new(program)) {
+            Ok(line) => {
+                said.push(format!("{program}: {line:?}"));
+                version = Some(line);
+                break;
+            }
+            Err(e) => said.push(format!("{program}: {e}")),
+        }
+    }
     let release_line = Release::of_version_line(version.as_deref().unwrap_or_default());
     if release_line == Release::Unknown {
-        let said: Vec<String> = ["/usr/local/bin/containerd", "/usr/bin/containerd"]
-            .iter()
-            .zip(&asked)
-            .map(|(path, answer)| match answer {
-                Ok(line) => format!("{path}: {line:?}"),
-                Err(e) => format!("{path}: {e}"),
-            })
-            .collect();
         println!(
             "containerd's version is unknown under {} ({}): vmlet takes it for 1.6 or 1.7 where a `version = 2` config's CRI settings are concerned, and writes a new config in version {} (--config-version says otherwise)",
             args.root.display(),

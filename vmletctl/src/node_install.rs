@@ -202,14 +202,14 @@ pub fn install(release: &Path, root: &Path, containerd: NodeContainerd) -> Resul
     let json = serde_json::to_vec_pretty(&record).map_err(|e| Error::Internal(e.to_string()))?;
     write_file(&record_path, &json, 0o644)?;
     let containerd_after = containerd_files(root, Some(&record));
-    steps.containerd_config_changed = containerd_after.iter().any(|(path, bytes)| {
+    steps.containerd_config_changed =
         containerd_before
-            .iter()
-            .find(|(p, _)| p == path)
-            .map_or(bytes.is_some(), |(_, b)| b != bytes)
-    }) || containerd_before
-        .iter()
-        .any(|(path, _)| !containerd_after.iter().any(|(p, _)| p == path));
+            .keys()
+            .chain(containerd_after.keys())
+            .any(|path| {
+                containerd_before.get(path).and_then(Option::as_ref)
+                    != containerd_after.get(path).and_then(Option::as_ref)
+            });
     if steps.done.is_empty() {
         steps.push(format!(
             "vmlet {version} is installed already; nothing changed"
@@ -263,7 +263,9 @@ fn install_files(
 
 /// containerd's config and the drop-in `record` names, when it does, each with its bytes
 /// (None: no such file): what a restart of containerd would read anew.
-fn containerd_files(root: &Path, record: Option<&Record>) -> Vec<(PathBuf, Option<Vec<u8>>)> {
+type ContainerdFiles = std::collections::BTreeMap<PathBuf, Option<Vec<u8>>>;
+
+fn containerd_files(root: &Path, record: Option<&Record>) -> ContainerdFiles {
     let drop_in = record.and_then(|r| r.containerd_drop_in.as_ref());
     std::iter::once(Path::new(CONTAINERD_CONFIG))
         .chain(drop_in.map(|d| d.file.as_path()))
@@ -633,6 +635,14 @@ mod tests {
         r
     }
 
+    /// A root under `dir` whose containerd config is `text`.
+    fn root_with_config(dir: &Path, text: &str) -> PathBuf {
+        let root = dir.join("root");
+        std::fs::create_dir_all(root.join("etc/containerd")).unwrap();
+        std::fs::write(root.join(CONTAINERD_CONFIG), text).unwrap();
+        root
+    }
+
     /// Every file under `dir` with its bytes.
     fn tree(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
         let mut all = Vec::new();
@@ -654,9 +664,7 @@ mod tests {
     fn install_twice_changes_nothing_and_uninstall_restores_the_root() {
         let dir = tempfile::tempdir().unwrap();
         let release = release(dir.path());
-        let root = dir.path().join("root");
-        std::fs::create_dir_all(root.join("etc/containerd")).unwrap();
-        std::fs::write(root.join(CONTAINERD_CONFIG), DEBIAN_16).unwrap();
+        let root = root_with_config(dir.path(), DEBIAN_16);
         std::fs::create_dir_all(root.join("usr/local/bin")).unwrap();
         std::fs::write(root.join("usr/local/bin/other"), "not vmlet's").unwrap();
         let before = tree(&root);
@@ -708,9 +716,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let old = release(dir.path());
         std::fs::write(old.join("bin/vmlet-old-only"), "gone in the next version").unwrap();
-        let root = dir.path().join("root");
-        std::fs::create_dir_all(root.join("etc/containerd")).unwrap();
-        std::fs::write(root.join(CONTAINERD_CONFIG), DEBIAN_16).unwrap();
+        let root = root_with_config(dir.path(), DEBIAN_16);
         let before = tree(&root);
         install(&old, &root, NODE).unwrap();
 
@@ -750,11 +756,9 @@ mod tests {
     fn a_config_that_imports_drop_ins_is_left_as_it_is_and_the_drop_in_goes_again() {
         let dir = tempfile::tempdir().unwrap();
         let release = release(dir.path());
-        let root = dir.path().join("root");
         // The drop-in's directory and its parent do not exist yet.
         let config = "version = 3\nimports = ['/etc/k8s/containerd.d/*.toml']\n";
-        std::fs::create_dir_all(root.join("etc/containerd")).unwrap();
-        std::fs::write(root.join(CONTAINERD_CONFIG), config).unwrap();
+        let root = root_with_config(dir.path(), config);
         let before = tree(&root);
 
         let steps = install(&release, &root, NODE).unwrap();
@@ -807,9 +811,7 @@ mod tests {
     fn an_upgrade_moves_an_appended_runtime_into_a_drop_in_and_a_refusal_keeps_the_record() {
         let dir = tempfile::tempdir().unwrap();
         let release = release(dir.path());
-        let root = dir.path().join("root");
-        std::fs::create_dir_all(root.join("etc/containerd")).unwrap();
-        std::fs::write(root.join(CONTAINERD_CONFIG), "version = 3\n").unwrap();
+        let root = root_with_config(dir.path(), "version = 3\n");
         install(&release, &root, NODE).unwrap();
         // The operator imports a directory since; the block stays at the config's end.
         let appended = std::fs::read_to_string(root.join(CONTAINERD_CONFIG)).unwrap();

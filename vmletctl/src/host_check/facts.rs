@@ -9,7 +9,7 @@ use vmlet_vm_image::{sha256_file, Manifest};
 
 use super::{ContainerdFacts, HostFacts, KvmFacts};
 use crate::containerd_config::ConfigLayout;
-use crate::containerd_imports::{taken_vmlet_runtimes, Release};
+use crate::containerd_imports::{taken_vmlet_runtimes, whole_tables, Release};
 use crate::node_program::{on_path, version_line};
 
 /// The largest config file read (containerd's, AppArmor's local files).
@@ -199,7 +199,7 @@ fn containerd_runtimes(config: &Path, text: &str, release: Release) -> Result<Ve
         Ok(files) => Ok(taken_vmlet_runtimes(&files, layout, release)),
         // The config's own runtimes, where its imports cannot be followed and containerd
         // merges them (2.x); 1.6 and 1.7 may take the CRI table from one of those.
-        Err(e) if layout == ConfigLayout::V2 && release != Release::Two => Err(e),
+        Err(e) if whole_tables(layout, release) => Err(e),
         Err(e) => match crate::containerd_config::vmlet_runtimes(text)? {
             found if found.is_empty() => Err(e),
             found => Ok(found),
