@@ -23,7 +23,9 @@
 use std::fmt;
 use std::io;
 
-use sha2::{Digest, Sha256};
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+use subtle::ConstantTimeEq;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 /// Bytes of an [`AgentKey`].
@@ -136,29 +138,19 @@ impl AgentKey {
     }
 }
 
-/// HMAC-SHA256 (RFC 2104) of the concatenated `parts` under a key of at most one block.
+/// HMAC-SHA256 (RFC 2104, RustCrypto's `hmac`) of the concatenated `parts` under `key`.
 fn hmac_sha256(key: &[u8], parts: &[&[u8]]) -> Proof {
-    const BLOCK: usize = 64;
-    assert!(key.len() <= BLOCK, "keys are shorter than a block");
-    let (mut inner_pad, mut outer_pad) = ([0x36u8; BLOCK], [0x5cu8; BLOCK]);
-    for (i, byte) in key.iter().enumerate() {
-        inner_pad[i] ^= byte;
-        outer_pad[i] ^= byte;
-    }
-    let mut inner = Sha256::new();
-    inner.update(inner_pad);
+    // HMAC takes a key of any length: this cannot fail.
+    let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(key).expect("HMAC takes any key");
     for part in parts {
-        inner.update(part);
+        mac.update(part);
     }
-    let mut outer = Sha256::new();
-    outer.update(outer_pad);
-    outer.update(inner.finalize());
-    outer.finalize().into()
+    mac.finalize().into_bytes().into()
 }
 
-/// Compares in time that does not depend on where the inputs differ.
+/// Compares in time that does not depend on where the inputs differ (`subtle`).
 fn same(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    bool::from(a.ct_eq(b))
 }
 
 fn hex(bytes: &[u8]) -> String {
