@@ -30,8 +30,8 @@ pub use annotations::PodAnnotations;
 pub use cpu_setting::{CpuFeature, CpuSetting, CpuSettingModel};
 pub use error::Error;
 pub use node::{
-    Accel, AnnotationsConfig, GuestConfig, HelperPaths, Launcher, NodeConfig, VmImagesConfig,
-    VsockTransport, CONFIG_ENV, DEFAULT_CONFIG_PATH,
+    Accel, AnnotationsConfig, GuestConfig, HelperPaths, Launcher, NodeConfig, PodUsersConfig,
+    VmImagesConfig, VsockTransport, CONFIG_ENV, DEFAULT_CONFIG_PATH,
 };
 pub use quantity::parse_memory_mib;
 pub use shape::{PodLimits, ShapeSource, VmOptions, VmShape};

@@ -183,6 +183,37 @@ impl Default for TemplatesConfig {
     }
 }
 
+/// The uids pods' QEMUs run as: each pod takes one of its own from this range for its
+/// life, so that no pod's QEMU (nor anything of its uid) can open another pod's files and
+/// sockets. The range must hold no user of the node (`vmletctl check` verifies it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PodUsersConfig {
+    /// The range's first uid.
+    pub first_uid: u32,
+    /// How many uids it holds: the most pods the node runs at once.
+    pub count: u32,
+}
+
+impl PodUsersConfig {
+    /// Whether `uid` is in the range.
+    pub fn holds(&self, uid: u32) -> bool {
+        uid >= self.first_uid && uid - self.first_uid < self.count
+    }
+}
+
+impl Default for PodUsersConfig {
+    /// 0x70000000 on: above the regular and system users, the dynamic service users and
+    /// the container ranges systemd hands out (524288..1879048191), and below its foreign
+    /// range (2147352576 on).
+    fn default() -> Self {
+        Self {
+            first_uid: 0x7000_0000,
+            count: 65536,
+        }
+    }
+}
+
 /// Which pod annotations this node honours.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -222,8 +253,12 @@ pub struct NodeConfig {
     pub vsock: VsockTransport,
     /// What starts a pod's QEMU.
     pub launcher: Launcher,
-    /// The user QEMU runs as under libvirt; sockets QEMU opens are handed to it.
+    /// The user whose groups pods' QEMUs run with (its primary group, which on Debian is
+    /// `kvm`, and its supplementary ones: the device nodes'); each pod's QEMU has a uid of its
+    /// own ([`PodUsersConfig`]). A VM image's QEMU under libvirt still runs as this user.
     pub qemu_user: String,
+    /// The uids of pods' QEMUs.
+    pub pod_users: PodUsersConfig,
     /// Seconds to wait for the agent to answer after the VM started.
     pub agent_timeout_secs: u64,
     /// Size in MiB of each pod's `log/` directory, a tmpfs holding every file the guest can
@@ -251,6 +286,7 @@ impl Default for NodeConfig {
             vsock: VsockTransport::Auto,
             launcher: Launcher::Libvirt,
             qemu_user: "libvirt-qemu".into(),
+            pod_users: PodUsersConfig::default(),
             agent_timeout_secs: 30,
             pod_log_mib: 8,
             guest: GuestConfig::default(),
@@ -351,6 +387,26 @@ impl NodeConfig {
         }
         if self.agent_timeout_secs == 0 {
             return invalid("agent_timeout_secs", "must be at least 1".into());
+        }
+        let users = &self.pod_users;
+        if users.count == 0 {
+            return invalid("pod_users.count", "must be at least 1".into());
+        }
+        if users.first_uid < 1000 {
+            return invalid(
+                "pod_users.first_uid",
+                format!("{} is a system user's uid (below 1000)", users.first_uid),
+            );
+        }
+        // 4294967295 is (uid_t)-1, "no change" to chown and setresuid.
+        if u64::from(users.first_uid) + u64::from(users.count) > u64::from(u32::MAX) {
+            return invalid(
+                "pod_users.count",
+                format!(
+                    "{} from {} passes the last uid (4294967294)",
+                    users.count, users.first_uid
+                ),
+            );
         }
         if self.pod_log_mib == 0 {
             return invalid("pod_log_mib", "must be at least 1".into());
@@ -502,6 +558,27 @@ mod tests {
             let err = parse(bad).unwrap_err().to_string();
             assert!(err.contains("vm_images."), "{bad}: {err}");
         }
+    }
+
+    #[test]
+    fn pod_users_are_a_range_clear_of_system_users_and_the_last_uid() {
+        let users = parse("").unwrap().pod_users;
+        assert_eq!((users.first_uid, users.count), (0x7000_0000, 65536));
+        assert!(users.holds(0x7000_0000) && users.holds(0x7000_ffff));
+        assert!(!users.holds(0x6fff_ffff) && !users.holds(0x7001_0000));
+        for (text, key) in [
+            ("[pod_users]\ncount = 0\n", "pod_users.count"),
+            ("[pod_users]\nfirst_uid = 999\n", "pod_users.first_uid"),
+            (
+                "[pod_users]\nfirst_uid = 4294967290\ncount = 6\n",
+                "pod_users.count",
+            ),
+        ] {
+            let err = parse(text).unwrap_err().to_string();
+            assert!(err.contains(key), "{text}: {err}");
+        }
+        let last = parse("[pod_users]\nfirst_uid = 4294967290\ncount = 5\n").unwrap();
+        assert!(last.pod_users.holds(4_294_967_294));
     }
 
     #[test]

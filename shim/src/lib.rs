@@ -36,6 +36,14 @@ pub mod vmm;
 
 pub use error::Error;
 
+/// Sets the process's umask to 077: every file, directory and socket the shim makes is its
+/// own (root's) alone unless the code gives it a mode or an owner (the pod's directory, the
+/// sockets its QEMU connects). Programs the shim runs for others (OCI hooks, a logging
+/// binary) get 022 back; virtiofsd and vhost-device-vsock set theirs.
+pub fn private_umask() {
+    nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
+}
+
 /// Runs the shim (all actions containerd asks of it).
 pub async fn run() {
     let args: Vec<_> = std::env::args_os().skip(1).collect();

@@ -252,14 +252,17 @@ pub struct StateDir {
     pub record: Option<Result<PodRecord, String>>,
 }
 
-/// Every pod state directory under `state_dir`.
+/// Every pod state directory under `state_dir` (not the shims' own, such as the pods'
+/// uid claims: their names start with a dot, which no containerd id does).
 pub fn state_dirs(state_dir: &Path) -> Vec<StateDir> {
     let Ok(entries) = std::fs::read_dir(state_dir) else {
         return Vec::new();
     };
     entries
         .flatten()
-        .filter(|entry| entry.path().is_dir())
+        .filter(|entry| {
+            entry.path().is_dir() && !entry.file_name().to_string_lossy().starts_with('.')
+        })
         .map(|entry| {
             let state = PodState::load(&entry.path()).ok();
             let shim_pid = state.as_ref().and_then(|s| {
@@ -429,6 +432,19 @@ fn domain_of(pod: &PodView) -> String {
 mod tests {
     use super::*;
     use vmlet_shim::vmm::FakeVmm;
+
+    #[test]
+    fn the_shims_own_directories_are_no_pods() {
+        let dir = tempfile::tempdir().unwrap();
+        for name in [".pod-users", "pod-a"] {
+            std::fs::create_dir(dir.path().join(name)).unwrap();
+        }
+        let pods: Vec<String> = state_dirs(dir.path())
+            .into_iter()
+            .map(|d| d.pod_id)
+            .collect();
+        assert_eq!(pods, ["pod-a"]);
+    }
 
     #[test]
     fn orphans_are_found_and_removed_and_live_pods_kept() {

@@ -169,21 +169,23 @@ fn root_without_the_key_gets_only_the_challenge(uds: &Path, id: &str) {
 
 /// A user who is not root does not reach the socket at all.
 pub(crate) fn nobody_reaches_the_socket(uds: &Path) {
+    user_cannot_reach_the_socket("nobody", "nogroup", uds);
+}
+
+/// A process of `uid` and `gid` (names or numbers), without other groups, cannot connect
+/// to `uds`.
+pub(crate) fn user_cannot_reach_the_socket(uid: &str, gid: &str, uds: &Path) {
     let out = std::process::Command::new("setpriv")
-        .args([
-            "--reuid=nobody",
-            "--regid=nogroup",
-            "--clear-groups",
-            "socat",
-            "-u",
-        ])
+        .arg(format!("--reuid={uid}"))
+        .arg(format!("--regid={gid}"))
+        .args(["--clear-groups", "socat", "-u"])
         .arg("OPEN:/dev/null")
         .arg(format!("UNIX-CONNECT:{}", uds.display()))
         .output()
         .expect("setpriv and socat (scripts/install-deps)");
     assert!(
         !out.status.success(),
-        "nobody connected to {}",
+        "{uid} connected to {}",
         uds.display()
     );
     assert!(

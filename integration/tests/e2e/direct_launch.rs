@@ -66,6 +66,14 @@ async fn vmlets_own_qemu_command_line_boots_a_pod_whose_agent_answers() {
         qmp_socket: path(qmp_socket),
         slots: PciSlots::assign(),
         template: None,
+        // The node's QEMU user, as the spawn below runs it.
+        user: vmlet_shim::host::pod_user::PodUser::shared(
+            &vmlet_config::NodeConfig::load_from(Path::new(
+                &std::env::var("VMLET_CONFIG").expect("VMLET_CONFIG"),
+            ))
+            .expect("the stack's config"),
+        )
+        .unwrap(),
     };
     let console = std::fs::OpenOptions::new()
         .append(true)

@@ -3,16 +3,16 @@
 //! started so beside it), has no libvirt domain, runs its QEMU as the QEMU user without
 //! capabilities, as the shim's child, and both QEMU and virtiofsd in the pod's cgroup; a pod
 //! loads its shape's template so; a QEMU that refuses its command line fails the create with
-//! its own words at once; and each leaves nothing. Attack: a local user who is not root
-//! connects to none of the pod's sockets (virtiofsd's, vmlet's QMP monitor, the vsock
-//! backend's) and reads none of its logs, which lie on the pod's log tmpfs (what the guest
+//! its own words at once; and each leaves nothing. Attack: another pod's QEMU's uid, and a
+//! local user who is not root, connect to none of the pod's sockets (virtiofsd's, vmlet's
+//! QMP monitor, the vsock backend's) and read none of its logs, which lie on the pod's log tmpfs (what the guest
 //! makes QEMU and virtiofsd write cannot fill the node). These change the node's config, so
 //! the area runs alone.
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use crate::agent_gate::nobody_reaches_the_socket;
+use crate::agent_gate::{nobody_reaches_the_socket, user_cannot_reach_the_socket};
 use crate::cni::{run_pod_reaching_gateway_and_peer, Node, Pod};
 use crate::support::{stack, text};
 use vmlet_integration::{direct_launcher, unique_id, Stack, TemplatesOn};
@@ -58,16 +58,28 @@ fn parent(pid: u32) -> u32 {
     after.split(' ').nth(1).unwrap().parse().unwrap()
 }
 
-fn qemu_uid() -> u32 {
+fn node_config() -> vmlet_config::NodeConfig {
     let config = std::env::var("VMLET_CONFIG").expect("VMLET_CONFIG: the stack's config");
-    let name = vmlet_config::NodeConfig::load_from(Path::new(&config))
-        .expect("the stack's config")
-        .qemu_user;
-    nix::unistd::User::from_name(&name)
+    vmlet_config::NodeConfig::load_from(Path::new(&config)).expect("the stack's config")
+}
+
+/// The uid QEMU `pid` runs as (real, effective, saved and file system uids all that), which
+/// must be one of the node's `pod_users` and not the node's QEMU user's.
+fn pod_uid(pid: u32) -> u32 {
+    let uids = status(pid, "Uid");
+    let uid: u32 = uids.split('\t').next().unwrap().parse().unwrap();
+    assert_eq!(uids, format!("{uid}\t{uid}\t{uid}\t{uid}"));
+    let config = node_config();
+    assert!(config.pod_users.holds(uid), "QEMU's uid {uid} is no pod's");
+    let shared = nix::unistd::User::from_name(&config.qemu_user)
         .unwrap()
-        .expect("the QEMU user")
-        .uid
-        .as_raw()
+        .expect("the QEMU user");
+    assert_ne!(
+        uid,
+        shared.uid.as_raw(),
+        "QEMU runs as the node's QEMU user"
+    );
+    uid
 }
 
 fn pod_dir(s: &Stack, id: &str) -> PathBuf {
@@ -98,8 +110,7 @@ fn pods_started_without_libvirt_reach_their_network_from_their_cgroup_and_leave_
     );
     let p = pod_processes(&s, &a_id);
     assert_eq!(parent(p.qemu), p.shim, "QEMU is the shim's child");
-    let uid = qemu_uid();
-    assert_eq!(status(p.qemu, "Uid"), format!("{uid}\t{uid}\t{uid}\t{uid}"));
+    pod_uid(p.qemu);
     assert_eq!(status(p.qemu, "CapEff"), "0000000000000000");
     // ctr's cgroupsPath is /NAMESPACE/ID.
     let pod_cgroup = format!("/default/{a_id}\n");
@@ -179,18 +190,30 @@ fn a_qemu_that_refuses_its_command_line_fails_the_create_with_its_reason() {
     assert_left_nothing(&s, &id);
 }
 
+/// Each pod's QEMU has a uid of its own, and neither another pod's QEMU's uid nor `nobody`
+/// reaches a pod's sockets or reads its logs.
 #[test]
 #[ignore = "needs the vmlet stack: make test"]
-fn nobody_but_the_qemu_user_reaches_a_pods_sockets_or_logs_without_libvirt() {
+fn only_the_pods_own_qemu_reaches_its_sockets_or_logs_without_libvirt() {
     let s = stack();
     let _direct = direct_launcher();
-    let id = unique_id("direct-gate");
+    let (id, other) = (unique_id("direct-gate"), unique_id("direct-other"));
     s.run_detached(&id, &["sleep", "1000"]).unwrap();
+    s.run_detached(&other, &["sleep", "1000"]).unwrap();
+    let uid = pod_uid(pod_processes(&s, &id).qemu);
+    let other_uid = pod_uid(pod_processes(&s, &other).qemu);
+    assert_ne!(uid, other_uid, "two pods' QEMUs share a uid");
+    let other_gid = status(pod_processes(&s, &other).qemu, "Gid");
+    let other_gid = other_gid.split('\t').next().unwrap().to_owned();
     let dir = pod_dir(&s, &id);
-    // virtiofsd's and the vsock backend's are root's (the shim connects them), vmlet's
-    // QMP monitor the QEMU user's; none is anybody else's.
-    let uid = qemu_uid();
-    for (socket, owner) in [("virtiofsd.sock", 0), ("vsock.sock", 0), ("qmp.sock", uid)] {
+    // virtiofsd's and the vsock backend's are root's (the shim connects them), vmlet's QMP
+    // monitor and the vsock backend's QEMU side the pod's user's; none is anybody else's.
+    for (socket, owner) in [
+        ("virtiofsd.sock", 0),
+        ("vsock.sock", 0),
+        ("qmp.sock", uid),
+        ("vhost-vsock.sock", uid),
+    ] {
         let path = dir.join(socket);
         let meta = std::fs::metadata(&path).unwrap();
         assert_eq!(
@@ -199,6 +222,7 @@ fn nobody_but_the_qemu_user_reaches_a_pods_sockets_or_logs_without_libvirt() {
             "{socket}"
         );
         nobody_reaches_the_socket(&path);
+        user_cannot_reach_the_socket(&other_uid.to_string(), &other_gid, &path);
     }
     let log_dir = dir.join("log");
     let tmpfs = std::fs::metadata(&log_dir).unwrap().dev();
@@ -210,15 +234,32 @@ fn nobody_but_the_qemu_user_reaches_a_pods_sockets_or_logs_without_libvirt() {
     for log in ["qemu.log", "virtiofsd.log", "console.log"] {
         let path = log_dir.join(log);
         assert_eq!(std::fs::metadata(&path).unwrap().dev(), tmpfs, "{log}");
-        let out = std::process::Command::new("setpriv")
-            .args(["--reuid=nobody", "--regid=nogroup", "--clear-groups", "cat"])
-            .arg(&path)
-            .output()
-            .expect("setpriv (util-linux)");
-        assert!(!out.status.success(), "nobody read {}", path.display());
+        for (user, group) in [
+            ("nobody".to_owned(), "nogroup".to_owned()),
+            (other_uid.to_string(), other_gid.clone()),
+        ] {
+            let out = std::process::Command::new("setpriv")
+                .arg(format!("--reuid={user}"))
+                .arg(format!("--regid={group}"))
+                .args(["--clear-groups", "cat"])
+                .arg(&path)
+                .output()
+                .expect("setpriv (util-linux)");
+            assert!(!out.status.success(), "{user} read {}", path.display());
+        }
     }
     s.kill_and_remove(&id).unwrap();
+    s.kill_and_remove(&other).unwrap();
     assert_left_nothing(&s, &id);
+    assert_left_nothing(&s, &other);
+    // Both uids given back.
+    let claims = PathBuf::from(format!("{}/state/.pod-users", s.dir));
+    for uid in [uid, other_uid] {
+        assert!(
+            !claims.join(uid.to_string()).exists(),
+            "uid {uid} still claimed"
+        );
+    }
 }
 
 /// A shim that dies leaves its QEMU and virtiofsd running (each has a session of its

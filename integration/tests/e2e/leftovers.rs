@@ -68,6 +68,20 @@ fn survey(s: &Stack) -> BTreeSet<String> {
         if node_files.iter().any(|f| name == *f) {
             continue;
         }
+        // The pods' uid claims: the directory stays, a claim goes with its pod.
+        if name == vmlet_shim::host::pod_user::CLAIMS_DIR {
+            let claims = format!("{}/state/{}", s.dir, name.to_string_lossy());
+            for claim in std::fs::read_dir(&claims).expect("the uid claims") {
+                let claim = claim.expect("a claim").file_name();
+                if claim != vmlet_shim::host::pod_user::LOCK_FILE {
+                    found.insert(format!(
+                        "uid claim {}: a pod's uid never given back (vmlet's shim)",
+                        claim.to_string_lossy()
+                    ));
+                }
+            }
+            continue;
+        }
         found.insert(format!(
             "pod state dir {}: a pod's host files (vmlet's shim)",
             name.to_string_lossy()

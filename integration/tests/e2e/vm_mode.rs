@@ -73,6 +73,7 @@ fn a_vm_image_runs_its_user_data_shows_its_console_takes_stdin_and_the_operator_
     let got = "vmlet-got vmlet-input";
     let mut stdin = child.stdin.take().unwrap();
     type_until_shown(&mut stdin, b"vmlet-input\n", &console, got, started);
+    nobody_reads_the_pods_files(&s, &id);
     let operator_got = "vmlet-operator-got vmlet-operator";
     the_operator_types_at_the_console(&s, &id, &console, operator_got, started);
     // ctr's stdin ends here: the console goes on (its output, the power-off).
@@ -106,6 +107,42 @@ fn a_vm_image_runs_its_user_data_shows_its_console_takes_stdin_and_the_operator_
     );
     assert!(!s.has_pod_domain(&id), "domain left");
     assert_eq!(disk_hashes(&s), before, "the image's disk changed");
+}
+
+/// A local user who is not root reads none of a running VM image's files: its seed (the
+/// pod's environment and keys), the seed's volume, its root disk's overlay, its console's
+/// log and its state; the seed's directory is root's alone, each file root's or the QEMU
+/// user's with mode 0600.
+fn nobody_reads_the_pods_files(s: &Stack, id: &str) {
+    use std::os::unix::fs::MetadataExt;
+    let config = std::env::var("VMLET_CONFIG").expect("VMLET_CONFIG: the stack's config");
+    let config = vmlet_config::NodeConfig::load_from(std::path::Path::new(&config)).unwrap();
+    let dir = std::path::PathBuf::from(format!("{}/state/{id}", s.dir));
+    let seed = dir.join("seed");
+    assert_eq!(std::fs::metadata(&seed).unwrap().mode() & 0o777, 0o700);
+    let files = [
+        seed.join("user-data"),
+        dir.join("seed.iso"),
+        config.vm_images.disk_dir.join(id).join("root.qcow2"),
+        dir.join("log/console.log"),
+        dir.join("state.json"),
+    ];
+    for path in &files {
+        let mode = std::fs::metadata(path).unwrap().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{}", path.display());
+        let out = std::process::Command::new("setpriv")
+            .args([
+                "--reuid=nobody",
+                "--regid=nogroup",
+                "--clear-groups",
+                "head",
+                "-c1",
+            ])
+            .arg(path)
+            .output()
+            .expect("setpriv (util-linux)");
+        assert!(!out.status.success(), "nobody read {}", path.display());
+    }
 }
 
 /// What the console `stdout` has shown so far, gathered by the thread returned.

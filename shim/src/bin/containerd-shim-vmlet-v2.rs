@@ -3,6 +3,8 @@
 use std::time::Duration;
 
 fn main() {
+    // Nothing the shim makes is open to group or other unless it says so (docs/security.md).
+    vmlet_shim::private_umask();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -119,10 +119,12 @@ pub fn start_logger(
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null());
-    // SAFETY: the closure runs in the forked child before exec and only calls fcntl and
-    // dup2, which are async-signal-safe, on descriptors that are open in the child.
+    // SAFETY: the closure runs in the forked child before exec and only calls umask, fcntl
+    // and dup2, which are async-signal-safe, on descriptors that are open in the child.
     unsafe {
         command.pre_exec(move || {
+            // The logging binary's files as under runc's shim: not the shim's umask of 077.
+            libc::umask(0o022);
             let mut moved = [0; 3];
             for (i, fd) in sources.iter().enumerate() {
                 moved[i] = libc::fcntl(*fd, libc::F_DUPFD_CLOEXEC, 10);

@@ -14,7 +14,8 @@
 //!   a lock between shims; [`pidfd`]: processes held by pidfd; [`qemu_process`]: QEMU as the
 //!   shim's confined child and [`virtiofsd`] the pod's virtiofsd (`launcher = "direct"`);
 //! - [`templates`]: saved template VMs, one per VM shape, within the node's limits;
-//! - [`pod_record`]: what an operator knows a pod by (`vmletctl ps`).
+//! - [`pod_record`]: what an operator knows a pod by (`vmletctl ps`); [`pod_user`]: the
+//!   pod's own uid, which its QEMU runs as.
 
 pub(crate) mod cgroup_stats;
 pub(crate) mod fd_mount;
@@ -26,6 +27,7 @@ pub(crate) mod pidfd;
 pub mod pod_cgroup;
 pub mod pod_paths;
 pub mod pod_record;
+pub mod pod_user;
 pub mod qemu_process;
 pub mod reclaim;
 pub(crate) mod share;

@@ -79,3 +79,37 @@ impl PodPaths {
         }
     }
 }
+
+/// Makes `dir` and its missing parents, each new one root's with mode 0711 (whatever the
+/// umask): every user may pass through them (to the sockets handed to a pod's QEMU), nobody
+/// lists them. Directories already there are left as they are.
+pub fn make_passable(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let missing: Vec<&Path> = dir.ancestors().take_while(|d| !d.exists()).collect();
+    for d in missing.into_iter().rev() {
+        match std::fs::create_dir(d) {
+            Ok(()) => std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o711))?,
+            // Another shim made it meanwhile.
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod passable_tests {
+    #[test]
+    fn new_directories_are_0711_whatever_the_umask_and_old_ones_are_kept() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        let old = mode(dir.path());
+        let deep = dir.path().join("a/b");
+        super::make_passable(&deep).unwrap();
+        assert_eq!(mode(&dir.path().join("a")), 0o711);
+        assert_eq!(mode(&deep), 0o711);
+        assert_eq!(mode(dir.path()), old);
+        super::make_passable(&deep).unwrap();
+    }
+}

@@ -49,6 +49,8 @@ pub enum Made {
     /// A helper of the VM the shim started itself (virtiofsd under `launcher = "direct"`):
     /// killed, and awaited, if its PID is still that process.
     Process(ProcessId),
+    /// The pod's own uid ([`crate::host::pod_user`]), recorded first: given back last.
+    PodUser(u32),
 }
 
 /// A process, told from any later one that takes its PID by its start time.
@@ -135,6 +137,7 @@ impl Made {
             Made::Cgroup(path) => {
                 crate::host::pod_cgroup::PodCgroup { path: path.clone() }.remove()
             }
+            Made::PodUser(uid) => crate::host::pod_user::release(pod_dir, *uid),
         }
     }
 }

@@ -212,6 +212,15 @@ fn command(hook: &Hook, output: OwnedFd) -> Result<Command, Error> {
         .stdout(Stdio::from(output))
         .stderr(Stdio::from(err))
         .current_dir("/");
+    // The runtime's own umask (runc's hooks run under containerd's): not the shim's 077.
+    // SAFETY: umask is an async-signal-safe system call, made in the forked child before
+    // exec; nothing is allocated.
+    unsafe {
+        command.pre_exec(|| {
+            libc::umask(0o022);
+            Ok(())
+        });
+    }
     Ok(command)
 }
 

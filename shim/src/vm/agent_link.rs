@@ -22,11 +22,11 @@ use crate::Error;
 use vmlet_protocol::auth::AgentKey;
 
 /// Makes the VM's agent key and the file QEMU reads it from (`-fw_cfg`, see
-/// [`vmlet_protocol::auth`]): created new, not following a link, readable by QEMU's user
-/// only. [`KeyFile::given`] removes the file once QEMU has read it; a boot that fails
+/// [`vmlet_protocol::auth`]): created new, not following a link, readable by the pod's
+/// user only. [`KeyFile::given`] removes the file once QEMU has read it; a boot that fails
 /// before drops it, which removes it too.
 pub(super) fn give_key(
-    config: &NodeConfig,
+    user: &crate::host::pod_user::PodUser,
     paths: &PodPaths,
 ) -> Result<(AgentKey, KeyFile), Error> {
     use std::io::Write;
@@ -46,7 +46,7 @@ pub(super) fn give_key(
     };
     file.write_all(key.as_bytes())
         .map_err(|e| Error::io(format!("write {}", path.display()), e))?;
-    super::give_to_user(&file, path, &config.qemu_user)?;
+    user.give_file(&file, path)?;
     Ok((key, guard))
 }
 

@@ -6,15 +6,17 @@ use std::sync::Arc;
 use vmlet_config::NodeConfig;
 use vmlet_protocol::agent_ttrpc::AgentClient;
 
-use super::net::{PendingTaps, PodNet, TapServer};
+use super::net::{PodNet, TapServer};
 use super::{accel, agent_link, host_setup, launch, net, vsock_backend, BootRequest, Recorder};
 use crate::devices::hotplug::Hotplug;
 use crate::guest::port_forward::{PortForward, Target};
 use crate::guest::vsock::Endpoint;
 use crate::host::pod_paths::PodPaths;
+use crate::host::pod_user::PodUser;
 use crate::task::phases::Phases;
 use crate::vmm::VmManager;
 use crate::Error;
+use std::os::unix::fs::DirBuilderExt;
 
 /// What the boot produced: the running VM's handles.
 pub(super) struct Booted {
@@ -40,15 +42,22 @@ pub(super) async fn run(
     rec: &Recorder<'_>,
     phases: &Phases,
 ) -> Result<Booted, Error> {
+    let user = super::pod_user(config, req, rec).await?;
     host_setup::prepare(config, req, paths, rec)?;
     phases.mark("host_setup");
-    let (netns, mut net) = host_process_and_network(config, req, paths, rec, phases).await?;
-    let vsock = vsock_backend::start(config, paths, rec).await?;
+    let (netns, mut net) = host_process_and_network(req, paths, rec, phases, &user).await?;
+    let vsock = vsock_backend::start(config, paths, rec, &user).await?;
     phases.mark("vsock_backend");
-    let (key, key_file) = agent_link::give_key(config, paths)?;
+    let (key, key_file) = agent_link::give_key(&user, paths)?;
     let guest = launch::agent_guest(config, req, paths, &vsock);
     let taps = net.taps.take();
-    let mut launched = launch_domain(config, &vmm, req, paths, rec, phases, guest, taps).await?;
+    let devices = launch::Devices {
+        kvm: false,
+        guest,
+        taps,
+        user,
+    };
+    let mut launched = launch_domain(config, &vmm, req, paths, rec, phases, devices).await?;
     key_file.given()?;
     let mut template = None;
     if let Some(start) = launched.template.take() {
@@ -99,25 +108,24 @@ pub(super) async fn run(
 /// taps. The host process comes first: a hook (nerdctl's CNI) may put the interfaces into
 /// the namespace it holds.
 async fn host_process_and_network(
-    config: &NodeConfig,
     req: &BootRequest,
     paths: &PodPaths,
     rec: &Recorder<'_>,
     phases: &Phases,
+    user: &PodUser,
 ) -> Result<(Option<host_setup::PodNetns>, PodNet), Error> {
     let netns = host_setup::start_host_process(req, rec).await?;
     phases.mark("host_process");
     let net = match &netns {
-        Some(netns) => net::wire(config, &req.pod_id, paths, rec, netns).await?,
+        Some(netns) => net::wire(&req.pod_id, paths, rec, netns, user).await?,
         None => PodNet::default(),
     };
     phases.mark("network");
     Ok((netns, net))
 }
 
-/// Chooses KVM or TCG, then defines and starts the domain that runs `guest` with the pod's
-/// taps.
-#[allow(clippy::too_many_arguments)]
+/// Chooses KVM or TCG (`devices.kvm` set here), then defines and starts the domain that
+/// runs `devices`.
 async fn launch_domain(
     config: &NodeConfig,
     vmm: &Arc<dyn VmManager>,
@@ -125,20 +133,11 @@ async fn launch_domain(
     paths: &PodPaths,
     rec: &Recorder<'_>,
     phases: &Phases,
-    guest: crate::vmm::vm_spec::GuestBoot,
-    taps: Option<PendingTaps>,
+    mut devices: launch::Devices,
 ) -> Result<launch::Launched, Error> {
-    let kvm = accel::use_kvm(config, vmm, &req.options).await?;
+    devices.kvm = accel::use_kvm(config, vmm, &req.options).await?;
     phases.mark("accel");
-    let launched = launch::start(
-        config,
-        vmm,
-        req,
-        paths,
-        rec,
-        launch::Devices { kvm, guest, taps },
-    )
-    .await?;
+    let launched = launch::start(config, vmm, req, paths, rec, devices).await?;
     phases.mark("domain");
     Ok(launched)
 }
@@ -180,6 +179,7 @@ pub(super) async fn run_image(
         .iter()
         .map(crate::devices::block_devices::open_host)
         .collect::<Result<Vec<_>, _>>()?;
+    let user = super::pod_user(config, req, rec).await?;
     host_setup::prepare(config, req, paths, rec)?;
     phases.mark("host_setup");
     let rootfs = crate::host::share::container_rootfs(&paths.dir, &req.container_id)?;
@@ -199,7 +199,7 @@ pub(super) async fn run_image(
         crate::host::pod_paths::IMAGE_DISK,
         &|t| rec.mount(t),
     )?;
-    let (netns, mut net) = host_process_and_network(config, req, paths, rec, phases).await?;
+    let (netns, mut net) = host_process_and_network(req, paths, rec, phases, &user).await?;
     let dhcp = match &netns {
         Some(netns) => start_dhcp(netns, &net, &dns, &image.hostname).await?,
         None => Vec::new(),
@@ -207,7 +207,7 @@ pub(super) async fn run_image(
     phases.mark("dhcp");
     let (overlay, root_volume) = match root {
         RootDisk::Overlay(size) => (
-            make_overlay(config, req, rec, image, &disk, size).await?,
+            make_overlay(config, req, rec, &disk, size, &user).await?,
             None,
         ),
         RootDisk::Volume(volume) => {
@@ -227,8 +227,12 @@ pub(super) async fn run_image(
             (std::path::PathBuf::new(), Some(root))
         }
     };
+    // The seed holds the pod's secrets (its environment, its keys): root's alone, and the
+    // volume the pod's QEMU's.
     let seed_dir = &paths.seed_dir;
-    std::fs::create_dir(seed_dir)
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(seed_dir)
         .map_err(|e| Error::io(format!("create {}", seed_dir.display()), e))?;
     let seed = crate::vm_mode::nocloud::Seed::build(&crate::vm_mode::nocloud::SeedInput {
         instance_id: &image.instance_id,
@@ -247,6 +251,7 @@ pub(super) async fn run_image(
     })?;
     let seed_iso = &paths.seed_iso;
     seed.write_iso(seed_dir, seed_iso).await?;
+    user.give_private(seed_iso)?;
     phases.mark("disks");
     let guest = crate::vmm::vm_spec::GuestBoot::Image(crate::vmm::vm_spec::ImageDisks {
         overlay: overlay.to_string_lossy().into_owned(),
@@ -269,8 +274,13 @@ pub(super) async fn run_image(
             }
         }),
     });
-    let taps = net.taps.take();
-    let launched = launch_domain(config, &vmm, req, paths, rec, phases, guest, taps).await?;
+    let devices = launch::Devices {
+        kvm: false,
+        guest,
+        taps: net.taps.take(),
+        user,
+    };
+    let launched = launch_domain(config, &vmm, req, paths, rec, phases, devices).await?;
     if !image.disks.is_empty() {
         // Plugged while the firmware or the kernel starts: the guest finds them as it
         // enumerates, or when its hot-plug driver comes up.
@@ -375,9 +385,9 @@ async fn make_overlay(
     config: &NodeConfig,
     req: &BootRequest,
     rec: &Recorder<'_>,
-    image: &crate::vm::pod_vm::ImageRequest,
     disk: &crate::vm_mode::vm_disk::DiskImage,
     size: u64,
+    user: &PodUser,
 ) -> Result<std::path::PathBuf, Error> {
     // On the node's disk, not the state directory (a tmpfs): the guest writes it, up to
     // `size`, which the node caps.
@@ -388,10 +398,7 @@ async fn make_overlay(
     let overlay = disk_dir.join(crate::host::pod_paths::ROOT_DISK);
     crate::vm_mode::vm_disk::create_overlay(disk, &overlay, size).await?;
     drop(room);
-    if image.root_bus == crate::vmm::vm_spec::RootBus::Nvme {
-        // QEMU opens it itself (libvirt, which would give it to QEMU's user, has no NVMe
-        // disk): its backing file is world-readable already.
-        super::chown_to_user(&overlay, &config.qemu_user)?;
-    }
+    // The pod's QEMU's alone (libvirt relabels nothing of a pod's).
+    user.give_private(&overlay)?;
     Ok(overlay)
 }

@@ -198,7 +198,10 @@ async fn the_kernels_vsock_needs_no_backend_process() {
         paths,
         rec,
     } = scratch_pod();
-    let device = vsock_backend::start(&config, &paths, &rec).await.unwrap();
+    let user = crate::host::pod_user::PodUser::shared(&config).unwrap();
+    let device = vsock_backend::start(&config, &paths, &rec, &user)
+        .await
+        .unwrap();
     assert_eq!(device, VsockDevice::Vhost);
     assert!(rec.state.lock().unwrap().made.is_empty());
 }
@@ -242,6 +245,7 @@ fn devices() -> launch::Devices {
             key_file: "/run/vmlet/p/agent.key".into(),
         }),
         taps: None,
+        user: crate::host::pod_user::PodUser::shared(&config(Path::new("/nonexistent"))).unwrap(),
     }
 }
 

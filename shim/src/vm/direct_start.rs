@@ -20,7 +20,7 @@ use std::path::Path;
 
 use vmlet_config::NodeConfig;
 
-use super::{qemu_user, BootRequest, Recorder};
+use super::{BootRequest, Recorder};
 use crate::host::pod_paths::PodPaths;
 use crate::host::qemu_process::{self, Confinement, QemuProcess};
 use crate::host::undo::{Made, ProcessId};
@@ -55,11 +55,6 @@ pub(super) fn start(
         None => Ok(Vec::new()),
     };
     let share = start_virtiofsd(config, paths, rec, cgroup_procs()?)?;
-    let user = qemu_user(&config.qemu_user)?;
-    let name = std::ffi::CString::new(config.qemu_user.as_str())
-        .map_err(|_| Error::Internal(format!("user name {:?}", config.qemu_user)))?;
-    let groups = nix::unistd::getgrouplist(&name, user.gid)
-        .map_err(|e| Error::io(format!("groups of {}", config.qemu_user), e.into()))?;
     let console = append_only(&paths.console)?;
     let launched = Launched {
         uuid: random_uuid()?,
@@ -75,9 +70,9 @@ pub(super) fn start(
         &args,
         inherit,
         Confinement {
-            uid: user.uid.as_raw(),
-            gid: user.gid.as_raw(),
-            groups: groups.iter().map(|g| g.as_raw()).collect(),
+            uid: spec.user.uid,
+            gid: spec.user.gid,
+            groups: spec.user.groups.clone(),
             cgroup_procs: cgroup_procs()?,
             apparmor_profile: None,
         },

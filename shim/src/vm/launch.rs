@@ -14,9 +14,10 @@ use vmlet_config::{Launcher, NodeConfig};
 
 use super::net::{PendingTaps, TapServer};
 use super::template_start::TemplateStart;
-use super::{block, give_socket, BootRequest, Recorder};
+use super::{block, BootRequest, Recorder};
 use crate::devices::hotplug::Hotplug;
 use crate::host::pod_paths::{domain_name, PodPaths};
+use crate::host::pod_user::PodUser;
 use crate::host::qemu_process::QemuProcess;
 use crate::vm_mode::serial_console::SerialConsole;
 use crate::vmm::pci_slots::PciSlots;
@@ -42,6 +43,8 @@ pub(super) struct Devices {
     pub guest: GuestBoot,
     /// The pod's taps (none: no NIC).
     pub taps: Option<PendingTaps>,
+    /// The pod's own user, which its QEMU runs as.
+    pub user: PodUser,
 }
 
 /// vmlet's guest: the node's kernel and initrd with the pod's kernel parameters, the
@@ -98,16 +101,14 @@ pub(super) async fn start(
     // vmlet's QMP monitor connects here when QEMU starts.
     let qmp_listener = tokio::net::UnixListener::bind(&paths.qmp_socket)
         .map_err(|e| Error::io(format!("bind {}", paths.qmp_socket.display()), e))?;
-    let qemu_uid = give_socket(&paths.qmp_socket, &config.qemu_user)?;
+    devices.user.give_private(&paths.qmp_socket)?;
+    let qemu_uid = devices.user.uid;
     // A VM image's console is its task's stdio, and its QEMU guest agent runs its execs:
     // QEMU connects both here.
     let (console_listener, agent_listener) = match &devices.guest {
         GuestBoot::Image(_) => (
-            Some(listen_for_qemu(&paths.console_socket, &config.qemu_user)?),
-            Some(listen_for_qemu(
-                &paths.guest_agent_socket,
-                &config.qemu_user,
-            )?),
+            Some(listen_for_qemu(&paths.console_socket, &devices.user)?),
+            Some(listen_for_qemu(&paths.guest_agent_socket, &devices.user)?),
         ),
         GuestBoot::Agent(_) => (None, None),
     };
@@ -118,14 +119,18 @@ pub(super) async fn start(
     let name = domain_name(pod_id);
     let kvm = devices.kvm;
     let (mut spec, taps) = vm_spec(config, req, paths, &name, devices, console);
-    let direct = config.launcher == Launcher::Direct
-        && match crate::vmm::qemu_command::libvirt_only(&spec) {
-            None => true,
-            Some(why) => {
-                log::info!("pod {pod_id}: starts through libvirt: {why}");
-                false
-            }
-        };
+    let direct = starts_direct(config, req);
+    match crate::vmm::qemu_command::libvirt_only(&spec) {
+        Some(why) if direct => {
+            return Err(Error::Internal(format!(
+                "pod {pod_id}: chosen to start without libvirt, but {why}"
+            )))
+        }
+        Some(why) if config.launcher == Launcher::Direct => {
+            log::info!("pod {pod_id}: starts through libvirt: {why}");
+        }
+        _ => {}
+    }
     // For the operator only: a pod starts without it.
     if let Err(e) = record(req, paths, &spec, direct) {
         log::warn!("pod {pod_id}: no record for vmletctl: {}", e.message());
@@ -215,8 +220,8 @@ pub(super) async fn start(
         },
         None => accepted.await?,
     };
-    // The console and the guest agent's port are this pod's QEMU's alone (every pod's QEMU
-    // runs as the same user).
+    // The console and the guest agent's port are this pod's QEMU's alone (by its uid, and
+    // by its PID).
     let ours = Peer {
         uid: qemu_uid,
         pid: Some(qemu_pid),
@@ -258,6 +263,20 @@ pub(super) async fn start(
     })
 }
 
+/// Whether the shim starts the pod's QEMU itself: under `launcher = "direct"`, unless the
+/// pod needs what only libvirt does ([`crate::vmm::qemu_command::libvirt_only`] says why,
+/// from the VM's description): a VM image, or a CPU model libvirt expands. (vsock is
+/// vhost-user's under that launcher: the config refuses the kernel's.)
+pub(super) fn starts_direct(config: &NodeConfig, req: &BootRequest) -> bool {
+    use vmlet_config::CpuModel;
+    config.launcher == Launcher::Direct
+        && req.image.is_none()
+        && !matches!(
+            req.options.cpu_model,
+            Some(CpuModel::HostModel | CpuModel::Libvirt(_))
+        )
+}
+
 /// The pod's record for the operator ([`crate::host::pod_record`]), as its VM starts.
 fn record(req: &BootRequest, paths: &PodPaths, spec: &VmSpec, direct: bool) -> Result<(), Error> {
     use crate::host::pod_record::{PodKind, PodRecord, VERSION};
@@ -280,11 +299,14 @@ fn record(req: &BootRequest, paths: &PodPaths, spec: &VmSpec, direct: bool) -> R
     .write(&paths.dir)
 }
 
-/// A socket at `path` that only QEMU's `user` may connect to.
-fn listen_for_qemu(path: &std::path::Path, user: &str) -> Result<tokio::net::UnixListener, Error> {
+/// A socket at `path` that only the pod's QEMU's `user` may connect to.
+fn listen_for_qemu(
+    path: &std::path::Path,
+    user: &PodUser,
+) -> Result<tokio::net::UnixListener, Error> {
     let listener = tokio::net::UnixListener::bind(path)
         .map_err(|e| Error::io(format!("bind {}", path.display()), e))?;
-    give_socket(path, user)?;
+    user.give_private(path)?;
     Ok(listener)
 }
 
@@ -317,6 +339,7 @@ fn vm_spec(
         qmp_socket: paths.qmp_socket.to_string_lossy().into_owned(),
         slots: PciSlots::assign(),
         template: None,
+        user: devices.user,
     };
     (spec, devices.taps)
 }
@@ -370,8 +393,8 @@ async fn accept_qmp(
     Ok((Hotplug::new(qmp, driver, ports), ended, qemu_pid))
 }
 
-/// Who may connect as QEMU: a process of the QEMU user, and where the shim started QEMU
-/// itself, that process alone (every pod's QEMU is of that user).
+/// Who may connect as QEMU: a process of the pod's own user, and where the shim started
+/// QEMU itself, that process alone.
 #[derive(Debug, Clone, Copy)]
 struct Peer {
     uid: u32,

@@ -231,7 +231,7 @@ fn new_pod_state(
             paths.dir.display()
         )));
     }
-    std::fs::create_dir_all(&config.state_dir)
+    crate::host::pod_paths::make_passable(&config.state_dir)
         .and_then(|()| std::fs::create_dir(&paths.dir))
         .map_err(|e| Error::io(format!("create {}", paths.dir.display()), e))?;
     let state = Arc::new(Mutex::new(PodState {
@@ -305,39 +305,15 @@ async fn power_off_and_reclaim(
     result
 }
 
-/// Makes the socket at `path` QEMU's to connect (`user`, the node's `qemu_user`) and
-/// nobody else's: mode 0600, then owned by that user, whatever the umask gave it (the
-/// pod's directory lets every user through to it). Returns the user's UID.
-fn give_socket(path: &std::path::Path, user: &str) -> Result<u32, Error> {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
-        .map_err(|e| Error::io(format!("chmod {}", path.display()), e))?;
-    chown_to_user(path, user)
-}
-
-/// Gives `path` to `user` (QEMU's) and returns the user's uid.
-fn chown_to_user(path: &std::path::Path, user: &str) -> Result<u32, Error> {
-    let user = qemu_user(user)?;
-    nix::unistd::chown(path, Some(user.uid), Some(user.gid))
-        .map_err(|e| Error::io(format!("chown {}", path.display()), e.into()))?;
-    Ok(user.uid.as_raw())
-}
-
-/// Gives the open `file` (at `path`, for errors) to `user`.
-fn give_to_user(file: &std::fs::File, path: &std::path::Path, user: &str) -> Result<(), Error> {
-    let user = qemu_user(user)?;
-    std::os::unix::fs::fchown(file, Some(user.uid.as_raw()), Some(user.gid.as_raw()))
-        .map_err(|e| Error::io(format!("chown {}", path.display()), e))
-}
-
-/// The node config's `qemu_user`, which must exist.
-fn qemu_user(user: &str) -> Result<nix::unistd::User, Error> {
-    nix::unistd::User::from_name(user)
-        .map_err(|e| Error::io(format!("look up user {user}"), e.into()))?
-        .ok_or_else(|| {
-            Error::Config(vmlet_config::Error::InvalidConfig {
-                key: "qemu_user",
-                reason: format!("no user {user} on this host"),
-            })
-        })
+/// Who the pod's QEMU runs as: a uid of its own ([`crate::host::pod_user`], recorded in its
+/// journal first) where the shim starts QEMU; under libvirt, the node's `qemu_user`.
+async fn pod_user(
+    config: &NodeConfig,
+    req: &BootRequest,
+    rec: &Recorder<'_>,
+) -> Result<crate::host::pod_user::PodUser, Error> {
+    if !launch::starts_direct(config, req) {
+        return crate::host::pod_user::PodUser::shared(config);
+    }
+    crate::host::pod_user::claim(config, &req.pod_id, |uid| rec.record(Made::PodUser(uid))).await
 }

@@ -5,11 +5,10 @@
 
 use std::os::fd::OwnedFd;
 
-use vmlet_config::NodeConfig;
-
 use super::host_setup::PodNetns;
-use super::{block, give_socket, Recorder};
+use super::{block, Recorder};
 use crate::host::pod_paths::PodPaths;
+use crate::host::pod_user::PodUser;
 use crate::host::taps::TapDescription;
 use crate::vmm::vm_spec::{Network, Nic};
 use crate::Error;
@@ -103,11 +102,11 @@ impl PendingTaps {
 /// Wires the interfaces of `netns` to taps (recorded in the pod's state) and binds the socket
 /// they will be served on; [`PendingTaps::serve`] serves them once the VM is described.
 pub(super) async fn wire(
-    config: &NodeConfig,
     pod_id: &str,
     paths: &PodPaths,
     rec: &Recorder<'_>,
     netns: &PodNetns,
+    user: &PodUser,
 ) -> Result<PodNet, Error> {
     rec.record(crate::host::undo::Made::Network {
         netns: netns.path.clone(),
@@ -152,7 +151,8 @@ pub(super) async fn wire(
     }
     let listener = tokio::net::UnixListener::bind(&paths.tap_socket)
         .map_err(|e| Error::io(format!("bind {}", paths.tap_socket.display()), e))?;
-    let qemu_uid = give_socket(&paths.tap_socket, &config.qemu_user)?;
+    user.give_private(&paths.tap_socket)?;
+    let qemu_uid = user.uid;
     Ok(PodNet {
         interfaces,
         tap_names,

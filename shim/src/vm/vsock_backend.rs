@@ -6,9 +6,10 @@ use std::path::Path;
 
 use vmlet_config::{Launcher, NodeConfig, VsockTransport};
 
-use super::{block, give_socket, Recorder};
+use super::{block, Recorder};
 use crate::guest::vsock;
 use crate::host::pod_paths::PodPaths;
+use crate::host::pod_user::PodUser;
 use crate::vmm::vm_spec::VsockDevice;
 use crate::Error;
 
@@ -18,6 +19,7 @@ pub(super) async fn start(
     config: &NodeConfig,
     paths: &PodPaths,
     rec: &Recorder<'_>,
+    user: &PodUser,
 ) -> Result<VsockDevice, Error> {
     let transport = match config.vsock {
         VsockTransport::Auto
@@ -41,7 +43,7 @@ pub(super) async fn start(
         block(move || vsock::start_vhost_device_vsock(&binary, &socket, &uds, &log)).await??;
     rec.record(crate::host::undo::Made::VsockBackend(pid))?;
     rec.place(pid, "vhost-device-vsock")?;
-    give_socket(&paths.vhost_socket, &config.qemu_user)?;
+    user.give_private(&paths.vhost_socket)?;
     Ok(VsockDevice::VhostUser {
         socket: paths.vhost_socket.to_string_lossy().into_owned(),
     })

@@ -41,11 +41,7 @@ pub fn make(disks: &Path, dir: &Path) -> Result<(), Error> {
 /// The node's disk directory, made (root's, mode 0711) where missing; a link or a file
 /// there is an error.
 fn make_disks(disks: &Path) -> Result<(), Error> {
-    use std::os::unix::fs::DirBuilderExt;
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o711)
-        .create(disks)
+    crate::host::pod_paths::make_passable(disks)
         .map_err(|e| Error::io(format!("create {}", disks.display()), e))?;
     if !std::fs::symlink_metadata(disks).is_ok_and(|m| m.is_dir()) {
         return Err(Error::FailedPrecondition(format!(

@@ -88,6 +88,8 @@ pub struct VmSpec {
     pub slots: PciSlots,
     /// A VM of a template start (none: a cold boot).
     pub template: Option<TemplateRole>,
+    /// Who QEMU runs as: the pod's own user.
+    pub user: crate::host::pod_user::PodUser,
 }
 
 /// The pod's NICs: taps the shim hands `vmlet-vmwrapper` over `tap_socket`.
@@ -317,6 +319,11 @@ pub(crate) mod tests {
             }),
             emulator: "/usr/local/bin/vmlet-vmwrapper".into(),
             qemu: "/usr/bin/qemu-system-x86_64".into(),
+            user: crate::host::pod_user::PodUser {
+                uid: 1_879_048_197,
+                gid: 64055,
+                groups: vec![64055],
+            },
             console: ConsoleTarget::File("/run/vmlet/t1/console.log".into()),
             network: Some(Network {
                 tap_socket: "/run/vmlet/t1/taps.sock".into(),
