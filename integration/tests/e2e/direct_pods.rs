@@ -215,7 +215,13 @@ fn only_the_pods_own_qemu_reaches_its_sockets_or_logs_without_libvirt() {
         ("vhost-vsock.sock", uid),
     ] {
         let path = dir.join(socket);
-        let meta = std::fs::metadata(&path).unwrap();
+        let meta = match std::fs::metadata(&path) {
+            // vhost-device-vsock serves the one QEMU that connected and removes its socket.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && socket == "vhost-vsock.sock" => {
+                continue
+            }
+            other => other.unwrap(),
+        };
         assert_eq!(
             (meta.uid(), meta.mode() & 0o777),
             (owner, 0o600),
