@@ -5,30 +5,31 @@
 //! vhost-device-vsock whoever reaches its socket: the key, which only the shim and this
 //! guest have, is what tells the shim apart.
 //!
-//! A connection that does not prove it within [`HANDSHAKE_DEADLINE`] is closed and logged;
-//! at most [`MAX_PENDING`] connections may be in their handshake at once (the rest are
-//! closed at once), so a flood of them holds no more of the agent than that. Connections
-//! from a reserved port (below 1024, which only a process with `CAP_NET_BIND_SERVICE` may
-//! bind: the shim binds one on the kernel's vhost-vsock) have slots of their own, so that an
-//! unprivileged flood cannot keep the shim out.
+//! A connection that does not prove it within [`HANDSHAKE_DEADLINE`] is closed; at most
+//! [`SLOTS`] connections may be in their handshake at once, and a new one takes the oldest
+//! one's slot ([`crate::handshake_slots`]), so a flood of them holds no more of the agent
+//! than that and cannot keep the shim, which proves its key at once, out. Connections from a
+//! reserved port (below 1024, which only a process with `CAP_NET_BIND_SERVICE` may bind: the
+//! shim binds one on the kernel's vhost-vsock) have slots of their own. Refusals are logged
+//! (the first 16, then at each power of two), so that a flood does not flood the log.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::Semaphore;
 use tokio_vsock::{VsockAddr, VsockListener, VsockStream, VMADDR_CID_ANY};
 use vmlet_protocol::auth::{self, AgentKey, KEY_LEN};
 
+use crate::handshake_slots::{Slots, SLOTS};
 use crate::Error;
 
 /// How long a host connection has to prove it holds the key.
 pub const HANDSHAKE_DEADLINE: Duration = Duration::from_secs(5);
-/// Connections in their handshake at once, for each of: reserved source ports, the rest.
-pub const MAX_PENDING: usize = 16;
 /// Host ports below this one are reserved (`CAP_NET_BIND_SERVICE`).
 pub const RESERVED_PORTS_BELOW: u32 = 1024;
+/// Refusals logged each, before only those whose count is a power of two are.
+const LOGGED_REFUSALS: u64 = 16;
 /// How long to wait before accepting again after `accept` failed (out of descriptors).
 const ACCEPT_RETRY: Duration = Duration::from_millis(100);
 
@@ -57,8 +58,10 @@ pub struct Gate {
     /// Numbers the guest's nonces ([`AgentKey::guest_nonce`]).
     nonces: AtomicU64,
     /// Handshake slots of peers on a reserved port, and of the others.
-    reserved: Arc<Semaphore>,
-    others: Arc<Semaphore>,
+    reserved: Arc<Slots>,
+    others: Arc<Slots>,
+    /// Connections refused so far.
+    refused: AtomicU64,
 }
 
 impl Gate {
@@ -66,8 +69,9 @@ impl Gate {
         Arc::new(Gate {
             key,
             nonces: AtomicU64::new(0),
-            reserved: Arc::new(Semaphore::new(MAX_PENDING)),
-            others: Arc::new(Semaphore::new(MAX_PENDING)),
+            reserved: Slots::new(SLOTS),
+            others: Slots::new(SLOTS),
+            refused: AtomicU64::new(0),
         })
     }
 
@@ -101,24 +105,34 @@ impl Gate {
             } else {
                 &self.others
             };
-            let Ok(permit) = slots.clone().try_acquire_owned() else {
-                log::warn!(
-                    "{what}: refused a connection from {peer:?}: {MAX_PENDING} others are in their handshake"
-                );
-                continue;
-            };
+            let (mut slot, _) = slots.take();
             let (gate, handle) = (self.clone(), handle.clone());
             tokio::spawn(async move {
-                let admitted = gate.admit(&mut stream, port).await;
-                drop(permit);
+                let admitted = tokio::select! {
+                    admitted = gate.admit(&mut stream, port) => admitted,
+                    () = slot.taken_over() => Err(format!(
+                        "{SLOTS} newer connections took the handshake slots"
+                    )),
+                };
+                drop(slot);
                 if let Err(reason) = admitted {
-                    log::warn!("{what}: refused a connection from {peer:?}: {reason}");
+                    gate.refused(what, &peer, &reason);
                     return;
                 }
                 if let Err(e) = handle(stream).await {
                     log::warn!("{what} connection: {e}");
                 }
             });
+        }
+    }
+
+    /// Logs a refusal: the first [`LOGGED_REFUSALS`], then each whose count is a power of two.
+    fn refused(&self, what: &str, peer: &VsockAddr, reason: &str) {
+        let count = self.refused.fetch_add(1, Ordering::Relaxed) + 1;
+        if count <= LOGGED_REFUSALS || count.is_power_of_two() {
+            log::warn!(
+                "{what}: refused a connection from {peer:?}: {reason} ({count} refused so far)"
+            );
         }
     }
 

@@ -5,7 +5,7 @@
 //! serves the `vmlet.agent.v1.Agent` ttrpc service on vsock port 1024, raw stdio stream
 //! connections on port 1025 and port-forward connections to the guest's loopback on port
 //! 1026 ([`forward`]). Every connection first proves that it comes from the pod's shim, with
-//! the key QEMU's fw_cfg device carries ([`host_gate`]); the agent serves nothing without
+//! the key QEMU's fw_cfg device carries ([`host_gate`], its handshakes in [`handshake_slots`]); the agent serves nothing without
 //! that key.
 //!
 //! With [`vmlet_protocol::TEMPLATE_PARAM`] the guest boots as a template ([`template`]): it
@@ -40,6 +40,7 @@ mod error;
 pub mod exec_server;
 mod exec_server_handle;
 pub mod forward;
+pub mod handshake_slots;
 mod helper_fds;
 mod helper_status;
 pub mod host_gate;

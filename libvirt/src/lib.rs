@@ -71,6 +71,17 @@ impl Libvirt {
     }
 }
 
+/// What a start error of libvirt's means for vmlet's node, where it says more than libvirt.
+fn start_hint(e: &virt::error::Error) -> &'static str {
+    let message = e.message();
+    if message.contains("master-key.aes") && message.contains("Permission denied") {
+        // Each pod's QEMU runs as a user of its own (the domain's static DAC label).
+        " (the pod's QEMU runs as a user of its own, which libvirt's state directory does not let through: `vmletctl check` says, `vmletctl install` gives others search permission on /var/lib/libvirt/qemu)"
+    } else {
+        ""
+    }
+}
+
 fn is_no_domain(e: &virt::error::Error) -> bool {
     matches!(e.code(), virt::error::ErrorNumber::NoDomain)
 }
@@ -107,7 +118,10 @@ impl VmManager for Libvirt {
                 if let Some(uuid) = profile {
                     let _ = self.profiles.remove(&uuid);
                 }
-                return Err(Error::Libvirt(format!("start domain: {e}")));
+                return Err(Error::Libvirt(format!(
+                    "start domain: {e}{}",
+                    start_hint(&e)
+                )));
             }
             Ok(())
         })

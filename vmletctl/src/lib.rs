@@ -7,7 +7,8 @@
 //! - [`host_check`]: `check`, what the node has and what vmlet needs of it, over
 //!   [`node_program`] (the node's programs, asked with deadlines);
 //! - [`node_install`]: `install` and `uninstall` of a release, with containerd's config
-//!   ([`containerd_config`], its imports and vmlet's drop-in: [`containerd_imports`]), libvirt's AppArmor rules ([`node_apparmor`]) and the node's
+//!   ([`containerd_config`], its imports and vmlet's drop-in: [`containerd_imports`]), libvirt's AppArmor rules ([`node_apparmor`]), libvirt's
+//!   domain directory ([`libvirt_dir`]) and the node's
 //!   Kubernetes label ([`node_label`]);
 //! - [`metrics_server`]: `metrics --listen`.
 
@@ -17,6 +18,7 @@ pub mod containerd_imports;
 pub mod ctl;
 pub mod distro_virtiofsd;
 pub mod host_check;
+pub mod libvirt_dir;
 pub mod metrics_server;
 pub mod node_apparmor;
 pub mod node_install;

@@ -21,6 +21,8 @@
 //!   ([`crate::node_apparmor`]) are appended to its site-local file as a marked block,
 //!   libvirtd's profile is reloaded, and uninstall takes the block off again (byte for byte).
 //!   Each pod's QEMU gets a profile of its own when it starts ([`vmlet_shim::vmm::pod_apparmor`]).
+//! - libvirt's directory of its domains gets search permission for others, which each pod's
+//!   QEMU needs ([`crate::libvirt_dir`]); uninstall gives its mode back.
 //!
 //! Installing twice changes nothing: the files are the same, the runtime is registered.
 //! Installing another version (the DaemonSet with a newer image) takes the installed one off
@@ -34,7 +36,7 @@ use vmlet_vm_image::{sha256_file, sha256_hex};
 
 use crate::containerd_config::{ConfigLayout, BLOCK_START};
 use crate::containerd_imports::{self, Registration, Release};
-use crate::{distro_virtiofsd, node_apparmor};
+use crate::{distro_virtiofsd, libvirt_dir, node_apparmor};
 use vmlet_config::NodeConfig;
 use vmlet_shim::Error;
 
@@ -86,6 +88,9 @@ pub struct Record {
     /// The blocks appended to AppArmor's site-local files.
     #[serde(default)]
     pub apparmor: Vec<AppendedBlock>,
+    /// libvirt's directory of its domains, when install opened it to the pods' QEMUs.
+    #[serde(default)]
+    pub libvirt_dir: Option<libvirt_dir::ModeChange>,
 }
 
 /// A drop-in file of containerd's config that install wrote.
@@ -198,6 +203,17 @@ pub fn install(release: &Path, root: &Path, containerd: NodeContainerd) -> Resul
     }
     if record.apparmor.is_empty() && root.join(node_apparmor::LIBVIRTD_PROFILE).is_file() {
         allow_in_apparmor(root, &node_config, &mut record, &mut steps)?;
+    }
+    if record.libvirt_dir.is_none() {
+        record.libvirt_dir = libvirt_dir::open_to_pods(root)?;
+        if let Some(change) = &record.libvirt_dir {
+            steps.push(format!(
+                "made /{} {:04o} (was {:04o}): each pod's QEMU, a user of its own, opens its domain's files there",
+                change.dir.display(),
+                change.after,
+                change.before
+            ));
+        }
     }
     let json = serde_json::to_vec_pretty(&record).map_err(|e| Error::Internal(e.to_string()))?;
     write_file(&record_path, &json, 0o644)?;
@@ -463,6 +479,9 @@ pub fn uninstall(root: &Path) -> Result<Steps, Error> {
             }
         }
         steps.push(node_apparmor::reload(root)?);
+    }
+    if let Some(change) = &record.libvirt_dir {
+        steps.done.extend(libvirt_dir::restore(root, change)?);
     }
     std::fs::remove_file(&record_path)
         .map_err(|e| Error::io(format!("remove {}", record_path.display()), e))?;

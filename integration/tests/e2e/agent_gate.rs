@@ -2,7 +2,8 @@
 //! stack uses (vhost-device-vsock's socket; kernel vhost-vsock runs the same handshake, which
 //! the shim's and the agent's unit tests cover): root without the VM's key connects to the
 //! agent's ttrpc, stream and port-forward ports and gets nothing but the agent's challenge,
-//! whatever it sends; a user who is not root cannot connect at all. Run by `make test`.
+//! whatever it sends; a user who is not root cannot connect at all; a flood of connections
+//! that never prove the key does not keep the shim out. Run by `make test`.
 
 use std::io::{Read, Write};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -107,6 +108,91 @@ async fn only_the_pods_shim_reaches_its_agent() {
     assert_eq!(text(&out.stdout).trim(), CANARY);
     s.kill_and_remove(&id).unwrap();
     assert!(!pod_dir.exists(), "the pod's state is left");
+}
+
+/// Connects to guest `port` through the vsock backend's socket `uds` without the key and
+/// holds the connection (none: the backend or the guest refused it).
+fn unproven(uds: &Path, port: u32) -> Option<UnixStream> {
+    let mut s = UnixStream::connect(uds).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    s.write_all(format!("CONNECT {port}\n").as_bytes()).ok()?;
+    let mut ok = [0u8; 3];
+    s.read_exact(&mut ok).ok()?;
+    (&ok == b"OK ").then_some(s)
+}
+
+/// Connections that never prove the key: 1,000 held open on the agent's ttrpc and stream
+/// ports, and more opened all the while (the oldest let go), cannot keep the pod's shim out:
+/// its execs get through, and the agent holds no more of the flood than its slots.
+#[test]
+#[ignore = "needs the vmlet stack: make test"]
+fn a_flood_of_unproven_connections_does_not_keep_the_shim_out() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let s = stack();
+    let id = unique_id("flood");
+    s.run_detached(&id, &["sleep", "1000"]).unwrap();
+    let uds = Path::new(&s.dir).join("state").join(&id).join("vsock.sock");
+    let mut held = std::collections::VecDeque::new();
+    for i in 0..1000 {
+        let port = if i % 2 == 0 { AGENT_PORT } else { STREAM_PORT };
+        held.extend(unproven(&uds, port));
+    }
+    eprintln!("{} of 1,000 connections held", held.len());
+    let (stop, opened) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicUsize::new(0)),
+    );
+    let flood = {
+        let (uds, stop, opened) = (uds.clone(), stop.clone(), opened.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                for port in [AGENT_PORT, STREAM_PORT] {
+                    held.extend(unproven(&uds, port));
+                    opened.fetch_add(1, Ordering::Relaxed);
+                }
+                while held.len() > 1000 {
+                    held.pop_front();
+                }
+            }
+        })
+    };
+    for n in 0..5 {
+        let exec_id = format!("during-{n}");
+        let out = s
+            .ctr_output(&[
+                "task",
+                "exec",
+                "--exec-id",
+                &exec_id,
+                &id,
+                "echo",
+                "through",
+            ])
+            .unwrap();
+        assert!(
+            out.status.success() && text(&out.stdout).trim() == "through",
+            "exec {n} during the flood: {}",
+            text(&out.stderr)
+        );
+    }
+    stop.store(true, Ordering::Relaxed);
+    flood.join().unwrap();
+    assert!(
+        opened.load(Ordering::Relaxed) > 100,
+        "the flood went on during the execs"
+    );
+    // The refusals were logged by count, not each.
+    let console = std::fs::read_to_string(
+        Path::new(&s.dir)
+            .join("state")
+            .join(&id)
+            .join("log/console.log"),
+    )
+    .unwrap();
+    let logged = console.matches("refused a connection").count();
+    assert!((16..200).contains(&logged), "{logged} refusals logged");
+    s.kill_and_remove(&id).unwrap();
 }
 
 /// Every socket of the pod has its mode set, not the umask's: the shim's own 0600 root,

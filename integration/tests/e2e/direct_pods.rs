@@ -5,7 +5,7 @@
 //! loads its shape's template so; a QEMU that refuses its command line fails the create with
 //! its own words at once; and each leaves nothing. Attack: another pod's QEMU's uid, and a
 //! local user who is not root, connect to none of the pod's sockets (virtiofsd's, vmlet's
-//! QMP monitor, the vsock backend's) and read none of its logs, which lie on the pod's log tmpfs (what the guest
+//! QMP monitor, the vsock backend's), even before its QEMU exists, and read none of its logs, which lie on the pod's log tmpfs (what the guest
 //! makes QEMU and virtiofsd write cannot fill the node). These change the node's config, so
 //! the area runs alone.
 
@@ -41,7 +41,7 @@ fn pod_processes(s: &Stack, id: &str) -> PodProcesses {
 }
 
 /// `key`'s line of `/proc/PID/status`, without the key.
-fn status(pid: u32, key: &str) -> String {
+pub(crate) fn status(pid: u32, key: &str) -> String {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     status
         .lines()
@@ -65,7 +65,7 @@ fn node_config() -> vmlet_config::NodeConfig {
 
 /// The uid QEMU `pid` runs as (real, effective, saved and file system uids all that), which
 /// must be one of the node's `pod_users` and not the node's QEMU user's.
-fn pod_uid(pid: u32) -> u32 {
+pub(crate) fn pod_uid(pid: u32) -> u32 {
     let uids = status(pid, "Uid");
     let uid: u32 = uids.split('\t').next().unwrap().parse().unwrap();
     assert_eq!(uids, format!("{uid}\t{uid}\t{uid}\t{uid}"));
@@ -82,11 +82,11 @@ fn pod_uid(pid: u32) -> u32 {
     uid
 }
 
-fn pod_dir(s: &Stack, id: &str) -> PathBuf {
+pub(crate) fn pod_dir(s: &Stack, id: &str) -> PathBuf {
     PathBuf::from(format!("{}/state/{id}", s.dir))
 }
 
-fn assert_left_nothing(s: &Stack, id: &str) {
+pub(crate) fn assert_left_nothing(s: &Stack, id: &str) {
     assert_eq!(s.pod_processes(id), Vec::new(), "pod {id}'s processes");
     assert!(!pod_dir(s, id).exists(), "pod {id}'s state directory");
     assert!(!s.has_pod_domain(id), "pod {id}'s domain");
@@ -266,6 +266,14 @@ fn only_the_pods_own_qemu_reaches_its_sockets_or_logs_without_libvirt() {
             "uid {uid} still claimed"
         );
     }
+}
+
+#[test]
+#[ignore = "needs the vmlet stack and root: make test"]
+fn another_pods_qemu_cannot_take_a_pods_monitor_before_its_qemu_exists_without_libvirt() {
+    let s = stack();
+    let _direct = direct_launcher();
+    crate::qemu_user::fake_qemus_never_get_through(&s);
 }
 
 /// A shim that dies leaves its QEMU and virtiofsd running (each has a session of its

@@ -32,6 +32,7 @@ mod nerdctl;
 mod netns;
 mod network;
 mod node_config;
+mod qemu_user;
 mod resources;
 mod templates;
 mod vm_exec;

@@ -5,7 +5,8 @@
 //! `vhost-device-vsock` serving a pod whose `state.json` is lost) next to a
 //! live pod with a network, two domains that are not vmlet's (one of them named like
 //! vmlet's) and an unmarked `vmtap`: `gc --dry-run` removes nothing, `gc` removes exactly
-//! the orphans. `vmletctl check` names what the node has, and fails without libvirt. Run
+//! the orphans. `vmletctl check` names what the node has, and fails without libvirt, or
+//! where libvirt's state directory would keep the pods' own users out. Run
 //! by `make test`.
 
 use crate::support::{stack, text, vmletctl};
@@ -515,4 +516,64 @@ fn a_planted_kvm_probe_directory_is_not_used() {
     assert_eq!(victim_after, "root must not truncate this\n");
     assert_eq!(planted_after.len(), 1, "{planted_after:?}");
     assert_eq!(link_after, victim);
+}
+
+/// The stack's libvirt state directory (libvirtd's `/var/lib/libvirt/qemu`) at Debian's mode
+/// (0750) while it lives; its own (0755) again when dropped.
+struct DebiansLibvirtDir(std::path::PathBuf);
+
+impl DebiansLibvirtDir {
+    fn new(s: &Stack) -> Self {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::path::PathBuf::from(format!("{}/libvirt/lib/qemu", s.dir));
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o750)).unwrap();
+        DebiansLibvirtDir(dir)
+    }
+}
+
+impl Drop for DebiansLibvirtDir {
+    fn drop(&mut self) {
+        use std::os::unix::fs::PermissionsExt;
+        let _ = std::fs::set_permissions(&self.0, std::fs::Permissions::from_mode(0o755));
+    }
+}
+
+/// Each pod's QEMU runs as a user of its own, which must pass through libvirt's state
+/// directory: where it cannot (Debian ships it 0750, until `vmletctl install`), check fails
+/// by name, and a pod's create says what to do and leaves nothing.
+#[test]
+#[ignore = "needs the vmlet stack: make test"]
+fn a_libvirt_directory_closed_to_the_pods_users_fails_check_and_the_create_by_name() {
+    let s = stack();
+    let config = format!("{}/config.toml", s.dir);
+    let report = text(&check(&s, &config).stdout);
+    assert!(
+        check_line(&report, "pod-users").starts_with("ok"),
+        "{report}"
+    );
+    let closed = DebiansLibvirtDir::new(&s);
+    let out = check(&s, &config);
+    let report = text(&out.stdout);
+    assert!(!out.status.success(), "{report}");
+    let users = check_line(&report, "pod-users");
+    assert!(
+        users.starts_with("FAIL") && users.contains("`vmletctl install`"),
+        "{users}"
+    );
+    let id = unique_id("closed-dir");
+    let out = s.run(&id, &[], &["true"]).unwrap();
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("`vmletctl install` gives others search permission"),
+        "{}",
+        text(&out.stderr)
+    );
+    drop(closed);
+    let _ = s.ctr_output(&["container", "rm", &id]);
+    assert!(s.pod_processes(&id).is_empty(), "pod {id} left processes");
+    assert!(!s.has_pod_domain(&id), "pod {id} left its domain");
+    assert!(
+        !std::path::Path::new(&format!("{}/state/{id}", s.dir)).exists(),
+        "pod {id} left its state"
+    );
 }

@@ -28,8 +28,7 @@ const LOCK_WAIT: Duration = Duration::from_secs(5);
 const CLAIM_MAX: u64 = 256;
 
 /// A pod's QEMU's credentials: its own uid and the node's QEMU user's primary group (device
-/// nodes such as `/dev/kvm` are that group's), or the node's QEMU user itself
-/// ([`PodUser::shared`]).
+/// nodes such as `/dev/kvm` are that group's).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PodUser {
     pub uid: u32,
@@ -60,9 +59,9 @@ impl PodUser {
     }
 }
 
+#[cfg(test)]
 impl PodUser {
-    /// The node's `qemu_user` itself, which every pod's QEMU under libvirt runs as (libvirt
-    /// runs QEMU as its own configured user: see docs/security.md, "Not yet").
+    /// The node's `qemu_user` itself: the tests' stand-in for a claimed uid.
     pub fn shared(config: &NodeConfig) -> Result<PodUser, Error> {
         let (uid, gid, groups) = qemu_user(config)?;
         Ok(PodUser { uid, gid, groups })

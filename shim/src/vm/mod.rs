@@ -306,14 +306,11 @@ async fn power_off_and_reclaim(
 }
 
 /// Who the pod's QEMU runs as: a uid of its own ([`crate::host::pod_user`], recorded in its
-/// journal first) where the shim starts QEMU; under libvirt, the node's `qemu_user`.
+/// journal first), whichever launcher starts it (libvirt by the domain's static DAC label).
 async fn pod_user(
     config: &NodeConfig,
     req: &BootRequest,
     rec: &Recorder<'_>,
 ) -> Result<crate::host::pod_user::PodUser, Error> {
-    if !launch::starts_direct(config, req) {
-        return crate::host::pod_user::PodUser::shared(config);
-    }
     crate::host::pod_user::claim(config, &req.pod_id, |uid| rec.record(Made::PodUser(uid))).await
 }

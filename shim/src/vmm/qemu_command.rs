@@ -121,9 +121,7 @@ pub fn qemu_command(spec: &VmSpec, launched: &Launched) -> Result<Vec<String>, E
     args.flags(&["-no-user-config", "-nodefaults", "-no-reboot"]);
     args.opt("-rtc", "base=utc".into());
     args.opt("-boot", "strict=on".into());
-    args.opt("-kernel", agent.kernel.clone());
-    args.opt("-initrd", agent.initrd.clone());
-    args.opt("-append", spec.kernel_cmdline().unwrap_or_default());
+    args.0.extend(spec.kernel_args());
     args.opt(
         "-device",
         format!("pcie-root-port,port=8,chassis=1,id={SHARE_PORT},bus=pcie.0,addr=0x1"),

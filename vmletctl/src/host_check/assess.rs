@@ -11,6 +11,7 @@ use Verdict::{Fail, Ok, Warn};
 pub fn assess(config: &NodeConfig, facts: &HostFacts) -> Vec<Finding> {
     let mut out = vec![accel(config, facts), vsock(config, facts), vhost_net(facts)];
     out.extend(libvirt(config, facts));
+    out.push(pod_users(config, facts));
     out.extend(platform(facts));
     out.extend(programs(config, facts));
     out.push(match &facts.guest_image {
@@ -154,6 +155,22 @@ fn libvirt(config: &NodeConfig, facts: &HostFacts) -> Vec<Finding> {
         out.push(finding(Warn, "confinement", "libvirt confines QEMU with SELinux: vmlet's own QEMU arguments (the vsock and QMP sockets in the state directory) have no labels from vmlet; untested".into()));
     }
     out
+}
+
+/// Each pod's QEMU as a user of its own: the range holds none of the node's users, and
+/// libvirt's domain directory lets every uid of it through.
+fn pod_users(config: &NodeConfig, facts: &HostFacts) -> Finding {
+    let range = config.pod_users;
+    let last = u64::from(range.first_uid) + u64::from(range.count) - 1;
+    let dir = crate::libvirt_dir::DIR;
+    if !facts.pod_users_taken.is_empty() {
+        return finding(Fail, "pod-users", format!("pod_users ({}..={last}) holds the node's users {}: a pod's QEMU would run as one; choose a range no user has", range.first_uid, facts.pod_users_taken.join(", ")));
+    }
+    match &facts.libvirt_dir_passable {
+        Result::Ok(true) => finding(Ok, "pod-users", format!("each pod's QEMU runs as a uid of its own ({}..={last}, no user of the node's), which passes through libvirt's /{dir}", range.first_uid)),
+        Result::Ok(false) => finding(Fail, "pod-users", format!("libvirt's /{dir} lets only its own QEMU user through: each pod's QEMU, a user of its own, cannot open its domain's files there; `vmletctl install` gives others search permission (0751)")),
+        Err(e) => finding(Warn, "pod-users", format!("whether libvirt's /{dir} lets each pod's QEMU through is unknown: {e}")),
+    }
 }
 
 /// A `(major, minor)` release.
@@ -397,6 +414,8 @@ mod tests {
             libvirt_kvm: false,
             kvm_probe: None,
             apparmor_rules: false,
+            libvirt_dir_passable: Result::Ok(true),
+            pod_users_taken: Vec::new(),
             libvirt: Result::Ok(LibvirtHost {
                 version: "9.0.0".into(),
                 hypervisor_version: "7.2.0".into(),
@@ -574,6 +593,22 @@ mod tests {
         assert!(line(&findings, "accel")
             .text
             .contains("libvirt is unreachable"));
+
+        // Debian's /var/lib/libvirt/qemu before install: 0750, its QEMU user's.
+        let mut f = facts();
+        f.libvirt_dir_passable = Result::Ok(false);
+        let users = line(&assess(&config, &f), "pod-users").clone();
+        assert_eq!(users.verdict, Verdict::Fail);
+        assert!(users.text.contains("`vmletctl install`"), "{users}");
+        let mut f = facts();
+        f.pod_users_taken = vec!["alice (1879048200)".into()];
+        let users = line(&assess(&config, &f), "pod-users").clone();
+        assert_eq!(users.verdict, Verdict::Fail);
+        assert!(users.text.contains("alice (1879048200)"), "{users}");
+        assert_eq!(
+            line(&assess(&config, &facts()), "pod-users").verdict,
+            Verdict::Ok
+        );
 
         let mut f = facts();
         f.vhost_device_vsock = Err("not found".into());

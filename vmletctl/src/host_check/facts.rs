@@ -63,6 +63,10 @@ impl HostFacts {
             kvm_probe,
             apparmor_rules,
             libvirt: libvirt_host,
+            libvirt_dir_passable: libvirt_dir_passable(&config.libvirt_uri),
+            pod_users_taken: read_bounded(Path::new("/etc/passwd"), CONFIG_FILE_LIMIT)
+                .map(|passwd| users_in(&passwd, config.pod_users))
+                .unwrap_or_default(),
             vhost_vsock: Path::new("/dev/vhost-vsock").exists(),
             vhost_net: Path::new("/dev/vhost-net").exists(),
             qemu: version_line(&h.qemu),
@@ -138,6 +142,51 @@ impl KvmFacts {
 
 /// The guest kernel and initrd, checked against the `manifest.json` beside them when there
 /// is one.
+/// The users of `passwd` (`/etc/passwd`'s lines) whose uids lie in `range`, as `NAME (UID)`.
+fn users_in(passwd: &str, range: vmlet_config::PodUsersConfig) -> Vec<String> {
+    passwd
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.split(':');
+            let name = fields.next()?;
+            let uid: u32 = fields.nth(1)?.parse().ok()?;
+            range.holds(uid).then(|| format!("{name} ({uid})"))
+        })
+        .collect()
+}
+
+/// Whether libvirt's domain directory lets each pod's QEMU through, as the daemon behind
+/// `uri` sees it (through `/proc/PID/root`: its mount namespace may be another), or as this
+/// host's root has it where that daemon is not local.
+fn libvirt_dir_passable(uri: &str) -> Result<bool, String> {
+    let root = match libvirt_daemon(uri) {
+        Some(pid) => std::path::PathBuf::from(format!("/proc/{pid}/root")),
+        None => std::path::PathBuf::from("/"),
+    };
+    crate::libvirt_dir::passable(&root).map_err(|e| e.message())
+}
+
+/// The PID of the daemon listening on `uri`'s local socket: its `socket=` parameter, or the
+/// system daemon's (virtqemud's, or libvirtd's).
+fn libvirt_daemon(uri: &str) -> Option<i32> {
+    use nix::sys::socket::{getsockopt, sockopt::PeerCredentials};
+    let socket = match uri.split_once("socket=") {
+        Some((_, rest)) => std::path::PathBuf::from(rest.split('&').next()?),
+        None if uri.starts_with("qemu:///system") => {
+            ["/run/libvirt/virtqemud-sock", "/run/libvirt/libvirt-sock"]
+                .into_iter()
+                .map(std::path::PathBuf::from)
+                .find(|p| p.exists())?
+        }
+        None => return None,
+    };
+    let stream = std::os::unix::net::UnixStream::connect(socket).ok()?;
+    getsockopt(&stream, PeerCredentials)
+        .ok()
+        .map(|c| c.pid())
+        .filter(|pid| *pid > 0)
+}
+
 fn guest_image(kernel: &Path, initrd: &Path) -> Result<String, String> {
     let size = |path: &Path| {
         std::fs::metadata(path)
@@ -222,6 +271,13 @@ mod tests {
 
     const VMLET_V3: &str = include_str!("../../../deploy/containerd-vmlet-v3.toml");
     const VMLET_V2: &str = include_str!("../../../deploy/containerd-vmlet-v2.toml");
+
+    #[test]
+    fn the_users_in_the_pod_range_are_named() {
+        let passwd = "root:x:0:0:root:/root:/bin/bash\nalice:x:1879048200:100::/home/alice:/bin/sh\nbroken\nbob:x:nope:1::/:/bin/sh\n";
+        let range = vmlet_config::PodUsersConfig::default();
+        assert_eq!(users_in(passwd, range), ["alice (1879048200)"]);
+    }
 
     #[test]
     fn check_finds_vmlets_runtime_where_containerd_takes_it() {

@@ -78,6 +78,11 @@ pub struct HostFacts {
     /// files for libvirt.
     pub apparmor_rules: bool,
     pub libvirt: Result<LibvirtHost, String>,
+    /// Whether libvirt's domain directory, as libvirt's daemon sees it, lets each pod's
+    /// QEMU through ([`crate::libvirt_dir`]), or why that is unknown.
+    pub libvirt_dir_passable: Result<bool, String>,
+    /// The users of `/etc/passwd` whose uids lie in `pod_users`, as `NAME (UID)`.
+    pub pod_users_taken: Vec<String>,
     pub vhost_vsock: bool,
     pub vhost_net: bool,
     /// Each program's first line of `--version`, or why there is none: QEMU, the emulator

@@ -25,16 +25,16 @@ impl RootBus {
 }
 
 impl GuestBoot {
-    /// The domain's `<os>`; `cmdline` is the kernel command line ([`VmSpec::kernel_cmdline`]).
-    pub(super) fn os(&self, kind: OsType, cmdline: Option<String>) -> Os {
+    /// The domain's `<os>`. vmlet's guest's kernel is QEMU's argument
+    /// ([`VmSpec::kernel_args`]), not the domain's `<kernel>`: libvirt would give the node's
+    /// kernel and initrd to the pod's QEMU's user while the pod runs (and one pod's QEMU
+    /// could then rewrite what every later pod boots).
+    pub(super) fn os(&self, kind: OsType) -> Os {
         match self {
-            GuestBoot::Agent(a) => Os {
+            GuestBoot::Agent(_) => Os {
                 firmware_kind: None,
                 kind,
                 firmware: None,
-                kernel: Some(a.kernel.clone()),
-                initrd: Some(a.initrd.clone()),
-                cmdline,
                 boot: None,
             },
             GuestBoot::Image(image) => Os {
@@ -51,9 +51,6 @@ impl GuestBoot {
                         })
                         .collect(),
                 }),
-                kernel: None,
-                initrd: None,
-                cmdline,
                 // A root disk on NVMe heads the boot order itself (libvirt takes either
                 // `<os><boot>` or each device's order, not both).
                 boot: (image.root_bus != RootBus::Nvme).then_some(BootDev { dev: "hd" }),

@@ -131,14 +131,11 @@ impl Domain {
                     mode: "shared".into(),
                 },
             },
-            os: spec.guest.os(
-                OsType {
-                    arch: "x86_64",
-                    machine: spec.machine.clone(),
-                    value: "hvm",
-                },
-                spec.kernel_cmdline(),
-            ),
+            os: spec.guest.os(OsType {
+                arch: "x86_64",
+                machine: spec.machine.clone(),
+                value: "hvm",
+            }),
             features: features(spec),
             cpu: Cpu::with_numa(Cpu::for_model(spec.cpu_model.as_ref(), spec.kvm), spec),
             on_poweroff: "destroy",
@@ -158,6 +155,12 @@ impl Domain {
                     Memballoon::none()
                 },
                 memory: memory_device(spec),
+            },
+            seclabel: DacLabel {
+                kind: "static",
+                model: "dac",
+                relabel: "yes",
+                label: format!("+{}:+{}", spec.user.uid, spec.user.gid),
             },
             qemu_commandline: commandline,
         }
@@ -188,8 +191,9 @@ pub fn start_request(spec: &VmSpec) -> Result<StartDomain, Error> {
     })
 }
 
-/// `<qemu:commandline>` ([`VmSpec::qemu_env`], [`VmSpec::qemu_args`]), and the vsock device
-/// libvirt makes, if any (kernel vhost-vsock).
+/// `<qemu:commandline>` ([`VmSpec::qemu_env`]; [`VmSpec::kernel_args`], which libvirt then
+/// leaves alone, and [`VmSpec::qemu_args`]), and the vsock device libvirt makes, if any
+/// (kernel vhost-vsock).
 fn qemu_commandline(spec: &VmSpec) -> (QemuCommandline, Option<Vsock>) {
     let commandline = QemuCommandline {
         env: spec
@@ -201,8 +205,9 @@ fn qemu_commandline(spec: &VmSpec) -> (QemuCommandline, Option<Vsock>) {
             })
             .collect(),
         args: spec
-            .qemu_args()
+            .kernel_args()
             .into_iter()
+            .chain(spec.qemu_args())
             .map(|value| QemuArg { value })
             .collect(),
     };
@@ -571,7 +576,10 @@ mod tests {
         }
         p.kvm = true;
         let xml = Domain::new(&p).to_xml().unwrap();
-        assert!(xml.contains("<cmdline>a&lt;b &amp; c</cmdline>"), "{xml}");
+        assert!(
+            xml.contains("<qemu:arg value=\"a&lt;b &amp; c\"/>"),
+            "{xml}"
+        );
     }
 
     #[test]
@@ -579,18 +587,30 @@ mod tests {
         let mut p = spec(VsockDevice::Vhost);
         let tcg = Domain::new(&p).to_xml().unwrap();
         let expected =
-            format!("<cmdline>console=ttyS0 vmlet.share=vmlet {TCG_KERNEL_PARAMS}</cmdline>");
+            format!("<qemu:arg value=\"console=ttyS0 vmlet.share=vmlet {TCG_KERNEL_PARAMS}\"/>");
         assert!(tcg.contains(&expected), "{tcg}");
         p.kvm = true;
         let kvm = Domain::new(&p).to_xml().unwrap();
         assert!(
-            kvm.contains("<cmdline>console=ttyS0 vmlet.share=vmlet</cmdline>"),
+            kvm.contains("<qemu:arg value=\"console=ttyS0 vmlet.share=vmlet\"/>"),
             "{kvm}"
         );
         p.kvm = false;
         p.guest = image_guest(RootBus::Virtio, Firmware::Bios);
         let image = Domain::new(&p).to_xml().unwrap();
-        assert!(!image.contains("<cmdline>"), "{image}");
+        assert!(!image.contains("-append"), "{image}");
+    }
+
+    #[test]
+    fn the_nodes_kernel_is_qemus_argument_never_the_domains_for_libvirt_to_chown() {
+        let xml = Domain::new(&spec(VsockDevice::Vhost)).to_xml().unwrap();
+        for element in ["<kernel>", "<initrd>", "<cmdline>"] {
+            assert!(!xml.contains(element), "{element} in {xml}");
+        }
+        let args =
+            "<qemu:commandline><qemu:arg value=\"-kernel\"/><qemu:arg value=\"/img/vmlinuz\"/>\
+                    <qemu:arg value=\"-initrd\"/><qemu:arg value=\"/img/initrd.img\"/>";
+        assert!(xml.contains(args), "{xml}");
     }
 
     #[test]
@@ -611,6 +631,8 @@ mod tests {
             [
                 "/usr/local/bin/vmlet-vmwrapper rmix",
                 "/run/vmlet/t1/taps.sock rw",
+                "/img/vmlinuz r",
+                "/img/initrd.img r",
                 "/run/vmlet/t1/agent.key r",
                 "/run/vmlet/t1/vhost.sock rw",
                 "/run/vmlet/t1/qmp.sock rw",

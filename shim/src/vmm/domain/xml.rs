@@ -31,8 +31,23 @@ pub struct Domain {
     pub on_reboot: &'static str,
     pub on_crash: &'static str,
     pub devices: Devices,
+    pub seclabel: DacLabel,
     #[serde(rename = "qemu:commandline")]
     pub qemu_commandline: QemuCommandline,
+}
+
+/// The pod's own user for its QEMU (`<seclabel type="static" model="dac">`, its label
+/// `+UID:+GID`): libvirt runs QEMU as it, and gives it what it relabels (`relabel="yes"`:
+/// the pod's disks and the sockets libvirt makes) for as long as the domain runs.
+#[derive(Debug, Serialize)]
+pub struct DacLabel {
+    #[serde(rename = "@type")]
+    pub kind: &'static str,
+    #[serde(rename = "@model")]
+    pub model: &'static str,
+    #[serde(rename = "@relabel")]
+    pub relabel: &'static str,
+    pub label: String,
 }
 
 #[derive(Debug, Serialize)]
@@ -73,8 +88,8 @@ pub struct MemoryBacking {
     pub access: ModeAttr,
 }
 
-/// `<os>`: a kernel booted directly (vmlet's guest), or firmware that boots the first disk
-/// (a VM image).
+/// `<os>`: the machine (vmlet's guest boots its kernel directly: [`super::qemu_commandline`]),
+/// and the firmware that boots the first disk of a VM image.
 #[derive(Debug, Serialize)]
 pub struct Os {
     /// `efi`: libvirt picks UEFI firmware (OVMF) that has what `firmware` asks.
@@ -84,12 +99,6 @@ pub struct Os {
     pub kind: OsType,
     #[serde(rename = "firmware", skip_serializing_if = "Option::is_none")]
     pub firmware: Option<FirmwareFeatures>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub kernel: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub initrd: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub cmdline: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub boot: Option<BootDev>,
 }

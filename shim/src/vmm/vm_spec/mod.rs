@@ -128,6 +128,23 @@ impl VmSpec {
             .collect()
     }
 
+    /// vmlet's guest's kernel, initrd and command line as QEMU's arguments (none for a VM
+    /// image). Under libvirt too: as the domain's `<kernel>`, libvirt would hand the node's
+    /// files to the pod's QEMU's user for as long as the pod runs.
+    pub fn kernel_args(&self) -> Vec<String> {
+        let GuestBoot::Agent(agent) = &self.guest else {
+            return Vec::new();
+        };
+        vec![
+            "-kernel".into(),
+            agent.kernel.clone(),
+            "-initrd".into(),
+            agent.initrd.clone(),
+            "-append".into(),
+            self.kernel_cmdline().unwrap_or_default(),
+        ]
+    }
+
     /// vmlet's guest's kernel command line: the guest's own, and under TCG
     /// [`TCG_KERNEL_PARAMS`] (none for a VM image, whose boot loader has its own).
     pub fn kernel_cmdline(&self) -> Option<String> {
@@ -270,8 +287,14 @@ impl VmSpec {
         }
         match &self.guest {
             GuestBoot::Agent(AgentBoot {
-                key_file, vsock, ..
+                kernel,
+                initrd,
+                key_file,
+                vsock,
+                ..
             }) => {
+                files.push(file(kernel, Access::Read));
+                files.push(file(initrd, Access::Read));
                 files.push(file(key_file, Access::Read));
                 if let VsockDevice::VhostUser { socket } = vsock {
                     files.push(file(socket, Access::ReadWrite));

@@ -1,0 +1,201 @@
+//! Each pod's QEMU is a principal of its own under the node's default launcher (libvirt, by
+//! the domain's static DAC label): two pods' QEMUs run as two uids of the node's
+//! `pod_users`, given back with their pods. QEMU runs an attacker's code at worst (a guest
+//! that broke out of it). Attacks, as another pod's QEMU's user: connecting to a pod's
+//! sockets or reading its console log while it runs, and taking vmlet's QMP monitor or the
+//! vsock backend's socket before the pod's QEMU exists (a fake QEMU that would be handed
+//! the pod's descriptors); and opening the node's guest kernel and initrd, which every later
+//! pod boots, for writing (libvirt gives what a domain names to its QEMU's user: the kernel
+//! is QEMU's argument instead). Run by `make test`.
+
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::agent_gate::{nobody_reaches_the_socket, user_cannot_reach_the_socket};
+use crate::direct_pods::{assert_left_nothing, pod_dir, pod_uid};
+use crate::support::{stack, text};
+use vmlet_integration::{unique_id, Stack};
+
+/// Pod `id`'s QEMU.
+fn qemu_of(s: &Stack, id: &str) -> u32 {
+    let procs = s.pod_processes(id);
+    procs
+        .iter()
+        .find(|(_, cmdline)| cmdline.contains("qemu-system"))
+        .map(|(pid, _)| *pid)
+        .unwrap_or_else(|| panic!("no QEMU of pod {id} among {procs:?}"))
+}
+
+/// The uid and gid QEMU `pid` runs as (its real ones).
+fn ids(pid: u32) -> (u32, u32) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let first = |key: &str| -> u32 {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|rest| rest.split_whitespace().next())
+            .unwrap_or_else(|| panic!("no {key} in {status}"))
+            .parse()
+            .unwrap()
+    };
+    (first("Uid:"), first("Gid:"))
+}
+
+/// The guest kernel and initrd the stack's config names.
+fn guest_files() -> [PathBuf; 2] {
+    let config = std::env::var("VMLET_CONFIG").expect("VMLET_CONFIG: the stack's config");
+    let config = vmlet_config::NodeConfig::load_from(std::path::Path::new(&config)).unwrap();
+    [config.guest.kernel, config.guest.initrd]
+}
+
+#[test]
+#[ignore = "needs the vmlet stack: make test"]
+fn a_pods_qemu_cannot_rewrite_the_guest_kernel_every_pod_boots() {
+    let s = stack();
+    let id = unique_id("kernel");
+    s.run_detached(&id, &["sleep", "1000"]).unwrap();
+    let (uid, gid) = ids(qemu_of(&s, &id));
+    assert_ne!(uid, 0, "QEMU runs as root");
+    for file in guest_files() {
+        let meta = std::fs::metadata(&file).unwrap();
+        assert_eq!(
+            (meta.uid(), meta.gid(), meta.mode() & 0o022),
+            (0, 0, 0),
+            "{} while pod {id} runs",
+            file.display()
+        );
+        // As QEMU's user would: open it to append.
+        let out = std::process::Command::new("setpriv")
+            .arg(format!("--reuid={uid}"))
+            .arg(format!("--regid={gid}"))
+            .args(["--clear-groups", "sh", "-c", "exec 3>>\"$0\"", "--"])
+            .arg(&file)
+            .output()
+            .expect("setpriv (util-linux)");
+        assert!(
+            !out.status.success() && text(&out.stderr).contains("Permission denied"),
+            "QEMU's user {uid} opened {} for writing: {}",
+            file.display(),
+            text(&out.stderr)
+        );
+    }
+    s.kill_and_remove(&id).unwrap();
+}
+
+#[test]
+#[ignore = "needs the vmlet stack: make test"]
+fn two_pods_qemus_are_two_users_that_reach_nothing_of_each_other() {
+    let s = stack();
+    let (id, other) = (unique_id("user-a"), unique_id("user-b"));
+    s.run_detached(&id, &["sleep", "1000"]).unwrap();
+    s.run_detached(&other, &["sleep", "1000"]).unwrap();
+    let uid = pod_uid(qemu_of(&s, &id));
+    let (other_uid, other_gid) = ids(qemu_of(&s, &other));
+    pod_uid(qemu_of(&s, &other));
+    assert_ne!(uid, other_uid, "two pods' QEMUs share a uid");
+    let dir = pod_dir(&s, &id);
+    // vmlet's QMP monitor is the pod's QEMU's; the shim's end of the vsock backend root's.
+    for (socket, owner) in [("qmp.sock", uid), ("vsock.sock", 0)] {
+        let path = dir.join(socket);
+        let meta = std::fs::metadata(&path).unwrap();
+        assert_eq!(
+            (meta.uid(), meta.mode() & 0o777),
+            (owner, 0o600),
+            "{socket}"
+        );
+        nobody_reaches_the_socket(&path);
+        user_cannot_reach_the_socket(&other_uid.to_string(), &other_gid.to_string(), &path);
+    }
+    let console = dir.join("log/console.log");
+    let out = std::process::Command::new("setpriv")
+        .arg(format!("--reuid={other_uid}"))
+        .arg(format!("--regid={other_gid}"))
+        .args(["--clear-groups", "cat"])
+        .arg(&console)
+        .output()
+        .expect("setpriv (util-linux)");
+    assert!(
+        !out.status.success(),
+        "pod {other}'s QEMU read {id}'s console log"
+    );
+    s.kill_and_remove(&id).unwrap();
+    s.kill_and_remove(&other).unwrap();
+    let claims = PathBuf::from(format!("{}/state/.pod-users", s.dir));
+    for (pod, uid) in [(&id, uid), (&other, other_uid)] {
+        assert_left_nothing(&s, pod);
+        assert!(
+            !claims.join(uid.to_string()).exists(),
+            "uid {uid} still claimed"
+        );
+    }
+}
+
+/// As `uid`:`gid`, tries to connect to `socket` every 20 ms until it is ended; what it
+/// prints says whether it ever did.
+fn keep_connecting(uid: u32, gid: u32, socket: &Path) -> std::process::Child {
+    let address = format!(
+        "UNIX-CONNECT:{},retry=100000,interval=0.02",
+        socket.display()
+    );
+    std::process::Command::new("setpriv")
+        .arg(format!("--reuid={uid}"))
+        .arg(format!("--regid={gid}"))
+        .args([
+            "--clear-groups",
+            "timeout",
+            "120",
+            "socat",
+            "-u",
+            "OPEN:/dev/null",
+        ])
+        .arg(address)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("setpriv, timeout and socat")
+}
+
+#[test]
+#[ignore = "needs the vmlet stack: make test"]
+fn another_pods_qemu_cannot_take_a_pods_monitor_before_its_qemu_exists() {
+    fake_qemus_never_get_through(&stack());
+}
+
+/// A pod's QEMU's user keeps connecting to a new pod's `qmp.sock` and `vhost-vsock.sock`
+/// from before the pod's directory exists until the pod has started and answered an exec:
+/// it never gets through (under the launcher the node config names).
+pub(crate) fn fake_qemus_never_get_through(s: &Stack) {
+    let other = unique_id("fake-qemu");
+    s.run_detached(&other, &["sleep", "1000"]).unwrap();
+    let (uid, gid) = ids(qemu_of(s, &other));
+    let id = unique_id("monitored");
+    let dir = pod_dir(s, &id);
+    // Waiting for the sockets before the pod's directory exists.
+    let fakes: Vec<_> = ["qmp.sock", "vhost-vsock.sock"]
+        .into_iter()
+        .map(|socket| (socket, keep_connecting(uid, gid, &dir.join(socket))))
+        .collect();
+    s.run_detached(&id, &["sleep", "1000"]).unwrap();
+    let out = s
+        .ctr_output(&["task", "exec", "--exec-id", "probe", &id, "echo", "alive"])
+        .unwrap();
+    assert_eq!(text(&out.stdout).trim(), "alive", "{}", text(&out.stderr));
+    std::thread::sleep(Duration::from_secs(1));
+    for (socket, mut fake) in fakes {
+        let still_trying = fake.try_wait().unwrap().is_none();
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(fake.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let out = fake.wait_with_output().unwrap();
+        assert!(
+            still_trying,
+            "pod {other}'s QEMU's user connected to {socket} of pod {id}: {}",
+            text(&out.stderr)
+        );
+    }
+    s.kill_and_remove(&id).unwrap();
+    s.kill_and_remove(&other).unwrap();
+    assert_left_nothing(s, &id);
+}
