@@ -204,16 +204,16 @@ pub fn install(release: &Path, root: &Path, containerd: NodeContainerd) -> Resul
     if record.apparmor.is_empty() && root.join(node_apparmor::LIBVIRTD_PROFILE).is_file() {
         allow_in_apparmor(root, &node_config, &mut record, &mut steps)?;
     }
-    if record.libvirt_dir.is_none() {
-        record.libvirt_dir = libvirt_dir::open_to_pods(root)?;
-        if let Some(change) = &record.libvirt_dir {
-            steps.push(format!(
-                "made /{} {:04o} (was {:04o}): each pod's QEMU, a user of its own, opens its domain's files there",
-                change.dir.display(),
-                change.after,
-                change.before
-            ));
-        }
+    // Each time: an upgrade of libvirt's package may have closed it again (the mode found
+    // first is the one uninstall gives back).
+    if let Some(change) = libvirt_dir::open_to_pods(root)? {
+        steps.push(format!(
+            "made /{} {:04o} (was {:04o}): each pod's QEMU, a user of its own, opens its domain's files there",
+            change.dir.display(),
+            change.after,
+            change.before
+        ));
+        record.libvirt_dir.get_or_insert(change);
     }
     let json = serde_json::to_vec_pretty(&record).map_err(|e| Error::Internal(e.to_string()))?;
     write_file(&record_path, &json, 0o644)?;

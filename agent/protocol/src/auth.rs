@@ -58,6 +58,9 @@ pub enum AuthError {
     /// The agent closed the connection before its challenge: it did not take it (every
     /// handshake slot busy) or nothing serves the port. Worth another try.
     NoChallenge,
+    /// The agent closed the connection after the shim's proof, without its own: a newer
+    /// connection took its handshake's slot (a flood), or the proof was not its key's.
+    ClosedAfterProof,
     /// The connection failed or closed before the handshake was done.
     Io(io::Error),
     /// A line that is not the handshake's (what, and why).
@@ -72,6 +75,10 @@ impl fmt::Display for AuthError {
             AuthError::NoChallenge => write!(
                 f,
                 "the agent closed the connection before its challenge (busy, or not listening)"
+            ),
+            AuthError::ClosedAfterProof => write!(
+                f,
+                "the agent closed the connection after the shim's proof (its handshake slot taken by a newer connection, or another key)"
             ),
             AuthError::Io(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
                 write!(f, "the peer closed the connection during the handshake")
@@ -270,6 +277,14 @@ pub async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
     Ok(())
 }
 
+/// Whether `e` says the peer closed the connection.
+fn closed(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset
+    )
+}
+
 /// The shim's side, on a connection it made to guest `port`: answers the agent's challenge
 /// with `nonce` (random) and checks the agent's proof. Reads nothing past the handshake.
 /// The caller bounds the time.
@@ -290,7 +305,10 @@ pub async fn connect<S: AsyncRead + AsyncWrite + Unpin>(
         .write_all(Auth { nonce, proof }.to_line().as_bytes())
         .await?;
     let mut accept = [0u8; ACCEPT_LEN];
-    stream.read_exact(&mut accept).await?;
+    match stream.read_exact(&mut accept).await {
+        Err(e) if closed(&e) => return Err(AuthError::ClosedAfterProof),
+        other => other?,
+    };
     let accept = Accept::parse(&accept)?;
     if !same(&accept.proof, &key.guest_proof(port, &hello.nonce, &nonce)) {
         return Err(AuthError::WrongProof);
@@ -399,7 +417,10 @@ mod tests {
         let host_side = connect(&mut host, &key(6), 1024, [9; 16]).await;
         assert!(matches!(agent.await.unwrap(), Err(AuthError::WrongProof)));
         // The agent closed without a proof of its own.
-        assert!(matches!(host_side, Err(AuthError::Io(_))), "{host_side:?}");
+        assert!(
+            matches!(host_side, Err(AuthError::ClosedAfterProof)),
+            "{host_side:?}"
+        );
     }
 
     #[tokio::test]

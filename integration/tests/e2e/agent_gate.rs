@@ -143,20 +143,25 @@ fn a_flood_of_unproven_connections_does_not_keep_the_shim_out() {
         Arc::new(AtomicBool::new(false)),
         Arc::new(AtomicUsize::new(0)),
     );
-    let flood = {
-        let (uds, stop, opened) = (uds.clone(), stop.clone(), opened.clone());
-        std::thread::spawn(move || {
-            while !stop.load(Ordering::Relaxed) {
-                for port in [AGENT_PORT, STREAM_PORT] {
-                    held.extend(unproven(&uds, port));
-                    opened.fetch_add(1, Ordering::Relaxed);
+    // Two flooders side by side, each keeping its last 500 open.
+    let second = held.split_off(held.len() / 2);
+    let flood: Vec<_> = [held, second]
+        .into_iter()
+        .map(|mut held| {
+            let (uds, stop, opened) = (uds.clone(), stop.clone(), opened.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    for port in [AGENT_PORT, STREAM_PORT] {
+                        held.extend(unproven(&uds, port));
+                        opened.fetch_add(1, Ordering::Relaxed);
+                    }
+                    while held.len() > 500 {
+                        held.pop_front();
+                    }
                 }
-                while held.len() > 1000 {
-                    held.pop_front();
-                }
-            }
+            })
         })
-    };
+        .collect();
     for n in 0..5 {
         let exec_id = format!("during-{n}");
         let out = s
@@ -177,7 +182,9 @@ fn a_flood_of_unproven_connections_does_not_keep_the_shim_out() {
         );
     }
     stop.store(true, Ordering::Relaxed);
-    flood.join().unwrap();
+    for flooder in flood {
+        flooder.join().unwrap();
+    }
     assert!(
         opened.load(Ordering::Relaxed) > 100,
         "the flood went on during the execs"
@@ -192,6 +199,11 @@ fn a_flood_of_unproven_connections_does_not_keep_the_shim_out() {
     .unwrap();
     let logged = console.matches("refused a connection").count();
     assert!((16..200).contains(&logged), "{logged} refusals logged");
+    // The agent held no more of the flood than its slots: newer connections took them.
+    assert!(
+        console.contains("newer connections took the handshake slots"),
+        "no handshake was ended for a newer one:\n{console}"
+    );
     s.kill_and_remove(&id).unwrap();
 }
 

@@ -68,12 +68,15 @@ fn survey(s: &Stack) -> BTreeSet<String> {
         if node_files.iter().any(|f| name == *f) {
             continue;
         }
-        // The pods' uid claims: the directory stays, a claim goes with its pod.
+        // The pods' uid claims: the directory, its lock and where the next claim starts
+        // stay, a claim goes with its pod.
         if name == vmlet_shim::host::pod_user::CLAIMS_DIR {
             let claims = format!("{}/state/{}", s.dir, name.to_string_lossy());
             for claim in std::fs::read_dir(&claims).expect("the uid claims") {
                 let claim = claim.expect("a claim").file_name();
-                if claim != vmlet_shim::host::pod_user::LOCK_FILE {
+                if claim != vmlet_shim::host::pod_user::LOCK_FILE
+                    && claim != vmlet_shim::host::pod_user::NEXT_FILE
+                {
                     found.insert(format!(
                         "uid claim {}: a pod's uid never given back (vmlet's shim)",
                         claim.to_string_lossy()

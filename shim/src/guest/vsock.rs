@@ -107,17 +107,26 @@ impl Endpoint {
     /// nothing and is not taken for the pod's).
     pub async fn connect(&self, port: u32) -> Result<Box<dyn Stream>, Error> {
         let connect = async {
+            let mut closed_after_proof = 0;
             loop {
                 let mut stream = self.route.open(port).await?;
                 match authenticate(&mut stream, &self.key, port).await {
                     Ok(()) => return Ok(stream),
                     // Every handshake slot of the agent's was busy: again, within the
-                    // deadline (a proof that failed is never tried again).
+                    // deadline.
                     Err(Busy(e)) => {
                         log::warn!("{}", e.message());
                         tokio::time::sleep(BUSY_RETRY).await;
                     }
-                    Err(Refused(e)) => return Err(e),
+                    // A flood took this handshake's slot: again, a few times (a proof the
+                    // agent never answers is taken for another key's).
+                    Err(ClosedAfterProof(e)) if closed_after_proof < CLOSED_AFTER_PROOF_TRIES => {
+                        closed_after_proof += 1;
+                        log::warn!("{}", e.message());
+                        tokio::time::sleep(BUSY_RETRY).await;
+                    }
+                    // A proof of the agent's that failed is never tried again.
+                    Err(ClosedAfterProof(e) | Refused(e)) => return Err(e),
                 }
             }
         };
@@ -142,12 +151,16 @@ pub fn new_agent_key() -> Result<AgentKey, Error> {
 /// How long to wait before trying again when the agent was too busy to take a connection.
 const BUSY_RETRY: Duration = Duration::from_millis(50);
 
-/// Why a handshake failed: worth another try, or not.
+/// How many times a connection whose proof the agent closed unanswered is tried again.
+const CLOSED_AFTER_PROOF_TRIES: u32 = 5;
+
+/// Why a handshake failed: worth another try, a few more, or not.
 enum HandshakeFailed {
     Busy(Error),
+    ClosedAfterProof(Error),
     Refused(Error),
 }
-use HandshakeFailed::{Busy, Refused};
+use HandshakeFailed::{Busy, ClosedAfterProof, Refused};
 
 /// The shim's side of the handshake on a connection to guest `port`.
 async fn authenticate<S: AsyncRead + AsyncWrite + Unpin>(
@@ -164,6 +177,9 @@ async fn authenticate<S: AsyncRead + AsyncWrite + Unpin>(
             auth::AuthError::NoChallenge => {
                 Busy(Error::AgentLost(format!("vsock port {port}: {e}")))
             }
+            auth::AuthError::ClosedAfterProof => ClosedAfterProof(Error::AgentLost(format!(
+                "vsock port {port}: the guest did not prove it is this pod's agent: {e}"
+            ))),
             e => Refused(Error::AgentLost(format!(
                 "vsock port {port}: the guest did not prove it is this pod's agent: {e}"
             ))),
@@ -273,16 +289,21 @@ mod tests {
     ) -> tokio::task::JoinHandle<()> {
         let listener = tokio::net::UnixListener::bind(path).unwrap();
         tokio::spawn(async move {
-            let (mut s, _) = listener.accept().await.unwrap();
-            let mut buf = [0u8; 13];
-            s.read_exact(&mut buf).await.unwrap();
-            assert_eq!(&buf, b"CONNECT 1024\n");
-            s.write_all(b"OK 5\n").await.unwrap();
-            if auth::accept(&mut s, &key, 1024, key.guest_nonce(0))
-                .await
-                .is_ok()
-            {
-                s.write_all(payload).await.unwrap();
+            // Until one proves the key, or the shim gives up: a VM with another key sees
+            // each of its tries.
+            for _ in 0..=CLOSED_AFTER_PROOF_TRIES {
+                let (mut s, _) = listener.accept().await.unwrap();
+                let mut buf = [0u8; 13];
+                s.read_exact(&mut buf).await.unwrap();
+                assert_eq!(&buf, b"CONNECT 1024\n");
+                s.write_all(b"OK 5\n").await.unwrap();
+                if auth::accept(&mut s, &key, 1024, key.guest_nonce(0))
+                    .await
+                    .is_ok()
+                {
+                    s.write_all(payload).await.unwrap();
+                    return;
+                }
             }
         })
     }
@@ -317,7 +338,8 @@ mod tests {
     }
 
     /// An agent whose handshake slots were all busy closes a connection before its
-    /// challenge: the shim tries again, within its deadline, and gets in.
+    /// challenge, and one whose slot a flood took closes it after the shim's proof: the
+    /// shim tries again, within its deadline, and gets in.
     #[tokio::test]
     async fn a_busy_agent_is_tried_again() {
         let dir = tempfile::tempdir().unwrap();
@@ -327,13 +349,23 @@ mod tests {
         let server = {
             let key = key.clone();
             tokio::spawn(async move {
-                for turn in 0..3 {
+                for turn in 0..4 {
                     let (mut s, _) = listener.accept().await.unwrap();
                     let mut buf = [0u8; 13];
                     s.read_exact(&mut buf).await.unwrap();
                     s.write_all(b"OK 5\n").await.unwrap();
                     if turn < 2 {
                         continue; // closed before the challenge
+                    }
+                    if turn == 2 {
+                        // Challenged, and closed once the proof came (its slot taken).
+                        let hello = vmlet_protocol::auth::Hello {
+                            nonce: key.guest_nonce(9),
+                        };
+                        s.write_all(hello.to_line().as_bytes()).await.unwrap();
+                        let mut proof = [0u8; auth::AUTH_LEN];
+                        s.read_exact(&mut proof).await.unwrap();
+                        continue;
                     }
                     auth::accept(&mut s, &key, 1024, key.guest_nonce(0))
                         .await

@@ -22,6 +22,8 @@ use crate::Error;
 pub const CLAIMS_DIR: &str = ".pod-users";
 /// The lock every claim is made under.
 pub const LOCK_FILE: &str = ".lock";
+/// Where the next claim starts looking (an index into the range).
+pub const NEXT_FILE: &str = ".next";
 /// How long a boot waits for another shim's claim.
 const LOCK_WAIT: Duration = Duration::from_secs(5);
 /// A claim's most bytes (a pod id).
@@ -59,9 +61,9 @@ impl PodUser {
     }
 }
 
-#[cfg(test)]
 impl PodUser {
-    /// The node's `qemu_user` itself: the tests' stand-in for a claimed uid.
+    /// The node's `qemu_user` itself: what a QEMU outside any pod runs as (the tests' lone
+    /// QEMU, a stand-in for a claimed uid).
     pub fn shared(config: &NodeConfig) -> Result<PodUser, Error> {
         let (uid, gid, groups) = qemu_user(config)?;
         Ok(PodUser { uid, gid, groups })
@@ -103,9 +105,10 @@ pub async fn claim(
     let _lock = crate::host::file_lock::exclusive(&dir.join(LOCK_FILE), LOCK_WAIT).await?;
     let running = uids_running();
     let range = config.pod_users;
-    let start = start_in(pod_id, range.count);
+    let start = read_next(&dir, range.count).unwrap_or_else(|| start_in(pod_id, range.count));
     for i in 0..range.count {
-        let uid = range.first_uid + (start + i) % range.count;
+        let index = (start + i) % range.count;
+        let uid = range.first_uid + index;
         if running.contains(&uid) {
             continue;
         }
@@ -119,6 +122,14 @@ pub async fn claim(
         }
         record(uid)?;
         write_claim(&dir, &path, pod_id)?;
+        // The next claim starts past this one: a uid is taken again only after every
+        // other of the range, so that what a pod's QEMU may have left (its files) meets a
+        // later pod as late as can be.
+        write_file(
+            &dir,
+            &dir.join(NEXT_FILE),
+            &((index + 1) % range.count).to_string(),
+        )?;
         // The primary group alone (the device nodes'), none of the user's others.
         return Ok(PodUser {
             uid,
@@ -201,9 +212,27 @@ fn stale(state_dir: &Path, pod_id: &str) -> bool {
     !plain || !state_dir.join(pod_id).is_dir()
 }
 
+/// Where the next claim starts in a range of `count` (none: not written yet, or not a
+/// number of the range).
+fn read_next(dir: &Path, count: u32) -> Option<u32> {
+    claimant(&dir.join(NEXT_FILE))
+        .ok()
+        .flatten()
+        .and_then(|text| text.parse::<u32>().ok())
+        .filter(|next| *next < count)
+}
+
 /// Writes the claim whole (a temporary file renamed over it).
 fn write_claim(dir: &Path, path: &Path, pod_id: &str) -> Result<(), Error> {
-    let temp = dir.join(format!(".{pod_id}.claim"));
+    write_file(dir, path, pod_id)
+}
+
+/// Writes `text` to `path` in the claims' `dir` whole (a temporary file renamed over it).
+fn write_file(dir: &Path, path: &Path, text: &str) -> Result<(), Error> {
+    let name = path
+        .file_name()
+        .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+    let temp = dir.join(format!(".{name}.new"));
     let _ = std::fs::remove_file(&temp);
     std::fs::OpenOptions::new()
         .write(true)
@@ -211,13 +240,12 @@ fn write_claim(dir: &Path, path: &Path, pod_id: &str) -> Result<(), Error> {
         .mode(0o600)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(&temp)
-        .and_then(|mut f| f.write_all(pod_id.as_bytes()))
+        .and_then(|mut f| f.write_all(text.as_bytes()))
         .and_then(|()| std::fs::rename(&temp, path))
         .map_err(|e| Error::io(format!("write {}", path.display()), e))
 }
 
-/// Where a pod starts looking in a range of `count`: spread by its id, so that pods rarely
-/// look at the same uids.
+/// Where the node's first claim starts looking in a range of `count`: spread by the pod's id.
 fn start_in(pod_id: &str, count: u32) -> u32 {
     use sha2::Digest;
     let hash = sha2::Sha256::digest(pod_id.as_bytes());
@@ -316,6 +344,24 @@ mod tests {
         assert_eq!(claimant(&path).unwrap().as_deref(), Some("gone"));
         claim(&config, "next", |_| Ok(())).await.unwrap();
         assert_eq!(claimant(&path).unwrap().as_deref(), Some("next"));
+    }
+
+    #[tokio::test]
+    async fn a_uid_given_back_is_taken_again_only_after_the_rest_of_the_range() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = config(dir.path(), 3_000_000_000, 3);
+        let mut seen = Vec::new();
+        for pod in ["a", "b", "c", "d"] {
+            let pod_dir = pod_dir(&config, pod);
+            let user = claim(&config, pod, |_| Ok(())).await.unwrap();
+            release(&pod_dir, user.uid).unwrap();
+            seen.push(user.uid);
+        }
+        // Each given back at once, yet the next pod takes the next uid, round the range.
+        assert_eq!(seen[3], seen[0]);
+        let mut first_three = seen[..3].to_vec();
+        first_three.dedup();
+        assert_eq!(first_three.len(), 3, "{seen:?}");
     }
 
     #[tokio::test]

@@ -12,11 +12,11 @@ use crate::vmm::VmManager;
 use crate::Error;
 
 /// Undoes `state`'s journal: the VM first (the domain, or QEMU started without libvirt),
-/// then the rest, the last made first;
-/// then removes the directory. Goes on past failures and reports the first.
+/// then the rest, the last made first; then removes the directory, and gives the pod's uid
+/// back when nothing failed. Goes on past failures and reports the first.
 pub fn teardown(vmm: &dyn VmManager, state: &PodState) -> Result<(), Error> {
     let mut first: Option<Error> = None;
-    let mut note = |r: Result<(), Error>| {
+    let note = |first: &mut Option<Error>, r: Result<(), Error>| {
         if let Err(e) = r {
             log::warn!("teardown: {}", e.message());
             first.get_or_insert(e);
@@ -26,13 +26,29 @@ pub fn teardown(vmm: &dyn VmManager, state: &PodState) -> Result<(), Error> {
         .made
         .iter()
         .partition(|m| matches!(m, Made::Domain(_) | Made::Qemu(_)));
+    let (users, rest): (Vec<&Made>, Vec<&Made>) = rest
+        .into_iter()
+        .partition(|m| matches!(m, Made::PodUser(_)));
     for made in vm.into_iter().chain(rest.into_iter().rev()) {
-        note(made.undo(vmm, &state.dir));
+        note(&mut first, made.undo(vmm, &state.dir));
     }
     // Whatever the state file did not list (it was lost): nothing may stop the removal.
     if state.dir.exists() {
-        note(share::unmount_below(&state.dir));
-        note(share::remove_pod_dir(&state.dir));
+        note(&mut first, share::unmount_below(&state.dir));
+        note(&mut first, share::remove_pod_dir(&state.dir));
+    }
+    // The pod's uid goes back last, and only once everything of the pod is gone: a file
+    // left (libvirt gives what it relabelled back to the uid it found) would be open to
+    // the next pod given it. Kept, the claim goes when the pod's directory does.
+    if first.is_none() {
+        for made in users {
+            note(&mut first, made.undo(vmm, &state.dir));
+        }
+    } else if !users.is_empty() {
+        log::warn!(
+            "teardown: {}'s uid stays claimed while something of the pod is left",
+            state.dir.display()
+        );
     }
     first.map_or(Ok(()), Err)
 }
@@ -124,6 +140,39 @@ mod tests {
         assert!(err.message().contains("not unmounting /etc"), "{err:?}");
         assert!(vmm.running.lock().unwrap().is_empty());
         assert!(!pod_dir.exists());
+    }
+
+    /// The pod's uid goes back only when nothing failed; its claim is the pod id's in
+    /// `<state>/.pod-users/<uid>`.
+    #[test]
+    fn a_pods_uid_goes_back_only_when_all_of_the_pod_is_gone() {
+        let dir = tempfile::tempdir().unwrap();
+        let claims = dir.path().join(crate::host::pod_user::CLAIMS_DIR);
+        std::fs::create_dir(&claims).unwrap();
+        let vmm = crate::vmm::FakeVmm::default();
+        for (pod, made, given_back) in [
+            ("clean", vec![Made::PodUser(7)], true),
+            (
+                "failed",
+                vec![Made::PodUser(8), Made::Mount("/etc".into())],
+                false,
+            ),
+        ] {
+            let pod_dir = dir.path().join(pod);
+            std::fs::create_dir(&pod_dir).unwrap();
+            let uid = match made[0] {
+                Made::PodUser(uid) => uid,
+                _ => unreachable!(),
+            };
+            std::fs::write(claims.join(uid.to_string()), pod).unwrap();
+            let state = PodState {
+                dir: pod_dir.clone(),
+                made,
+                ..Default::default()
+            };
+            assert_eq!(teardown(&vmm, &state).is_ok(), given_back, "{pod}");
+            assert_eq!(!claims.join(uid.to_string()).exists(), given_back, "{pod}");
+        }
     }
 
     #[test]

@@ -56,8 +56,8 @@ pub(super) fn agent_guest(
     vsock: &VsockDevice,
 ) -> GuestBoot {
     GuestBoot::Agent(AgentBoot {
-        kernel: config.guest.kernel.to_string_lossy().into_owned(),
-        initrd: config.guest.initrd.to_string_lossy().into_owned(),
+        kernel: resolved(&config.guest.kernel),
+        initrd: resolved(&config.guest.initrd),
         cmdline: agent_cmdline(SHARE_TAG, &req.options.kernel_params),
         virtiofsd: config.helpers.virtiofsd.to_string_lossy().into_owned(),
         share_dir: paths.share.to_string_lossy().into_owned(),
@@ -65,6 +65,16 @@ pub(super) fn agent_guest(
         vsock: vsock.clone(),
         key_file: paths.agent_key.to_string_lossy().into_owned(),
     })
+}
+
+/// `path` with its links resolved, as AppArmor names the file QEMU opens (the pod's profile
+/// lists it: [`VmSpec::apparmor_files`]); as it is where it does not resolve (QEMU then
+/// says the file is missing).
+fn resolved(path: &std::path::Path) -> String {
+    std::fs::canonicalize(path)
+        .unwrap_or_else(|_| path.to_owned())
+        .to_string_lossy()
+        .into_owned()
 }
 
 /// A started domain.
