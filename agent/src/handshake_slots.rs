@@ -61,6 +61,7 @@ impl Slots {
     }
 
     /// How many slots are taken.
+    #[cfg(test)]
     pub fn taken(&self) -> usize {
         self.inner
             .lock()

@@ -6,7 +6,8 @@
 //!   `NAMESPACE/NAME`; [`operator_console`]: `console --interactive`;
 //! - [`host_check`]: `check`, what the node has and what vmlet needs of it, over
 //!   [`node_program`] (the node's programs, asked with deadlines);
-//! - [`node_install`]: `install` and `uninstall` of a release, with containerd's config
+//! - [`node_install`]: `install` and `uninstall` of a release (the files it writes under the
+//!   node's root: [`root_files`]), with containerd's config
 //!   ([`containerd_config`], its imports and vmlet's drop-in: [`containerd_imports`]), libvirt's AppArmor rules ([`node_apparmor`]), libvirt's
 //!   domain directory ([`libvirt_dir`]) and the node's
 //!   Kubernetes label ([`node_label`]);
@@ -26,3 +27,4 @@ pub mod node_label;
 pub mod node_program;
 pub mod operator_console;
 pub mod pod_listing;
+pub mod root_files;

@@ -132,7 +132,7 @@ fn a_flood_of_unproven_connections_does_not_keep_the_shim_out() {
     let s = stack();
     let id = unique_id("flood");
     s.run_detached(&id, &["sleep", "1000"]).unwrap();
-    let uds = Path::new(&s.dir).join("state").join(&id).join("vsock.sock");
+    let uds = crate::direct_pods::pod_dir(&s, &id).join("vsock.sock");
     let mut held = std::collections::VecDeque::new();
     for i in 0..1000 {
         let port = if i % 2 == 0 { AGENT_PORT } else { STREAM_PORT };
@@ -273,11 +273,8 @@ pub(crate) fn nobody_reaches_the_socket(uds: &Path) {
 /// A process of `uid` and `gid` (names or numbers), without other groups, cannot connect
 /// to `uds`.
 pub(crate) fn user_cannot_reach_the_socket(uid: &str, gid: &str, uds: &Path) {
-    let out = std::process::Command::new("setpriv")
-        .arg(format!("--reuid={uid}"))
-        .arg(format!("--regid={gid}"))
-        .args(["--clear-groups", "socat", "-u"])
-        .arg("OPEN:/dev/null")
+    let out = as_user(uid, gid)
+        .args(["socat", "-u", "OPEN:/dev/null"])
         .arg(format!("UNIX-CONNECT:{}", uds.display()))
         .output()
         .expect("setpriv and socat (scripts/install-deps)");
@@ -291,6 +288,27 @@ pub(crate) fn user_cannot_reach_the_socket(uid: &str, gid: &str, uds: &Path) {
         "{}",
         text(&out.stderr)
     );
+}
+
+/// `setpriv` running what follows as `uid` and `gid` (names or numbers), without other
+/// groups.
+pub(crate) fn as_user(uid: &str, gid: &str) -> std::process::Command {
+    let mut command = std::process::Command::new("setpriv");
+    command
+        .arg(format!("--reuid={uid}"))
+        .arg(format!("--regid={gid}"))
+        .arg("--clear-groups");
+    command
+}
+
+/// A process of `uid` and `gid`, without other groups, cannot read `path`.
+pub(crate) fn user_cannot_read(uid: &str, gid: &str, path: &Path) {
+    let out = as_user(uid, gid)
+        .arg("cat")
+        .arg(path)
+        .output()
+        .expect("setpriv (util-linux)");
+    assert!(!out.status.success(), "{uid} read {}", path.display());
 }
 
 /// A ttrpc request frame (10-byte header, then the `Request` message) for the agent's

@@ -12,19 +12,21 @@
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use crate::agent_gate::{nobody_reaches_the_socket, user_cannot_reach_the_socket};
+use crate::agent_gate::{
+    nobody_reaches_the_socket, user_cannot_reach_the_socket, user_cannot_read,
+};
 use crate::cni::{run_pod_reaching_gateway_and_peer, Node, Pod};
 use crate::support::{stack, text};
 use vmlet_integration::{direct_launcher, unique_id, Stack, TemplatesOn};
 
 /// The pod's QEMU, virtiofsd and shim, by the kind in their command lines.
-struct PodProcesses {
-    qemu: u32,
+pub(crate) struct PodProcesses {
+    pub(crate) qemu: u32,
     virtiofsd: u32,
     shim: u32,
 }
 
-fn pod_processes(s: &Stack, id: &str) -> PodProcesses {
+pub(crate) fn pod_processes(s: &Stack, id: &str) -> PodProcesses {
     let procs = s.pod_processes(id);
     let find = |kind: &str| {
         procs
@@ -58,7 +60,7 @@ fn parent(pid: u32) -> u32 {
     after.split(' ').nth(1).unwrap().parse().unwrap()
 }
 
-fn node_config() -> vmlet_config::NodeConfig {
+pub(crate) fn node_config() -> vmlet_config::NodeConfig {
     let config = std::env::var("VMLET_CONFIG").expect("VMLET_CONFIG: the stack's config");
     vmlet_config::NodeConfig::load_from(Path::new(&config)).expect("the stack's config")
 }
@@ -244,14 +246,7 @@ fn only_the_pods_own_qemu_reaches_its_sockets_or_logs_without_libvirt() {
             ("nobody".to_owned(), "nogroup".to_owned()),
             (other_uid.to_string(), other_gid.clone()),
         ] {
-            let out = std::process::Command::new("setpriv")
-                .arg(format!("--reuid={user}"))
-                .arg(format!("--regid={group}"))
-                .args(["--clear-groups", "cat"])
-                .arg(&path)
-                .output()
-                .expect("setpriv (util-linux)");
-            assert!(!out.status.success(), "{user} read {}", path.display());
+            user_cannot_read(&user, &group, &path);
         }
     }
     s.kill_and_remove(&id).unwrap();

@@ -12,40 +12,32 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::agent_gate::{nobody_reaches_the_socket, user_cannot_reach_the_socket};
-use crate::direct_pods::{assert_left_nothing, pod_dir, pod_uid};
+use crate::agent_gate::{
+    as_user, nobody_reaches_the_socket, user_cannot_reach_the_socket, user_cannot_read,
+};
+use crate::direct_pods::{
+    assert_left_nothing, node_config, pod_dir, pod_processes, pod_uid, status,
+};
 use crate::support::{stack, text};
 use vmlet_integration::{unique_id, Stack};
 
 /// Pod `id`'s QEMU.
 fn qemu_of(s: &Stack, id: &str) -> u32 {
-    let procs = s.pod_processes(id);
-    procs
-        .iter()
-        .find(|(_, cmdline)| cmdline.contains("qemu-system"))
-        .map(|(pid, _)| *pid)
-        .unwrap_or_else(|| panic!("no QEMU of pod {id} among {procs:?}"))
+    pod_processes(s, id).qemu
 }
 
 /// The uid and gid QEMU `pid` runs as (its real ones).
 fn ids(pid: u32) -> (u32, u32) {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     let first = |key: &str| -> u32 {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(key))
-            .and_then(|rest| rest.split_whitespace().next())
-            .unwrap_or_else(|| panic!("no {key} in {status}"))
-            .parse()
-            .unwrap()
+        let ids = status(pid, key);
+        ids.split_whitespace().next().unwrap().parse().unwrap()
     };
-    (first("Uid:"), first("Gid:"))
+    (first("Uid"), first("Gid"))
 }
 
 /// The guest kernel and initrd the stack's config names.
 fn guest_files() -> [PathBuf; 2] {
-    let config = std::env::var("VMLET_CONFIG").expect("VMLET_CONFIG: the stack's config");
-    let config = vmlet_config::NodeConfig::load_from(std::path::Path::new(&config)).unwrap();
+    let config = node_config();
     [config.guest.kernel, config.guest.initrd]
 }
 
@@ -66,10 +58,8 @@ fn a_pods_qemu_cannot_rewrite_the_guest_kernel_every_pod_boots() {
             file.display()
         );
         // As QEMU's user would: open it to append.
-        let out = std::process::Command::new("setpriv")
-            .arg(format!("--reuid={uid}"))
-            .arg(format!("--regid={gid}"))
-            .args(["--clear-groups", "sh", "-c", "exec 3>>\"$0\"", "--"])
+        let out = as_user(&uid.to_string(), &gid.to_string())
+            .args(["sh", "-c", "exec 3>>\"$0\"", "--"])
             .arg(&file)
             .output()
             .expect("setpriv (util-linux)");
@@ -108,17 +98,7 @@ fn two_pods_qemus_are_two_users_that_reach_nothing_of_each_other() {
         user_cannot_reach_the_socket(&other_uid.to_string(), &other_gid.to_string(), &path);
     }
     let console = dir.join("log/console.log");
-    let out = std::process::Command::new("setpriv")
-        .arg(format!("--reuid={other_uid}"))
-        .arg(format!("--regid={other_gid}"))
-        .args(["--clear-groups", "cat"])
-        .arg(&console)
-        .output()
-        .expect("setpriv (util-linux)");
-    assert!(
-        !out.status.success(),
-        "pod {other}'s QEMU read {id}'s console log"
-    );
+    user_cannot_read(&other_uid.to_string(), &other_gid.to_string(), &console);
     s.kill_and_remove(&id).unwrap();
     s.kill_and_remove(&other).unwrap();
     let claims = PathBuf::from(format!("{}/state/.pod-users", s.dir));
@@ -138,17 +118,8 @@ fn keep_connecting(uid: u32, gid: u32, socket: &Path) -> std::process::Child {
         "UNIX-CONNECT:{},retry=100000,interval=0.02",
         socket.display()
     );
-    std::process::Command::new("setpriv")
-        .arg(format!("--reuid={uid}"))
-        .arg(format!("--regid={gid}"))
-        .args([
-            "--clear-groups",
-            "timeout",
-            "120",
-            "socat",
-            "-u",
-            "OPEN:/dev/null",
-        ])
+    as_user(&uid.to_string(), &gid.to_string())
+        .args(["timeout", "120", "socat", "-u", "OPEN:/dev/null"])
         .arg(address)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())

@@ -177,12 +177,15 @@ async fn authenticate<S: AsyncRead + AsyncWrite + Unpin>(
             auth::AuthError::NoChallenge => {
                 Busy(Error::AgentLost(format!("vsock port {port}: {e}")))
             }
-            auth::AuthError::ClosedAfterProof => ClosedAfterProof(Error::AgentLost(format!(
-                "vsock port {port}: the guest did not prove it is this pod's agent: {e}"
-            ))),
-            e => Refused(Error::AgentLost(format!(
-                "vsock port {port}: the guest did not prove it is this pod's agent: {e}"
-            ))),
+            e => {
+                let unproven = Error::AgentLost(format!(
+                    "vsock port {port}: the guest did not prove it is this pod's agent: {e}"
+                ));
+                match e {
+                    auth::AuthError::ClosedAfterProof => ClosedAfterProof(unproven),
+                    _ => Refused(unproven),
+                }
+            }
         })
 }
 
@@ -359,7 +362,7 @@ mod tests {
                     }
                     if turn == 2 {
                         // Challenged, and closed once the proof came (its slot taken).
-                        let hello = vmlet_protocol::auth::Hello {
+                        let hello = auth::Hello {
                             nonce: key.guest_nonce(9),
                         };
                         s.write_all(hello.to_line().as_bytes()).await.unwrap();

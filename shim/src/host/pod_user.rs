@@ -121,7 +121,7 @@ pub async fn claim(
             Some(_) => continue,
         }
         record(uid)?;
-        write_claim(&dir, &path, pod_id)?;
+        write_file(&dir, &path, pod_id)?;
         // The next claim starts past this one: a uid is taken again only after every
         // other of the range, so that what a pod's QEMU may have left (its files) meets a
         // later pod as late as can be.
@@ -220,11 +220,6 @@ fn read_next(dir: &Path, count: u32) -> Option<u32> {
         .flatten()
         .and_then(|text| text.parse::<u32>().ok())
         .filter(|next| *next < count)
-}
-
-/// Writes the claim whole (a temporary file renamed over it).
-fn write_claim(dir: &Path, path: &Path, pod_id: &str) -> Result<(), Error> {
-    write_file(dir, path, pod_id)
 }
 
 /// Writes `text` to `path` in the claims' `dir` whole (a temporary file renamed over it).

@@ -114,12 +114,41 @@ pub struct UnlabelledFile {
     pub seclabel: Seclabel,
 }
 
+/// libvirt's DAC label: on a file, `relabel="no"` alone ([`Seclabel::unlabelled`]); on the
+/// domain, the pod's own user for its QEMU ([`Seclabel::pod_user`]).
 #[derive(Debug, Serialize)]
 pub struct Seclabel {
+    #[serde(rename = "@type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<&'static str>,
     #[serde(rename = "@model")]
     pub model: &'static str,
     #[serde(rename = "@relabel")]
     pub relabel: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub label: Option<String>,
+}
+
+impl Seclabel {
+    /// A file libvirt leaves as it is.
+    pub fn unlabelled() -> Self {
+        Seclabel {
+            kind: None,
+            model: "dac",
+            relabel: "no",
+            label: None,
+        }
+    }
+
+    /// The domain's: libvirt runs QEMU as the pod's own `user` (`+UID:+GID`) and gives it
+    /// what it relabels (the pod's disks, the sockets libvirt makes) while the domain runs.
+    pub fn pod_user(user: &crate::host::pod_user::PodUser) -> Self {
+        Seclabel {
+            kind: Some("static"),
+            model: "dac",
+            relabel: "yes",
+            label: Some(format!("+{}:+{}", user.uid, user.gid)),
+        }
+    }
 }
 
 impl BackingStore {
@@ -143,10 +172,7 @@ impl BackingStore {
             }),
             source: Some(UnlabelledFile {
                 file: path,
-                seclabel: Seclabel {
-                    model: "dac",
-                    relabel: "no",
-                },
+                seclabel: Seclabel::unlabelled(),
             }),
             backing_store: Some(Empty {}),
         }

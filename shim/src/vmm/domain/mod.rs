@@ -156,12 +156,7 @@ impl Domain {
                 },
                 memory: memory_device(spec),
             },
-            seclabel: DacLabel {
-                kind: "static",
-                model: "dac",
-                relabel: "yes",
-                label: format!("+{}:+{}", spec.user.uid, spec.user.gid),
-            },
+            seclabel: Seclabel::pod_user(&spec.user),
             qemu_commandline: commandline,
         }
     }

@@ -5,7 +5,7 @@
 use serde::Serialize;
 
 use super::attrs::{DirAttr, Empty, ModeAttr, NameAttr, PathAttr, TypeAttr};
-use super::disk_xml::Disk;
+use super::disk_xml::{Disk, Seclabel};
 
 #[derive(Debug, Serialize)]
 #[serde(rename = "domain")]
@@ -31,23 +31,10 @@ pub struct Domain {
     pub on_reboot: &'static str,
     pub on_crash: &'static str,
     pub devices: Devices,
-    pub seclabel: DacLabel,
+    /// The pod's own user for its QEMU ([`Seclabel::pod_user`]).
+    pub seclabel: Seclabel,
     #[serde(rename = "qemu:commandline")]
     pub qemu_commandline: QemuCommandline,
-}
-
-/// The pod's own user for its QEMU (`<seclabel type="static" model="dac">`, its label
-/// `+UID:+GID`): libvirt runs QEMU as it, and gives it what it relabels (`relabel="yes"`:
-/// the pod's disks and the sockets libvirt makes) for as long as the domain runs.
-#[derive(Debug, Serialize)]
-pub struct DacLabel {
-    #[serde(rename = "@type")]
-    pub kind: &'static str,
-    #[serde(rename = "@model")]
-    pub model: &'static str,
-    #[serde(rename = "@relabel")]
-    pub relabel: &'static str,
-    pub label: String,
 }
 
 #[derive(Debug, Serialize)]
