@@ -19,6 +19,7 @@ import (
 	"os"
 	"strings"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -80,16 +81,17 @@ func (c *checker) meta(kind string, m metav1.ObjectMeta, namespaced bool) {
 	c.labelSet(kind+" label", m.Labels)
 }
 
-// A pod template: the installer's needs (the host's root, its PIDs, the node's name for the
-// label, the image).
-func toStrings(caps []corev1.Capability) []string {
-	out := make([]string, len(caps))
-	for i, c := range caps {
-		out[i] = string(c)
+// A list of a string type (capabilities, operations) as strings.
+func toStrings[T ~string](list []T) []string {
+	out := make([]string, len(list))
+	for i, x := range list {
+		out[i] = string(x)
 	}
 	return out
 }
 
+// A pod template: the installer's needs (the host's root, its PIDs, the node's name for the
+// label, the image).
 func (c *checker) podTemplate(owner string, t corev1.PodTemplateSpec, image string, accounts map[string]bool) {
 	c.labelSet(owner+" pod label", t.Labels)
 	c.labelSet(owner+" nodeSelector", t.Spec.NodeSelector)
@@ -183,7 +185,8 @@ func main() {
 
 	scheme := runtime.NewScheme()
 	for _, add := range []func(*runtime.Scheme) error{corev1.AddToScheme, appsv1.AddToScheme,
-		batchv1.AddToScheme, rbacv1.AddToScheme, nodev1.AddToScheme, networkingv1.AddToScheme} {
+		batchv1.AddToScheme, rbacv1.AddToScheme, nodev1.AddToScheme, networkingv1.AddToScheme,
+		admissionregistrationv1.AddToScheme} {
 		if err := add(scheme); err != nil {
 			panic(err)
 		}
@@ -254,6 +257,9 @@ func main() {
 				rolesPatchingNodes[v.Name] = get && patch
 			}
 		}
+		// The service accounts whose node patches a policy of the file narrows (each with a
+		// Deny binding).
+		narrowed := ownNodePolicies(objs)
 		bound := map[string]bool{}
 		for _, o := range objs {
 			if b, ok := o.(*rbacv1.ClusterRoleBinding); ok {
@@ -263,6 +269,10 @@ func main() {
 				for _, s := range b.Subjects {
 					if s.Kind == rbacv1.ServiceAccountKind && rolesPatchingNodes[b.RoleRef.Name] {
 						bound[s.Name] = true
+						if !narrowed[s.Namespace+"/"+s.Name] {
+							c.where = files[b]
+							c.fail("service account %s/%s may patch every node: its file has no ValidatingAdmissionPolicy (bound with Deny) that keeps it to its own node's vmlet.io/ labels", s.Namespace, s.Name)
+						}
 					}
 				}
 			}
@@ -337,6 +347,13 @@ func main() {
 			case *networkingv1.NetworkPolicy:
 				c.meta("NetworkPolicy", v.ObjectMeta, true)
 				c.metricsPolicy(v, objects)
+			case *admissionregistrationv1.ValidatingAdmissionPolicy:
+				c.meta("ValidatingAdmissionPolicy", v.ObjectMeta, false)
+				if v.Spec.FailurePolicy == nil || *v.Spec.FailurePolicy != admissionregistrationv1.Fail {
+					c.fail("ValidatingAdmissionPolicy %s: failurePolicy must be Fail (an error must not let a patch through)", v.Name)
+				}
+			case *admissionregistrationv1.ValidatingAdmissionPolicyBinding:
+				c.meta("ValidatingAdmissionPolicyBinding", v.ObjectMeta, false)
 			default:
 				c.fail("unexpected kind %T", o)
 			}
@@ -349,6 +366,57 @@ func main() {
 		os.Exit(1)
 	}
 	fmt.Printf("check-manifests: %d objects in %d files valid\n", len(objects), flag.NArg())
+}
+
+// The service accounts ("namespace/name") that a ValidatingAdmissionPolicy among objs
+// keeps to their own node's vmlet.io/ labels: a policy on node updates whose match
+// condition names the account, which checks the node its token is bound to and the label
+// prefix, and which a binding among objs applies with Deny.
+func ownNodePolicies(objs []runtime.Object) map[string]bool {
+	denied := map[string]bool{}
+	for _, o := range objs {
+		if b, ok := o.(*admissionregistrationv1.ValidatingAdmissionPolicyBinding); ok {
+			for _, a := range b.Spec.ValidationActions {
+				denied[b.Spec.PolicyName] = denied[b.Spec.PolicyName] || a == admissionregistrationv1.Deny
+			}
+		}
+	}
+	narrowed := map[string]bool{}
+	for _, o := range objs {
+		p, ok := o.(*admissionregistrationv1.ValidatingAdmissionPolicy)
+		if !ok || !denied[p.Name] || p.Spec.MatchConstraints == nil {
+			continue
+		}
+		nodes := false
+		for _, r := range p.Spec.MatchConstraints.ResourceRules {
+			nodes = nodes || (contains(r.APIGroups, "") && contains(r.Resources, "nodes") &&
+				contains(toStrings(r.Operations), string(admissionregistrationv1.Update)))
+		}
+		checks := ""
+		for _, v := range p.Spec.Validations {
+			checks += v.Expression + "\n"
+		}
+		for _, v := range p.Spec.Variables {
+			checks += v.Expression + "\n"
+		}
+		if !nodes || !strings.Contains(checks, "authentication.kubernetes.io/node-name") ||
+			!strings.Contains(checks, `"vmlet.io/"`) {
+			continue
+		}
+		for _, m := range p.Spec.MatchConditions {
+			const prefix = "system:serviceaccount:"
+			i := strings.Index(m.Expression, prefix)
+			if i < 0 {
+				continue
+			}
+			account := strings.TrimRight(m.Expression[i+len(prefix):], `"' `)
+			parts := strings.SplitN(account, ":", 2)
+			if len(parts) == 2 {
+				narrowed[parts[0]+"/"+parts[1]] = true
+			}
+		}
+	}
+	return narrowed
 }
 
 // A NetworkPolicy (deploy/vmlet-metrics-networkpolicy.yaml) must select the pods of a

@@ -155,6 +155,32 @@ impl Cluster {
         self.complete(args, Some(input), bounded::COMMAND_TIMEOUT)
     }
 
+    /// The same cluster as the holder of `token` (a service account's) alone: a kubeconfig
+    /// of the API server's address and CA with that token, written to `path`.
+    pub fn as_token(&self, token: &str, path: &std::path::Path) -> anyhow::Result<Cluster> {
+        let field = |f: &str| {
+            self.ok(&[
+                "config",
+                "view",
+                "--raw",
+                "-o",
+                &format!("jsonpath={{.clusters[0].cluster.{f}}}"),
+            ])
+        };
+        let (server, ca) = (field("server")?, field("certificate-authority")?);
+        if server.is_empty() || ca.is_empty() {
+            bail!("the admin kubeconfig names no server or CA file");
+        }
+        let config = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {server}\n    certificate-authority: {ca}\nusers:\n- name: u\n  user:\n    token: {token}\ncontexts:\n- name: c\n  context: {{cluster: c, user: u}}\ncurrent-context: c\n"
+        );
+        std::fs::write(path, config).context("write the token's kubeconfig")?;
+        Ok(Cluster {
+            kubeconfig: path.to_string_lossy().into_owned(),
+            ..self.clone()
+        })
+    }
+
     /// `kubectl apply -f -` of `yaml`.
     pub fn apply(&self, yaml: &str) -> anyhow::Result<()> {
         let out = self.with_input(&["apply", "-f", "-"], yaml)?;

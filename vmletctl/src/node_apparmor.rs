@@ -3,8 +3,8 @@
 //!
 //! libvirt's profile for libvirtd runs only the helpers it knows (`/usr/bin/*`, its own
 //! virtiofsd path). vmlet's emulator wrapper (libvirtd probes it, then starts it as each
-//! pod's QEMU under the VM's profile) and vmlet's virtiofsd need a rule there. What each
-//! pod's QEMU opens beside libvirt's model is in the pod's own profile
+//! pod's QEMU under the VM's profile) needs a rule there; a pod's virtiofsd is the shim's,
+//! not libvirtd's. What each pod's QEMU opens beside libvirt's model is in the pod's own profile
 //! ([`vmlet_shim::vmm::pod_apparmor`]), not here.
 //!
 //! The rules go into the site-local file libvirtd's profile includes
@@ -35,9 +35,8 @@ pub fn rules(config: &NodeConfig) -> Result<Vec<(&'static str, String)>, Error> 
     quoted(&config.state_dir)?;
     let libvirtd = format!(
         "  # libvirtd probes vmlet's emulator wrapper and starts it as each pod's QEMU\n  \
-         # (under the VM's profile), and starts vmlet's virtiofsd.\n  {} PUx,\n  {} PUx,\n",
-        quoted(&h.vmwrapper)?,
-        quoted(&h.virtiofsd)?
+         # (under the VM's profile).\n  {} PUx,\n",
+        quoted(&h.vmwrapper)?
     );
     Ok(vec![(LOCAL_LIBVIRTD, libvirtd)])
 }
@@ -85,7 +84,10 @@ mod tests {
         assert!(all[0]
             .1
             .contains("  \"/usr/local/bin/vmlet-vmwrapper\" PUx,\n"));
-        assert!(all[0].1.contains("  \"/usr/local/bin/virtiofsd\" PUx,\n"));
+        assert!(
+            !all[0].1.contains("virtiofsd"),
+            "the shim starts it: {all:?}"
+        );
         assert_eq!(all.len(), 1, "each pod's QEMU has its own profile: {all:?}");
         for odd in ["/run/vm\"let", "/run/vmlet*", "/run/{a,b}", "run/vmlet"] {
             let config = NodeConfig {

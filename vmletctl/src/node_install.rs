@@ -375,7 +375,7 @@ fn allow_in_apparmor(
             .push(append_block(root, Path::new(file), &rules)?);
     }
     steps.push(format!(
-        "allowed libvirtd to start vmlet's wrapper and virtiofsd in its AppArmor profile (/{}); each pod's QEMU gets a profile of its own",
+        "allowed libvirtd to start vmlet's wrapper in its AppArmor profile (/{}); each pod's QEMU gets a profile of its own",
         node_apparmor::LOCAL_LIBVIRTD,
     ));
     steps.push(node_apparmor::reload(root)?);
@@ -780,7 +780,7 @@ mod tests {
         let libvirtd = std::fs::read_to_string(root.join(node_apparmor::LOCAL_LIBVIRTD)).unwrap();
         assert!(
             libvirtd.starts_with("# Site-specific additions\n  /opt/admins r,\n  # vmlet:")
-                && libvirtd.contains("\"/usr/local/bin/virtiofsd\" PUx,"),
+                && libvirtd.contains("\"/usr/local/bin/vmlet-vmwrapper\" PUx,"),
             "{libvirtd}"
         );
         // Each pod's QEMU has its own profile: nothing for every VM.

@@ -7,7 +7,8 @@
 //! account: one JSON merge patch of the Node over HTTPS to the API server
 //! (`KUBERNETES_SERVICE_HOST`/`_PORT`), its certificate checked against the account's
 //! `ca.crt`, the account's token as bearer. The RBAC in `deploy/vmlet-deploy.yaml` lets it
-//! get and patch nodes, nothing else. The exchange is bounded: 10 s to connect, read and
+//! get and patch nodes, nothing else, and its ValidatingAdmissionPolicy narrows that to the
+//! `vmlet.io/` labels of the node its pod runs on. The exchange is bounded: 10 s to connect, read and
 //! write, and at most 64 KiB of answer.
 
 use std::io::{Read, Write};
@@ -153,7 +154,7 @@ impl NodeApi for InCluster {
             (200, _) => Ok(()),
             (404, _) => Err(Error::NotFound(format!("node {node}"))),
             (status @ (401 | 403), body) => Err(Error::PermissionDenied(format!(
-                "the API server refused to patch node {node} ({status}): {}; the service account needs get and patch on nodes (deploy/vmlet-deploy.yaml)",
+                "the API server refused to patch node {node} ({status}): {}; the service account needs get and patch on nodes, and its ValidatingAdmissionPolicy lets it patch only the node its pod runs on (deploy/vmlet-deploy.yaml)",
                 brief(&body)
             ))),
             (status, body) => Err(Error::FailedPrecondition(format!(

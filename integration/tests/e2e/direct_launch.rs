@@ -53,6 +53,7 @@ async fn vmlets_own_qemu_command_line_boots_a_pod_whose_agent_answers() {
             cmdline: agent_cmdline("vmlet", ""),
             virtiofsd: VIRTIOFSD.into(),
             share_dir: path(vm.share_dir()),
+            share_socket: path(vm.share_socket()),
             share_tag: "vmlet".into(),
             vsock: VsockDevice::VhostUser {
                 socket: path(vm.vsock_backend_socket()),

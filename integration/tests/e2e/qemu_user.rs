@@ -2,9 +2,10 @@
 //! the domain's static DAC label): two pods' QEMUs run as two uids of the node's
 //! `pod_users`, given back with their pods. QEMU runs an attacker's code at worst (a guest
 //! that broke out of it). Attacks, as another pod's QEMU's user: connecting to a pod's
-//! sockets or reading its console log while it runs, and taking vmlet's QMP monitor or the
-//! vsock backend's socket before the pod's QEMU exists (a fake QEMU that would be handed
-//! the pod's descriptors); and opening the node's guest kernel and initrd, which every later
+//! sockets (vmlet's and those libvirt keeps in the domain's directory) or reading its console
+//! log while it runs, and taking vmlet's QMP monitor, the vsock backend's socket or the pod's
+//! virtiofsd before the pod's QEMU exists (a fake QEMU that would be handed the pod's
+//! descriptors, or served its share); and opening the node's guest kernel and initrd, which every later
 //! pod boots, for writing (libvirt gives what a domain names to its QEMU's user: the kernel
 //! is QEMU's argument instead). Run by `make test`.
 
@@ -85,8 +86,13 @@ fn two_pods_qemus_are_two_users_that_reach_nothing_of_each_other() {
     pod_uid(qemu_of(&s, &other));
     assert_ne!(uid, other_uid, "two pods' QEMUs share a uid");
     let dir = pod_dir(&s, &id);
-    // vmlet's QMP monitor is the pod's QEMU's; the shim's end of the vsock backend root's.
-    for (socket, owner) in [("qmp.sock", uid), ("vsock.sock", 0)] {
+    // vmlet's QMP monitor and the pod's virtiofsd's socket are the pod's QEMU's; the shim's
+    // end of the vsock backend root's.
+    for (socket, owner) in [
+        ("qmp.sock", uid),
+        ("virtiofsd.sock", uid),
+        ("vsock.sock", 0),
+    ] {
         let path = dir.join(socket);
         let meta = std::fs::metadata(&path).unwrap();
         assert_eq!(
@@ -96,6 +102,32 @@ fn two_pods_qemus_are_two_users_that_reach_nothing_of_each_other() {
         );
         nobody_reaches_the_socket(&path);
         user_cannot_reach_the_socket(&other_uid.to_string(), &other_gid.to_string(), &path);
+    }
+    // Nor, from its own mount namespace, any socket libvirt keeps for the pod in the domain's
+    // directory (where libvirt's own virtiofsd would serve the share, to the group every
+    // pod's QEMU has).
+    let qemu = qemu_of(&s, &id);
+    let domain_dir = libvirt_domain_dir(qemu);
+    let in_namespace = domain_dir.strip_prefix("/").unwrap();
+    let sockets = sockets_in(&Path::new(&format!("/proc/{qemu}/root")).join(in_namespace));
+    assert!(!sockets.is_empty(), "no socket in {}", domain_dir.display());
+    for name in sockets {
+        let socket = domain_dir.join(&name);
+        let out = std::process::Command::new("nsenter")
+            .arg(format!("--target={}", qemu_of(&s, &other)))
+            .arg("--mount")
+            .arg("--")
+            .args(setpriv_argv(&other_uid, &other_gid))
+            .args(["socat", "-u", "OPEN:/dev/null"])
+            .arg(format!("UNIX-CONNECT:{}", socket.display()))
+            .output()
+            .expect("nsenter, setpriv and socat");
+        assert!(
+            !out.status.success() && text(&out.stderr).contains("Permission denied"),
+            "pod {other}'s QEMU's user connected to {}: {}",
+            socket.display(),
+            text(&out.stderr)
+        );
     }
     let console = dir.join("log/console.log");
     user_cannot_read(&other_uid.to_string(), &other_gid.to_string(), &console);
@@ -109,6 +141,37 @@ fn two_pods_qemus_are_two_users_that_reach_nothing_of_each_other() {
             "uid {uid} still claimed"
         );
     }
+}
+
+/// libvirt's directory of the domain whose QEMU is `qemu` (where its master key is, which
+/// QEMU's command line names), as QEMU's mount namespace names it.
+fn libvirt_domain_dir(qemu: u32) -> PathBuf {
+    let cmdline = std::fs::read(format!("/proc/{qemu}/cmdline")).unwrap();
+    let key = String::from_utf8_lossy(&cmdline)
+        .split(['"', ',', '\0'])
+        .find(|a| a.ends_with("/master-key.aes"))
+        .map(PathBuf::from)
+        .expect("QEMU's command line names libvirt's master key");
+    key.parent().unwrap().to_owned()
+}
+
+/// `setpriv` and its arguments, as [`as_user`] runs it for `uid` and `gid`.
+fn setpriv_argv(uid: &u32, gid: &u32) -> Vec<std::ffi::OsString> {
+    let setpriv = as_user(&uid.to_string(), &gid.to_string());
+    std::iter::once(setpriv.get_program().to_owned())
+        .chain(setpriv.get_args().map(ToOwned::to_owned))
+        .collect()
+}
+
+/// The names of the sockets in `dir`.
+fn sockets_in(dir: &Path) -> Vec<std::ffi::OsString> {
+    use std::os::unix::fs::FileTypeExt;
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap())
+        .filter(|e| e.file_type().unwrap().is_socket())
+        .map(|e| e.file_name())
+        .collect()
 }
 
 /// As `uid`:`gid`, tries to connect to `socket` every 20 ms until it is ended; what it
@@ -133,8 +196,8 @@ fn another_pods_qemu_cannot_take_a_pods_monitor_before_its_qemu_exists() {
     fake_qemus_never_get_through(&stack());
 }
 
-/// A pod's QEMU's user keeps connecting to a new pod's `qmp.sock` and `vhost-vsock.sock`
-/// from before the pod's directory exists until the pod has started and answered an exec:
+/// A pod's QEMU's user keeps connecting to a new pod's `qmp.sock`, `vhost-vsock.sock` and
+/// `virtiofsd.sock` from before the pod's directory exists until the pod has started and answered an exec:
 /// it never gets through (under the launcher the node config names).
 pub(crate) fn fake_qemus_never_get_through(s: &Stack) {
     let other = unique_id("fake-qemu");
@@ -143,7 +206,7 @@ pub(crate) fn fake_qemus_never_get_through(s: &Stack) {
     let id = unique_id("monitored");
     let dir = pod_dir(s, &id);
     // Waiting for the sockets before the pod's directory exists.
-    let fakes: Vec<_> = ["qmp.sock", "vhost-vsock.sock"]
+    let fakes: Vec<_> = ["qmp.sock", "vhost-vsock.sock", "virtiofsd.sock"]
         .into_iter()
         .map(|socket| (socket, keep_connecting(uid, gid, &dir.join(socket))))
         .collect();

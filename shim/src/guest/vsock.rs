@@ -3,8 +3,7 @@
 //! then on either the agent's handshake ([`vmlet_protocol::auth`]).
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::UnixStream;
@@ -214,69 +213,6 @@ async fn hybrid_connect(uds: &Path, port: u32) -> Result<UnixStream, Error> {
             Err(e) => return Err(Error::Internal(format!("hybrid vsock port {port}: {e}"))),
         }
     }
-}
-
-/// Starts `vhost-device-vsock` for one VM and waits until its vhost-user socket exists;
-/// both its sockets are root's, mode 0600 (the caller gives the vhost-user one to QEMU's
-/// user). Returns its PID. The shim's reaper collects it when it exits.
-pub fn start_vhost_device_vsock(
-    binary: &Path,
-    vhost_socket: &Path,
-    uds: &Path,
-    log: &Path,
-) -> Result<u32, Error> {
-    let log = std::fs::File::create(log).map_err(|e| Error::io("create vsock log", e))?;
-    let log2 = log.try_clone().map_err(|e| Error::io("dup vsock log", e))?;
-    let mut command = Command::new(binary);
-    // SAFETY: umask is an async-signal-safe system call; nothing is allocated between fork
-    // and exec.
-    unsafe {
-        use std::os::unix::process::CommandExt;
-        // Its sockets are born 0600 (root's): the shim gives the vhost-user one to QEMU.
-        command.pre_exec(|| {
-            libc::umask(0o077);
-            Ok(())
-        });
-    }
-    let child = command
-        .arg("--vm")
-        .arg(format!(
-            "guest-cid={HYBRID_GUEST_CID},socket={},uds-path={}",
-            vhost_socket.display(),
-            uds.display()
-        ))
-        .stdin(Stdio::null())
-        .stdout(log)
-        .stderr(log2)
-        .spawn()
-        .map_err(|e| Error::io(format!("start {}", binary.display()), e))?;
-    let pid = child.id();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !vhost_socket.exists() {
-        if Instant::now() > deadline {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid as i32),
-                nix::sys::signal::Signal::SIGKILL,
-            );
-            return Err(Error::Timeout(format!(
-                "{} did not create {}",
-                binary.display(),
-                vhost_socket.display()
-            )));
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    // It binds the shim's socket before the vhost-user one. Only the shim connects there.
-    if let Err(e) =
-        std::fs::set_permissions(uds, std::os::unix::fs::PermissionsExt::from_mode(0o600))
-    {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(pid as i32),
-            nix::sys::signal::Signal::SIGKILL,
-        );
-        return Err(Error::io(format!("chmod {}", uds.display()), e));
-    }
-    Ok(pid)
 }
 
 #[cfg(test)]

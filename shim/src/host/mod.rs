@@ -12,7 +12,8 @@
 //!   wrapper; [`sk_lookup`]: port-forwarding's listener in the pod's namespace;
 //! - [`host_command`]: host programs run with deadlines and bounded output; [`file_lock`]:
 //!   a lock between shims; [`pidfd`]: processes held by pidfd; [`qemu_process`]: QEMU as the
-//!   shim's confined child and [`virtiofsd`] the pod's virtiofsd (`launcher = "direct"`);
+//!   shim's confined child, [`virtiofsd`] the pod's virtiofsd and [`vhost_device_vsock`] its
+//!   vsock backend;
 //! - [`templates`]: saved template VMs, one per VM shape, within the node's limits;
 //! - [`pod_record`]: what an operator knows a pod by (`vmletctl ps`); [`pod_user`]: the
 //!   pod's own uid, which its QEMU runs as.
@@ -36,4 +37,5 @@ pub mod state;
 pub mod taps;
 pub mod templates;
 pub mod undo;
+pub(crate) mod vhost_device_vsock;
 pub(crate) mod virtiofsd;

@@ -287,106 +287,9 @@ fn expand_slice(slice: &str) -> Result<PathBuf, String> {
     Ok(path)
 }
 
-/// The PIDs of the virtiofsd processes serving `share`, which libvirt starts: found by
-/// their command line (it names the directory), and taken only when what no local user can
-/// make also holds: the process runs as root (real and effective UID 0) and its executable
-/// is the node's virtiofsd (`binary`, the same file by device and inode, however the
-/// process's own root has moved since). A user's decoy (`exec -a virtiofsd ... source=`,
-/// or the binary run by hand) is not taken.
-pub fn virtiofsd_pids(share: &Path, binary: &Path) -> Vec<u32> {
-    virtiofsd_pids_in(Path::new("/proc"), share, binary)
-}
-
-fn virtiofsd_pids_in(proc_dir: &Path, share: &Path, binary: &Path) -> Vec<u32> {
-    use std::os::unix::fs::MetadataExt;
-    let Ok(binary) = std::fs::metadata(binary).map(|m| (m.dev(), m.ino())) else {
-        return Vec::new();
-    };
-    let Ok(entries) = std::fs::read_dir(proc_dir) else {
-        return Vec::new();
-    };
-    entries
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            let dir = proc_dir.join(pid.to_string());
-            let cmdline = std::fs::read(dir.join("cmdline")).unwrap_or_default();
-            let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
-            args.first().is_some_and(|a| a.ends_with(b"virtiofsd"))
-                && names_share(&args, share)
-                && runs_as_root(&dir)
-                && std::fs::metadata(dir.join("exe")).is_ok_and(|m| (m.dev(), m.ino()) == binary)
-        })
-        .collect()
-}
-
-/// Whether virtiofsd's arguments name `share` as the directory it serves, as libvirt
-/// writes it: `-o source=SHARE` (libvirt 9 and 10) or `--shared-dir SHARE` (11).
-fn names_share(args: &[&[u8]], share: &Path) -> bool {
-    let share = share.as_os_str().as_encoded_bytes();
-    let option = |arg: &[u8], name: &[u8]| arg.strip_prefix(name) == Some(share);
-    args.iter()
-        .any(|a| option(a, b"source=") || option(a, b"--shared-dir="))
-        || args
-            .windows(2)
-            .any(|pair| pair[0] == b"--shared-dir" && pair[1] == share)
-}
-
-/// Whether the process at `dir` (`/proc/PID`) has real and effective UID 0.
-fn runs_as_root(dir: &Path) -> bool {
-    let Ok(status) = std::fs::read_to_string(dir.join("status")) else {
-        return false;
-    };
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("Uid:"))
-        .is_some_and(|uids| {
-            let ids: Vec<&str> = uids.split_whitespace().collect();
-            ids.len() == 4 && ids[..2] == ["0", "0"]
-        })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A `/proc` of three processes that all claim to be virtiofsd serving `share`: the
-    /// real one (root, the binary), a user's (the binary, run as the user) and a decoy
-    /// (root's, or so its status says, but another executable).
-    #[test]
-    fn only_roots_virtiofsd_binary_is_taken_for_the_pods() {
-        let dir = tempfile::tempdir().unwrap();
-        let (proc_dir, binary, decoy) = (
-            dir.path().join("proc"),
-            dir.path().join("virtiofsd"),
-            dir.path().join("decoy"),
-        );
-        std::fs::write(&binary, "binary").unwrap();
-        std::fs::write(&decoy, "decoy").unwrap();
-        let share = Path::new("/run/vmlet/p1/share");
-        let process = |pid: u32, uid: &str, exe: &Path| {
-            let d = proc_dir.join(pid.to_string());
-            std::fs::create_dir_all(&d).unwrap();
-            std::fs::write(
-                d.join("cmdline"),
-                format!(
-                    "/usr/libexec/virtiofsd\0--fd=3\0-o\0source={}\0",
-                    share.display()
-                ),
-            )
-            .unwrap();
-            std::fs::write(d.join("status"), format!("Name:\tvirtiofsd\nUid:\t{uid}\n")).unwrap();
-            std::os::unix::fs::symlink(exe, d.join("exe")).unwrap();
-        };
-        process(10, "0\t0\t0\t0", &binary);
-        process(11, "1000\t1000\t1000\t1000", &binary);
-        process(12, "0\t0\t0\t0", &decoy);
-        process(13, "1000\t0\t0\t0", &binary);
-        assert_eq!(virtiofsd_pids_in(&proc_dir, share, &binary), vec![10]);
-        assert_eq!(
-            virtiofsd_pids_in(&proc_dir, Path::new("/run/vmlet/p2/share"), &binary),
-            Vec::<u32>::new()
-        );
-    }
 
     /// On cgroup v2 the root has no `cpuset.cpus` and a new cgroup's empty one is its
     /// parent's: nothing is copied (a CRI pod on Debian 13 failed here). On v1 the parent's
@@ -410,23 +313,6 @@ mod tests {
         }
         cgroup.create_in(v1.path()).unwrap();
         assert!(v1.path().join("kubepods/pod1").is_dir());
-    }
-
-    #[test]
-    fn the_share_is_found_as_each_libvirt_names_it() {
-        let share = Path::new("/run/vmlet/p1/share");
-        let named = |line: &str| {
-            let args: Vec<&[u8]> = line.split(' ').map(str::as_bytes).collect();
-            names_share(&args, share)
-        };
-        assert!(named("virtiofsd --fd=3 -o source=/run/vmlet/p1/share"));
-        assert!(named("virtiofsd --fd=31 --shared-dir /run/vmlet/p1/share"));
-        assert!(named("virtiofsd --fd=31 --shared-dir=/run/vmlet/p1/share"));
-        assert!(!named(
-            "virtiofsd --fd=31 --shared-dir /run/vmlet/p1/share/sub"
-        ));
-        assert!(!named("virtiofsd --fd=31 /run/vmlet/p1/share"));
-        assert!(!named("virtiofsd --shared-dir"));
     }
 
     #[test]

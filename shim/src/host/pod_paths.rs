@@ -19,10 +19,9 @@ pub struct PodPaths {
     pub vsock_log: PathBuf,
     pub tap_socket: PathBuf,
     pub qmp_socket: PathBuf,
-    /// The vhost-user socket of the pod's virtiofsd, which the shim starts under
-    /// `launcher = "direct"` (libvirt keeps its own).
+    /// The vhost-user socket of the pod's virtiofsd, which the shim starts.
     pub share_socket: PathBuf,
-    /// QEMU's and virtiofsd's output under `launcher = "direct"`, in the log tmpfs.
+    /// QEMU's output under `launcher = "direct"`, and virtiofsd's, in the log tmpfs.
     pub qemu_log: PathBuf,
     pub virtiofsd_log: PathBuf,
     /// The agent's key, for QEMU to read as it starts (removed once it has).

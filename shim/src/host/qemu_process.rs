@@ -154,6 +154,35 @@ pub(crate) fn detached_command(program: &Path, log: File) -> Result<Command, Err
     Ok(command)
 }
 
+/// A helper of the pod's VM (virtiofsd, vhost-device-vsock) as [`detached_command`] makes
+/// it, which between fork and exec also makes its files 0600 (umask 077), joins the cgroups
+/// whose `cgroup.procs` are `cgroup_procs` (a process it forks is in them too), [`detach`]es
+/// and keeps only the descriptors `keep` beside stdio.
+pub(crate) fn helper_command(
+    program: &Path,
+    log: File,
+    cgroup_procs: Vec<File>,
+    keep: Vec<RawFd>,
+) -> Result<Command, Error> {
+    let cgroups: Vec<RawFd> = cgroup_procs.iter().map(AsRawFd::as_raw_fd).collect();
+    let oom_score_adj = oom_score_adj_path();
+    let mut command = detached_command(program, log)?;
+    // SAFETY: the closure makes only async-signal-safe system calls on data made before
+    // the fork, and allocates nothing. The cgroup files stay open while it runs (it owns
+    // them).
+    unsafe {
+        command.pre_exec(move || {
+            let _open = &cgroup_procs;
+            libc::umask(0o077);
+            if !join_cgroups(&cgroups) || !detach(&oom_score_adj) || !close_all_but(&keep) {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    Ok(command)
+}
+
 /// `/proc/self/oom_score_adj`, for [`detach`].
 pub(crate) fn oom_score_adj_path() -> CString {
     CString::new("/proc/self/oom_score_adj").expect("no NUL")

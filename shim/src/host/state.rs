@@ -118,6 +118,7 @@ impl From<PodState> for StateFile {
             domain: s.domain().map(str::to_owned),
             vsock_pid: s.made.iter().find_map(|m| match m {
                 Made::VsockBackend(pid) => Some(*pid),
+                Made::Process(p) if p.what == crate::host::vhost_device_vsock::NAME => Some(p.pid),
                 _ => None,
             }),
             mounts: s
@@ -341,7 +342,12 @@ mod tests {
                     netns: "/var/run/netns/p".into(),
                     wirings: vec![],
                 },
-                Made::VsockBackend(42),
+                // The vsock backend as vmlet records it now: by its start time too.
+                Made::Process(crate::host::undo::ProcessId {
+                    pid: 42,
+                    start_time: 7,
+                    what: crate::host::vhost_device_vsock::NAME.into(),
+                }),
                 Made::DiskDir("/var/lib/vmlet/disks/p".into()),
                 Made::Domain("vmlet-p".into()),
                 Made::Mount("/run/vmlet/p/mounts/c2/rootfs".into()),

@@ -37,7 +37,9 @@ pub enum Made {
         netns: PathBuf,
         wirings: Vec<vmlet_netns::Wiring>,
     },
-    /// A `vhost-device-vsock` process: killed, if that PID still runs one.
+    /// A `vhost-device-vsock` process as vmlet recorded it before its start time was kept
+    /// (now a [`Made::Process`]): killed, if that PID still runs one. Read from the state
+    /// of a pod an earlier vmlet started, never written.
     VsockBackend(u32),
     /// A VM image's directory under the node's `vm_images.disk_dir`: removed.
     DiskDir(PathBuf),
@@ -46,8 +48,8 @@ pub enum Made {
     /// QEMU started without libvirt ([`crate::host::qemu_process`]): killed, and awaited,
     /// if its PID is still that process. The VM, as a domain is.
     Qemu(ProcessId),
-    /// A helper of the VM the shim started itself (virtiofsd under `launcher = "direct"`):
-    /// killed, and awaited, if its PID is still that process.
+    /// A helper of the VM the shim started itself (virtiofsd, vhost-device-vsock): killed,
+    /// and awaited, if its PID is still that process.
     Process(ProcessId),
     /// The pod's own uid ([`crate::host::pod_user`]), recorded first: given back last.
     PodUser(u32),

@@ -264,7 +264,7 @@ pub(super) async fn run_image(
         root_volume,
         volumes: crate::vm_mode::volumes::any_shared(&image.volumes).then(|| {
             crate::vmm::vm_spec::VolumeShare {
-                virtiofsd: config.helpers.virtiofsd.to_string_lossy().into_owned(),
+                socket: paths.share_socket.to_string_lossy().into_owned(),
                 dir: paths
                     .share
                     .join(&req.container_id)

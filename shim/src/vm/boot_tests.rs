@@ -20,19 +20,30 @@ use crate::vmm::vm_spec::VsockDevice;
 use crate::vmm::{FakeVmm, VmManager};
 use crate::Error;
 
-/// A node config whose state lives under `dir`, whose QEMU user is the test's own.
+/// A node config whose state lives under `dir`, whose QEMU user is the test's own, and
+/// whose virtiofsd is a stand-in that waits ([`FAKE_VIRTIOFSD`], made where `dir` is).
 fn config(dir: &Path) -> NodeConfig {
     let me = nix::unistd::User::from_uid(nix::unistd::geteuid())
         .unwrap()
         .unwrap();
-    NodeConfig {
+    let mut config = NodeConfig {
         state_dir: dir.join("state"),
         qemu_user: me.name,
         accel: Accel::Tcg,
         vsock: VsockTransport::Vhost,
         ..NodeConfig::default()
+    };
+    if dir.is_dir() {
+        let virtiofsd = dir.join("virtiofsd");
+        std::fs::write(&virtiofsd, FAKE_VIRTIOFSD).unwrap();
+        std::fs::set_permissions(&virtiofsd, std::fs::Permissions::from_mode(0o755)).unwrap();
+        config.helpers.virtiofsd = virtiofsd;
     }
+    config
 }
+
+/// A virtiofsd that serves nothing, and ends by itself if no teardown kills it.
+const FAKE_VIRTIOFSD: &str = "#!/bin/sh\nexec sleep 30\n";
 
 fn request(pod_id: &str) -> BootRequest {
     BootRequest {
@@ -63,9 +74,13 @@ fn request(pod_id: &str) -> BootRequest {
     }
 }
 
-/// A new pod's state directory and the recorder the steps save into.
+/// A new pod's state directory, its share and log directory made (as the host's setup
+/// makes them), and the recorder the steps save into.
 fn pod(config: &NodeConfig, pod_id: &str) -> (PodPaths, Arc<Mutex<PodState>>) {
-    new_pod_state(config, pod_id, None).unwrap()
+    let (paths, state) = new_pod_state(config, pod_id, None).unwrap();
+    std::fs::create_dir_all(&paths.share).unwrap();
+    std::fs::create_dir_all(paths.virtiofsd_log.parent().unwrap()).unwrap();
+    (paths, state)
 }
 
 /// Pod `p` with its state under a temporary directory (removed when dropped), no cgroup.
@@ -222,6 +237,7 @@ fn the_guest_boots_the_nodes_kernel_with_the_share_and_the_pods_parameters() {
         plain.cmdline
     );
     assert_eq!(plain.share_dir, paths.share.to_string_lossy());
+    assert_eq!(plain.share_socket, paths.share_socket.to_string_lossy());
     assert_eq!(plain.key_file, paths.agent_key.to_string_lossy());
     req.options.kernel_params = "loglevel=7".into();
     let tuned = match launch::agent_guest(&config, &req, &paths, &VsockDevice::Vhost) {
@@ -231,7 +247,9 @@ fn the_guest_boots_the_nodes_kernel_with_the_share_and_the_pods_parameters() {
     assert!(tuned.cmdline.ends_with("vmlet.share=vmlet loglevel=7"));
 }
 
-fn devices() -> launch::Devices {
+/// vmlet's guest for pod `p` at `paths`, without taps.
+fn devices(paths: &PodPaths) -> launch::Devices {
+    let path = |p: &Path| p.to_string_lossy().into_owned();
     launch::Devices {
         kvm: false,
         guest: crate::vmm::vm_spec::GuestBoot::Agent(crate::vmm::vm_spec::AgentBoot {
@@ -239,10 +257,11 @@ fn devices() -> launch::Devices {
             initrd: "/boot/initrd".into(),
             cmdline: "console=ttyS0".into(),
             virtiofsd: "/usr/libexec/virtiofsd".into(),
-            share_dir: "/run/vmlet/p/share".into(),
+            share_dir: path(&paths.share),
+            share_socket: path(&paths.share_socket),
             share_tag: "vmlet".into(),
             vsock: VsockDevice::Vhost,
-            key_file: "/run/vmlet/p/agent.key".into(),
+            key_file: path(&paths.agent_key),
         }),
         taps: None,
         user: crate::host::pod_user::PodUser::shared(&config(Path::new("/nonexistent"))).unwrap(),
@@ -258,7 +277,7 @@ async fn the_domain_is_recorded_before_it_starts_and_qemus_monitor_tells_its_end
         rec,
     } = scratch_pod();
     let (qemu, vmm, quit) = FakeQemu::manager(paths.qmp_socket.clone(), false);
-    let launched = launch::start(&config, &vmm, &request("p"), &paths, &rec, devices())
+    let launched = launch::start(&config, &vmm, &request("p"), &paths, &rec, devices(&paths))
         .await
         .unwrap();
     assert_eq!(launched.name, "vmlet-p");
@@ -274,6 +293,16 @@ async fn the_domain_is_recorded_before_it_starts_and_qemus_monitor_tells_its_end
         .permissions()
         .mode();
     assert_eq!(mode & 0o777, 0o600);
+    // The pod's virtiofsd is the shim's, on a socket of the pod's QEMU's user alone, which
+    // the domain names.
+    let socket = std::fs::metadata(&paths.share_socket).unwrap();
+    assert_eq!(socket.permissions().mode() & 0o777, 0o600);
+    assert_eq!(
+        std::os::unix::fs::MetadataExt::uid(&socket),
+        nix::unistd::geteuid().as_raw()
+    );
+    let source = format!("<source socket=\"{}\"/>", paths.share_socket.display());
+    assert!(xml.contains(&source), "{xml}");
     let mut ended = launched.ended.clone();
     assert!(!*ended.borrow());
     drop(quit);
@@ -305,7 +334,7 @@ async fn the_taps_are_served_with_their_slots_before_qemu_starts() {
         .map(|_| std::fs::File::open("/dev/null").unwrap().into())
         .collect();
     let uid = nix::unistd::geteuid().as_raw();
-    let mut devices = devices();
+    let mut devices = devices(&paths);
     devices.taps = Some(super::net::PendingTaps::new(network, listener, fds, uid));
     let launched = launch::start(&config, &vmm, &request("p"), &paths, &rec, devices)
         .await
@@ -341,13 +370,24 @@ async fn a_start_libvirt_refuses_is_torn_down_from_what_was_recorded() {
         cgroup: None,
     };
     let (_, vmm, _quit) = FakeQemu::manager(paths.qmp_socket.clone(), true);
-    let err = launch::start(&config, &vmm, &request("p"), &paths, &rec, devices())
+    let err = launch::start(&config, &vmm, &request("p"), &paths, &rec, devices(&paths))
         .await
         .err()
         .expect("the start fails");
     assert!(err.message().contains("libvirt refused"), "{err:?}");
-    // Recorded before the start: a teardown finds the domain to remove.
-    assert_eq!(saved(&paths).domain(), Some("vmlet-p"));
+    // Recorded before the start: a teardown finds the domain to remove, and the pod's
+    // virtiofsd (the shim's, started first) to end.
+    let saved = saved(&paths);
+    assert_eq!(saved.domain(), Some("vmlet-p"));
+    let virtiofsd = saved
+        .made
+        .iter()
+        .find_map(|m| match m {
+            crate::host::undo::Made::Process(p) if p.what == "virtiofsd" => Some(p.clone()),
+            _ => None,
+        })
+        .expect("virtiofsd is in the journal");
+    assert!(virtiofsd.runs());
     let fake = Arc::new(FakeVmm::default());
     fake.running.lock().unwrap().push("vmlet-p".into());
     let vmm: Arc<dyn VmManager> = fake.clone();
@@ -357,6 +397,7 @@ async fn a_start_libvirt_refuses_is_torn_down_from_what_was_recorded() {
         "{returned:?}"
     );
     assert!(fake.running.lock().unwrap().is_empty());
+    assert!(!virtiofsd.runs());
     assert!(!paths.dir.exists());
 }
 

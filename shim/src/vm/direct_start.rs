@@ -1,10 +1,8 @@
 //! The pod's VM started by the shim itself (`launcher = "direct"`), without libvirt: the
-//! pod's virtiofsd ([`crate::host::virtiofsd`]), then QEMU with vmlet's own command line
-//! ([`crate::vmm::qemu_command`]) as the node's QEMU user, in the pod's cgroup
+//! pod's virtiofsd ([`super::pod_virtiofsd`]), then QEMU with vmlet's own command line
+//! ([`crate::vmm::qemu_command`]) as the pod's own user, in the pod's cgroup
 //! ([`crate::host::qemu_process`]), its console file, taps and connection to virtiofsd
-//! handed over as descriptors. The shim connects virtiofsd's socket itself (root's alone):
-//! virtiofsd serves one connection, so no other process of the QEMU user (another pod's
-//! QEMU) can take it.
+//! (which the shim made) handed over as descriptors.
 //! Each is recorded in the journal as soon as it runs (`Made::Process`, `Made::Qemu`); the
 //! returned handle kills QEMU if it is dropped before the pod's teardown.
 //!
@@ -15,12 +13,12 @@
 
 use std::fs::File;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
 use vmlet_config::NodeConfig;
 
-use super::{BootRequest, Recorder};
+use super::{helper_log, BootRequest, Recorder};
 use crate::host::pod_paths::PodPaths;
 use crate::host::qemu_process::{self, Confinement, QemuProcess};
 use crate::host::undo::{Made, ProcessId};
@@ -54,7 +52,21 @@ pub(super) fn start(
         Some(cgroup) => cgroup.procs_files(),
         None => Ok(Vec::new()),
     };
-    let share = start_virtiofsd(config, paths, rec, cgroup_procs()?)?;
+    let share = spec.guest.share().ok_or_else(|| {
+        Error::Internal(format!(
+            "pod {}: a VM the shim starts has a share",
+            req.pod_id
+        ))
+    })?;
+    let share = super::pod_virtiofsd::start(
+        config,
+        paths,
+        rec,
+        share,
+        cgroup_procs()?,
+        super::pod_virtiofsd::Client::Shim,
+    )?
+    .ok_or_else(|| Error::Internal("virtiofsd: no connection for QEMU".into()))?;
     let console = append_only(&paths.console)?;
     let launched = Launched {
         uuid: random_uuid()?,
@@ -76,45 +88,18 @@ pub(super) fn start(
             cgroup_procs: cgroup_procs()?,
             apparmor_profile: None,
         },
-        create_log(&paths.qemu_log)?,
+        helper_log::create(&paths.qemu_log)?,
     )
-    .map_err(|e| e.within(&format!("start QEMU ({})", log_tail(&paths.qemu_log))))?;
-    let process = ProcessId::of(qemu.pid, "QEMU").ok_or_else(|| ended(&paths.qemu_log, "QEMU"))?;
+    .map_err(|e| {
+        e.within(&format!(
+            "start QEMU ({})",
+            helper_log::tail(&paths.qemu_log)
+        ))
+    })?;
+    let process = ProcessId::of(qemu.pid, "QEMU")
+        .ok_or_else(|| helper_log::ended(&paths.qemu_log, "QEMU"))?;
     rec.record(Made::Qemu(process))?;
     Ok(qemu)
-}
-
-/// The pod's virtiofsd, recorded once it runs, on a socket of root's; returns the shim's
-/// connection to it, for QEMU.
-fn start_virtiofsd(
-    config: &NodeConfig,
-    paths: &PodPaths,
-    rec: &Recorder<'_>,
-    cgroup_procs: Vec<File>,
-) -> Result<OwnedFd, Error> {
-    let socket = &paths.share_socket;
-    let listener = std::os::unix::net::UnixListener::bind(socket)
-        .map_err(|e| Error::io(format!("bind {}", socket.display()), e))?;
-    std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o600))
-        .map_err(|e| Error::io(format!("chmod {}", socket.display()), e))?;
-    // Queued on the listening socket now, taken by virtiofsd when it runs.
-    let connection = std::os::unix::net::UnixStream::connect(socket)
-        .map_err(|e| Error::io(format!("connect {}", socket.display()), e))?;
-    let pid = crate::host::virtiofsd::spawn(
-        &config.helpers.virtiofsd,
-        &paths.share,
-        listener,
-        cgroup_procs,
-        create_log(&paths.virtiofsd_log)?,
-    )?;
-    let process =
-        ProcessId::of(pid, "virtiofsd").ok_or_else(|| ended(&paths.virtiofsd_log, "virtiofsd"))?;
-    if let Err(e) = rec.record(Made::Process(process.clone())) {
-        // Nothing would end it.
-        let _ = process.kill();
-        return Err(e);
-    }
-    Ok(OwnedFd::from(connection))
 }
 
 /// The security module that confines libvirt's VMs on this node, if any.
@@ -127,18 +112,6 @@ fn confining_lsm() -> Option<&'static str> {
     } else {
         None
     }
-}
-
-/// A new file of the pod's (the log tmpfs'), for a process's output; an existing one (or
-/// a link) is refused.
-fn create_log(path: &Path) -> Result<File, Error> {
-    std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(path)
-        .map_err(|e| Error::io(format!("create {}", path.display()), e))
 }
 
 /// The console file, for QEMU to append to (made if need be; never through a link).
@@ -170,20 +143,6 @@ fn random_uuid() -> Result<String, Error> {
     ))
 }
 
-/// `what` ended as it started: the error quotes its log.
-fn ended(log: &Path, what: &str) -> Error {
-    Error::FailedPrecondition(format!("{what} ended as it started: {}", log_tail(log)))
-}
-
-/// The end of a process's log, for an error: read as the console's tail is (bounded, its
-/// control characters dropped: what QEMU and virtiofsd log, the guest may have caused).
-pub(super) fn log_tail(log: &Path) -> String {
-    match crate::guest::console::tail(log).trim() {
-        "" => format!("{} is empty", log.display()),
-        text => format!("{}: {text}", log.display()),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -195,21 +154,5 @@ mod tests {
         assert_eq!(a.len(), 36);
         assert_eq!(&a[14..15], "4", "{a}");
         assert!("89ab".contains(&a[19..20]), "{a}");
-    }
-
-    #[test]
-    fn an_error_quotes_the_end_of_a_log() {
-        let dir = tempfile::tempdir().unwrap();
-        let log = dir.path().join("qemu.log");
-        let mut long = "x".repeat(5000);
-        long.push_str("\nqemu: -device foo: not found");
-        std::fs::write(&log, long).unwrap();
-        let tail = log_tail(&log);
-        assert!(tail.ends_with("not found"), "{tail}");
-        assert!(tail.len() < crate::guest::console::CONSOLE_TAIL as usize + 100);
-        std::fs::write(&log, "").unwrap();
-        assert!(log_tail(&log).ends_with("is empty"));
-        let exists = create_log(&log).unwrap_err();
-        assert!(exists.message().contains("qemu.log"), "{exists}");
     }
 }

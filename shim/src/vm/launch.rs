@@ -1,9 +1,10 @@
 //! The VM itself: described ([`crate::vmm::vm_spec::VmSpec`]), its taps served with their
 //! slots, its libvirt domain started (or, vmlet's guest under `launcher = "direct"`, QEMU
-//! and virtiofsd started by the shim: [`super::direct_start`]), and vmlet's QMP monitor
-//! taken when QEMU connects it. QEMU's end of that monitor is how the shim learns, at once,
-//! that the VM ended. Under libvirt, QEMU and virtiofsd then join the pod's cgroup (started
-//! by the shim, they join it before their exec).
+//! started by the shim: [`super::direct_start`]), and vmlet's QMP monitor taken when QEMU
+//! connects it. QEMU's end of that monitor is how the shim learns, at once, that the VM
+//! ended. The pod's virtiofsd is the shim's under either launcher
+//! ([`super::pod_virtiofsd`]). Under libvirt, QEMU then joins the pod's cgroup (started by
+//! the shim, QEMU and virtiofsd join it before their exec).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -61,6 +62,7 @@ pub(super) fn agent_guest(
         cmdline: agent_cmdline(SHARE_TAG, &req.options.kernel_params),
         virtiofsd: config.helpers.virtiofsd.to_string_lossy().into_owned(),
         share_dir: paths.share.to_string_lossy().into_owned(),
+        share_socket: paths.share_socket.to_string_lossy().into_owned(),
         share_tag: SHARE_TAG.into(),
         vsock: vsock.clone(),
         key_file: paths.agent_key.to_string_lossy().into_owned(),
@@ -186,6 +188,20 @@ pub(super) async fn start(
             config, req, paths, rec, &spec, tap_fds,
         )?)
     } else {
+        if let Some(share) = spec.guest.share() {
+            let cgroup_procs = match &req.cgroup {
+                Some(cgroup) => cgroup.procs_files()?,
+                None => Vec::new(),
+            };
+            super::pod_virtiofsd::start(
+                config,
+                paths,
+                rec,
+                share,
+                cgroup_procs,
+                super::pod_virtiofsd::Client::Qemu(&spec.user),
+            )?;
+        }
         let request = crate::vmm::domain::start_request(&spec)?;
         rec.record(crate::host::undo::Made::Domain(name.clone()))?;
         let vmm = vmm.clone();
@@ -212,7 +228,7 @@ pub(super) async fn start(
                 Err(e) if qemu.ended_within(QEMU_ENDS).await.unwrap_or(false) => {
                     return Err(Error::FailedPrecondition(format!(
                         "pod {pod_id}: QEMU ended as it started ({}): {}",
-                        super::direct_start::log_tail(&paths.qemu_log),
+                        super::helper_log::tail(&paths.qemu_log),
                         e.message()
                     )));
                 }
@@ -224,7 +240,7 @@ pub(super) async fn start(
                 }
                 return Err(Error::FailedPrecondition(format!(
                     "pod {pod_id}: QEMU ended before it connected vmlet's QMP monitor ({})",
-                    super::direct_start::log_tail(&paths.qemu_log)
+                    super::helper_log::tail(&paths.qemu_log)
                 )));
             }
         },
@@ -254,10 +270,9 @@ pub(super) async fn start(
         None => None,
     };
     // libvirt is done placing QEMU (in its own cgroup) once the domain started: the pod's
-    // cgroup takes it, and virtiofsd (vmlet's guest's share), from here on.
+    // cgroup takes it from here on (virtiofsd, the shim's, joined it as it started).
     if req.cgroup.is_some() && !direct {
-        let shared = matches!(spec.guest, GuestBoot::Agent(_));
-        place_in_pod_cgroup(config, pod_id, paths, rec, qemu_pid, shared)?;
+        rec.place(qemu_pid, "QEMU")?;
     }
     Ok(Launched {
         name,
@@ -352,37 +367,6 @@ fn vm_spec(
         user: devices.user,
     };
     (spec, devices.taps)
-}
-
-/// QEMU (`qemu_pid`) and, where the VM has a share (`shared`), the virtiofsd serving it
-/// into the pod's cgroup.
-fn place_in_pod_cgroup(
-    config: &NodeConfig,
-    pod_id: &str,
-    paths: &PodPaths,
-    rec: &Recorder<'_>,
-    qemu_pid: u32,
-    shared: bool,
-) -> Result<(), Error> {
-    rec.place(qemu_pid, "QEMU")?;
-    if !shared {
-        return Ok(());
-    }
-    let virtiofsd =
-        crate::host::pod_cgroup::virtiofsd_pids(&paths.share, &config.helpers.virtiofsd);
-    if virtiofsd.is_empty() {
-        log::warn!("pod {pod_id}: no virtiofsd of the node's serves the share; it stays in libvirt's cgroup");
-    }
-    for pid in virtiofsd {
-        match rec.place(pid, "virtiofsd") {
-            // Gone between the look and the move: nothing of it to place.
-            Err(crate::Error::Io { source, .. }) if source.raw_os_error() == Some(libc::ESRCH) => {
-                log::warn!("pod {pod_id}: virtiofsd {pid} ended before it joined the pod's cgroup");
-            }
-            other => other?,
-        }
-    }
-    Ok(())
 }
 
 /// Takes the connection of vmlet's QMP monitor, which QEMU makes as it starts, for

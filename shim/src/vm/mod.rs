@@ -24,6 +24,7 @@ mod boot_tests;
 mod direct_start;
 #[cfg(test)]
 mod fake_qemu;
+mod helper_log;
 mod host_setup;
 mod image_exec;
 mod image_guest;
@@ -31,6 +32,7 @@ mod image_vm;
 mod launch;
 mod net;
 mod pod_hold;
+mod pod_virtiofsd;
 pub(crate) mod pod_vm;
 mod template_start;
 mod vsock_backend;
@@ -46,7 +48,7 @@ use crate::guest::{AgentGuest, Guest};
 use crate::host::pod_paths::PodPaths;
 pub use crate::host::share::RootfsSource;
 use crate::host::state::PodState;
-use crate::host::undo::Made;
+use crate::host::undo::{Made, ProcessId};
 use crate::task::phases::Phases;
 pub use crate::vm::pod_vm::{BootRequest, HostProcess};
 use crate::vm::pod_vm::{PodHold, PodVm, VmBooter};
@@ -116,6 +118,17 @@ impl Recorder<'_> {
     /// journal, and saves it.
     fn record(&self, made: Made) -> Result<(), Error> {
         self.save(|s| s.record(made))
+    }
+
+    /// Records a helper process the shim has just started (`what`, PID `pid`, its output in
+    /// `log`), by its start time; one that ended already fails with its log's tail, one that
+    /// could not be recorded is killed (nothing would end it).
+    fn record_helper(&self, pid: u32, what: &str, log: &std::path::Path) -> Result<(), Error> {
+        let process = ProcessId::of(pid, what).ok_or_else(|| helper_log::ended(log, what))?;
+        self.record(Made::Process(process.clone()))
+            .inspect_err(|_| {
+                let _ = process.kill();
+            })
     }
 
     /// Records a mount the share or the log directory made.

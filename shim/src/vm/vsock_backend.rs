@@ -1,15 +1,16 @@
 //! The VM's vsock device: the kernel's vhost-vsock when the node has `/dev/vhost-vsock`
 //! (and libvirt starts the VM, allocating its CID), else a vhost-device-vsock process per
-//! pod (vhost-user), recorded and put in the pod's cgroup.
+//! pod (vhost-user: [`crate::host::vhost_device_vsock`]), in the pod's cgroup from its exec,
+//! recorded as soon as it runs.
 
 use std::path::Path;
 
 use vmlet_config::{Launcher, NodeConfig, VsockTransport};
 
 use super::{block, Recorder};
-use crate::guest::vsock;
 use crate::host::pod_paths::PodPaths;
 use crate::host::pod_user::PodUser;
+use crate::host::vhost_device_vsock;
 use crate::vmm::vm_spec::VsockDevice;
 use crate::Error;
 
@@ -33,16 +34,23 @@ pub(super) async fn start(
     if transport != VsockTransport::VhostUser {
         return Ok(VsockDevice::Vhost);
     }
-    let (binary, socket, uds, log) = (
-        config.helpers.vhost_device_vsock.clone(),
-        paths.vhost_socket.clone(),
-        paths.vsock_uds.clone(),
-        paths.vsock_log.clone(),
-    );
-    let pid =
-        block(move || vsock::start_vhost_device_vsock(&binary, &socket, &uds, &log)).await??;
-    rec.record(crate::host::undo::Made::VsockBackend(pid))?;
-    rec.place(pid, "vhost-device-vsock")?;
+    let binary = config.helpers.vhost_device_vsock.clone();
+    let cgroup_procs = match &rec.cgroup {
+        Some(cgroup) => cgroup.procs_files()?,
+        None => Vec::new(),
+    };
+    let pid = vhost_device_vsock::spawn(
+        &binary,
+        &paths.vhost_socket,
+        &paths.vsock_uds,
+        cgroup_procs,
+        super::helper_log::create(&paths.vsock_log)?,
+    )?;
+    // Recorded as soon as it runs: the journal ends it (through a pidfd, if its PID is still
+    // that process) whatever happens next.
+    rec.record_helper(pid, vhost_device_vsock::NAME, &paths.vsock_log)?;
+    let (socket, uds) = (paths.vhost_socket.clone(), paths.vsock_uds.clone());
+    block(move || vhost_device_vsock::wait_ready(&binary, &socket, &uds)).await??;
     user.give_private(&paths.vhost_socket)?;
     Ok(VsockDevice::VhostUser {
         socket: paths.vhost_socket.to_string_lossy().into_owned(),

@@ -77,13 +77,19 @@ fn label(k: &Cluster) -> String {
 struct Scratch(std::path::PathBuf);
 
 impl Scratch {
-    /// Made new (a name planted in /var/tmp, a link among them, is refused), root's alone,
-    /// with containerd's `config`.
-    fn with_containerd_config(config: &str) -> Self {
-        let scratch = Scratch(std::path::Path::new("/var/tmp").join(unique_id("vmlet-node-root")));
+    /// A directory made new in /var/tmp (a name planted there, a link among them, is
+    /// refused), root's alone.
+    fn new(name: &str) -> Self {
+        let scratch = Scratch(std::path::Path::new("/var/tmp").join(unique_id(name)));
         std::os::unix::fs::DirBuilderExt::mode(&mut std::fs::DirBuilder::new(), 0o700)
             .create(&scratch.0)
             .unwrap();
+        scratch
+    }
+
+    /// A node's root, with containerd's `config`.
+    fn with_containerd_config(config: &str) -> Self {
+        let scratch = Scratch::new("vmlet-node-root");
         std::fs::create_dir_all(scratch.0.join("etc/containerd")).unwrap();
         std::fs::write(scratch.0.join("etc/containerd/config.toml"), config).unwrap();
         scratch
@@ -123,6 +129,7 @@ fn the_daemonset_installer_and_the_cleanup_job_run_as_shipped() {
     let deploy = aimed_at("vmlet-deploy.yaml", &root, &state);
     k.apply(&deploy).unwrap();
     the_installer_installs_and_labels(&k, &root);
+    its_token_labels_only_its_own_node(&k);
     its_metrics_are_served(&k, &s);
 
     // Off again: the DaemonSet first (its pods would install again), then the Job.
@@ -191,6 +198,88 @@ fn the_installer_installs_and_labels(k: &Cluster, root: &std::path::Path) {
         }
         std::thread::sleep(Duration::from_secs(1));
     }
+}
+
+/// What the installer's service account may do, as a pod of the DaemonSet holds it (a token
+/// bound to that pod, and so to its node; RBAC lets the account patch every node): set and
+/// remove its node's `vmlet.io/` labels, and nothing else. Another label of its node, its
+/// node's taints and another node's labels are refused by the shipped
+/// ValidatingAdmissionPolicy, which the refusal names.
+fn its_token_labels_only_its_own_node(k: &Cluster) {
+    let ns = Some("kube-system");
+    let pod = k
+        .jsonpath(
+            &["pod", "-l", "app.kubernetes.io/name=vmlet-installer"],
+            ns,
+            "{.items[0].metadata.name}",
+        )
+        .unwrap();
+    let uid = k.jsonpath(&["pod", &pod], ns, "{.metadata.uid}").unwrap();
+    let token = k
+        .ok(&[
+            "create",
+            "token",
+            "vmlet-installer",
+            "-n",
+            "kube-system",
+            "--bound-object-kind=Pod",
+            &format!("--bound-object-name={pod}"),
+            &format!("--bound-object-uid={uid}"),
+            "--duration=10m",
+        ])
+        .unwrap();
+    let dir = Scratch::new("vmlet-installer-token");
+    let installer = k
+        .as_token(token.trim(), &dir.0.join("installer.kubeconfig"))
+        .unwrap();
+    let other = unique_id("vmlet-other-node");
+    let node = format!(
+        "apiVersion: v1\nkind: Node\nmetadata:\n  name: {other}\n  labels:\n    vmlet.io/runtime: \"false\"\n"
+    );
+    k.with_input(&["create", "-f", "-"], &node).unwrap();
+    let refused = |args: &[&str], what: &str| {
+        let out = installer.run(args, Duration::from_secs(30)).unwrap();
+        let stderr = text(&out.stderr);
+        assert!(
+            !out.status.success() && stderr.contains("vmlet-installer-own-node"),
+            "the installer's token {what}: {stderr}"
+        );
+    };
+    let own = k.node.as_str();
+    installer
+        .ok(&["label", "node", own, "vmlet.io/probe=yes"])
+        .expect("the installer's token labels its own node");
+    installer
+        .ok(&["label", "node", own, "vmlet.io/probe-"])
+        .expect("the installer's token unlabels its own node");
+    refused(
+        &[
+            "label",
+            "node",
+            &other,
+            "vmlet.io/runtime=true",
+            "--overwrite",
+        ],
+        "labelled another node",
+    );
+    refused(
+        &[
+            "label",
+            "node",
+            own,
+            "node-role.kubernetes.io/control-plane=",
+        ],
+        "set a label outside vmlet.io/",
+    );
+    refused(
+        &["taint", "node", own, "vmlet.io/probe=yes:NoSchedule"],
+        "tainted its node",
+    );
+    k.ok(&["delete", "node", &other]).unwrap();
+    let probe = k
+        .jsonpath(&["node", own], None, "{.metadata.labels.vmlet\\.io/probe}")
+        .unwrap();
+    assert_eq!(probe, "");
 }
 
 /// The installer's pod serves the node's figures through the Service `vmlet-metrics` (asked

@@ -1,5 +1,5 @@
-//! The domain XML's small elements of one attribute (`type`, `mode`, `name`, `path`, `dir`,
-//! `file`) or none, which its larger elements share.
+//! The domain XML's small elements of one attribute (`type`, `mode`, `name`, `socket`,
+//! `dir`) or none, which its larger elements share.
 
 use serde::Serialize;
 
@@ -22,9 +22,9 @@ pub struct NameAttr {
 }
 
 #[derive(Debug, Serialize)]
-pub struct PathAttr {
-    #[serde(rename = "@path")]
-    pub path: String,
+pub struct SocketAttr {
+    #[serde(rename = "@socket")]
+    pub socket: String,
 }
 
 #[derive(Debug, Serialize)]

@@ -155,28 +155,24 @@ impl GuestBoot {
         }]
     }
 
-    /// vmlet's guest's share, or a VM image's volumes'.
+    /// vmlet's guest's share, or a VM image's volumes': served by the pod's virtiofsd,
+    /// which the shim starts (not libvirt: its socket would be open to the group of every
+    /// pod's QEMU), on the socket QEMU connects.
     pub(super) fn filesystems(&self) -> Vec<Filesystem> {
-        let (virtiofsd, dir, tag) = match self {
-            GuestBoot::Agent(a) => (&a.virtiofsd, &a.share_dir, a.share_tag.as_str()),
-            GuestBoot::Image(crate::vmm::vm_spec::ImageDisks {
-                volumes: Some(v), ..
-            }) => (&v.virtiofsd, &v.dir, crate::vm_mode::volumes::TAG),
-            GuestBoot::Image(_) => return Vec::new(),
-        };
-        vec![Filesystem {
-            kind: "mount",
-            accessmode: "passthrough",
-            driver: TypeAttr {
-                kind: "virtiofs".into(),
-            },
-            binary: PathAttr {
-                path: virtiofsd.clone(),
-            },
-            source: DirAttr { dir: dir.clone() },
-            target: DirAttr {
-                dir: tag.to_owned(),
-            },
-        }]
+        self.share()
+            .map(|share| Filesystem {
+                kind: "mount",
+                driver: TypeAttr {
+                    kind: "virtiofs".into(),
+                },
+                source: SocketAttr {
+                    socket: share.socket.to_owned(),
+                },
+                target: DirAttr {
+                    dir: share.tag.to_owned(),
+                },
+            })
+            .into_iter()
+            .collect()
     }
 }

@@ -303,10 +303,7 @@ mod tests {
             "<access mode=\"shared\"/>",
             "<type arch=\"x86_64\" machine=\"q35\">hvm</type>",
             "<emulator>/usr/local/bin/vmlet-vmwrapper</emulator>",
-            "<driver type=\"virtiofs\"/>",
-            "<binary path=\"/usr/local/bin/virtiofsd\"/>",
-            "<source dir=\"/run/vmlet/t1/share\"/>",
-            "<target dir=\"vmlet\"/>",
+            "<filesystem type=\"mount\"><driver type=\"virtiofs\"/><source socket=\"/run/vmlet/t1/virtiofsd.sock\"/><target dir=\"vmlet\"/></filesystem>",
             "<serial type=\"file\"><source path=\"/run/vmlet/t1/console.log\"/></serial>",
             "<qemu:arg value=\"socket,id=vmlet-vsock,path=/run/vmlet/t1/vhost.sock\"/>",
             "<qemu:env name=\"VMLET_QEMU\" value=\"/usr/bin/qemu-system-x86_64\"/>",
@@ -405,14 +402,20 @@ mod tests {
         let mut guest = image_guest(RootBus::Virtio, Firmware::Bios);
         if let GuestBoot::Image(image) = &mut guest {
             image.volumes = Some(crate::vmm::vm_spec::VolumeShare {
-                virtiofsd: "/usr/libexec/virtiofsd".into(),
                 dir: "/run/vmlet/t1/share/t1/mounts".into(),
+                socket: "/run/vmlet/t1/virtiofsd.sock".into(),
             });
         }
         p.guest = guest;
         let xml = Domain::new(&p).to_xml().unwrap();
-        let fs = "<filesystem type=\"mount\" accessmode=\"passthrough\"><driver type=\"virtiofs\"/><binary path=\"/usr/libexec/virtiofsd\"/><source dir=\"/run/vmlet/t1/share/t1/mounts\"/><target dir=\"vmlet-volumes\"/></filesystem>";
+        let fs = "<filesystem type=\"mount\"><driver type=\"virtiofs\"/><source socket=\"/run/vmlet/t1/virtiofsd.sock\"/><target dir=\"vmlet-volumes\"/></filesystem>";
         assert!(xml.contains(fs), "{xml}");
+        // The socket is the shim's virtiofsd's: the pod's profile lets QEMU connect it.
+        assert!(p
+            .apparmor_files()
+            .iter()
+            .any(|f| f.path == "/run/vmlet/t1/virtiofsd.sock"
+                && f.access == crate::vmm::pod_apparmor::Access::ReadWrite));
     }
 
     #[test]
@@ -630,6 +633,7 @@ mod tests {
                 "/img/initrd.img r",
                 "/run/vmlet/t1/agent.key r",
                 "/run/vmlet/t1/vhost.sock rw",
+                "/run/vmlet/t1/virtiofsd.sock rw",
                 "/run/vmlet/t1/qmp.sock rw",
             ]
         );

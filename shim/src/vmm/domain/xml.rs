@@ -4,7 +4,7 @@
 
 use serde::Serialize;
 
-use super::attrs::{DirAttr, Empty, ModeAttr, NameAttr, PathAttr, TypeAttr};
+use super::attrs::{DirAttr, Empty, ModeAttr, NameAttr, SocketAttr, TypeAttr};
 use super::disk_xml::{Disk, Seclabel};
 
 #[derive(Debug, Serialize)]
@@ -287,11 +287,8 @@ impl PciAddress {
 pub struct Filesystem {
     #[serde(rename = "@type")]
     pub kind: &'static str,
-    #[serde(rename = "@accessmode")]
-    pub accessmode: &'static str,
     pub driver: TypeAttr,
-    pub binary: PathAttr,
-    pub source: DirAttr,
+    pub source: SocketAttr,
     pub target: DirAttr,
 }
 

@@ -36,8 +36,11 @@ pub struct AgentBoot {
     pub kernel: String,
     pub initrd: String,
     pub cmdline: String,
+    /// The node's virtiofsd (a template's identity names it).
     pub virtiofsd: String,
+    /// The pod's share: what its virtiofsd exports, and the socket it serves.
     pub share_dir: String,
+    pub share_socket: String,
     pub share_tag: String,
     pub vsock: VsockDevice,
     /// The file QEMU reads the agent's key from, into the fw_cfg entry the agent reads
@@ -76,12 +79,42 @@ pub struct RootVolume {
     pub size: u64,
 }
 
-/// A VM image's volumes over virtio-fs ([`crate::vm_mode::volumes`]): the directory libvirt's
-/// virtiofsd exports under the tag [`crate::vm_mode::volumes::TAG`].
+/// A VM image's volumes over virtio-fs ([`crate::vm_mode::volumes`]): the directory the pod's
+/// virtiofsd exports under the tag [`crate::vm_mode::volumes::TAG`], and its socket.
 #[derive(Debug, Clone)]
 pub struct VolumeShare {
-    pub virtiofsd: String,
     pub dir: String,
+    pub socket: String,
+}
+
+/// A directory the VM reaches over virtio-fs: what the pod's virtiofsd exports (`dir`), the
+/// socket it serves QEMU on, and the tag the guest mounts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Share<'a> {
+    pub dir: &'a str,
+    pub socket: &'a str,
+    pub tag: &'a str,
+}
+
+impl GuestBoot {
+    /// vmlet's guest's share, or a VM image's volumes' (none: the VM has no virtio-fs).
+    pub fn share(&self) -> Option<Share<'_>> {
+        match self {
+            GuestBoot::Agent(a) => Some(Share {
+                dir: &a.share_dir,
+                socket: &a.share_socket,
+                tag: &a.share_tag,
+            }),
+            GuestBoot::Image(ImageDisks {
+                volumes: Some(v), ..
+            }) => Some(Share {
+                dir: &v.dir,
+                socket: &v.socket,
+                tag: crate::vm_mode::volumes::TAG,
+            }),
+            GuestBoot::Image(_) => None,
+        }
+    }
 }
 
 /// The bus a VM image's root disk is on: the pod's disk driver (`vmlet.io/disk-driver`), else

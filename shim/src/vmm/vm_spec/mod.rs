@@ -308,6 +308,11 @@ impl VmSpec {
                 files.push(file(&image.guest_agent_socket, Access::ReadWrite));
             }
         }
+        // virtiofsd's socket: the shim's, not libvirt's (`<source socket>`), so libvirt's
+        // helper names nothing of it.
+        if let Some(share) = self.guest.share() {
+            files.push(file(share.socket, Access::ReadWrite));
+        }
         files.push(file(&self.qmp_socket, Access::ReadWrite));
         files
     }
@@ -336,6 +341,7 @@ pub(crate) mod tests {
                 cmdline: "console=ttyS0 vmlet.share=vmlet".into(),
                 virtiofsd: "/usr/local/bin/virtiofsd".into(),
                 share_dir: "/run/vmlet/t1/share".into(),
+                share_socket: "/run/vmlet/t1/virtiofsd.sock".into(),
                 share_tag: "vmlet".into(),
                 vsock,
                 key_file: "/run/vmlet/t1/agent.key".into(),
