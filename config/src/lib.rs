@@ -31,7 +31,7 @@ pub use cpu_setting::{CpuFeature, CpuSetting, CpuSettingModel};
 pub use error::Error;
 pub use node::{
     Accel, AnnotationsConfig, GuestConfig, HelperPaths, Launcher, NodeConfig, PodUsersConfig,
-    VmImagesConfig, VsockTransport, CONFIG_ENV, DEFAULT_CONFIG_PATH,
+    VmImagesConfig, VsockTransport, CONFIG_ENV, DEFAULT_CONFIG_PATH, DEFAULT_METRICS_GID,
 };
 pub use quantity::parse_memory_mib;
 pub use shape::{PodLimits, ShapeSource, VmOptions, VmShape};

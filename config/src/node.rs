@@ -214,6 +214,9 @@ impl Default for PodUsersConfig {
     }
 }
 
+/// The default [`NodeConfig::metrics_gid`] (0x70010000, after the default pod uids).
+pub const DEFAULT_METRICS_GID: u32 = 0x7001_0000;
+
 /// Which pod annotations this node honours.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -259,6 +262,11 @@ pub struct NodeConfig {
     pub qemu_user: String,
     /// The uids of pods' QEMUs.
     pub pod_users: PodUsersConfig,
+    /// The group that may read what the shims publish for metrics (`STATE_DIR/.metrics`:
+    /// each pod's figures socket and the node's counters) and nothing else of vmlet's, so
+    /// that `vmletctl metrics` runs as an unprivileged user of it (the DaemonSet's metrics
+    /// container: its `supplementalGroups`).
+    pub metrics_gid: u32,
     /// Seconds to wait for the agent to answer after the VM started.
     pub agent_timeout_secs: u64,
     /// Size in MiB of each pod's `log/` directory, a tmpfs holding every file the guest can
@@ -287,6 +295,8 @@ impl Default for NodeConfig {
             launcher: Launcher::Libvirt,
             qemu_user: "libvirt-qemu".into(),
             pod_users: PodUsersConfig::default(),
+            // Clear of system groups and systemd's ranges, as the pods' uids are.
+            metrics_gid: DEFAULT_METRICS_GID,
             agent_timeout_secs: 30,
             pod_log_mib: 8,
             guest: GuestConfig::default(),
@@ -405,6 +415,15 @@ impl NodeConfig {
                 format!(
                     "{} from {} passes the last uid (4294967294)",
                     users.count, users.first_uid
+                ),
+            );
+        }
+        if self.metrics_gid < 1000 || self.metrics_gid == u32::MAX {
+            return invalid(
+                "metrics_gid",
+                format!(
+                    "{} is a system group's gid (below 1000) or no gid",
+                    self.metrics_gid
                 ),
             );
         }
@@ -558,6 +577,20 @@ mod tests {
             let err = parse(bad).unwrap_err().to_string();
             assert!(err.contains("vm_images."), "{bad}: {err}");
         }
+    }
+
+    #[test]
+    fn the_metrics_group_is_not_a_system_group() {
+        assert_eq!(parse("").unwrap().metrics_gid, DEFAULT_METRICS_GID);
+        for bad in [
+            "metrics_gid = 0\n",
+            "metrics_gid = 999\n",
+            "metrics_gid = 4294967295\n",
+        ] {
+            let e = parse(bad).unwrap_err().to_string();
+            assert!(e.contains("metrics_gid"), "{bad}: {e}");
+        }
+        assert_eq!(parse("metrics_gid = 5000\n").unwrap().metrics_gid, 5000);
     }
 
     #[test]

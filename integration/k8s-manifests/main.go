@@ -6,7 +6,7 @@
 // and Job's service accounts bound to roles that may patch nodes, the image, the label the
 // installer sets and the RuntimeClass selects).
 //
-// Usage: check-manifests -image NAME -label KEY=VALUE FILE...
+// Usage: check-manifests -image NAME -label KEY=VALUE -metrics-gid GID FILE...
 package main
 
 import (
@@ -112,33 +112,8 @@ func (c *checker) podTemplate(owner string, t corev1.PodTemplateSpec, image stri
 		c.fail("%s has no container, expected the installer's", owner)
 		return
 	}
-	// Beside the installer, only its metrics: the same image, unprivileged, reading the
-	// shims' state directory through read-only mounts.
-	readOnlyHost := map[string]bool{}
-	for _, v := range s.Volumes {
-		if v.HostPath != nil && v.HostPath.Path != "/" {
-			readOnlyHost[v.Name] = true
-		}
-	}
-	for _, m := range s.Containers[1:] {
-		c.name(owner+" container name", m.Name, false)
-		if m.Name != "metrics" || !strings.Contains(strings.Join(m.Command, " "), "vmletctl metrics") {
-			c.fail("%s's container %s: beside the installer only `vmletctl metrics` runs", owner, m.Name)
-		}
-		if m.Image != image {
-			c.fail("%s's container %s runs image %q, not the installer %q", owner, m.Name, m.Image, image)
-		}
-		sc := m.SecurityContext
-		if sc == nil || (sc.Privileged != nil && *sc.Privileged) || sc.Capabilities == nil ||
-			!contains(toStrings(sc.Capabilities.Drop), "ALL") || len(sc.Capabilities.Add) > 0 ||
-			sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation {
-			c.fail("%s's container %s must drop every capability and privilege escalation; it only reads", owner, m.Name)
-		}
-		for _, vm := range m.VolumeMounts {
-			if !readOnlyHost[vm.Name] || !vm.ReadOnly {
-				c.fail("%s's container %s mounts %s, which is not a read-only host directory", owner, m.Name, vm.Name)
-			}
-		}
+	if len(s.Containers) != 1 {
+		c.fail("%s: the installer runs alone in its pod (the metrics have a DaemonSet of their own)", owner)
 	}
 	k := s.Containers[0]
 	c.name(owner+" container name", k.Name, false)
@@ -176,10 +151,11 @@ func (c *checker) podTemplate(owner string, t corev1.PodTemplateSpec, image stri
 func main() {
 	image := flag.String("image", "", "the installer image the pods must run")
 	label := flag.String("label", "", "KEY=VALUE: the label vmletctl install sets")
+	metricsGID := flag.Int64("metrics-gid", 0, "the node config's default metrics_gid")
 	flag.Parse()
 	key, value, ok := strings.Cut(*label, "=")
 	if *image == "" || !ok || flag.NArg() == 0 {
-		fmt.Fprintln(os.Stderr, "usage: check-manifests -image NAME -label KEY=VALUE FILE...")
+		fmt.Fprintln(os.Stderr, "usage: check-manifests -image NAME -label KEY=VALUE -metrics-gid GID FILE...")
 		os.Exit(2)
 	}
 
@@ -305,9 +281,13 @@ func main() {
 				} else if selector.Empty() || !selector.Matches(labels.Set(v.Spec.Template.Labels)) {
 					c.fail("DaemonSet %s: its selector does not match its pods' labels", v.Name)
 				}
-				c.podTemplate("DaemonSet "+v.Name, v.Spec.Template, *image, accounts)
-				if !bound[v.Spec.Template.Spec.ServiceAccountName] {
-					c.fail("DaemonSet %s's service account may not get and patch nodes", v.Name)
+				if runsMetrics(v.Spec.Template) {
+					c.metricsTemplate("DaemonSet "+v.Name, v.Spec.Template, *image, key, value, *metricsGID)
+				} else {
+					c.podTemplate("DaemonSet "+v.Name, v.Spec.Template, *image, accounts)
+					if !bound[v.Spec.Template.Spec.ServiceAccountName] {
+						c.fail("DaemonSet %s's service account may not get and patch nodes", v.Name)
+					}
 				}
 				if v.Spec.Template.Spec.RestartPolicy != "" && v.Spec.Template.Spec.RestartPolicy != corev1.RestartPolicyAlways {
 					c.fail("DaemonSet %s: a DaemonSet's pods restart Always", v.Name)
@@ -366,6 +346,79 @@ func main() {
 		os.Exit(1)
 	}
 	fmt.Printf("check-manifests: %d objects in %d files valid\n", len(objects), flag.NArg())
+}
+
+// Whether a pod template runs `vmletctl metrics` (the metrics DaemonSet's).
+func runsMetrics(t corev1.PodTemplateSpec) bool {
+	for _, k := range t.Spec.Containers {
+		if strings.Contains(strings.Join(k.Command, " "), "vmletctl metrics") {
+			return true
+		}
+	}
+	return false
+}
+
+// The metrics DaemonSet's pods: `vmletctl metrics` alone, in the installer's image, on the
+// nodes the installer labelled, as a non-root user of the node config's default
+// metrics_gid, without the host's namespaces, a service account token, a capability or
+// privilege escalation, its only volume the shims' published directory, read-only.
+func (c *checker) metricsTemplate(owner string, t corev1.PodTemplateSpec, image, key, value string, gid int64) {
+	c.labelSet(owner+" pod label", t.Labels)
+	s := t.Spec
+	if s.NodeSelector[key] != value {
+		c.fail("%s does not go to nodes labelled %s=%s", owner, key, value)
+	}
+	if s.HostPID || s.HostNetwork || s.HostIPC {
+		c.fail("%s shares a host namespace; the metrics need none", owner)
+	}
+	if s.AutomountServiceAccountToken == nil || *s.AutomountServiceAccountToken {
+		c.fail("%s mounts a service account token; the metrics need none", owner)
+	}
+	ps := s.SecurityContext
+	if ps == nil || ps.RunAsNonRoot == nil || !*ps.RunAsNonRoot || ps.RunAsUser == nil || *ps.RunAsUser == 0 {
+		c.fail("%s must run as a non-root user", owner)
+	} else if !containsInt(ps.SupplementalGroups, gid) {
+		c.fail("%s's supplementalGroups lack the node config's default metrics_gid %d", owner, gid)
+	}
+	published := map[string]bool{}
+	for _, v := range s.Volumes {
+		if v.HostPath == nil || !strings.HasSuffix(v.HostPath.Path, "/.metrics") {
+			c.fail("%s's volume %s is not the shims' published directory (STATE_DIR/.metrics)", owner, v.Name)
+		}
+		published[v.Name] = true
+	}
+	if len(s.Containers) != 1 {
+		c.fail("%s: `vmletctl metrics` runs alone in its pod", owner)
+	}
+	for _, m := range s.Containers {
+		c.name(owner+" container name", m.Name, false)
+		if !strings.Contains(strings.Join(m.Command, " "), "vmletctl metrics") {
+			c.fail("%s's container %s: only `vmletctl metrics` runs", owner, m.Name)
+		}
+		if m.Image != image {
+			c.fail("%s's container %s runs image %q, not the installer %q", owner, m.Name, m.Image, image)
+		}
+		sc := m.SecurityContext
+		if sc == nil || (sc.Privileged != nil && *sc.Privileged) || sc.Capabilities == nil ||
+			!contains(toStrings(sc.Capabilities.Drop), "ALL") || len(sc.Capabilities.Add) > 0 ||
+			sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation {
+			c.fail("%s's container %s must drop every capability and privilege escalation; it only reads", owner, m.Name)
+		}
+		for _, vm := range m.VolumeMounts {
+			if !published[vm.Name] || !vm.ReadOnly {
+				c.fail("%s's container %s mounts %s, which is not the published directory read-only", owner, m.Name, vm.Name)
+			}
+		}
+	}
+}
+
+func containsInt(list []int64, x int64) bool {
+	for _, y := range list {
+		if y == x {
+			return true
+		}
+	}
+	return false
 }
 
 // The service accounts ("namespace/name") that a ValidatingAdmissionPolicy among objs

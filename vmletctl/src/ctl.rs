@@ -108,30 +108,34 @@ impl PodView {
     }
 }
 
-/// The node's pods as Prometheus text: the figures of every pod whose shim lives and
-/// serves them (`vmlet_scrape_errors` counts those that did not answer). Only the state
-/// directories are read: a scrape asks neither libvirt nor the network namespaces. The
-/// shims are asked all at once, so that a scrape takes one shim's deadline however many
-/// guests are slow to answer theirs.
+/// The node's pods as Prometheus text: the figures of every pod whose shim serves them in
+/// the metrics directory (`vmlet_scrape_errors` counts those that did not answer: a shim
+/// killed before its teardown), and the node's counters published there. Only that
+/// directory is read ([`vmlet_shim::task::metrics_dir`]), so a user of the node config's
+/// `metrics_gid` alone can scrape: neither the pods' state directories, libvirt nor the
+/// network namespaces are asked. The shims are asked all at once, so that a scrape takes
+/// one shim's deadline however many guests are slow to answer theirs.
 pub fn metrics(state_dir: &Path) -> String {
-    // No socket: a VM-mode pod's sandbox (its container's VM has the figures), or a pod
-    // still booting.
-    let serving: Vec<(String, std::path::PathBuf)> = state_dirs(state_dir)
-        .into_iter()
-        .filter(|found| found.shim_pid.is_some())
-        .map(|found| {
-            let dir = vmlet_shim::host::pod_paths::PodPaths::new(state_dir, &found.pod_id).dir;
-            (found.pod_id, dir)
-        })
-        .filter(|(_, dir)| dir.join(vmlet_shim::task::pod_metrics::SOCKET).exists())
-        .collect();
+    use vmlet_shim::task::metrics_dir;
+    let mut errors = 0;
+    let dir = metrics_dir::path(state_dir);
+    match std::fs::metadata(&dir) {
+        // No pod has served figures since the node's boot.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => {
+            log::warn!("{}: {e}", dir.display());
+            errors += 1;
+        }
+        Ok(_) => {}
+    }
+    let sockets = published_sockets(state_dir);
     let answers: Vec<_> = std::thread::scope(|scope| {
-        let asked: Vec<_> = serving
+        let asked: Vec<_> = sockets
             .iter()
-            .map(|(pod_id, dir)| {
+            .map(|(pod_id, socket)| {
                 (
                     pod_id,
-                    scope.spawn(move || vmlet_shim::task::pod_metrics::fetch(dir)),
+                    scope.spawn(move || vmlet_shim::task::pod_metrics::fetch(socket)),
                 )
             })
             .collect();
@@ -146,7 +150,6 @@ pub fn metrics(state_dir: &Path) -> String {
             .collect()
     });
     let mut figures = Vec::new();
-    let mut errors = 0;
     for (pod_id, answer) in answers {
         match answer {
             Ok(f) => figures.push(f),
@@ -156,7 +159,7 @@ pub fn metrics(state_dir: &Path) -> String {
             }
         }
     }
-    let node = match vmlet_shim::task::node_counters::NodeCounters::load(state_dir) {
+    let node = match vmlet_shim::task::node_counters::NodeCounters::load_published(state_dir) {
         Ok(node) => Some(node),
         Err(e) => {
             log::warn!("the node's counters: {e}");
@@ -421,7 +424,39 @@ pub fn gc(
             removed.push(removal.describe(&pod.pod_id));
         }
     }
+    // Figures sockets whose pod has no state directory: its shim was killed and its state
+    // lost (a teardown removes the socket with the directory).
+    for (pod_id, socket) in published_sockets(&config.state_dir) {
+        let state = vmlet_shim::host::pod_paths::PodPaths::new(&config.state_dir, &pod_id).dir;
+        if state.exists() {
+            continue;
+        }
+        if !dry_run {
+            if let Err(e) = std::fs::remove_file(&socket) {
+                first.get_or_insert(Error::io(format!("remove {}", socket.display()), e));
+                continue;
+            }
+        }
+        removed.push(format!("pod {pod_id}: figures socket {}", socket.display()));
+    }
     first.map_or(Ok(removed), Err)
+}
+
+/// The pods' figures sockets in the metrics directory, by pod id (other names skipped).
+fn published_sockets(state_dir: &Path) -> Vec<(String, std::path::PathBuf)> {
+    let dir = vmlet_shim::task::metrics_dir::path(state_dir);
+    let Ok(entries) = std::fs::read_dir(&dir) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let pod_id = name.strip_suffix(".sock")?.to_owned();
+            check_pod_id(&pod_id).ok()?;
+            Some((pod_id, entry.path()))
+        })
+        .collect()
 }
 
 fn domain_of(pod: &PodView) -> String {
@@ -432,6 +467,36 @@ fn domain_of(pod: &PodView) -> String {
 mod tests {
     use super::*;
     use vmlet_shim::vmm::FakeVmm;
+
+    #[test]
+    fn a_figures_socket_without_its_pods_state_is_collected() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = NodeConfig {
+            state_dir: dir.path().to_owned(),
+            ..Default::default()
+        };
+        let published = vmlet_shim::task::metrics_dir::path(dir.path());
+        std::fs::create_dir(&published).unwrap();
+        for name in ["gone.sock", "node-counters.json"] {
+            std::fs::write(published.join(name), "").unwrap();
+        }
+        let netns = tempfile::tempdir().unwrap();
+        let vmm = FakeVmm::default();
+        let listed = gc(&config, netns.path(), &vmm, true).unwrap();
+        assert_eq!(listed.len(), 1, "{listed:?}");
+        assert!(
+            published.join("gone.sock").exists(),
+            "a dry run removes nothing"
+        );
+        let removed = gc(&config, netns.path(), &vmm, false).unwrap();
+        assert_eq!(removed, listed);
+        assert!(
+            removed[0].starts_with("pod gone: figures socket"),
+            "{removed:?}"
+        );
+        assert!(!published.join("gone.sock").exists());
+        assert!(published.join("node-counters.json").exists());
+    }
 
     #[test]
     fn the_shims_own_directories_are_no_pods() {

@@ -208,7 +208,8 @@ fn a_flood_of_unproven_connections_does_not_keep_the_shim_out() {
 }
 
 /// Every socket of the pod has its mode set, not the umask's: the shim's own 0600 root,
-/// QEMU's 0600 QEMU's user; the key's file is gone once QEMU read it.
+/// QEMU's 0600 QEMU's user, its figures' 0660 root's and the metrics group's (in the
+/// metrics directory beside the pods'); the key's file is gone once QEMU read it.
 fn the_pods_sockets_are_roots_or_qemus(pod_dir: &Path) {
     let uds = pod_dir.join("vsock.sock");
     let qemu_uid = std::fs::symlink_metadata(pod_dir.join("qmp.sock"))
@@ -216,7 +217,18 @@ fn the_pods_sockets_are_roots_or_qemus(pod_dir: &Path) {
         .uid();
     assert_ne!(qemu_uid, 0, "qmp.sock is QEMU's user's");
     assert_eq!(mode_and_owner(&uds), (0o600, 0), "vsock.sock");
-    assert_eq!(mode_and_owner(&pod_dir.join("metrics.sock")), (0o600, 0));
+    let pod_id = pod_dir.file_name().unwrap().to_string_lossy();
+    let figures = pod_dir
+        .parent()
+        .unwrap()
+        .join(format!(".metrics/{pod_id}.sock"));
+    assert_eq!(
+        mode_and_owner(&figures),
+        (0o660, 0),
+        "{}",
+        figures.display()
+    );
+    assert!(!pod_dir.join("metrics.sock").exists());
     // (vhost-device-vsock removes its vhost-user socket once QEMU has connected it.)
     assert_eq!(
         mode_and_owner(&pod_dir.join("qmp.sock")),

@@ -68,6 +68,21 @@ fn survey(s: &Stack) -> BTreeSet<String> {
         if node_files.iter().any(|f| name == *f) {
             continue;
         }
+        // What the shims publish for the metrics group: the node's counters stay, a pod's
+        // figures socket goes with its pod.
+        if name == vmlet_shim::task::metrics_dir::DIR {
+            let published = format!("{}/state/{}", s.dir, name.to_string_lossy());
+            for file in std::fs::read_dir(&published).expect("the metrics directory") {
+                let file = file.expect("a published file").file_name();
+                if file != vmlet_shim::task::metrics_dir::COUNTERS {
+                    found.insert(format!(
+                        "published {}: a pod's figures socket left (vmlet's shim)",
+                        file.to_string_lossy()
+                    ));
+                }
+            }
+            continue;
+        }
         // The pods' uid claims: the directory, its lock and where the next claim starts
         // stay, a claim goes with its pod.
         if name == vmlet_shim::host::pod_user::CLAIMS_DIR {

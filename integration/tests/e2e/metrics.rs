@@ -2,7 +2,9 @@
 //! Prometheus text that a real parser (python3-prometheus-client's) reads, with each
 //! per-pod series for two pods at once (labelled `cri_name`, `cri_namespace`, `pod_id`), the
 //! exec one pod ran counted, the node's boot histogram with both boots in it, a refused
-//! create counted by its reason, and `vmlet_build_info`. Run by `make test`.
+//! create counted by its reason, and `vmlet_build_info`; the exporter runs as `nobody` with
+//! the node's metrics group alone, as the DaemonSet's metrics container does. Run by `make
+//! test`.
 
 use std::io::{Read, Write};
 use std::process::{Command, Stdio};
@@ -89,9 +91,15 @@ fn metrics_of_two_pods_are_valid_prometheus_text() {
         let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         probe.local_addr().unwrap().to_string()
     };
-    let mut exporter = Command::new(format!("{}/bin/vmletctl", s.dir))
+    // As the DaemonSet's metrics container runs it: a user of the node's metrics group
+    // alone, which reads what the shims publish and nothing else of vmlet's.
+    let gid = crate::direct_pods::node_config().metrics_gid;
+    let mut exporter = Command::new("setpriv")
+        .args(["--reuid=nobody", "--regid=nogroup"])
+        .arg(format!("--groups={gid}"))
+        .arg(format!("{}/bin/vmletctl", s.dir))
         .args(["metrics", "--listen", &address])
-        .env("VMLET_CONFIG", format!("{}/config.toml", s.dir))
+        .arg(format!("--state-dir={}/state", s.dir))
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
@@ -169,7 +177,37 @@ fn metrics_of_two_pods_are_valid_prometheus_text() {
         "{body}"
     );
 
+    // What the metrics group reaches: the published directory, root's, set-group-ID, each
+    // pod's socket the group's to connect; not the pods' own sockets.
+    use std::os::unix::fs::MetadataExt;
+    let published = std::path::PathBuf::from(format!("{}/state/.metrics", s.dir));
+    let meta = std::fs::metadata(&published).unwrap();
+    assert_eq!(
+        (meta.uid(), meta.gid(), meta.mode() & 0o7777),
+        (0, gid, 0o2750)
+    );
+    for pod in &pods {
+        let socket = std::fs::metadata(published.join(format!("{pod}.sock"))).unwrap();
+        assert_eq!(
+            (socket.uid(), socket.gid(), socket.mode() & 0o777),
+            (0, gid, 0o660)
+        );
+        let vsock = crate::direct_pods::pod_dir(&s, pod).join("vsock.sock");
+        let out = Command::new("setpriv")
+            .args(["--reuid=nobody", "--regid=nogroup"])
+            .arg(format!("--groups={gid}"))
+            .args(["socat", "-u", "OPEN:/dev/null"])
+            .arg(format!("UNIX-CONNECT:{}", vsock.display()))
+            .output()
+            .unwrap();
+        assert!(
+            !out.status.success(),
+            "the metrics group connected to {}",
+            vsock.display()
+        );
+    }
     for pod in &pods {
         s.kill_and_remove(pod).unwrap();
+        assert!(!published.join(format!("{pod}.sock")).exists());
     }
 }

@@ -32,6 +32,17 @@ pub fn teardown(vmm: &dyn VmManager, state: &PodState) -> Result<(), Error> {
     for made in vm.into_iter().chain(rest.into_iter().rev()) {
         note(&mut first, made.undo(vmm, &state.dir));
     }
+    // The pod's figures socket, which a killed shim leaves in the metrics directory.
+    if let (Some(state_dir), Some(pod_id)) = (state.dir.parent(), state.dir.file_name()) {
+        let socket = crate::task::metrics_dir::socket(state_dir, &pod_id.to_string_lossy());
+        match std::fs::remove_file(&socket) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => note(
+                &mut first,
+                Err(Error::io(format!("remove {}", socket.display()), e)),
+            ),
+            _ => {}
+        }
+    }
     // Whatever the state file did not list (it was lost): nothing may stop the removal.
     if state.dir.exists() {
         note(&mut first, share::unmount_below(&state.dir));
@@ -136,10 +147,15 @@ mod tests {
             made: vec![Made::Mount("/etc".into()), Made::Domain("vmlet-p".into())],
             ..Default::default()
         };
+        // What a killed shim left in the metrics directory.
+        let socket = crate::task::metrics_dir::socket(dir.path(), "p");
+        std::fs::create_dir(socket.parent().unwrap()).unwrap();
+        std::os::unix::net::UnixListener::bind(&socket).unwrap();
         let err = teardown(&vmm, &state).unwrap_err();
         assert!(err.message().contains("not unmounting /etc"), "{err:?}");
         assert!(vmm.running.lock().unwrap().is_empty());
         assert!(!pod_dir.exists());
+        assert!(!socket.exists());
     }
 
     /// The pod's uid goes back only when nothing failed; its claim is the pod id's in

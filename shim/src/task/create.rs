@@ -219,8 +219,15 @@ impl TaskService {
         };
         let names =
             crate::spec::pod_names(id, &crate::spec::bundle::annotations(spec), &self.namespace);
-        let dir = crate::host::pod_paths::PodPaths::new(&config.state_dir, in_vm.vm.pod_id()).dir;
-        if let Some(meter) = PodMeter::start(&in_vm.vm, &dir, names, boot, agent_ready) {
+        let pod_id = in_vm.vm.pod_id();
+        let dir = crate::host::pod_paths::PodPaths::new(&config.state_dir, pod_id).dir;
+        use crate::task::metrics_dir;
+        if let Err(e) = metrics_dir::prepare(&config.state_dir, config.metrics_gid) {
+            log::warn!("{pod_id}: no metrics: {}", e.message());
+            return;
+        }
+        let socket = metrics_dir::socket(&config.state_dir, pod_id);
+        if let Some(meter) = PodMeter::start(&in_vm.vm, &dir, socket, names, boot, agent_ready) {
             self.meters.lock().unwrap().insert(id.to_owned(), meter);
         }
     }

@@ -12,6 +12,7 @@ pub(crate) mod events;
 mod exec;
 pub(crate) mod exit;
 pub(crate) mod features;
+pub mod metrics_dir;
 pub mod node_counters;
 pub mod phases;
 mod plan;

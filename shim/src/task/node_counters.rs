@@ -2,7 +2,8 @@
 //! the node's shims booted, as a histogram, and the creates that failed, by the error's
 //! code. Each shim adds its pod's to one file in the state directory ([`FILE`], under a lock
 //! with a deadline); they count from the state directory's start (a tmpfs: the node's boot),
-//! as a process's counters count from its start.
+//! as a process's counters count from its start. Each update also publishes a copy for the
+//! metrics group ([`crate::task::metrics_dir`]).
 //!
 //! A shim that cannot count says so in its log and goes on: counting never fails a create.
 
@@ -70,8 +71,11 @@ impl NodeCounters {
 
     /// The counters in `state_dir` (zero where there are none yet).
     pub fn load(state_dir: &Path) -> Result<Self, String> {
-        let path = state_dir.join(FILE);
-        let text = match crate::host::pod_record::read_private(&path, LIMIT) {
+        Self::load_file(&state_dir.join(FILE))
+    }
+
+    fn load_file(path: &Path) -> Result<Self, String> {
+        let text = match crate::host::pod_record::read_private(path, LIMIT) {
             Ok(None) => return Ok(Self::default()),
             Ok(Some(text)) => text,
             Err(e) => return Err(format!("{}: {e}", path.display())),
@@ -98,7 +102,17 @@ impl NodeCounters {
         crate::host::pod_record::write_private(&tmp, &json)
             .map_err(|e| Error::io("write the node's counters", e))?;
         std::fs::rename(&tmp, state_dir.join(FILE))
-            .map_err(|e| Error::io("save the node's counters", e))
+            .map_err(|e| Error::io("save the node's counters", e))?;
+        // For `vmletctl metrics` as the metrics group's user.
+        crate::task::metrics_dir::publish(state_dir, crate::task::metrics_dir::COUNTERS, &json)
+    }
+
+    /// The counters as published for the metrics group ([`crate::task::metrics_dir`]): zero
+    /// where there are none yet.
+    pub fn load_published(state_dir: &Path) -> Result<Self, String> {
+        Self::load_file(
+            &crate::task::metrics_dir::path(state_dir).join(crate::task::metrics_dir::COUNTERS),
+        )
     }
 }
 

@@ -1,6 +1,6 @@
 //! Per-pod figures for Prometheus (`vmletctl metrics`). Each shim serves its pod's figures
-//! ([`PodFigures`], as JSON) on `metrics.sock` in the pod's state directory, one answer a
-//! connection; `vmletctl metrics` asks every live pod's socket and renders them all as one
+//! ([`PodFigures`], as JSON) on `<pod id>.sock` in the metrics directory
+//! ([`crate::task::metrics_dir`]), one answer a connection; `vmletctl metrics` asks every live pod's socket and renders them all as one
 //! Prometheus text exposition ([`render`]).
 //!
 //! A pod's figures: its VM's host-side CPU and memory (the pod's cgroup, where QEMU and its
@@ -27,8 +27,6 @@ use crate::task::node_counters::{NodeCounters, BOOT_BUCKETS};
 use crate::vm::pod_vm::PodVm;
 use crate::Error;
 
-/// The socket's name in the pod's state directory.
-pub const SOCKET: &str = "metrics.sock";
 /// How long an answer may take (the agent call included).
 pub const ANSWER_DEADLINE: Duration = Duration::from_secs(3);
 /// The agent's share of it.
@@ -62,7 +60,8 @@ pub struct PodMeter {
     pod_id: String,
     pod: String,
     namespace: String,
-    dir: PathBuf,
+    /// Where the figures are served.
+    socket: PathBuf,
     /// The pod's host cgroup (its state's), where its VM's figures are.
     cgroup: Option<PathBuf>,
     boot_seconds: f64,
@@ -80,12 +79,14 @@ pub struct PodMeter {
 
 impl PodMeter {
     /// Serves the figures of `vm`, booted in `boot` (its agent answering `agent_ready`
-    /// after the VM started), from its state directory `dir`; `names` are its `cri_name`
-    /// and `cri_namespace` labels. None, logged, when the socket cannot be made: the pod
-    /// runs on.
+    /// after the VM started), whose state directory is `dir`, on `socket` (in the metrics
+    /// directory: [`crate::task::metrics_dir::socket`]); `names` are its `cri_name` and
+    /// `cri_namespace` labels. None, logged, when the socket cannot be made: the pod runs
+    /// on.
     pub fn start(
         vm: &Arc<dyn PodVm>,
         dir: &Path,
+        socket: PathBuf,
         names: crate::host::pod_record::PodNames,
         boot: Duration,
         agent_ready: Option<Duration>,
@@ -94,7 +95,7 @@ impl PodMeter {
             pod_id: vm.pod_id().to_owned(),
             pod: names.name,
             namespace: names.namespace,
-            dir: dir.to_owned(),
+            socket,
             cgroup: crate::host::state::PodState::load(dir)
                 .ok()
                 .and_then(|s| s.cgroup().map(Path::to_owned)),
@@ -119,14 +120,14 @@ impl PodMeter {
         self.execs.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Serves the figures on [`SOCKET`] in the pod's directory (mode 0600) until
-    /// [`PodMeter::stop`].
+    /// Serves the figures on its socket (mode 0660: root's and the metrics directory's
+    /// group's) until [`PodMeter::stop`].
     fn serve(self: &Arc<Self>) -> Result<(), Error> {
-        let path = self.dir.join(SOCKET);
-        let _ = std::fs::remove_file(&path);
-        let listener = tokio::net::UnixListener::bind(&path)
+        let path = &self.socket;
+        let _ = std::fs::remove_file(path);
+        let listener = tokio::net::UnixListener::bind(path)
             .map_err(|e| Error::io(format!("listen on {}", path.display()), e))?;
-        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+        std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o660))
             .map_err(|e| Error::io(format!("chmod {}", path.display()), e))?;
         let meter = Arc::downgrade(self);
         let server = tokio::spawn(async move {
@@ -150,7 +151,7 @@ impl PodMeter {
         if let Some(server) = self.server.lock().unwrap().take() {
             server.abort();
         }
-        let _ = std::fs::remove_file(self.dir.join(SOCKET));
+        let _ = std::fs::remove_file(&self.socket);
     }
 
     /// The figures now.
@@ -295,10 +296,9 @@ impl ProcessFigures {
     }
 }
 
-/// Asks the shim serving the pod in `dir` for its figures, within [`ANSWER_DEADLINE`].
-pub fn fetch(dir: &Path) -> Result<PodFigures, String> {
-    let path = dir.join(SOCKET);
-    let stream = std::os::unix::net::UnixStream::connect(&path)
+/// Asks the shim serving a pod's figures on `path` for them, within [`ANSWER_DEADLINE`].
+pub fn fetch(path: &Path) -> Result<PodFigures, String> {
+    let stream = std::os::unix::net::UnixStream::connect(path)
         .map_err(|e| format!("{}: {e}", path.display()))?;
     stream
         .set_read_timeout(Some(ANSWER_DEADLINE))
@@ -528,7 +528,9 @@ mod tests {
             name: "web".into(),
             namespace: "default".into(),
         };
-        let meter = PodMeter::start(&vm, dir.path(), names, Duration::from_secs(2), None).unwrap();
+        let socket = dir.path().join("p.sock");
+        let meter =
+            PodMeter::start(&vm, dir.path(), socket, names, Duration::from_secs(2), None).unwrap();
         let calls = || fake.guest.called("list_processes");
         assert!(meter.figures().await.agent_rtt_seconds.is_some());
         assert_eq!(calls(), 1);

@@ -20,7 +20,8 @@ fn installer_image_archive() -> std::path::PathBuf {
 
 /// A shipped manifest of deploy/ aimed at `root` instead of the node's `/`, without the
 /// containerd restart (the scratch root has no systemd), and with the stack's state
-/// directory `state` for the node's `/run/vmlet` (the metrics'): the only changes.
+/// directory `state` for the node's `/run/vmlet` (its `.metrics`, the metrics'): the only
+/// changes.
 fn aimed_at(manifest: &str, root: &std::path::Path, state: &str) -> String {
     let text = std::fs::read_to_string(
         std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy")).join(manifest),
@@ -33,8 +34,8 @@ fn aimed_at(manifest: &str, root: &std::path::Path, state: &str) -> String {
     text.replace(host, &format!("            path: {}\n", root.display()))
         .replace(restart, "")
         .replace(
-            "            path: /run/vmlet\n",
-            &format!("            path: {state}\n"),
+            "            path: /run/vmlet/.metrics\n",
+            &format!("            path: {state}/.metrics\n"),
         )
 }
 
@@ -334,6 +335,71 @@ for family in text_string_to_metric_families(open(sys.argv[1]).read()):
     println!(
         "the DaemonSet's metrics Service served {} samples",
         samples.lines().count()
+    );
+    the_metrics_run_with_least_privilege(k);
+}
+
+/// The process serving them, as the node sees it: not root, in the node config's metrics
+/// group, without capabilities or a way to gain them, in a PID namespace of its own (its
+/// `/proc` shows its own processes, none of the node's), without a service account token.
+fn the_metrics_run_with_least_privilege(k: &Cluster) {
+    let pod = k
+        .jsonpath(
+            &["pod", "-l", "app.kubernetes.io/name=vmlet-metrics"],
+            Some("kube-system"),
+            "{.items[0].metadata.name}",
+        )
+        .unwrap();
+    let served: Vec<u32> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .filter(|pid: &u32| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| c.split(|b| *b == 0).any(|a| a == b"--listen=0.0.0.0:9464"))
+        })
+        .collect();
+    let [pid] = served[..] else {
+        panic!("pod {pod}: one `vmletctl metrics` process on the node, found {served:?}");
+    };
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let field = |key: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .unwrap_or_default()
+            .split_whitespace()
+            .collect::<Vec<_>>()
+    };
+    let gid = crate::direct_pods::node_config().metrics_gid.to_string();
+    assert!(field("Uid:").iter().all(|u| *u != "0"), "{status}");
+    assert!(field("Groups:").contains(&gid.as_str()), "{status}");
+    assert_eq!(field("CapEff:"), ["0000000000000000"], "{status}");
+    assert_eq!(field("CapPrm:"), ["0000000000000000"], "{status}");
+    assert_eq!(field("NoNewPrivs:"), ["1"], "{status}");
+    let ns = |p: &str| std::fs::read_link(format!("/proc/{p}/ns/pid")).unwrap();
+    assert_ne!(
+        ns(&pid.to_string()),
+        ns("self"),
+        "the metrics share the node's PIDs"
+    );
+    let root = format!("/proc/{pid}/root");
+    let seen = std::fs::read_dir(format!("{root}/proc"))
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_str()
+                .is_some_and(|n| n.parse::<u32>().is_ok())
+        })
+        .count();
+    assert!(seen <= 2, "the metrics see {seen} processes");
+    assert!(
+        !std::path::Path::new(&format!(
+            "{root}/var/run/secrets/kubernetes.io/serviceaccount"
+        ))
+        .exists(),
+        "the metrics have a service account token"
     );
 }
 
