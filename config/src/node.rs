@@ -264,8 +264,9 @@ pub struct NodeConfig {
     pub pod_users: PodUsersConfig,
     /// The group that may read what the shims publish for metrics (`STATE_DIR/.metrics`:
     /// each pod's figures socket and the node's counters) and nothing else of vmlet's, so
-    /// that `vmletctl metrics` runs as an unprivileged user of it (the DaemonSet's metrics
-    /// container: its `supplementalGroups`).
+    /// that `vmletctl metrics` runs unprivileged, as the uid and gid of this number (the
+    /// DaemonSet's metrics container), which nothing else on the node is: outside
+    /// `pod_users`.
     pub metrics_gid: u32,
     /// Seconds to wait for the agent to answer after the VM started.
     pub agent_timeout_secs: u64,
@@ -415,6 +416,15 @@ impl NodeConfig {
                 format!(
                     "{} from {} passes the last uid (4294967294)",
                     users.count, users.first_uid
+                ),
+            );
+        }
+        if self.pod_users.holds(self.metrics_gid) {
+            return invalid(
+                "metrics_gid",
+                format!(
+                    "{} is in pod_users: the metrics run as this uid, which no pod's QEMU may have",
+                    self.metrics_gid
                 ),
             );
         }
@@ -591,6 +601,8 @@ mod tests {
             assert!(e.contains("metrics_gid"), "{bad}: {e}");
         }
         assert_eq!(parse("metrics_gid = 5000\n").unwrap().metrics_gid, 5000);
+        let e = parse("metrics_gid = 1879048200\n").unwrap_err().to_string();
+        assert!(e.contains("pod_users"), "{e}");
     }
 
     #[test]

@@ -375,8 +375,9 @@ func (c *checker) metricsTemplate(owner string, t corev1.PodTemplateSpec, image,
 		c.fail("%s mounts a service account token; the metrics need none", owner)
 	}
 	ps := s.SecurityContext
-	if ps == nil || ps.RunAsNonRoot == nil || !*ps.RunAsNonRoot || ps.RunAsUser == nil || *ps.RunAsUser == 0 {
-		c.fail("%s must run as a non-root user", owner)
+	if ps == nil || ps.RunAsNonRoot == nil || !*ps.RunAsNonRoot || ps.RunAsUser == nil ||
+		*ps.RunAsUser != gid || ps.RunAsGroup == nil || *ps.RunAsGroup != gid {
+		c.fail("%s must run as uid and gid %d (the node config's default metrics_gid: a user no other process of the node is)", owner, gid)
 	} else if !containsInt(ps.SupplementalGroups, gid) {
 		c.fail("%s's supplementalGroups lack the node config's default metrics_gid %d", owner, gid)
 	}
@@ -422,13 +423,18 @@ func containsInt(list []int64, x int64) bool {
 }
 
 // The service accounts ("namespace/name") that a ValidatingAdmissionPolicy among objs
-// keeps to their own node's vmlet.io/ labels: a policy on node updates whose match
-// condition names the account, which checks the node its token is bound to and the label
-// prefix, and which a binding among objs applies with Deny.
+// keeps to their own node's vmlet.io/ labels: a policy on node updates, failing closed,
+// whose match condition names the account, which checks the node its token is bound to,
+// the label prefix, and that the spec, annotations, owner references and finalizers stay,
+// and which a binding among objs applies with Deny to everything its policy matches.
 func ownNodePolicies(objs []runtime.Object) map[string]bool {
 	denied := map[string]bool{}
 	for _, o := range objs {
 		if b, ok := o.(*admissionregistrationv1.ValidatingAdmissionPolicyBinding); ok {
+			// A binding that narrows what its policy sees narrows what it refuses.
+			if b.Spec.MatchResources != nil || b.Spec.ParamRef != nil {
+				continue
+			}
 			for _, a := range b.Spec.ValidationActions {
 				denied[b.Spec.PolicyName] = denied[b.Spec.PolicyName] || a == admissionregistrationv1.Deny
 			}
@@ -452,8 +458,17 @@ func ownNodePolicies(objs []runtime.Object) map[string]bool {
 		for _, v := range p.Spec.Variables {
 			checks += v.Expression + "\n"
 		}
-		if !nodes || !strings.Contains(checks, "authentication.kubernetes.io/node-name") ||
+		failsClosed := p.Spec.FailurePolicy != nil && *p.Spec.FailurePolicy == admissionregistrationv1.Fail
+		if !nodes || !failsClosed || !strings.Contains(checks, "authentication.kubernetes.io/node-name") ||
 			!strings.Contains(checks, `"vmlet.io/"`) {
+			continue
+		}
+		// Everything of the node but its labels is kept as it was.
+		keepsTheRest := true
+		for _, kept := range []string{"object.spec == oldObject.spec", "annotations", "ownerReferences", "finalizers"} {
+			keepsTheRest = keepsTheRest && strings.Contains(checks, kept)
+		}
+		if !keepsTheRest {
 			continue
 		}
 		for _, m := range p.Spec.MatchConditions {

@@ -11,6 +11,7 @@ use vmlet_netns::MarkedTap;
 
 use vmlet_shim::host::pod_record::PodRecord;
 use vmlet_shim::host::state::PodState;
+use vmlet_shim::host::vhost_device_vsock;
 use vmlet_shim::vmm::VmManager;
 use vmlet_shim::Error;
 
@@ -296,30 +297,11 @@ fn vsock_helpers(proc_dir: &Path, state_dir: &Path) -> Vec<(u32, String)> {
         .filter_map(|e| {
             let pid = e.file_name().to_str()?.parse().ok()?;
             let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
-            Some((pid, helper_pod(&cmdline, state_dir)?))
+            Some((pid, vhost_device_vsock::serving_pod(&cmdline, state_dir)?))
         })
         .collect();
     found.sort();
     found
-}
-
-/// The pod a `vhost-device-vsock` command line (NUL-separated) serves: the directory under
-/// `state_dir` its `socket=` lies in.
-fn helper_pod(cmdline: &[u8], state_dir: &Path) -> Option<String> {
-    let text = String::from_utf8_lossy(cmdline);
-    let mut args = text.split('\0');
-    if !args.next()?.ends_with("vhost-device-vsock") {
-        return None;
-    }
-    let socket = args
-        .flat_map(|a| a.split(','))
-        .find_map(|part| part.strip_prefix("socket="))?;
-    let relative = Path::new(socket).strip_prefix(state_dir).ok()?;
-    let mut parts = relative.components();
-    let pod = parts.next()?.as_os_str().to_str()?.to_owned();
-    // The socket itself is inside the pod's directory.
-    parts.next()?;
-    Some(pod)
 }
 
 /// The marked taps of every namespace under `dir`. A file there that is no namespace (a
@@ -385,16 +367,10 @@ impl Removal {
             Removal::State(id) => vmlet_shim::host::reclaim::cleanup_after_shim(config, vmm, id),
             Removal::Domain(name) => vmm.remove(name),
             Removal::Tap(tap) => vmlet_netns::remove_marked_tap(tap).map_err(Error::Network),
-            Removal::Helper(pid, pod_id) => {
-                let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-                if helper_pod(&cmdline, &config.state_dir).as_deref() == Some(pod_id.as_str()) {
-                    let _ = nix::sys::signal::kill(
-                        nix::unistd::Pid::from_raw(*pid as i32),
-                        nix::sys::signal::Signal::SIGKILL,
-                    );
-                }
-                Ok(())
-            }
+            Removal::Helper(pid, pod_id) => vhost_device_vsock::kill_if_serving(
+                *pid,
+                &vmlet_shim::host::pod_paths::PodPaths::new(&config.state_dir, pod_id).dir,
+            ),
         }
     }
 }
@@ -551,31 +527,6 @@ mod tests {
         assert!(vmm.running.lock().unwrap().is_empty());
         assert!(!orphan.dir.exists());
         std::fs::remove_dir_all(&dir).unwrap();
-    }
-
-    #[test]
-    fn a_vsock_helper_is_known_by_its_socket_in_a_pod_directory() {
-        let state = Path::new("/run/vmlet");
-        let cmdline = |args: &[&str]| args.join("\0").into_bytes();
-        let ours = cmdline(&[
-            "/usr/local/bin/vhost-device-vsock",
-            "--vm",
-            "guest-cid=3,socket=/run/vmlet/pod-a/vhost-vsock.sock,uds-path=/run/vmlet/pod-a/v.sock",
-        ]);
-        assert_eq!(helper_pod(&ours, state).as_deref(), Some("pod-a"));
-        for other in [
-            // Another state dir, another program, the state dir itself, no socket.
-            cmdline(&[
-                "vhost-device-vsock",
-                "--vm",
-                "socket=/run/other/pod-a/s.sock",
-            ]),
-            cmdline(&["qemu", "--vm", "socket=/run/vmlet/pod-a/s.sock"]),
-            cmdline(&["vhost-device-vsock", "--vm", "socket=/run/vmlet/s.sock"]),
-            cmdline(&["vhost-device-vsock", "--help"]),
-        ] {
-            assert_eq!(helper_pod(&other, state), None);
-        }
     }
 
     #[test]

@@ -119,6 +119,7 @@ async fn vmlets_own_qemu_command_line_boots_a_pod_whose_agent_answers() {
             groups: groups.iter().map(|g| g.as_raw()).collect(),
             cgroup_procs: Vec::new(),
             apparmor_profile: None,
+            view: None,
         },
         std::fs::File::create(vm.path("qemu.log")).unwrap(),
     )

@@ -5,8 +5,10 @@
 //! loads its shape's template so; a QEMU that refuses its command line fails the create with
 //! its own words at once; and each leaves nothing. Attack: another pod's QEMU's uid, and a
 //! local user who is not root, connect to none of the pod's sockets (virtiofsd's, vmlet's
-//! QMP monitor, the vsock backend's), even before its QEMU exists, and read none of its logs, which lie on the pod's log tmpfs (what the guest
-//! makes QEMU and virtiofsd write cannot fill the node). These change the node's config, so
+//! QMP monitor, the vsock backend's), even before its QEMU exists, and read none of its logs,
+//! which lie on the pod's log tmpfs (what the guest makes QEMU and virtiofsd write cannot
+//! fill the node); the pod's QEMU sees, in its own mount namespace, its pod's directory alone
+//! in the state directory and a `/dev` of five nodes. These change the node's config, so
 //! the area runs alone.
 
 use std::os::unix::fs::MetadataExt;
@@ -86,6 +88,52 @@ pub(crate) fn pod_uid(pid: u32) -> u32 {
 
 pub(crate) fn pod_dir(s: &Stack, id: &str) -> PathBuf {
     PathBuf::from(format!("{}/state/{id}", s.dir))
+}
+
+/// Pod `id`'s QEMU, as its own mount namespace has the node's files: in the state
+/// directory its pod's directory alone (with its mounts: the log tmpfs), not `other`'s nor
+/// the node's claims and counters; in `/dev` the few nodes a VM opens, as the node has them,
+/// and no disk, terminal or `/dev/shm`. The node's own view is unchanged.
+fn qemu_sees_its_pod_and_a_few_devices(s: &Stack, id: &str, other: &str) {
+    let qemu = pod_processes(s, id).qemu;
+    let root = PathBuf::from(format!("/proc/{qemu}/root"));
+    let names = |dir: &Path| -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    };
+    let state = format!("{}/state", s.dir);
+    let in_view = root.join(state.trim_start_matches('/'));
+    assert_eq!(names(&in_view), [id.to_owned()], "QEMU's state directory");
+    let own = in_view.join(id);
+    assert!(own.join("qmp.sock").exists());
+    assert_eq!(
+        std::fs::metadata(own.join("log")).unwrap().dev(),
+        std::fs::metadata(pod_dir(s, id).join("log")).unwrap().dev(),
+        "the pod's log tmpfs in QEMU's view"
+    );
+    assert!(names(Path::new(&state)).contains(&other.to_owned()));
+    let devices = names(&root.join("dev"));
+    assert_eq!(
+        devices.iter().filter(|d| *d != "kvm").collect::<Vec<_>>(),
+        ["full", "null", "random", "urandom", "zero"],
+        "QEMU's /dev"
+    );
+    for device in &devices {
+        let (seen, node) = (
+            std::fs::metadata(root.join("dev").join(device)).unwrap(),
+            std::fs::metadata(Path::new("/dev").join(device)).unwrap(),
+        );
+        assert_eq!(
+            (seen.rdev(), seen.uid(), seen.gid(), seen.mode()),
+            (node.rdev(), node.uid(), node.gid(), node.mode()),
+            "/dev/{device}"
+        );
+    }
+    assert!(std::fs::read_dir("/dev").unwrap().count() > devices.len());
 }
 
 pub(crate) fn assert_left_nothing(s: &Stack, id: &str) {
@@ -249,6 +297,7 @@ fn only_the_pods_own_qemu_reaches_its_sockets_or_logs_without_libvirt() {
             user_cannot_read(&user, &group, &path);
         }
     }
+    qemu_sees_its_pod_and_a_few_devices(&s, &id, &other);
     s.kill_and_remove(&id).unwrap();
     s.kill_and_remove(&other).unwrap();
     assert_left_nothing(&s, &id);

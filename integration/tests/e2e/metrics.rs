@@ -2,8 +2,8 @@
 //! Prometheus text that a real parser (python3-prometheus-client's) reads, with each
 //! per-pod series for two pods at once (labelled `cri_name`, `cri_namespace`, `pod_id`), the
 //! exec one pod ran counted, the node's boot histogram with both boots in it, a refused
-//! create counted by its reason, and `vmlet_build_info`; the exporter runs as `nobody` with
-//! the node's metrics group alone, as the DaemonSet's metrics container does. Run by `make
+//! create counted by its reason, and `vmlet_build_info`; the exporter runs as the node's
+//! metrics uid and group alone, as the DaemonSet's metrics container does. Run by `make
 //! test`.
 
 use std::io::{Read, Write};
@@ -91,11 +91,12 @@ fn metrics_of_two_pods_are_valid_prometheus_text() {
         let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         probe.local_addr().unwrap().to_string()
     };
-    // As the DaemonSet's metrics container runs it: a user of the node's metrics group
-    // alone, which reads what the shims publish and nothing else of vmlet's.
+    // As the DaemonSet's metrics container runs it: the node's metrics uid and group alone,
+    // which read what the shims publish and nothing else of vmlet's.
     let gid = crate::direct_pods::node_config().metrics_gid;
     let mut exporter = Command::new("setpriv")
-        .args(["--reuid=nobody", "--regid=nogroup"])
+        .arg(format!("--reuid={gid}"))
+        .arg(format!("--regid={gid}"))
         .arg(format!("--groups={gid}"))
         .arg(format!("{}/bin/vmletctl", s.dir))
         .args(["metrics", "--listen", &address])
@@ -194,7 +195,8 @@ fn metrics_of_two_pods_are_valid_prometheus_text() {
         );
         let vsock = crate::direct_pods::pod_dir(&s, pod).join("vsock.sock");
         let out = Command::new("setpriv")
-            .args(["--reuid=nobody", "--regid=nogroup"])
+            .arg(format!("--reuid={gid}"))
+            .arg(format!("--regid={gid}"))
             .arg(format!("--groups={gid}"))
             .args(["socat", "-u", "OPEN:/dev/null"])
             .arg(format!("UNIX-CONNECT:{}", vsock.display()))

@@ -12,7 +12,8 @@
 //!   wrapper; [`sk_lookup`]: port-forwarding's listener in the pod's namespace;
 //! - [`host_command`]: host programs run with deadlines and bounded output; [`file_lock`]:
 //!   a lock between shims; [`pidfd`]: processes held by pidfd; [`qemu_process`]: QEMU as the
-//!   shim's confined child, [`virtiofsd`] the pod's virtiofsd and [`vhost_device_vsock`] its
+//!   shim's confined child (in its own view of the node's files: [`qemu_view`]),
+//!   [`virtiofsd`] the pod's virtiofsd and [`vhost_device_vsock`] its
 //!   vsock backend;
 //! - [`templates`]: saved template VMs, one per VM shape, within the node's limits;
 //! - [`pod_record`]: what an operator knows a pod by (`vmletctl ps`); [`pod_user`]: the
@@ -30,6 +31,7 @@ pub mod pod_paths;
 pub mod pod_record;
 pub mod pod_user;
 pub mod qemu_process;
+pub mod qemu_view;
 pub mod reclaim;
 pub(crate) mod share;
 pub(crate) mod sk_lookup;
@@ -37,5 +39,5 @@ pub mod state;
 pub mod taps;
 pub mod templates;
 pub mod undo;
-pub(crate) mod vhost_device_vsock;
+pub mod vhost_device_vsock;
 pub(crate) mod virtiofsd;

@@ -58,6 +58,21 @@ pub fn parent(pid: u32) -> Option<u32> {
     stat_field(pid, 4).and_then(|p| u32::try_from(p).ok())
 }
 
+/// Whether the process of `pidfd` has not been reaped yet (a zombie still counts): while
+/// it has not, its PID is no other process's.
+pub fn not_reaped(pidfd: &OwnedFd) -> bool {
+    // SAFETY: pidfd_send_signal of no signal (a check) with a pidfd the caller owns.
+    unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            0,
+            std::ptr::null::<libc::siginfo_t>(),
+            0u32,
+        ) == 0
+    }
+}
+
 /// Sends `signal` to the process of `pidfd`; one that has ended already is no error.
 /// `what` names the process for the error.
 pub fn signal(pidfd: &OwnedFd, signal: i32, what: &str) -> Result<(), Error> {

@@ -252,6 +252,7 @@ fn inherit_cpuset(parent: &Path, dir: &Path) -> Result<(), Error> {
 const REMOVE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 fn remove_when_empty(dir: &Path, deadline: std::time::Instant) -> Result<(), Error> {
+    let mut ended = false;
     loop {
         match std::fs::remove_dir(dir) {
             Ok(()) => return Ok(()),
@@ -259,8 +260,52 @@ fn remove_when_empty(dir: &Path, deadline: std::time::Instant) -> Result<(), Err
             Err(e) if std::time::Instant::now() >= deadline => {
                 return Err(Error::io(format!("remove cgroup {}", dir.display()), e))
             }
+            Err(_) if !ended => {
+                end_members(dir);
+                ended = true;
+            }
             Err(_) => std::thread::sleep(std::time::Duration::from_millis(50)),
         }
+    }
+}
+
+/// Ends every process still in the cgroup at `dir` once the pod's teardown ended what its
+/// journal recorded: what it did not (a helper whose shim was killed between starting it
+/// and recording it, or a process a helper forked). `cgroup.kill` where the kernel has it
+/// (cgroup v2, Linux 5.14 on), else each PID of `cgroup.procs`, through a pidfd taken while
+/// that PID is still listed there.
+fn end_members(dir: &Path) {
+    let kill = std::fs::OpenOptions::new()
+        .write(true)
+        .open(dir.join("cgroup.kill"))
+        .and_then(|mut f| std::io::Write::write_all(&mut f, b"1"));
+    if kill.is_ok() {
+        log::warn!("cgroup {}: ended what was left in it", dir.display());
+        return;
+    }
+    let members = || -> Vec<u32> {
+        std::fs::read_to_string(dir.join("cgroup.procs"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect()
+    };
+    for pid in members() {
+        let Ok(Some(pidfd)) = crate::host::pidfd::open_if_running(pid) else {
+            continue;
+        };
+        // Still a member once the descriptor holds it: the descriptor's process is.
+        if !members().contains(&pid) {
+            continue;
+        }
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        log::warn!(
+            "cgroup {}: ending {pid} ({}), left in it",
+            dir.display(),
+            comm.trim()
+        );
+        let _ =
+            crate::host::pidfd::signal(&pidfd, libc::SIGKILL, "a process left in the pod's cgroup");
     }
 }
 
@@ -313,6 +358,34 @@ mod tests {
         }
         cgroup.create_in(v1.path()).unwrap();
         assert!(v1.path().join("kubepods/pod1").is_dir());
+    }
+
+    #[test]
+    fn what_is_left_in_the_cgroup_is_ended() {
+        // A cgroup v1 directory as the teardown finds it: a process the journal did not
+        // record still listed (no cgroup.kill).
+        let dir = tempfile::tempdir().unwrap();
+        let mut left = std::process::Command::new("sleep")
+            .arg("100")
+            .spawn()
+            .unwrap();
+        std::fs::write(dir.path().join("cgroup.procs"), format!("{}\n", left.id())).unwrap();
+        end_members(dir.path());
+        let status = left.wait().unwrap();
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&status),
+            Some(libc::SIGKILL)
+        );
+        // A PID no longer listed is left alone.
+        let mut other = std::process::Command::new("sleep")
+            .arg("100")
+            .spawn()
+            .unwrap();
+        std::fs::write(dir.path().join("cgroup.procs"), "").unwrap();
+        end_members(dir.path());
+        assert!(other.try_wait().unwrap().is_none());
+        let _ = other.kill();
+        let _ = other.wait();
     }
 
     #[test]

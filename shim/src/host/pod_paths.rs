@@ -79,6 +79,23 @@ impl PodPaths {
     }
 }
 
+/// Gives the state directory `dir` (root's) mode 0711 again where it has another: made
+/// before any shim ran (by the kubelet for the metrics DaemonSet's mount, after a reboot
+/// emptied `/run`), it would let every user list the pods. Never through a link; a
+/// directory of another owner is left as it is.
+pub fn close_state_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
+        .open(dir)?;
+    let meta = file.metadata()?;
+    if meta.uid() == 0 && meta.mode() & 0o7777 != 0o711 {
+        file.set_permissions(std::fs::Permissions::from_mode(0o711))?;
+    }
+    Ok(())
+}
+
 /// Makes `dir` and its missing parents, each new one root's with mode 0711 (whatever the
 /// umask): every user may pass through them (to the sockets handed to a pod's QEMU), nobody
 /// lists them. Directories already there are left as they are.
@@ -98,6 +115,19 @@ pub fn make_passable(dir: &Path) -> std::io::Result<()> {
 
 #[cfg(test)]
 mod passable_tests {
+    #[test]
+    fn the_state_directory_is_closed_again() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        super::close_state_dir(dir.path()).unwrap();
+        let mode = std::fs::metadata(dir.path()).unwrap().permissions().mode();
+        assert_eq!(mode & 0o7777, 0o711);
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(dir.path(), &link).unwrap();
+        assert!(super::close_state_dir(&link).is_err());
+    }
+
     #[test]
     fn new_directories_are_0711_whatever_the_umask_and_old_ones_are_kept() {
         use std::os::unix::fs::PermissionsExt;

@@ -1,9 +1,9 @@
 //! QEMU as a child of the shim (`launcher = "direct"`, started by
 //! `vm/direct_start.rs` with the command line of [`crate::vmm::qemu_command`]), confined as libvirt
-//! confines it: before it executes QEMU, the child joins the pod's cgroup, asks for the
-//! pod's AppArmor profile at the exec where the node has AppArmor, and becomes the node's
-//! QEMU user with that user's groups (`kvm` among them, for `/dev/kvm`), as libvirt makes
-//! it. It keeps only the descriptors it is handed (each under its number, which the command
+//! confines it: before it executes QEMU, the child joins the pod's cgroup, makes its own
+//! view of the node's files ([`crate::host::qemu_view`]), asks for the pod's AppArmor
+//! profile at the exec where the node has AppArmor, and becomes the pod's own user with the
+//! node's QEMU user's groups (`kvm` among them, for `/dev/kvm`), as libvirt makes it. It keeps only the descriptors it is handed (each under its number, which the command
 //! line names; every other one is closed at the exec); its stdout and stderr go to a log
 //! file of the pod's. It runs in a session of its own, from `/`, with an environment of its
 //! own and the OOM score a process starts with (not the shim's, which containerd lowers). It
@@ -31,6 +31,8 @@ pub struct Confinement {
     pub cgroup_procs: Vec<File>,
     /// The (loaded) AppArmor profile QEMU runs under; none where the node has no AppArmor.
     pub apparmor_profile: Option<String>,
+    /// QEMU's own view of the node's files ([`crate::host::qemu_view`]); none: the shim's.
+    pub view: Option<crate::host::qemu_view::MountView>,
 }
 
 /// Where a process asks for the profile of its next exec (the older name as a fallback).
@@ -67,6 +69,7 @@ pub fn spawn(
         groups,
         cgroup_procs,
         apparmor_profile,
+        view,
     } = confinement;
     // Everything the child uses is made here: between fork and exec it only makes system
     // calls.
@@ -92,6 +95,9 @@ pub fn spawn(
         command.pre_exec(move || {
             let fail = || Err(std::io::Error::last_os_error());
             if !detach(&oom_score_adj) || !join_cgroups(&cgroups) {
+                return fail();
+            }
+            if view.as_ref().is_some_and(|view| !view.enter()) {
                 return fail();
             }
             if let Some(request) = &apparmor {
@@ -320,6 +326,7 @@ mod tests {
             groups,
             cgroup_procs,
             apparmor_profile: None,
+            view: None,
         }
     }
 
@@ -419,6 +426,7 @@ mod tests {
                     groups: Vec::new(),
                     cgroup_procs: Vec::new(),
                     apparmor_profile: None,
+                    view: None,
                 },
                 File::create(dir.path().join("log")).unwrap(),
             )
@@ -440,6 +448,7 @@ mod tests {
             Vec::new(),
             Confinement {
                 apparmor_profile: Some("vmlet-pod".into()),
+                view: None,
                 ..as_me(Vec::new(), Vec::new())
             },
             File::create(dir.path().join("log")).unwrap(),

@@ -13,8 +13,6 @@
 
 use std::path::{Path, PathBuf};
 
-use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
 use serde::{Deserialize, Serialize};
 
 use crate::host::{pidfd, share};
@@ -38,8 +36,9 @@ pub enum Made {
         wirings: Vec<vmlet_netns::Wiring>,
     },
     /// A `vhost-device-vsock` process as vmlet recorded it before its start time was kept
-    /// (now a [`Made::Process`]): killed, if that PID still runs one. Read from the state
-    /// of a pod an earlier vmlet started, never written.
+    /// (now a [`Made::Process`]): killed, if that PID is still the pod's backend (held by a
+    /// pidfd, then known by the pod's socket in its command line). Read from the state of a
+    /// pod an earlier vmlet started, never written.
     VsockBackend(u32),
     /// A VM image's directory under the node's `vm_images.disk_dir`: removed.
     DiskDir(PathBuf),
@@ -78,6 +77,19 @@ impl ProcessId {
         })
     }
 
+    /// `pid` as it runs now, when it is the calling process's child (a helper it has just
+    /// started); `None` once it has ended: the shim's reaper may have collected it, and its
+    /// PID may be another process's by then.
+    pub fn of_child(pid: u32, what: &str) -> Option<Self> {
+        let pidfd = pidfd::open_if_running(pid).ok()??;
+        if pidfd::parent(pid) != Some(std::process::id()) {
+            return None;
+        }
+        let process = Self::of(pid, what)?;
+        // Not reaped after its start time was read: the start time was its.
+        pidfd::not_reaped(&pidfd).then_some(process)
+    }
+
     /// Whether the process still runs (its PID is not another's since).
     pub fn runs(&self) -> bool {
         pidfd::start_time(self.pid) == Some(self.start_time)
@@ -114,10 +126,7 @@ impl Made {
             Made::Domain(name) => vmm.remove(name),
             Made::Qemu(process) | Made::Process(process) => process.kill(),
             Made::VsockBackend(pid) => {
-                if is_vhost_device_vsock(*pid) {
-                    let _ = kill(Pid::from_raw(*pid as i32), Signal::SIGKILL);
-                }
-                Ok(())
+                crate::host::vhost_device_vsock::kill_if_serving(*pid, pod_dir)
             }
             // After the domain, which QEMU wrote it for. Were that left running (its removal
             // failed), the disk's space comes back when `vmletctl gc` removes the marked
@@ -142,13 +151,6 @@ impl Made {
             Made::PodUser(uid) => crate::host::pod_user::release(pod_dir, *uid),
         }
     }
-}
-
-/// Guards against killing a recycled PID.
-fn is_vhost_device_vsock(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/cmdline"))
-        .map(|c| c.contains("vhost-device-vsock"))
-        .unwrap_or(false)
 }
 
 #[cfg(test)]
@@ -178,9 +180,8 @@ mod tests {
     #[test]
     fn a_pid_that_is_not_a_vsock_backend_is_not_killed() {
         // The test itself: its command line names no vhost-device-vsock.
-        assert!(!is_vhost_device_vsock(std::process::id()));
         Made::VsockBackend(std::process::id())
-            .undo(&crate::vmm::FakeVmm::default(), Path::new("/nonexistent"))
+            .undo(&crate::vmm::FakeVmm::default(), Path::new("/run/vmlet/p"))
             .unwrap();
     }
 

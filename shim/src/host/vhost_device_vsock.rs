@@ -44,6 +44,44 @@ pub fn spawn(
     Ok(child.id())
 }
 
+/// The pod a `vhost-device-vsock` command line (NUL-separated) serves: the directory under
+/// `state_dir` its `socket=` lies in.
+pub fn serving_pod(cmdline: &[u8], state_dir: &Path) -> Option<String> {
+    let text = String::from_utf8_lossy(cmdline);
+    let mut args = text.split('\0');
+    if !args.next()?.ends_with("vhost-device-vsock") {
+        return None;
+    }
+    let socket = args
+        .flat_map(|a| a.split(','))
+        .find_map(|part| part.strip_prefix("socket="))?;
+    let relative = Path::new(socket).strip_prefix(state_dir).ok()?;
+    let mut parts = relative.components();
+    let pod = parts.next()?.as_os_str().to_str()?.to_owned();
+    // The socket itself is inside the pod's directory.
+    parts.next()?;
+    Some(pod)
+}
+
+/// Kills the vsock backend `pid` of the pod whose directory is `pod_dir`, if that PID is
+/// still one (an earlier vmlet's record, or `vmletctl gc`'s find, has the PID alone): the
+/// process is held by a pidfd first, then taken for the pod's only if its command line names
+/// a socket in that directory, then signalled through the pidfd, so that a process that
+/// took the PID since is never signalled.
+pub fn kill_if_serving(pid: u32, pod_dir: &Path) -> Result<(), Error> {
+    let Some(pidfd) = crate::host::pidfd::open_if_running(pid)? else {
+        return Ok(());
+    };
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let (Some(state_dir), Some(pod_id)) = (pod_dir.parent(), pod_dir.file_name()) else {
+        return Ok(());
+    };
+    if serving_pod(&cmdline, state_dir).as_deref() != pod_id.to_str() {
+        return Ok(());
+    }
+    crate::host::pidfd::signal(&pidfd, libc::SIGKILL, NAME)
+}
+
 /// Waits until the backend has bound its vhost-user socket (it binds the shim's, `uds`,
 /// first, which only the shim connects: 0600 by its umask, and made so again here).
 pub fn wait_ready(binary: &Path, vhost_socket: &Path, uds: &Path) -> Result<(), Error> {
@@ -61,4 +99,69 @@ pub fn wait_ready(binary: &Path, vhost_socket: &Path, uds: &Path) -> Result<(), 
     }
     std::fs::set_permissions(uds, std::os::unix::fs::PermissionsExt::from_mode(0o600))
         .map_err(|e| Error::io(format!("chmod {}", uds.display()), e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_vsock_helper_is_known_by_its_socket_in_a_pod_directory() {
+        let state = Path::new("/run/vmlet");
+        let cmdline = |args: &[&str]| args.join("\0").into_bytes();
+        let ours = cmdline(&[
+            "/usr/local/bin/vhost-device-vsock",
+            "--vm",
+            "guest-cid=3,socket=/run/vmlet/pod-a/vhost-vsock.sock,uds-path=/run/vmlet/pod-a/v.sock",
+        ]);
+        assert_eq!(serving_pod(&ours, state).as_deref(), Some("pod-a"));
+        for other in [
+            // Another state dir, another program, the state dir itself, no socket.
+            cmdline(&[
+                "vhost-device-vsock",
+                "--vm",
+                "socket=/run/other/pod-a/s.sock",
+            ]),
+            cmdline(&["qemu", "--vm", "socket=/run/vmlet/pod-a/s.sock"]),
+            cmdline(&["vhost-device-vsock", "--vm", "socket=/run/vmlet/s.sock"]),
+            cmdline(&["vhost-device-vsock", "--help"]),
+        ] {
+            assert_eq!(serving_pod(&other, state), None);
+        }
+    }
+
+    #[test]
+    fn only_the_pods_own_backend_is_killed_by_its_pid() {
+        // A process whose command line reads as pod-a's backend (bash under that name,
+        // with its socket among its arguments).
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().display();
+        let script = format!(
+            "exec -a {d}/vhost-device-vsock bash -c 'sleep 100; true' --vm \
+             guest-cid=3,socket={d}/pod-a/vhost-vsock.sock"
+        );
+        let mut backend = std::process::Command::new("bash")
+            .args(["-c", &script])
+            .spawn()
+            .unwrap();
+        let pid = backend.id();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while !std::fs::read(format!("/proc/{pid}/cmdline"))
+            .unwrap()
+            .starts_with(format!("{d}/vhost-device-vsock").as_bytes())
+        {
+            assert!(std::time::Instant::now() < deadline, "no exec -a");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        // Another pod's, or no pod's: left alone.
+        kill_if_serving(pid, &dir.path().join("pod-b")).unwrap();
+        kill_if_serving(std::process::id(), &dir.path().join("pod-a")).unwrap();
+        assert!(backend.try_wait().unwrap().is_none(), "left alone");
+        kill_if_serving(pid, &dir.path().join("pod-a")).unwrap();
+        let status = backend.wait().unwrap();
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&status),
+            Some(libc::SIGKILL)
+        );
+    }
 }

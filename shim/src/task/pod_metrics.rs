@@ -33,6 +33,8 @@ pub const ANSWER_DEADLINE: Duration = Duration::from_secs(3);
 const AGENT_DEADLINE: Duration = Duration::from_secs(2);
 /// How old the agent's measured round trip may be before a scrape has it measured again.
 pub const RTT_REFRESH: Duration = Duration::from_secs(10);
+/// How many connections a shim answers at once; more are closed unanswered.
+const MAX_ANSWERS: usize = 4;
 /// The largest answer `fetch` reads.
 const ANSWER_LIMIT: u64 = 64 << 10;
 
@@ -130,10 +132,16 @@ impl PodMeter {
         std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o660))
             .map_err(|e| Error::io(format!("chmod {}", path.display()), e))?;
         let meter = Arc::downgrade(self);
+        let answering = Arc::new(tokio::sync::Semaphore::new(MAX_ANSWERS));
         let server = tokio::spawn(async move {
             while let Ok((mut stream, _)) = listener.accept().await {
                 let Some(meter) = meter.upgrade() else { return };
+                // Beyond the bound a connection is closed unanswered.
+                let Ok(permit) = Arc::clone(&answering).try_acquire_owned() else {
+                    continue;
+                };
                 tokio::spawn(async move {
+                    let _permit = permit;
                     let answer = async {
                         let json = serde_json::to_vec(&meter.figures().await).unwrap_or_default();
                         let _ = stream.write_all(&json).await;
@@ -180,6 +188,12 @@ impl PodMeter {
     async fn round_trip(self: &Arc<Self>) -> Option<f64> {
         let last = *self.rtt.lock().unwrap();
         let Some((seconds, at)) = last else {
+            // One first measurement at a time: a burst of scrapes is not a burst of calls
+            // into the guest (the others have no figure yet).
+            if self.rtt_measuring.swap(true, Ordering::AcqRel) {
+                return None;
+            }
+            let _measuring = Measuring(&self.rtt_measuring);
             let measured = self.agent_round_trip().await;
             *self.rtt.lock().unwrap() = Some((measured, tokio::time::Instant::now()));
             return measured;
@@ -209,6 +223,16 @@ impl PodMeter {
             Ok(Ok(_)) => Some(started.elapsed().as_secs_f64()),
             _ => None,
         }
+    }
+}
+
+/// A measurement of the agent's round trip under way: over when dropped (a scrape whose
+/// answer was cut at its deadline included).
+struct Measuring<'a>(&'a AtomicBool);
+
+impl Drop for Measuring<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
     }
 }
 

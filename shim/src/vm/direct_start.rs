@@ -9,7 +9,9 @@
 //! Not on a node with AppArmor or SELinux enforcing: libvirt confines each VM there (its
 //! AppArmor profile, its sVirt labels), and vmlet has no confinement of its own for QEMU
 //! yet, so a pod there is refused rather than run unconfined. What libvirt adds elsewhere
-//! and this launcher does not: a private `/dev` for QEMU and a device cgroup filter.
+//! and this launcher does not: a device cgroup filter. QEMU has a view of its own
+//! ([`crate::host::qemu_view`]): a `/dev` of the nodes it opens, and the state directory
+//! holding its pod's directory alone.
 
 use std::fs::File;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -21,6 +23,7 @@ use vmlet_config::NodeConfig;
 use super::{helper_log, BootRequest, Recorder};
 use crate::host::pod_paths::PodPaths;
 use crate::host::qemu_process::{self, Confinement, QemuProcess};
+use crate::host::qemu_view::MountView;
 use crate::host::undo::{Made, ProcessId};
 use crate::vmm::qemu_command::{qemu_command, Launched};
 use crate::vmm::vm_spec::VmSpec;
@@ -87,6 +90,7 @@ pub(super) fn start(
             groups: spec.user.groups.clone(),
             cgroup_procs: cgroup_procs()?,
             apparmor_profile: None,
+            view: Some(MountView::new(&config.state_dir, &paths.dir, spec.kvm)?),
         },
         helper_log::create(&paths.qemu_log)?,
     )

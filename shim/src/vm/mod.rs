@@ -121,10 +121,11 @@ impl Recorder<'_> {
     }
 
     /// Records a helper process the shim has just started (`what`, PID `pid`, its output in
-    /// `log`), by its start time; one that ended already fails with its log's tail, one that
-    /// could not be recorded is killed (nothing would end it).
+    /// `log`), by its start time, while it is still the shim's child; one that ended already
+    /// fails with its log's tail, one that could not be recorded is killed (nothing would
+    /// end it).
     fn record_helper(&self, pid: u32, what: &str, log: &std::path::Path) -> Result<(), Error> {
-        let process = ProcessId::of(pid, what).ok_or_else(|| helper_log::ended(log, what))?;
+        let process = ProcessId::of_child(pid, what).ok_or_else(|| helper_log::ended(log, what))?;
         self.record(Made::Process(process.clone()))
             .inspect_err(|_| {
                 let _ = process.kill();
@@ -245,6 +246,7 @@ fn new_pod_state(
         )));
     }
     crate::host::pod_paths::make_passable(&config.state_dir)
+        .and_then(|()| crate::host::pod_paths::close_state_dir(&config.state_dir))
         .and_then(|()| std::fs::create_dir(&paths.dir))
         .map_err(|e| Error::io(format!("create {}", paths.dir.display()), e))?;
     let state = Arc::new(Mutex::new(PodState {

@@ -204,8 +204,8 @@ fn the_installer_installs_and_labels(k: &Cluster, root: &std::path::Path) {
 /// What the installer's service account may do, as a pod of the DaemonSet holds it (a token
 /// bound to that pod, and so to its node; RBAC lets the account patch every node): set and
 /// remove its node's `vmlet.io/` labels, and nothing else. Another label of its node, its
-/// node's taints and another node's labels are refused by the shipped
-/// ValidatingAdmissionPolicy, which the refusal names.
+/// node's taints, annotations and finalizers, and another node's labels are refused by the
+/// shipped ValidatingAdmissionPolicy, which the refusal names.
 fn its_token_labels_only_its_own_node(k: &Cluster) {
     let ns = Some("kube-system");
     let pod = k
@@ -276,6 +276,21 @@ fn its_token_labels_only_its_own_node(k: &Cluster) {
         &["taint", "node", own, "vmlet.io/probe=yes:NoSchedule"],
         "tainted its node",
     );
+    refused(
+        &["annotate", "node", own, "vmlet.io/probe=yes"],
+        "annotated its node",
+    );
+    refused(
+        &[
+            "patch",
+            "node",
+            own,
+            "--type=merge",
+            "-p",
+            r#"{"metadata":{"finalizers":["vmlet.io/probe"]}}"#,
+        ],
+        "gave its node a finalizer",
+    );
     k.ok(&["delete", "node", &other]).unwrap();
     let probe = k
         .jsonpath(&["node", own], None, "{.metadata.labels.vmlet\\.io/probe}")
@@ -339,7 +354,7 @@ for family in text_string_to_metric_families(open(sys.argv[1]).read()):
     the_metrics_run_with_least_privilege(k);
 }
 
-/// The process serving them, as the node sees it: not root, in the node config's metrics
+/// The process serving them, as the node sees it: the node config's metrics uid, in its
 /// group, without capabilities or a way to gain them, in a PID namespace of its own (its
 /// `/proc` shows its own processes, none of the node's), without a service account token.
 fn the_metrics_run_with_least_privilege(k: &Cluster) {
@@ -372,7 +387,7 @@ fn the_metrics_run_with_least_privilege(k: &Cluster) {
             .collect::<Vec<_>>()
     };
     let gid = crate::direct_pods::node_config().metrics_gid.to_string();
-    assert!(field("Uid:").iter().all(|u| *u != "0"), "{status}");
+    assert!(field("Uid:").iter().all(|u| *u == gid.as_str()), "{status}");
     assert!(field("Groups:").contains(&gid.as_str()), "{status}");
     assert_eq!(field("CapEff:"), ["0000000000000000"], "{status}");
     assert_eq!(field("CapPrm:"), ["0000000000000000"], "{status}");

@@ -1,0 +1,180 @@
+//! What QEMU the shim starts (`launcher = "direct"`) sees of the node: a mount namespace of
+//! its own, made in the child before its exec ([`MountView::enter`], still root), where
+//! - `/dev` is a small tmpfs holding only the device nodes a VM of vmlet's opens (`null`,
+//!   `zero`, `full`, `random`, `urandom`, and `kvm` where the VM runs on KVM), made as the
+//!   node has them (numbers, owner, mode): not the node's disks, terminals, `/dev/shm` or
+//!   another VM's devices;
+//! - the state directory is a tmpfs holding the pod's own directory alone (bound from the
+//!   node's, with its mounts): no other pod's sockets, logs or records, nor the node's
+//!   claims and counters, whatever their modes.
+//!
+//! Nothing propagates back to the node (the namespace's mounts are private), and the view
+//! goes with QEMU. libvirt gives its QEMU a private `/dev` the same way
+//! (`namespaces = ["mount"]`).
+
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::Path;
+
+use crate::Error;
+
+/// The device nodes every VM of vmlet's may open, beside `/dev/kvm` on KVM.
+const DEVICES: [&str; 5] = ["null", "zero", "full", "random", "urandom"];
+/// Where the pod's directory is bound while the state directory is covered.
+const STAGE: &str = "/dev/.vmlet-pod";
+/// The tmpfs options: small, bounded in files.
+const DEV_OPTIONS: &str = "mode=0755,size=64k,nr_inodes=64";
+const STATE_OPTIONS: &str = "mode=0711,size=64k,nr_inodes=16";
+
+/// A device node as the node has it.
+#[derive(Debug)]
+struct Node {
+    path: CString,
+    mode: libc::mode_t,
+    rdev: libc::dev_t,
+    uid: libc::uid_t,
+    gid: libc::gid_t,
+}
+
+/// QEMU's view, made ready before the fork: the child only makes system calls.
+#[derive(Debug)]
+pub struct MountView {
+    state_dir: CString,
+    pod_dir: CString,
+    stage: CString,
+    nodes: Vec<Node>,
+    dev_options: CString,
+    state_options: CString,
+}
+
+fn c_path(path: &Path) -> Result<CString, Error> {
+    CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| Error::Internal(format!("{}: a NUL in the path", path.display())))
+}
+
+impl MountView {
+    /// The view of the pod whose directory is `pod_dir` (in `state_dir`), with `/dev/kvm`
+    /// when `kvm`.
+    pub fn new(state_dir: &Path, pod_dir: &Path, kvm: bool) -> Result<Self, Error> {
+        if pod_dir.parent() != Some(state_dir) || !state_dir.is_absolute() {
+            return Err(Error::Internal(format!(
+                "{} is not a pod's directory in {}",
+                pod_dir.display(),
+                state_dir.display()
+            )));
+        }
+        let names = DEVICES.iter().chain(kvm.then_some(&"kvm"));
+        let nodes = names
+            .map(|name| {
+                let path = Path::new("/dev").join(name);
+                let meta = std::fs::symlink_metadata(&path)
+                    .map_err(|e| Error::io(format!("stat {}", path.display()), e))?;
+                if !meta.file_type().is_char_device() {
+                    return Err(Error::FailedPrecondition(format!(
+                        "{} is not a character device",
+                        path.display()
+                    )));
+                }
+                Ok(Node {
+                    path: c_path(&path)?,
+                    mode: meta.mode() & 0o777,
+                    rdev: meta.rdev(),
+                    uid: meta.uid(),
+                    gid: meta.gid(),
+                })
+            })
+            .collect::<Result<Vec<_>, Error>>()?;
+        Ok(MountView {
+            state_dir: c_path(state_dir)?,
+            pod_dir: c_path(pod_dir)?,
+            stage: c_path(Path::new(STAGE))?,
+            nodes,
+            dev_options: CString::new(DEV_OPTIONS).expect("no NUL"),
+            state_options: CString::new(STATE_OPTIONS).expect("no NUL"),
+        })
+    }
+
+    /// Makes the view in the calling process (the child, between fork and exec, before it
+    /// drops root): whether every step took.
+    ///
+    /// # Safety
+    /// Only what `unshare(2)`, `mount(2)`, `umount2(2)`, `mkdir(2)`, `rmdir(2)`,
+    /// `mknod(2)`, `chown(2)` and `chmod(2)` require; it allocates nothing.
+    pub unsafe fn enter(&self) -> bool {
+        let none = std::ptr::null::<libc::c_char>();
+        let tmpfs = c"tmpfs".as_ptr();
+        let mount = |source: *const libc::c_char,
+                     target: &CString,
+                     fstype: *const libc::c_char,
+                     flags: libc::c_ulong,
+                     data: *const libc::c_char| {
+            libc::mount(source, target.as_ptr(), fstype, flags, data.cast()) == 0
+        };
+        libc::unshare(libc::CLONE_NEWNS) == 0
+            // Nothing of what follows reaches the node.
+            && libc::mount(none, c"/".as_ptr(), none, libc::MS_REC | libc::MS_PRIVATE, std::ptr::null()) == 0
+            && libc::mount(
+                tmpfs,
+                c"/dev".as_ptr(),
+                tmpfs,
+                libc::MS_NOSUID | libc::MS_NOEXEC,
+                self.dev_options.as_ptr().cast(),
+            ) == 0
+            // The pod's directory, with its mounts, aside while the state directory is
+            // covered, then in its place.
+            && libc::mkdir(self.stage.as_ptr(), 0o700) == 0
+            && mount(self.pod_dir.as_ptr(), &self.stage, none, libc::MS_BIND | libc::MS_REC, none)
+            && mount(
+                tmpfs,
+                &self.state_dir,
+                tmpfs,
+                libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                self.state_options.as_ptr(),
+            )
+            && libc::mkdir(self.pod_dir.as_ptr(), 0o711) == 0
+            && mount(self.stage.as_ptr(), &self.pod_dir, none, libc::MS_BIND | libc::MS_REC, none)
+            && libc::umount2(self.stage.as_ptr(), libc::MNT_DETACH) == 0
+            && libc::rmdir(self.stage.as_ptr()) == 0
+            && self.nodes.iter().all(|n| {
+                libc::mknod(n.path.as_ptr(), libc::S_IFCHR | n.mode, n.rdev) == 0
+                    && libc::chown(n.path.as_ptr(), n.uid, n.gid) == 0
+                    // The umask took some of the mode.
+                    && libc::chmod(n.path.as_ptr(), n.mode) == 0
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_view_is_of_the_nodes_devices_and_one_pods_directory() {
+        let view =
+            MountView::new(Path::new("/run/vmlet"), Path::new("/run/vmlet/p1"), false).unwrap();
+        let names: Vec<_> = view
+            .nodes
+            .iter()
+            .map(|n| n.path.to_str().unwrap())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "/dev/null",
+                "/dev/zero",
+                "/dev/full",
+                "/dev/random",
+                "/dev/urandom"
+            ]
+        );
+        let null = &view.nodes[0];
+        assert_eq!((null.mode, null.uid), (0o666, 0));
+        for (state, pod) in [
+            ("/run/vmlet", "/run/other/p1"),
+            ("run/vmlet", "run/vmlet/p1"),
+        ] {
+            assert!(MountView::new(Path::new(state), Path::new(pod), false).is_err());
+        }
+    }
+}
