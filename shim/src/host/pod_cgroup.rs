@@ -269,20 +269,14 @@ fn remove_when_empty(dir: &Path, deadline: std::time::Instant) -> Result<(), Err
     }
 }
 
-/// Ends every process still in the cgroup at `dir` once the pod's teardown ended what its
-/// journal recorded: what it did not (a helper whose shim was killed between starting it
-/// and recording it, or a process a helper forked). `cgroup.kill` where the kernel has it
-/// (cgroup v2, Linux 5.14 on), else each PID of `cgroup.procs`, through a pidfd taken while
-/// that PID is still listed there.
+/// Ends what is still in the cgroup at `dir` of vmlet's own once the pod's teardown ended
+/// what its journal recorded: a helper whose shim was killed between starting it and
+/// recording it, or a process a helper forked (virtiofsd's sandbox). Only processes whose
+/// executable is one of the programs the shim starts for a pod ([`HELPERS`]) are ended,
+/// each through a pidfd taken while its PID is still listed in `cgroup.procs`: a cgroup
+/// path a pod was given that holds anything else (only root can put a process there) keeps
+/// it.
 fn end_members(dir: &Path) {
-    let kill = std::fs::OpenOptions::new()
-        .write(true)
-        .open(dir.join("cgroup.kill"))
-        .and_then(|mut f| std::io::Write::write_all(&mut f, b"1"));
-    if kill.is_ok() {
-        log::warn!("cgroup {}: ended what was left in it", dir.display());
-        return;
-    }
     let members = || -> Vec<u32> {
         std::fs::read_to_string(dir.join("cgroup.procs"))
             .unwrap_or_default()
@@ -298,15 +292,38 @@ fn end_members(dir: &Path) {
         if !members().contains(&pid) {
             continue;
         }
-        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        let Some(program) = std::fs::read_link(format!("/proc/{pid}/exe"))
+            .ok()
+            .and_then(|exe| Some(exe.file_name()?.to_string_lossy().into_owned()))
+        else {
+            continue;
+        };
+        if !is_helper(&program) {
+            continue;
+        }
         log::warn!(
-            "cgroup {}: ending {pid} ({}), left in it",
-            dir.display(),
-            comm.trim()
+            "cgroup {}: ending {pid} ({program}), left in it",
+            dir.display()
         );
         let _ =
             crate::host::pidfd::signal(&pidfd, libc::SIGKILL, "a process left in the pod's cgroup");
     }
+}
+
+/// The programs the shim starts for a pod, by their executables' names (QEMU by its
+/// prefix).
+const HELPERS: [&str; 4] = [
+    "virtiofsd",
+    "vhost-device-vsock",
+    "vmlet-netns",
+    "qemu-system-",
+];
+
+fn is_helper(program: &str) -> bool {
+    HELPERS.iter().any(|h| match h.strip_suffix('-') {
+        Some(prefix) => program.starts_with(h) && program.len() > prefix.len() + 1,
+        None => program == *h,
+    })
 }
 
 /// systemd's slice name to its path: `a-b-c.slice` -> `/a.slice/a-b.slice/a-b-c.slice`.
@@ -361,31 +378,40 @@ mod tests {
     }
 
     #[test]
-    fn what_is_left_in_the_cgroup_is_ended() {
-        // A cgroup v1 directory as the teardown finds it: a process the journal did not
-        // record still listed (no cgroup.kill).
+    fn only_vmlets_helpers_left_in_the_cgroup_are_ended() {
+        // A cgroup v1 directory as the teardown finds it, listing a helper the journal did
+        // not record (a copy of sleep named as vhost-device-vsock) and a process that is
+        // none of vmlet's (sleep itself).
         let dir = tempfile::tempdir().unwrap();
-        let mut left = std::process::Command::new("sleep")
+        let helper = dir.path().join("vhost-device-vsock");
+        std::fs::copy("/bin/sleep", &helper).unwrap();
+        let mut left = std::process::Command::new(&helper)
             .arg("100")
             .spawn()
             .unwrap();
-        std::fs::write(dir.path().join("cgroup.procs"), format!("{}\n", left.id())).unwrap();
+        let mut other = std::process::Command::new("sleep")
+            .arg("100")
+            .spawn()
+            .unwrap();
+        std::fs::write(
+            dir.path().join("cgroup.procs"),
+            format!("{}\n{}\n", left.id(), other.id()),
+        )
+        .unwrap();
         end_members(dir.path());
         let status = left.wait().unwrap();
         assert_eq!(
             std::os::unix::process::ExitStatusExt::signal(&status),
             Some(libc::SIGKILL)
         );
-        // A PID no longer listed is left alone.
-        let mut other = std::process::Command::new("sleep")
-            .arg("100")
-            .spawn()
-            .unwrap();
-        std::fs::write(dir.path().join("cgroup.procs"), "").unwrap();
-        end_members(dir.path());
-        assert!(other.try_wait().unwrap().is_none());
+        assert!(
+            other.try_wait().unwrap().is_none(),
+            "not vmlet's: left alone"
+        );
         let _ = other.kill();
         let _ = other.wait();
+        assert!(is_helper("qemu-system-x86_64") && is_helper("virtiofsd"));
+        assert!(!is_helper("qemu-system-") && !is_helper("containerd") && !is_helper("virtiofsd2"));
     }
 
     #[test]

@@ -82,7 +82,8 @@ impl PodPaths {
 /// Gives the state directory `dir` (root's) mode 0711 again where it has another: made
 /// before any shim ran (by the kubelet for the metrics DaemonSet's mount, after a reboot
 /// emptied `/run`), it would let every user list the pods. Never through a link; a
-/// directory of another owner is left as it is.
+/// directory of another owner is refused (whoever owns it could change what the pods' paths
+/// name).
 pub fn close_state_dir(dir: &Path) -> std::io::Result<()> {
     use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
     let file = std::fs::OpenOptions::new()
@@ -90,7 +91,13 @@ pub fn close_state_dir(dir: &Path) -> std::io::Result<()> {
         .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
         .open(dir)?;
     let meta = file.metadata()?;
-    if meta.uid() == 0 && meta.mode() & 0o7777 != 0o711 {
+    if meta.uid() != 0 {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            format!("the state directory is uid {}'s, not root's", meta.uid()),
+        ));
+    }
+    if meta.mode() & 0o7777 != 0o711 {
         file.set_permissions(std::fs::Permissions::from_mode(0o711))?;
     }
     Ok(())

@@ -261,6 +261,14 @@ fn ended_at_once(program: &Path) -> Error {
 }
 
 impl QemuProcess {
+    /// Its PID and start time, for the pod's journal; `None` once it has been reaped (its
+    /// PID may be another process's by then).
+    pub fn id(&self) -> Option<crate::host::undo::ProcessId> {
+        let process = crate::host::undo::ProcessId::of(self.pid, "QEMU")?;
+        // Not reaped after its start time was read: the start time was its.
+        pidfd::not_reaped(&self.pidfd).then_some(process)
+    }
+
     /// Sends `signal` to it (gone already is no error).
     pub fn signal(&self, signal: i32) -> Result<(), Error> {
         pidfd::signal(&self.pidfd, signal, &format!("QEMU {}", self.pid))

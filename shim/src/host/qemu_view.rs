@@ -8,7 +8,8 @@
 //!   node's, with its mounts): no other pod's sockets, logs or records, nor the node's
 //!   claims and counters, whatever their modes.
 //!
-//! Nothing propagates back to the node (the namespace's mounts are private), and the view
+//! Nothing propagates back to the node (the namespace's mounts are the node's slaves: they
+//! receive what the node unmounts, so no copy keeps another pod's volume busy), and the view
 //! goes with QEMU. libvirt gives its QEMU a private `/dev` the same way
 //! (`namespaces = ["mount"]`).
 
@@ -112,8 +113,9 @@ impl MountView {
             libc::mount(source, target.as_ptr(), fstype, flags, data.cast()) == 0
         };
         libc::unshare(libc::CLONE_NEWNS) == 0
-            // Nothing of what follows reaches the node.
-            && libc::mount(none, c"/".as_ptr(), none, libc::MS_REC | libc::MS_PRIVATE, std::ptr::null()) == 0
+            // Nothing of what follows reaches the node, and what the node unmounts goes here
+            // too (a copy kept would hold another pod's volume busy).
+            && libc::mount(none, c"/".as_ptr(), none, libc::MS_REC | libc::MS_SLAVE, std::ptr::null()) == 0
             && libc::mount(
                 tmpfs,
                 c"/dev".as_ptr(),

@@ -222,6 +222,17 @@ impl TaskService {
         let pod_id = in_vm.vm.pod_id();
         let dir = crate::host::pod_paths::PodPaths::new(&config.state_dir, pod_id).dir;
         use crate::task::metrics_dir;
+        // Every pod's QEMU has the QEMU user's groups: the figures are not theirs to read.
+        if let Ok(qemu) = crate::host::pod_user::PodUser::shared(config) {
+            if qemu.gid == config.metrics_gid || qemu.groups.contains(&config.metrics_gid) {
+                log::warn!(
+                    "{pod_id}: no metrics: metrics_gid {} is a group of qemu_user {}, which every pod's QEMU has",
+                    config.metrics_gid,
+                    config.qemu_user
+                );
+                return;
+            }
+        }
         if let Err(e) = metrics_dir::prepare(&config.state_dir, config.metrics_gid) {
             log::warn!("{pod_id}: no metrics: {}", e.message());
             return;

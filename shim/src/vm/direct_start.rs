@@ -24,7 +24,7 @@ use super::{helper_log, BootRequest, Recorder};
 use crate::host::pod_paths::PodPaths;
 use crate::host::qemu_process::{self, Confinement, QemuProcess};
 use crate::host::qemu_view::MountView;
-use crate::host::undo::{Made, ProcessId};
+use crate::host::undo::Made;
 use crate::vmm::qemu_command::{qemu_command, Launched};
 use crate::vmm::vm_spec::VmSpec;
 use crate::Error;
@@ -100,7 +100,8 @@ pub(super) fn start(
             helper_log::tail(&paths.qemu_log)
         ))
     })?;
-    let process = ProcessId::of(qemu.pid, "QEMU")
+    let process = qemu
+        .id()
         .ok_or_else(|| helper_log::ended(&paths.qemu_log, "QEMU"))?;
     rec.record(Made::Qemu(process))?;
     Ok(qemu)
