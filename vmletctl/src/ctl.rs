@@ -119,17 +119,14 @@ impl PodView {
 pub fn metrics(state_dir: &Path) -> String {
     use vmlet_shim::task::metrics_dir;
     let mut errors = 0;
-    let dir = metrics_dir::path(state_dir);
-    match std::fs::metadata(&dir) {
-        // No pod has served figures since the node's boot.
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+    let sockets = match published_sockets(state_dir) {
+        Ok(sockets) => sockets,
         Err(e) => {
-            log::warn!("{}: {e}", dir.display());
+            log::warn!("{}: {e}", metrics_dir::path(state_dir).display());
             errors += 1;
+            Vec::new()
         }
-        Ok(_) => {}
-    }
-    let sockets = published_sockets(state_dir);
+    };
     let answers: Vec<_> = std::thread::scope(|scope| {
         let asked: Vec<_> = sockets
             .iter()
@@ -402,7 +399,7 @@ pub fn gc(
     }
     // Figures sockets whose pod has no state directory: its shim was killed and its state
     // lost (a teardown removes the socket with the directory).
-    for (pod_id, socket) in published_sockets(&config.state_dir) {
+    for (pod_id, socket) in published_sockets(&config.state_dir).unwrap_or_default() {
         let state = vmlet_shim::host::pod_paths::PodPaths::new(&config.state_dir, &pod_id).dir;
         if state.exists() {
             continue;
@@ -418,13 +415,15 @@ pub fn gc(
     first.map_or(Ok(removed), Err)
 }
 
-/// The pods' figures sockets in the metrics directory, by pod id (other names skipped).
-fn published_sockets(state_dir: &Path) -> Vec<(String, std::path::PathBuf)> {
-    let dir = vmlet_shim::task::metrics_dir::path(state_dir);
-    let Ok(entries) = std::fs::read_dir(&dir) else {
-        return Vec::new();
+/// The pods' figures sockets in the metrics directory, by pod id (other names skipped);
+/// none where no pod has served figures since the node's boot (no directory).
+fn published_sockets(state_dir: &Path) -> std::io::Result<Vec<(String, std::path::PathBuf)>> {
+    let entries = match std::fs::read_dir(vmlet_shim::task::metrics_dir::path(state_dir)) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
     };
-    entries
+    Ok(entries
         .flatten()
         .filter_map(|entry| {
             let name = entry.file_name().to_string_lossy().into_owned();
@@ -432,7 +431,7 @@ fn published_sockets(state_dir: &Path) -> Vec<(String, std::path::PathBuf)> {
             check_pod_id(&pod_id).ok()?;
             Some((pod_id, entry.path()))
         })
-        .collect()
+        .collect())
 }
 
 fn domain_of(pod: &PodView) -> String {

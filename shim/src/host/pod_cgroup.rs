@@ -310,20 +310,15 @@ fn end_members(dir: &Path) {
     }
 }
 
-/// The programs the shim starts for a pod, by their executables' names (QEMU by its
-/// prefix).
-const HELPERS: [&str; 4] = [
-    "virtiofsd",
-    "vhost-device-vsock",
-    "vmlet-netns",
-    "qemu-system-",
-];
+/// The programs the shim starts for a pod, by their executables' names, beside QEMU
+/// (`qemu-system-ARCH`).
+const HELPERS: [&str; 3] = ["virtiofsd", "vhost-device-vsock", "vmlet-netns"];
 
 fn is_helper(program: &str) -> bool {
-    HELPERS.iter().any(|h| match h.strip_suffix('-') {
-        Some(prefix) => program.starts_with(h) && program.len() > prefix.len() + 1,
-        None => program == *h,
-    })
+    HELPERS.contains(&program)
+        || program
+            .strip_prefix("qemu-system-")
+            .is_some_and(|arch| !arch.is_empty())
 }
 
 /// systemd's slice name to its path: `a-b-c.slice` -> `/a.slice/a-b.slice/a-b-c.slice`.
