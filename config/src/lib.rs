@@ -16,6 +16,7 @@ mod annotation_values;
 mod annotations;
 mod cpu_setting;
 mod error;
+mod helper_paths;
 mod node;
 mod quantity;
 mod shape;
@@ -29,9 +30,10 @@ pub use annotation_values::{user_data_kind, USER_DATA_KINDS};
 pub use annotations::PodAnnotations;
 pub use cpu_setting::{CpuFeature, CpuSetting, CpuSettingModel};
 pub use error::Error;
+pub use helper_paths::HelperPaths;
 pub use node::{
-    Accel, AnnotationsConfig, GuestConfig, HelperPaths, Launcher, NodeConfig, PodUsersConfig,
-    VmImagesConfig, VsockTransport, CONFIG_ENV, DEFAULT_CONFIG_PATH, DEFAULT_METRICS_GID,
+    Accel, AnnotationsConfig, GuestConfig, Launcher, NodeConfig, PodUsersConfig, VmImagesConfig,
+    VsockTransport, CONFIG_ENV, DEFAULT_CONFIG_PATH, DEFAULT_METRICS_GID,
 };
 pub use quantity::parse_memory_mib;
 pub use shape::{PodLimits, ShapeSource, VmOptions, VmShape};

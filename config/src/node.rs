@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use crate::Error;
+use crate::{Error, HelperPaths};
 
 /// Where the shim looks for its config file unless [`CONFIG_ENV`] names another.
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/vmlet/config.toml";
@@ -100,34 +100,6 @@ impl Default for GuestConfig {
             overhead_memory_mib: 128,
             tcg_translation_cache_mib: None,
             free_page_reporting: false,
-        }
-    }
-}
-
-/// Paths of the helper programs the shim and libvirt start.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct HelperPaths {
-    /// The QEMU binary `vmlet-vmwrapper` executes.
-    pub qemu: PathBuf,
-    /// `vmlet-vmwrapper`, the domain's `<emulator>`.
-    pub vmwrapper: PathBuf,
-    /// `vmlet-libvirt`, which makes the shim's libvirt calls (one process per call).
-    pub libvirt: PathBuf,
-    /// `virtiofsd`, started by libvirt for the shared directory.
-    pub virtiofsd: PathBuf,
-    /// `vhost-device-vsock`, started by the shim for the vhost-user vsock transport.
-    pub vhost_device_vsock: PathBuf,
-}
-
-impl Default for HelperPaths {
-    fn default() -> Self {
-        Self {
-            qemu: PathBuf::from("/usr/bin/qemu-system-x86_64"),
-            vmwrapper: PathBuf::from("/usr/local/bin/vmlet-vmwrapper"),
-            libvirt: PathBuf::from("/usr/local/bin/vmlet-libvirt"),
-            virtiofsd: PathBuf::from("/usr/local/bin/virtiofsd"),
-            vhost_device_vsock: PathBuf::from("/usr/local/bin/vhost-device-vsock"),
         }
     }
 }

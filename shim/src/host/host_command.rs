@@ -109,6 +109,17 @@ pub async fn output(
     deadline: Duration,
     max_stdout: usize,
 ) -> io::Result<ToolOutput> {
+    output_fed(program, args, Vec::new(), deadline, max_stdout).await
+}
+
+/// [`output`], the tool reading `input` on its stdin (none: stdin empty).
+pub async fn output_fed(
+    program: &str,
+    args: &[&std::ffi::OsStr],
+    input: Vec<u8>,
+    deadline: Duration,
+    max_stdout: usize,
+) -> io::Result<ToolOutput> {
     let (out_r, out_w) = pipe()?;
     let (err_r, err_w) = pipe()?;
     let mut command = Command::new(program);
@@ -120,12 +131,15 @@ pub async fn output(
             "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
         )
         .current_dir("/")
-        .stdin(Stdio::null())
+        .stdin(match input.is_empty() {
+            true => Stdio::null(),
+            false => Stdio::piped(),
+        })
         .stdout(Stdio::from(out_w))
         .stderr(Stdio::from(err_w));
     let stdout = tokio::spawn(read_head(out_r, max_stdout));
     let stderr = tokio::spawn(read_tail(err_r, ERROR_TAIL));
-    let finished = match spawn_and_wait(command, Vec::new(), deadline).await {
+    let finished = match spawn_and_wait(command, input, deadline).await {
         Ok(finished) => finished,
         Err(e) => {
             stdout.abort();
@@ -159,7 +173,18 @@ pub async fn run_tool(
     deadline: Duration,
     what: &str,
 ) -> Result<(), crate::Error> {
-    let out = output(program, args, deadline, 4096)
+    run_tool_fed(program, args, Vec::new(), deadline, what).await
+}
+
+/// [`run_tool`], the tool reading `input` on its stdin.
+pub async fn run_tool_fed(
+    program: &str,
+    args: &[&std::ffi::OsStr],
+    input: Vec<u8>,
+    deadline: Duration,
+    what: &str,
+) -> Result<(), crate::Error> {
+    let out = output_fed(program, args, input, deadline, 4096)
         .await
         .map_err(|e| crate::Error::io(format!("run {program} ({what})"), e))?;
     match out.finished {

@@ -12,7 +12,8 @@
 //!   wrapper; [`sk_lookup`]: port-forwarding's listener in the pod's namespace;
 //! - [`host_command`]: host programs run with deadlines and bounded output; [`file_lock`]:
 //!   a lock between shims; [`pidfd`]: processes held by pidfd; [`qemu_process`]: QEMU as the
-//!   shim's confined child (in its own view of the node's files: [`qemu_view`]),
+//!   shim's confined child (in its own view of the node's files: [`qemu_view`], under a
+//!   profile of its own where AppArmor is on: [`qemu_apparmor`]),
 //!   [`virtiofsd`] the pod's virtiofsd and [`vhost_device_vsock`] its
 //!   vsock backend;
 //! - [`templates`]: saved template VMs, one per VM shape, within the node's limits;
@@ -30,6 +31,7 @@ pub mod pod_cgroup;
 pub mod pod_paths;
 pub mod pod_record;
 pub mod pod_user;
+pub mod qemu_apparmor;
 pub mod qemu_process;
 pub mod qemu_view;
 pub mod reclaim;

@@ -52,6 +52,9 @@ pub enum Made {
     Process(ProcessId),
     /// The pod's own uid ([`crate::host::pod_user`]), recorded first: given back last.
     PodUser(u32),
+    /// The AppArmor profile of the QEMU the shim started ([`crate::host::qemu_apparmor`]),
+    /// recorded before it is loaded: removed from the kernel, after QEMU.
+    AppArmorProfile(String),
 }
 
 /// A process, told from any later one that takes its PID by its start time.
@@ -149,6 +152,7 @@ impl Made {
                 crate::host::pod_cgroup::PodCgroup { path: path.clone() }.remove()
             }
             Made::PodUser(uid) => crate::host::pod_user::release(pod_dir, *uid),
+            Made::AppArmorProfile(name) => crate::host::qemu_apparmor::unload(name),
         }
     }
 }

@@ -6,10 +6,11 @@
 //! Each is recorded in the journal as soon as it runs (`Made::Process`, `Made::Qemu`); the
 //! returned handle kills QEMU if it is dropped before the pod's teardown.
 //!
-//! Not on a node with AppArmor or SELinux enforcing: libvirt confines each VM there (its
-//! AppArmor profile, its sVirt labels), and vmlet has no confinement of its own for QEMU
-//! yet, so a pod there is refused rather than run unconfined. What libvirt adds elsewhere
-//! and this launcher does not: a device cgroup filter. QEMU has a view of its own
+//! On a node where AppArmor is on, QEMU runs under a profile of the pod's own, which the shim
+//! loads first ([`crate::host::qemu_apparmor`]), as libvirt gives each VM one. Not on a node
+//! with SELinux enforcing: libvirt labels each VM there (sVirt), and vmlet has no labels of
+//! its own for QEMU, so a pod there is refused rather than run unconfined. What libvirt adds
+//! elsewhere and this launcher does not: a device cgroup filter. QEMU has a view of its own
 //! ([`crate::host::qemu_view`]): a `/dev` of the nodes it opens, and the state directory
 //! holding its pod's directory alone.
 
@@ -22,6 +23,7 @@ use vmlet_config::NodeConfig;
 
 use super::{helper_log, BootRequest, Recorder};
 use crate::host::pod_paths::PodPaths;
+use crate::host::qemu_apparmor::{self, NodeLsm};
 use crate::host::qemu_process::{self, Confinement, QemuProcess};
 use crate::host::qemu_view::MountView;
 use crate::host::undo::Made;
@@ -29,13 +31,9 @@ use crate::vmm::qemu_command::{qemu_command, Launched};
 use crate::vmm::vm_spec::VmSpec;
 use crate::Error;
 
-/// Where the kernel says whether AppArmor confines processes, and whether SELinux enforces.
-const APPARMOR_ENABLED: &str = "/sys/module/apparmor/parameters/enabled";
-const SELINUX_ENFORCE: &str = "/sys/fs/selinux/enforce";
-
 /// Starts the pod's virtiofsd and then QEMU for `spec`, QEMU on `tap_fds` (the NICs'
 /// taps in `spec`'s order).
-pub(super) fn start(
+pub(super) async fn start(
     config: &NodeConfig,
     req: &BootRequest,
     paths: &PodPaths,
@@ -43,14 +41,18 @@ pub(super) fn start(
     spec: &VmSpec,
     tap_fds: Vec<OwnedFd>,
 ) -> Result<QemuProcess, Error> {
-    if let Some(lsm) = confining_lsm() {
-        return Err(Error::FailedPrecondition(format!(
-            "pod {}: launcher = \"direct\" on a node with {lsm}: vmlet has no {lsm} \
-             confinement of its own for QEMU, and QEMU is not run unconfined; use launcher = \
-             \"libvirt\" on this node",
-            req.pod_id
-        )));
-    }
+    let apparmor_profile = match qemu_apparmor::node_lsm() {
+        NodeLsm::SelinuxEnforcing => {
+            return Err(Error::FailedPrecondition(format!(
+                "pod {}: launcher = \"direct\" on a node with SELinux enforcing: vmlet has \
+                 no SELinux labels of its own for QEMU, and QEMU is not run unconfined; use \
+                 launcher = \"libvirt\" on this node",
+                req.pod_id
+            )))
+        }
+        NodeLsm::AppArmor => Some(load_profile(config, rec, spec).await?),
+        NodeLsm::None => None,
+    };
     let cgroup_procs = || match &req.cgroup {
         Some(cgroup) => cgroup.procs_files(),
         None => Ok(Vec::new()),
@@ -89,7 +91,7 @@ pub(super) fn start(
             gid: spec.user.gid,
             groups: spec.user.groups.clone(),
             cgroup_procs: cgroup_procs()?,
-            apparmor_profile: None,
+            apparmor_profile,
             view: Some(MountView::new(&config.state_dir, &paths.dir, spec.kvm)?),
         },
         helper_log::create(&paths.qemu_log)?,
@@ -107,16 +109,28 @@ pub(super) fn start(
     Ok(qemu)
 }
 
-/// The security module that confines libvirt's VMs on this node, if any.
-fn confining_lsm() -> Option<&'static str> {
-    let reads = |path: &str, on: &str| std::fs::read_to_string(path).is_ok_and(|s| s.trim() == on);
-    if reads(APPARMOR_ENABLED, "Y") {
-        Some("AppArmor")
-    } else if reads(SELINUX_ENFORCE, "1") {
-        Some("SELinux enforcing")
-    } else {
-        None
-    }
+/// Loads the profile of the pod's QEMU (recorded first, so that the teardown removes it
+/// whatever happens next) and says its name.
+async fn load_profile(
+    config: &NodeConfig,
+    rec: &Recorder<'_>,
+    spec: &VmSpec,
+) -> Result<String, Error> {
+    let name = qemu_apparmor::profile_name(&spec.pod_id)?;
+    let qemu = std::fs::canonicalize(&spec.qemu)
+        .map_err(|e| Error::io(format!("resolve QEMU's path {}", spec.qemu), e))?;
+    let text = qemu_apparmor::profile(
+        &name,
+        &qemu,
+        spec.kvm,
+        qemu_apparmor::shim_label()?.as_deref(),
+        &qemu_apparmor::pod_files(spec),
+    )?;
+    rec.record(Made::AppArmorProfile(name.clone()))?;
+    qemu_apparmor::load(&config.helpers.apparmor_parser, &text)
+        .await
+        .map_err(|e| e.within(&format!("pod {}: its QEMU's AppArmor profile", spec.pod_id)))?;
+    Ok(name)
 }
 
 /// The console file, for QEMU to append to (made if need be; never through a link).

@@ -184,9 +184,7 @@ pub(super) async fn start(
     );
     let started = Instant::now();
     let qemu = if direct {
-        Some(super::direct_start::start(
-            config, req, paths, rec, &spec, tap_fds,
-        )?)
+        Some(super::direct_start::start(config, req, paths, rec, &spec, tap_fds).await?)
     } else {
         if let Some(share) = spec.guest.share() {
             let cgroup_procs = match &req.cgroup {

@@ -10,6 +10,7 @@ use Verdict::{Fail, Ok, Warn};
 /// Judges the facts against the node config, one finding per subject.
 pub fn assess(config: &NodeConfig, facts: &HostFacts) -> Vec<Finding> {
     let mut out = vec![accel(config, facts), vsock(config, facts), vhost_net(facts)];
+    out.push(super::launcher::launcher(config, facts));
     out.extend(libvirt(config, facts));
     out.push(pod_users(config, facts));
     out.extend(platform(facts));
@@ -378,7 +379,7 @@ fn containerd(facts: &HostFacts) -> Vec<Finding> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::host_check::ContainerdFacts;
     use vmlet_libvirt::LibvirtHost;
@@ -404,7 +405,7 @@ mod tests {
         assert_eq!(accelerator(&config(Accel::Tcg), &f), Some("tcg"));
     }
 
-    fn facts() -> HostFacts {
+    pub(in crate::host_check) fn facts() -> HostFacts {
         HostFacts {
             kvm: KvmFacts {
                 dev_kvm: true,
@@ -423,6 +424,8 @@ mod tests {
             }),
             vhost_vsock: false,
             vhost_net: false,
+            lsm: vmlet_shim::host::qemu_apparmor::NodeLsm::None,
+            apparmor_parser: false,
             qemu: Result::Ok("QEMU emulator version 7.2.15".into()),
             vmwrapper: Result::Ok(format!("vmlet-vmwrapper {}", vmlet_shim::cli::VERSION)),
             libvirt_helper: Result::Ok(format!("vmlet-libvirt {}", vmlet_shim::cli::VERSION)),

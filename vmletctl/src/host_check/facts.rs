@@ -69,6 +69,8 @@ impl HostFacts {
                 .unwrap_or_default(),
             vhost_vsock: Path::new("/dev/vhost-vsock").exists(),
             vhost_net: Path::new("/dev/vhost-net").exists(),
+            lsm: vmlet_shim::host::qemu_apparmor::node_lsm(),
+            apparmor_parser: h.apparmor_parser.is_file(),
             qemu: version_line(&h.qemu),
             vmwrapper: version_line(&h.vmwrapper),
             libvirt_helper: version_line(&h.libvirt),

@@ -5,6 +5,7 @@
 
 mod assess;
 mod facts;
+mod launcher;
 
 use std::path::PathBuf;
 
@@ -85,6 +86,10 @@ pub struct HostFacts {
     pub pod_users_taken: Vec<String>,
     pub vhost_vsock: bool,
     pub vhost_net: bool,
+    /// The security module that confines processes (QEMU under `launcher = "direct"`).
+    pub lsm: vmlet_shim::host::qemu_apparmor::NodeLsm,
+    /// Whether the config's `helpers.apparmor_parser` is there.
+    pub apparmor_parser: bool,
     /// Each program's first line of `--version`, or why there is none: QEMU, the emulator
     /// wrapper, the libvirt helper, virtiofsd, vhost-device-vsock.
     pub qemu: Result<String, String>,

@@ -1,0 +1,309 @@
+//! The AppArmor profile of a pod's QEMU that the shim starts itself (`launcher = "direct"`)
+//! on a node where AppArmor is on: vmlet's own, one per pod, as libvirt gives each of its VMs
+//! one ([`crate::vmm::pod_apparmor`]), but needing nothing of libvirt's. It holds AppArmor's
+//! base abstraction, what QEMU reads of the node (its firmware and option ROMs, a few
+//! figures of `/proc` and `/sys`, `/dev/kvm` where the VM has KVM) and the files of this pod
+//! that QEMU opens by their path: the guest's kernel and initrd, the agent's key, the vsock
+//! backend's and vmlet's QMP sockets ([`pod_files`]). What QEMU inherits or receives over
+//! QMP (the console file, its log, the taps, the virtiofsd connection, block volumes, a
+//! template's state) the shim opened, unconfined: AppArmor lets such descriptors through
+//! (it revalidates only what a confined process opened), so the profile names none of them.
+//!
+//! The shim loads the profile as `vmlet-qemu-POD` (`apparmor_parser --replace`, the text on
+//! its standard input: nothing is written under `/etc`) after recording it in the pod's
+//! journal, and QEMU's child asks for it at its exec ([`crate::host::qemu_process`]); the
+//! teardown (or `vmletctl gc`) removes it from the kernel once QEMU has ended ([`unload`]).
+//! Tested by `scripts/check-apparmor`: a pod's QEMU runs under its profile, which opens
+//! its own files and not another pod's, and no profile of vmlet's is left after the pod.
+
+use std::io::Write;
+use std::path::Path;
+use std::time::Duration;
+
+use crate::vmm::pod_apparmor::{quoted, Access, PodFile};
+use crate::vmm::vm_spec::{GuestBoot, VmSpec, VsockDevice};
+use crate::Error;
+
+/// The name of every profile of this kind starts with it; the pod's id follows.
+pub const PROFILE_PREFIX: &str = "vmlet-qemu-";
+/// The first line of every such profile.
+const MARK: &str = "# vmlet: the profile of a pod's QEMU that the shim starts";
+/// Where the kernel says whether AppArmor confines processes, and whether SELinux enforces.
+const APPARMOR_ENABLED: &str = "/sys/module/apparmor/parameters/enabled";
+const SELINUX_ENFORCE: &str = "/sys/fs/selinux/enforce";
+/// Where a profile is removed from the kernel by its name.
+const REMOVE: &str = "/sys/kernel/security/apparmor/.remove";
+/// Where a process reads its own label.
+const OWN_LABEL: &str = "/proc/self/attr/current";
+/// How long `apparmor_parser` may take to compile and load a profile.
+const LOAD_DEADLINE: Duration = Duration::from_secs(60);
+
+/// The security module that confines processes on this node, as far as QEMU is concerned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeLsm {
+    None,
+    AppArmor,
+    SelinuxEnforcing,
+}
+
+/// Which security module confines processes on this node.
+pub fn node_lsm() -> NodeLsm {
+    let reads = |path: &str, on: &str| std::fs::read_to_string(path).is_ok_and(|s| s.trim() == on);
+    if reads(APPARMOR_ENABLED, "Y") {
+        NodeLsm::AppArmor
+    } else if reads(SELINUX_ENFORCE, "1") {
+        NodeLsm::SelinuxEnforcing
+    } else {
+        NodeLsm::None
+    }
+}
+
+/// The profile name of the pod `pod_id`'s QEMU; a pod id AppArmor would read as more than a
+/// name is refused.
+pub fn profile_name(pod_id: &str) -> Result<String, Error> {
+    let plain = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
+    if pod_id.is_empty() || pod_id.len() > 200 || !pod_id.chars().all(plain) {
+        return Err(Error::InvalidArgument(format!(
+            "pod id {pod_id:?}: not a name vmlet gives an AppArmor profile (letters, digits, \
+             '.', '_' and '-', at most 200)"
+        )));
+    }
+    Ok(format!("{PROFILE_PREFIX}{pod_id}"))
+}
+
+/// What of the pod's own QEMU opens by path (vmlet's guest: its kernel and initrd, the
+/// agent's key, the vsock backend's socket; vmlet's QMP socket).
+pub fn pod_files(spec: &VmSpec) -> Vec<PodFile> {
+    let file = |path: &str, access| PodFile {
+        path: path.to_owned(),
+        access,
+    };
+    let mut files = Vec::new();
+    if let GuestBoot::Agent(agent) = &spec.guest {
+        files.push(file(&agent.kernel, Access::Read));
+        files.push(file(&agent.initrd, Access::Read));
+        files.push(file(&agent.key_file, Access::Read));
+        if let VsockDevice::VhostUser { socket } = &agent.vsock {
+            files.push(file(socket, Access::ReadWrite));
+        }
+    }
+    files.push(file(&spec.qmp_socket, Access::ReadWrite));
+    files
+}
+
+/// The profile `name` of a pod's QEMU: the program `qemu`, `/dev/kvm` if `kvm`, signals
+/// from `shim_label` (the shim's own label, where it is confined) and `files`.
+pub fn profile(
+    name: &str,
+    qemu: &Path,
+    kvm: bool,
+    shim_label: Option<&str>,
+    files: &[PodFile],
+) -> Result<String, Error> {
+    let mut node = vec![format!("{} rm,", quoted(qemu)?)];
+    node.extend(
+        [
+            "/usr/share/qemu/** r,",
+            "/usr/share/seabios/** r,",
+            "/usr/lib/ipxe/qemu/** r,",
+            "@{PROC}/sys/vm/max_map_count r,",
+            "owner @{PROC}/@{pid}/task/@{tid}/comm rw,",
+            "/sys/devices/system/node/ r,",
+            "/sys/devices/system/node/node[0-9]*/meminfo r,",
+            "/sys/kernel/mm/transparent_hugepage/** r,",
+            "network unix stream,",
+        ]
+        .map(str::to_owned),
+    );
+    if kvm {
+        node.push("/dev/kvm rw,".into());
+    }
+    if let Some(label) = shim_label {
+        node.push(format!("signal (receive) peer={},", checked_label(label)?));
+    }
+    let mut own = Vec::new();
+    for file in files {
+        own.push(format!(
+            "{} {},",
+            quoted(Path::new(&file.path))?,
+            file.access.as_str()
+        ));
+    }
+    let lines = |rules: &[String]| rules.iter().map(|r| format!("  {r}\n")).collect::<String>();
+    Ok(format!(
+        "{MARK} (launcher direct), loaded by the shim\n\
+         # before QEMU starts and removed from the kernel with the pod.\n\
+         \n\
+         #include <tunables/global>\n\
+         \n\
+         profile {name} flags=(attach_disconnected) {{\n  \
+         #include <abstractions/base>\n\
+         \n  \
+         # QEMU, and what it reads of the node.\n\
+         {}\n  \
+         # This pod's files that QEMU opens by path.\n\
+         {}}}\n",
+        lines(&node),
+        lines(&own)
+    ))
+}
+
+/// A label AppArmor reads as that one profile's name in a peer condition.
+fn checked_label(label: &str) -> Result<&str, Error> {
+    let plain = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | '/');
+    if !label.is_empty() && label.chars().all(plain) {
+        Ok(label)
+    } else {
+        Err(Error::FailedPrecondition(format!(
+            "the shim's AppArmor label {label:?}: not one vmlet can name as the peer that \
+             signals QEMU"
+        )))
+    }
+}
+
+/// The shim's own AppArmor label where it is confined (none: unconfined, which the base
+/// abstraction lets signal QEMU).
+pub fn shim_label() -> Result<Option<String>, Error> {
+    let current = std::fs::read_to_string(OWN_LABEL)
+        .map_err(|e| Error::io(format!("read {OWN_LABEL}"), e))?;
+    Ok(label_of(&current))
+}
+
+/// The profile of a `/proc/PID/attr/current` line (`NAME (MODE)`), none if unconfined.
+fn label_of(current: &str) -> Option<String> {
+    let current = current.trim_end_matches(['\n', '\0']);
+    let name = match current.rsplit_once(" (") {
+        Some((name, _mode)) => name,
+        None => current,
+    };
+    (name != "unconfined").then(|| name.to_owned())
+}
+
+/// Compiles and loads (or replaces) `text` with the node's `apparmor_parser`, no cache.
+pub async fn load(parser: &Path, text: &str) -> Result<(), Error> {
+    if !parser.is_file() {
+        return Err(Error::FailedPrecondition(format!(
+            "AppArmor is on, and helpers.apparmor_parser ({}) is missing: the shim loads each \
+             pod's QEMU profile with it (Debian's apparmor package), or use launcher = \
+             \"libvirt\"",
+            parser.display()
+        )));
+    }
+    let args = ["--replace", "--skip-cache", "--quiet"].map(std::ffi::OsStr::new);
+    crate::host::host_command::run_tool_fed(
+        &parser.to_string_lossy(),
+        &args,
+        text.as_bytes().to_vec(),
+        LOAD_DEADLINE,
+        "(loading the AppArmor profile of the pod's QEMU)",
+    )
+    .await
+}
+
+/// Removes the profile `name` from the kernel; one that is not loaded is not an error.
+pub fn unload(name: &str) -> Result<(), Error> {
+    if !name.starts_with(PROFILE_PREFIX) {
+        return Err(Error::Internal(format!(
+            "{name:?}: not a profile of a pod's QEMU, not removing it"
+        )));
+    }
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .open(REMOVE)
+        .and_then(|mut file| file.write_all(name.as_bytes()));
+    match written {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(Error::io(
+            format!("remove the AppArmor profile {name} ({REMOVE})"),
+            e,
+        )),
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn files() -> Vec<PodFile> {
+        let spec = crate::vmm::vm_spec::tests::spec(VsockDevice::VhostUser {
+            socket: "/run/vmlet/t1/vhost-vsock.sock".into(),
+        });
+        pod_files(&spec)
+    }
+
+    #[test]
+    fn the_profile_names_qemu_and_the_pods_own_files_only() {
+        let paths: Vec<_> = files().into_iter().map(|f| f.path).collect();
+        assert_eq!(
+            paths,
+            [
+                "/img/vmlinuz",
+                "/img/initrd.img",
+                "/run/vmlet/t1/agent.key",
+                "/run/vmlet/t1/vhost-vsock.sock",
+                "/run/vmlet/t1/qmp.sock"
+            ]
+        );
+        let name = profile_name("t1").unwrap();
+        let text = profile(
+            &name,
+            Path::new("/usr/bin/qemu-system-x86_64"),
+            false,
+            None,
+            &files(),
+        )
+        .unwrap();
+        assert!(text.starts_with(MARK), "{text}");
+        for line in [
+            "#include <tunables/global>\n",
+            "profile vmlet-qemu-t1 flags=(attach_disconnected) {\n",
+            "  #include <abstractions/base>\n",
+            "  \"/usr/bin/qemu-system-x86_64\" rm,\n",
+            "  \"/run/vmlet/t1/agent.key\" r,\n",
+            "  \"/run/vmlet/t1/qmp.sock\" rw,\n",
+        ] {
+            assert!(text.contains(line), "{line:?} in {text}");
+        }
+        assert!(!text.contains("/dev/kvm"), "{text}");
+        assert!(!text.contains("signal"), "{text}");
+        assert!(text.ends_with("rw,\n}\n"), "{text}");
+        let kvm = profile(&name, Path::new("/q"), true, Some("containerd"), &files()).unwrap();
+        assert!(kvm.contains("  /dev/kvm rw,\n"), "{kvm}");
+        assert!(
+            kvm.contains("  signal (receive) peer=containerd,\n"),
+            "{kvm}"
+        );
+    }
+
+    #[test]
+    fn what_would_widen_the_profile_is_refused() {
+        for id in ["", "a b", "a,b", "a/b", "x{y}", "a\nb", &"x".repeat(201)] {
+            assert!(profile_name(id).is_err(), "{id:?}");
+        }
+        let odd = [PodFile {
+            path: "/run/vmlet/*/qmp.sock".into(),
+            access: Access::ReadWrite,
+        }];
+        assert!(profile("vmlet-qemu-t1", Path::new("/q"), false, None, &odd).is_err());
+        assert!(profile("vmlet-qemu-t1", Path::new("q"), false, None, &[]).is_err());
+        let err = profile("vmlet-qemu-t1", Path::new("/q"), false, Some("a b,"), &[]);
+        assert!(err.is_err());
+        assert!(
+            unload("libvirt-0d5c0e2a").is_err(),
+            "only vmlet's are removed"
+        );
+    }
+
+    #[test]
+    fn the_shims_label_is_read_from_its_attribute() {
+        assert_eq!(label_of("unconfined\n"), None);
+        assert_eq!(
+            label_of("containerd (enforce)\n"),
+            Some("containerd".into())
+        );
+        assert_eq!(
+            label_of("/usr/bin/x (complain)\0"),
+            Some("/usr/bin/x".into())
+        );
+    }
+}
