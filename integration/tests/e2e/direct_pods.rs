@@ -8,7 +8,8 @@
 //! QMP monitor, the vsock backend's), even before its QEMU exists, and read none of its logs,
 //! which lie on the pod's log tmpfs (what the guest makes QEMU and virtiofsd write cannot
 //! fill the node); the pod's QEMU sees, in its own mount namespace, its pod's directory alone
-//! in the state directory and a `/dev` of five nodes. These change the node's config, so
+//! in the state directory and a `/dev` of five nodes, and reaches no abstract Unix socket of
+//! the node's from its own network namespace. These change the node's config, so
 //! the area runs alone.
 
 use std::os::unix::fs::MetadataExt;
@@ -134,6 +135,36 @@ fn qemu_sees_its_pod_and_a_few_devices(s: &Stack, id: &str, other: &str) {
         );
     }
     assert!(std::fs::read_dir("/dev").unwrap().count() > devices.len());
+    qemu_reaches_no_abstract_socket_of_the_node(qemu);
+}
+
+/// Attack: an abstract Unix socket of the node's (a daemon's, which only its network
+/// namespace scopes) is out of the reach of a pod's QEMU: QEMU has a network namespace of its
+/// own. The same connect from the node's namespace gets through.
+fn qemu_reaches_no_abstract_socket_of_the_node(qemu: u32) {
+    use std::os::linux::net::SocketAddrExt;
+    use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
+    let own = |pid: &str| std::fs::read_link(format!("/proc/{pid}/ns/net")).unwrap();
+    assert_ne!(
+        own(&qemu.to_string()),
+        own("self"),
+        "QEMU's network namespace"
+    );
+    let name = format!("vmlet-e2e-abstract-{}", std::process::id());
+    let addr = SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
+    let _listener = UnixListener::bind_addr(&addr).unwrap();
+    UnixStream::connect_addr(&addr).expect("the node's own connect");
+    let netns = std::fs::File::open(format!("/proc/{qemu}/ns/net")).unwrap();
+    let from_qemu = std::thread::spawn(move || {
+        // This thread alone enters QEMU's network namespace.
+        nix::sched::setns(&netns, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+        UnixStream::connect_addr(&addr).map(|_| ())
+    })
+    .join()
+    .unwrap();
+    let err =
+        from_qemu.expect_err("an abstract socket of the node's reached from QEMU's namespace");
+    assert_eq!(err.kind(), std::io::ErrorKind::ConnectionRefused, "{err}");
 }
 
 pub(crate) fn assert_left_nothing(s: &Stack, id: &str) {

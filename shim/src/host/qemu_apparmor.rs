@@ -12,7 +12,9 @@
 //! The shim loads the profile as `vmlet-qemu-POD` (`apparmor_parser --replace`, the text on
 //! its standard input: nothing is written under `/etc`) after recording it in the pod's
 //! journal, and QEMU's child asks for it at its exec ([`crate::host::qemu_process`]); the
-//! teardown (or `vmletctl gc`) removes it from the kernel once QEMU has ended ([`unload`]).
+//! teardown (or `vmletctl gc`) removes it from the kernel once QEMU has ended ([`unload`]:
+//! whatever still runs under it is ended first, since the kernel would leave such a process
+//! unconfined). The shim checks that QEMU runs under it, enforced, before it goes on.
 //! Tested by `scripts/check-apparmor`: a pod's QEMU runs under its profile, which opens
 //! its own files and not another pod's, and no profile of vmlet's is left after the pod.
 
@@ -33,8 +35,12 @@ const APPARMOR_ENABLED: &str = "/sys/module/apparmor/parameters/enabled";
 const SELINUX_ENFORCE: &str = "/sys/fs/selinux/enforce";
 /// Where a profile is removed from the kernel by its name.
 const REMOVE: &str = "/sys/kernel/security/apparmor/.remove";
-/// Where a process reads its own label.
+/// Where a process reads its own label (AppArmor's own attribute first, where the kernel has
+/// it; the one the first security module answers otherwise).
+const OWN_APPARMOR_LABEL: &str = "/proc/self/attr/apparmor/current";
 const OWN_LABEL: &str = "/proc/self/attr/current";
+/// How long a process under a pod's profile may take to end once killed.
+const ENDS_WITHIN: Duration = Duration::from_secs(10);
 /// How long `apparmor_parser` may take to compile and load a profile.
 const LOAD_DEADLINE: Duration = Duration::from_secs(60);
 
@@ -49,7 +55,8 @@ pub enum NodeLsm {
 /// Which security module confines processes on this node.
 pub fn node_lsm() -> NodeLsm {
     let reads = |path: &str, on: &str| std::fs::read_to_string(path).is_ok_and(|s| s.trim() == on);
-    if reads(APPARMOR_ENABLED, "Y") {
+    // Where the module's parameter cannot be read, a label the kernel gives says it is on.
+    if reads(APPARMOR_ENABLED, "Y") || std::fs::read(OWN_APPARMOR_LABEL).is_ok() {
         NodeLsm::AppArmor
     } else if reads(SELINUX_ENFORCE, "1") {
         NodeLsm::SelinuxEnforcing
@@ -111,7 +118,8 @@ pub fn profile(
             "/sys/devices/system/node/ r,",
             "/sys/devices/system/node/node[0-9]*/meminfo r,",
             "/sys/kernel/mm/transparent_hugepage/** r,",
-            "network unix stream,",
+            // The base abstraction's journald sockets: nothing of vmlet's logs there.
+            "deny @{run}/systemd/journal/** rw,",
         ]
         .map(str::to_owned),
     );
@@ -164,9 +172,64 @@ fn checked_label(label: &str) -> Result<&str, Error> {
 /// The shim's own AppArmor label where it is confined (none: unconfined, which the base
 /// abstraction lets signal QEMU).
 pub fn shim_label() -> Result<Option<String>, Error> {
-    let current = std::fs::read_to_string(OWN_LABEL)
+    let current = std::fs::read_to_string(OWN_APPARMOR_LABEL)
+        .or_else(|_| std::fs::read_to_string(OWN_LABEL))
         .map_err(|e| Error::io(format!("read {OWN_LABEL}"), e))?;
     Ok(label_of(&current))
+}
+
+/// The AppArmor label of the process `pid` (`NAME (MODE)`), if it can be read.
+fn label_of_process(pid: u32) -> Option<String> {
+    let read = |attr: &str| std::fs::read_to_string(format!("/proc/{pid}/attr/{attr}"));
+    let label = read("apparmor/current").or_else(|_| read("current")).ok()?;
+    Some(label.trim_end_matches(['\n', '\0']).to_owned())
+}
+
+/// Checks that the process `pid` (QEMU, just started) runs under the profile `name`,
+/// enforced: the exec request was only asked for, and a profile in complain mode, or one
+/// that did not attach, would leave QEMU unconfined while the shim believed otherwise.
+pub fn check_enforced(pid: u32, name: &str) -> Result<(), Error> {
+    let expected = format!("{name} (enforce)");
+    match label_of_process(pid) {
+        Some(label) if label == expected => Ok(()),
+        label => Err(Error::FailedPrecondition(format!(
+            "QEMU {pid} runs as {label:?}, not under {expected:?}: not run so"
+        ))),
+    }
+}
+
+/// Ends every process running under the profile `name`: only the pod's QEMU can (it is
+/// asked for at QEMU's exec, QEMU spawns nothing, and no other process can take another's
+/// label), even one the journal does not list (the shim was killed before it recorded
+/// it). Each is held by a pidfd, its label read again, then killed and awaited.
+fn end_confined(name: &str) -> Result<(), Error> {
+    let entries = std::fs::read_dir("/proc").map_err(|e| Error::io("list /proc", e))?;
+    let under =
+        |pid: u32| label_of_process(pid).and_then(|l| label_of(&l)).as_deref() == Some(name);
+    for pid in entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+    {
+        if !under(pid) {
+            continue;
+        }
+        let Some(pidfd) = crate::host::pidfd::open_if_running(pid)? else {
+            continue;
+        };
+        if !under(pid) {
+            continue; // another process has the PID now
+        }
+        crate::host::pidfd::signal(&pidfd, libc::SIGKILL, "QEMU")?;
+        if !crate::host::pidfd::wait_ended(&pidfd, ENDS_WITHIN)? {
+            return Err(Error::Timeout(format!(
+                "QEMU {pid} under {name} did not end within {} s of SIGKILL: its profile \
+                 stays loaded",
+                ENDS_WITHIN.as_secs()
+            )));
+        }
+        crate::host::pidfd::reap(&pidfd);
+    }
+    Ok(())
 }
 
 /// The profile of a `/proc/PID/attr/current` line (`NAME (MODE)`), none if unconfined.
@@ -177,6 +240,15 @@ fn label_of(current: &str) -> Option<String> {
         None => current,
     };
     (name != "unconfined").then(|| name.to_owned())
+}
+
+/// What a pod's shim may have left in the kernel when its state file is lost: the profile
+/// of its QEMU, where AppArmor is on (removing one that is not loaded is no error).
+pub fn left_by(pod_id: &str) -> Option<crate::host::undo::Made> {
+    (node_lsm() == NodeLsm::AppArmor)
+        .then(|| profile_name(pod_id).ok())
+        .flatten()
+        .map(crate::host::undo::Made::AppArmorProfile)
 }
 
 /// Compiles and loads (or replaces) `text` with the node's `apparmor_parser`, no cache.
@@ -200,18 +272,26 @@ pub async fn load(parser: &Path, text: &str) -> Result<(), Error> {
     .await
 }
 
-/// Removes the profile `name` from the kernel; one that is not loaded is not an error.
+/// Removes the profile `name` from the kernel, once no process runs under it (the kernel
+/// would leave such a process unconfined): every one is ended first ([`end_confined`]). A
+/// profile that is not loaded is not an error; a kernel whose policy cannot be reached is.
 pub fn unload(name: &str) -> Result<(), Error> {
     if !name.starts_with(PROFILE_PREFIX) {
         return Err(Error::Internal(format!(
             "{name:?}: not a profile of a pod's QEMU, not removing it"
         )));
     }
-    let written = std::fs::OpenOptions::new()
+    end_confined(name)?;
+    let mut remove = std::fs::OpenOptions::new()
         .write(true)
         .open(REMOVE)
-        .and_then(|mut file| file.write_all(name.as_bytes()));
-    match written {
+        .map_err(|e| {
+            Error::io(
+                format!("remove the AppArmor profile {name}: open {REMOVE}"),
+                e,
+            )
+        })?;
+    match remove.write_all(name.as_bytes()) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(Error::io(
             format!("remove the AppArmor profile {name} ({REMOVE})"),
             e,

@@ -11,7 +11,9 @@
 //! Nothing propagates back to the node (the namespace's mounts are the node's slaves: they
 //! receive what the node unmounts, so no copy keeps another pod's volume busy), and the view
 //! goes with QEMU. libvirt gives its QEMU a private `/dev` the same way
-//! (`namespaces = ["mount"]`).
+//! (`namespaces = ["mount"]`). QEMU also gets an empty network namespace of its own (libvirt
+//! gives none): its NICs are the taps it is handed and its sockets are files, so the node's
+//! network, its abstract Unix sockets among it, is out of its reach.
 
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
@@ -112,7 +114,10 @@ impl MountView {
                      data: *const libc::c_char| {
             libc::mount(source, target.as_ptr(), fstype, flags, data.cast()) == 0
         };
-        libc::unshare(libc::CLONE_NEWNS) == 0
+        // A network namespace of its own too, empty: QEMU's NICs are taps it is handed and
+        // its sockets are files, so nothing of the node's network (its abstract Unix
+        // sockets, its addresses and ports) is within its reach.
+        libc::unshare(libc::CLONE_NEWNS | libc::CLONE_NEWNET) == 0
             // Nothing of what follows reaches the node, and what the node unmounts goes here
             // too (a copy kept would hold another pod's volume busy).
             && libc::mount(none, c"/".as_ptr(), none, libc::MS_REC | libc::MS_SLAVE, std::ptr::null()) == 0

@@ -96,7 +96,10 @@ pub fn cleanup_after_shim(
                 pod_id,
             )),
             Made::Domain(crate::host::pod_paths::domain_name(pod_id)),
-        ],
+        ]
+        .into_iter()
+        .chain(crate::host::qemu_apparmor::left_by(pod_id))
+        .collect(),
         ..Default::default()
     });
     if let Some(pid) = state.shim_pid.filter(|p| *p != std::process::id()) {

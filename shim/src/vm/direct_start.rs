@@ -91,7 +91,7 @@ pub(super) async fn start(
             gid: spec.user.gid,
             groups: spec.user.groups.clone(),
             cgroup_procs: cgroup_procs()?,
-            apparmor_profile,
+            apparmor_profile: apparmor_profile.clone(),
             view: Some(MountView::new(&config.state_dir, &paths.dir, spec.kvm)?),
         },
         helper_log::create(&paths.qemu_log)?,
@@ -106,6 +106,9 @@ pub(super) async fn start(
         .id()
         .ok_or_else(|| helper_log::ended(&paths.qemu_log, "QEMU"))?;
     rec.record(Made::Qemu(process))?;
+    if let Some(name) = &apparmor_profile {
+        qemu_apparmor::check_enforced(qemu.pid, name)?;
+    }
     Ok(qemu)
 }
 
