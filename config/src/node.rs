@@ -39,11 +39,14 @@ pub enum VsockTransport {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Launcher {
+    /// `direct` wherever the shim confines QEMU itself (the shim's `launcher_choice` says
+    /// where), `libvirt` where the config or the node needs it.
+    Auto,
     /// libvirt defines and starts a domain per pod.
     Libvirt,
-    /// The shim starts QEMU and virtiofsd itself, as libvirt runs them (QEMU as the QEMU
-    /// user; both in the pod's cgroup); vhost-user vsock only, and not on a node with
-    /// AppArmor or SELinux enforcing.
+    /// The shim starts QEMU and virtiofsd itself, as libvirt runs them (QEMU as the pod's
+    /// own user; both in the pod's cgroup; under a profile of the pod's own where AppArmor
+    /// is on); vhost-user vsock only, and not on a node with SELinux enforcing.
     Direct,
 }
 
@@ -265,7 +268,7 @@ impl Default for NodeConfig {
             state_dir: PathBuf::from("/run/vmlet"),
             accel: Accel::Auto,
             vsock: VsockTransport::Auto,
-            launcher: Launcher::Libvirt,
+            launcher: Launcher::Auto,
             qemu_user: "libvirt-qemu".into(),
             pod_users: PodUsersConfig::default(),
             // Clear of system groups and systemd's ranges, as the pods' uids are.
@@ -599,10 +602,12 @@ mod tests {
     }
 
     #[test]
-    fn the_launcher_is_libvirt_unless_direct_is_asked_on_vhost_user_vsock() {
-        assert_eq!(parse("").unwrap().launcher, Launcher::Libvirt);
+    fn the_launcher_is_auto_unless_asked_and_direct_only_on_vhost_user_vsock() {
+        assert_eq!(parse("").unwrap().launcher, Launcher::Auto);
         let c = parse("launcher = \"direct\"\n").unwrap();
         assert_eq!(c.launcher, Launcher::Direct);
+        let c = parse("launcher = \"auto\"\nvsock = \"vhost\"\n").unwrap();
+        assert_eq!(c.launcher, Launcher::Auto, "auto chooses libvirt there");
         let err = parse("launcher = \"direct\"\nvsock = \"vhost\"\n")
             .unwrap_err()
             .to_string();

@@ -212,6 +212,23 @@ impl Stack {
             .collect())
     }
 
+    /// The pods' VMs as `vmlet-POD`, whichever launcher started them: libvirt's domains
+    /// and the QEMUs the shims started themselves (by `guest=vmlet-POD` on their command
+    /// line), each once.
+    pub fn pod_vms(&self) -> anyhow::Result<Vec<String>> {
+        let mut vms = self.vmlet_domains()?;
+        for (_, cmdline) in self.stack_processes() {
+            let name = cmdline
+                .split_once("guest=")
+                .and_then(|(_, rest)| rest.split([',', ' ']).next())
+                .filter(|name| name.starts_with("vmlet-"));
+            if let Some(name) = name.filter(|n| !vms.iter().any(|v| v == n)) {
+                vms.push(name.to_owned());
+            }
+        }
+        Ok(vms)
+    }
+
     /// Whether the VM of pod `pod_id` (running or only defined) is still in libvirt.
     pub fn has_pod_domain(&self, pod_id: &str) -> bool {
         let name = format!("vmlet-{pod_id}");
@@ -365,6 +382,15 @@ pub fn direct_launcher() -> ConfigSwap {
     ConfigSwap::edited(|c| {
         let rest: Vec<&str> = c.lines().filter(|l| !l.starts_with("launcher")).collect();
         format!("launcher = \"direct\"\n{}\n", rest.join("\n"))
+    })
+}
+
+/// `launcher = "libvirt"` in the stack's config while it lives (whatever it said before):
+/// for what only the libvirt launcher does (its domain directory, its DAC labels).
+pub fn libvirt_launcher() -> ConfigSwap {
+    ConfigSwap::edited(|c| {
+        let rest: Vec<&str> = c.lines().filter(|l| !l.starts_with("launcher")).collect();
+        format!("launcher = \"libvirt\"\n{}\n", rest.join("\n"))
     })
 }
 

@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use vmlet_config::{Accel, CpuModel, Launcher, NodeConfig, VmOptions};
+use vmlet_config::{Accel, CpuModel, NodeConfig, VmOptions};
 
 use super::block;
 use crate::vmm::kvm_probe;
@@ -29,7 +29,7 @@ pub(super) async fn use_kvm(
                 config.guest.machine.clone(),
             );
             let offered = Path::new("/dev/kvm").exists()
-                && (config.launcher == Launcher::Direct
+                && (crate::vmm::launcher_choice::choose(config).direct
                     || block(move || vmm.kvm_usable(&qemu, &machine)).await?);
             offered && guest_boots(config).await
         }

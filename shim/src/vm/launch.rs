@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use std::os::fd::OwnedFd;
 
-use vmlet_config::{Launcher, NodeConfig};
+use vmlet_config::NodeConfig;
 
 use super::net::{PendingTaps, TapServer};
 use super::template_start::TemplateStart;
@@ -21,6 +21,7 @@ use crate::host::pod_paths::{domain_name, PodPaths};
 use crate::host::pod_user::PodUser;
 use crate::host::qemu_process::QemuProcess;
 use crate::vm_mode::serial_console::SerialConsole;
+use crate::vmm::launcher_choice;
 use crate::vmm::pci_slots::PciSlots;
 use crate::vmm::vm_spec::{
     agent_cmdline, AgentBoot, ConsoleTarget, GuestBoot, TemplateRole, VmSpec, VsockDevice,
@@ -131,17 +132,26 @@ pub(super) async fn start(
     let name = domain_name(pod_id);
     let kvm = devices.kvm;
     let (mut spec, taps) = vm_spec(config, req, paths, &name, devices, console);
-    let direct = starts_direct(config, req);
+    let launcher = launcher_choice::choose(config);
+    let direct = starts_direct(&launcher, req);
     match crate::vmm::qemu_command::libvirt_only(&spec) {
         Some(why) if direct => {
             return Err(Error::Internal(format!(
                 "pod {pod_id}: chosen to start without libvirt, but {why}"
             )))
         }
-        Some(why) if config.launcher == Launcher::Direct => {
+        Some(why) if launcher.direct => {
             log::info!("pod {pod_id}: starts through libvirt: {why}");
         }
-        _ => {}
+        _ => log::info!(
+            "pod {pod_id}: starts {} ({})",
+            if direct {
+                "without libvirt"
+            } else {
+                "through libvirt"
+            },
+            launcher.why
+        ),
     }
     // For the operator only: a pod starts without it.
     if let Err(e) = record(req, paths, &spec, direct) {
@@ -286,13 +296,14 @@ pub(super) async fn start(
     })
 }
 
-/// Whether the shim starts the pod's QEMU itself: under `launcher = "direct"`, unless the
-/// pod needs what only libvirt does ([`crate::vmm::qemu_command::libvirt_only`] says why,
-/// from the VM's description): a VM image, or a CPU model libvirt expands. (vsock is
-/// vhost-user's under that launcher: the config refuses the kernel's.)
-pub(super) fn starts_direct(config: &NodeConfig, req: &BootRequest) -> bool {
+/// Whether the shim starts the pod's QEMU itself: where the node's choice is the direct
+/// launcher ([`launcher_choice`]), unless the pod needs what only libvirt does
+/// ([`crate::vmm::qemu_command::libvirt_only`] says why, from the VM's description): a VM
+/// image, or a CPU model libvirt expands. (vsock is vhost-user's under that launcher: the
+/// config refuses the kernel's, and `auto` chooses libvirt for it.)
+pub(super) fn starts_direct(launcher: &launcher_choice::Choice, req: &BootRequest) -> bool {
     use vmlet_config::CpuModel;
-    config.launcher == Launcher::Direct
+    launcher.direct
         && req.image.is_none()
         && !matches!(
             req.options.cpu_model,

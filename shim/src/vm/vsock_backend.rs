@@ -5,7 +5,9 @@
 
 use std::path::Path;
 
-use vmlet_config::{Launcher, NodeConfig, VsockTransport};
+use vmlet_config::{NodeConfig, VsockTransport};
+
+use crate::vmm::launcher_choice;
 
 use super::{block, Recorder};
 use crate::host::pod_paths::PodPaths;
@@ -24,7 +26,8 @@ pub(super) async fn start(
 ) -> Result<VsockDevice, Error> {
     let transport = match config.vsock {
         VsockTransport::Auto
-            if config.launcher == Launcher::Libvirt && Path::new("/dev/vhost-vsock").exists() =>
+            if !launcher_choice::choose(config).direct
+                && Path::new("/dev/vhost-vsock").exists() =>
         {
             VsockTransport::Vhost
         }

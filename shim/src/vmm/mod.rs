@@ -7,6 +7,7 @@
 
 pub(crate) mod domain;
 pub mod kvm_probe;
+pub mod launcher_choice;
 pub mod libvirt_helper;
 pub mod libvirt_xml;
 pub mod pci_slots;

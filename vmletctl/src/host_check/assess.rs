@@ -56,8 +56,9 @@ pub fn accelerator(config: &NodeConfig, facts: &HostFacts) -> Option<&'static st
 
 /// The accelerator: KVM (probed), or TCG by choice or as the fallback.
 fn accel(config: &NodeConfig, facts: &HostFacts) -> Finding {
+    let direct = super::launcher::choice(config, facts).direct;
     let kvm_why = || {
-        if facts.libvirt.is_err() {
+        if facts.libvirt.is_err() && !direct {
             "libvirt is unreachable, so its KVM support is unknown".to_owned()
         } else {
             facts.kvm.why_unusable()
@@ -67,7 +68,8 @@ fn accel(config: &NodeConfig, facts: &HostFacts) -> Finding {
     let (verdict, text) = match (config.accel, facts.libvirt_kvm, &facts.kvm_probe) {
         (Accel::Tcg, _, _) => (Warn, "TCG (accel = \"tcg\" in the node config): software emulation, several times slower than KVM".into()),
         (Accel::Auto, true, Some(Err(why))) => (Warn, format!(
-            "TCG fallback: libvirt offers KVM, but {why}{}",
+            "TCG fallback: {} KVM, but {why}{}",
+            if direct { "/dev/kvm offers" } else { "libvirt offers" },
             paravirtual_note(&facts.kvm)
         )),
         (_, true, Some(Err(why))) => (Fail, format!(
@@ -97,7 +99,12 @@ fn vsock(config: &NodeConfig, facts: &HostFacts) -> Finding {
             format!("{why}, and the user-space backend is unusable: {e}"),
         ),
     };
+    let direct = super::launcher::choice(config, facts).direct;
     let (verdict, text) = match (config.vsock, facts.vhost_vsock) {
+        (VsockTransport::Auto, _) if direct => user_space(
+            Fail,
+            "the shim starts QEMU itself (launcher), which takes the user-space backend",
+        ),
         (VsockTransport::Auto | VsockTransport::Vhost, true) => {
             (Ok, "the kernel's vhost-vsock (/dev/vhost-vsock)".to_owned())
         }
@@ -123,6 +130,16 @@ fn vhost_net(facts: &HostFacts) -> Finding {
 fn libvirt(config: &NodeConfig, facts: &HostFacts) -> Vec<Finding> {
     let host = match &facts.libvirt {
         Result::Ok(host) => host,
+        // The shim starts vmlet's guest itself: only a VM image, or a CPU model libvirt
+        // expands, needs libvirt.
+        Err(e) if super::launcher::choice(config, facts).direct => {
+            let text = format!(
+                "{} unreachable: {e}; the shim starts vmlet's guest without it, but a VM \
+                 image, or a CPU model libvirt expands, cannot start",
+                config.libvirt_uri
+            );
+            return vec![finding(Warn, "libvirt", text)];
+        }
         Err(e) => {
             let text = format!(
                 "{} unreachable: {e} (is libvirtd running?)",
@@ -169,7 +186,14 @@ fn pod_users(config: &NodeConfig, facts: &HostFacts) -> Finding {
     }
     match &facts.libvirt_dir_passable {
         Result::Ok(true) => finding(Ok, "pod-users", format!("each pod's QEMU runs as a uid of its own ({}..={last}, no user of the node's), which passes through libvirt's /{dir}", range.first_uid)),
-        Result::Ok(false) => finding(Fail, "pod-users", format!("libvirt's /{dir} lets only its own QEMU user through: each pod's QEMU, a user of its own, cannot open its domain's files there; `vmletctl install` gives others search permission (0751)")),
+        Result::Ok(false) => {
+            // Under the direct launcher only what libvirt still starts (a VM image) is kept out.
+            let (verdict, whose) = match super::launcher::choice(config, facts).direct {
+                true => (Warn, "a VM image's QEMU (libvirt's), a user of its own,"),
+                false => (Fail, "each pod's QEMU, a user of its own,"),
+            };
+            finding(verdict, "pod-users", format!("libvirt's /{dir} lets only its own QEMU user through: {whose} cannot open its domain's files there; `vmletctl install` gives others search permission (0751)"))
+        }
         Err(e) => finding(Warn, "pod-users", format!("whether libvirt's /{dir} lets each pod's QEMU through is unknown: {e}")),
     }
 }
@@ -583,7 +607,10 @@ pub(super) mod tests {
 
     #[test]
     fn what_keeps_a_pod_from_starting_fails_by_name() {
-        let config = NodeConfig::default();
+        let config = NodeConfig {
+            launcher: vmlet_config::Launcher::Libvirt,
+            ..Default::default()
+        };
         let mut f = facts();
         f.libvirt = Err("connect to qemu:///system: no socket".into());
         let findings = assess(&config, &f);
@@ -594,6 +621,14 @@ pub(super) mod tests {
             "{libvirt}"
         );
         assert!(line(&findings, "accel")
+            .text
+            .contains("libvirt is unreachable"));
+        // The default launcher starts vmlet's guest without it: only a VM image needs it.
+        let findings = assess(&NodeConfig::default(), &f);
+        let libvirt = line(&findings, "libvirt");
+        assert_eq!(libvirt.verdict, Verdict::Warn, "{libvirt}");
+        assert!(libvirt.text.contains("VM image"), "{libvirt}");
+        assert!(!line(&findings, "accel")
             .text
             .contains("libvirt is unreachable"));
 
@@ -636,15 +671,24 @@ pub(super) mod tests {
         let mut f = facts();
         f.libvirt_kvm = true;
         f.kvm_probe = Some(Err("a probe guest did not boot on KVM within 10 s".into()));
-        let accel = line(&assess(&NodeConfig::default(), &f), "accel").clone();
-        assert_eq!(accel.verdict, Verdict::Warn);
-        assert!(
-            accel
-                .text
-                .starts_with("TCG fallback: libvirt offers KVM, but a probe guest")
-                && accel.text.contains("kvm_pvm"),
-            "{accel}"
-        );
+        for (launcher, offers) in [
+            (vmlet_config::Launcher::Libvirt, "libvirt offers"),
+            (vmlet_config::Launcher::Auto, "/dev/kvm offers"),
+        ] {
+            let config = NodeConfig {
+                launcher,
+                ..Default::default()
+            };
+            let accel = line(&assess(&config, &f), "accel").clone();
+            assert_eq!(accel.verdict, Verdict::Warn);
+            assert!(
+                accel
+                    .text
+                    .starts_with(&format!("TCG fallback: {offers} KVM, but a probe guest"))
+                    && accel.text.contains("kvm_pvm"),
+                "{accel}"
+            );
+        }
         let kvm = NodeConfig {
             accel: Accel::Kvm,
             ..Default::default()

@@ -28,9 +28,13 @@ impl HostFacts {
         let h = &config.helpers;
         let kvm = KvmFacts::gather();
         let libvirt_host = libvirt.host().map_err(|e| e.message());
-        let libvirt_kvm = libvirt_host.is_ok()
-            && kvm.dev_kvm
-            && libvirt.kvm_usable(&h.qemu.to_string_lossy(), &config.guest.machine);
+        // The KVM the launcher offers: /dev/kvm to the shim's own QEMU, libvirt's answer
+        // to a domain.
+        let direct = vmlet_shim::vmm::launcher_choice::choose(config).direct;
+        let libvirt_kvm = kvm.dev_kvm
+            && (direct
+                || (libvirt_host.is_ok()
+                    && libvirt.kvm_usable(&h.qemu.to_string_lossy(), &config.guest.machine)));
         let kvm_probe = (libvirt_kvm && config.accel != Accel::Tcg).then(|| {
             let state_dir = config
                 .state_dir

@@ -70,7 +70,8 @@ pub struct ContainerdFacts {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HostFacts {
     pub kvm: KvmFacts,
-    /// libvirt's answer to "can this QEMU run a KVM domain of this machine type".
+    /// Whether the launcher offers KVM: under the direct launcher `/dev/kvm`, under libvirt
+    /// its answer to "can this QEMU run a KVM domain of this machine type".
     pub libvirt_kvm: bool,
     /// Where libvirt offers KVM and the config may use it: whether a guest booted on it (its
     /// boot time in ms) or why not ([`vmlet_shim::vmm::kvm_probe`]); None where not probed.

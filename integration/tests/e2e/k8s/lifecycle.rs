@@ -118,7 +118,7 @@ spec:
     assert!(rollout.status.success(), "{}", text(&rollout.stderr));
     // Its pods' VMs (another test's pod may run beside).
     let sandboxes = sandboxes_in(&s, &ns.name);
-    let ours = || of_sandboxes(s.vmlet_domains().unwrap(), &sandboxes);
+    let ours = || of_sandboxes(s.pod_vms().unwrap(), &sandboxes);
     assert_eq!(ours().len(), 2, "the VMs of the deployment's 2 pods");
 
     struct Uncordon<'a>(&'a Cluster);

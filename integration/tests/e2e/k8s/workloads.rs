@@ -74,8 +74,8 @@ spec:
         );
     }
     assert!(
-        s.vmlet_domains().unwrap().len() >= 4,
-        "fewer than 4 vmlet domains for 4 pods"
+        s.pod_vms().unwrap().len() >= 4,
+        "fewer than 4 VMs for 4 pods"
     );
 
     // Only the deployment's VMs and state are waited for: another test's pod may run beside.
@@ -112,11 +112,11 @@ fn scaled_to_zero_nothing_is_left(
     }
     // The kubelet removes the sandboxes after their pods: every VM and pod state goes.
     let deadline = Instant::now() + Duration::from_secs(120);
-    while !ours(s.vmlet_domains().unwrap()).is_empty() {
+    while !ours(s.pod_vms().unwrap()).is_empty() {
         assert!(
             Instant::now() < deadline,
             "vmlet domains left after scaling to 0: {:?}",
-            ours(s.vmlet_domains().unwrap())
+            ours(s.pod_vms().unwrap())
         );
         std::thread::sleep(Duration::from_secs(1));
     }
