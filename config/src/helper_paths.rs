@@ -19,7 +19,8 @@ pub struct HelperPaths {
     /// `vhost-device-vsock`, started by the shim for the vhost-user vsock transport.
     pub vhost_device_vsock: PathBuf,
     /// AppArmor's `apparmor_parser`, with which the shim loads the profile of each pod's
-    /// QEMU it starts itself (`launcher = "direct"`) on a node where AppArmor is on.
+    /// QEMU it starts itself (the direct launcher, which `auto` chooses only where it is
+    /// there) on a node where AppArmor is on.
     pub apparmor_parser: PathBuf,
 }
 

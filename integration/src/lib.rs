@@ -229,12 +229,11 @@ impl Stack {
         Ok(vms)
     }
 
-    /// Whether the VM of pod `pod_id` (running or only defined) is still in libvirt.
+    /// Whether the VM of pod `pod_id` is still there, whichever launcher started it: a
+    /// domain of libvirt's (running or only defined), or a QEMU the shim started.
     pub fn has_pod_domain(&self, pod_id: &str) -> bool {
         let name = format!("vmlet-{pod_id}");
-        self.vmlet_domains()
-            .expect("libvirt's domains")
-            .contains(&name)
+        self.pod_vms().expect("the pods' VMs").contains(&name)
     }
 
     /// Processes of the kinds vmlet starts (QEMU, virtiofsd, vhost-device-vsock, shims)

@@ -288,14 +288,14 @@ async fn starts_through_libvirt(
             floor.as_secs_f64()
         ),
         Some(d.as_secs_f64() / floor.as_secs_f64()),
-        "<= 1.10 of the floor",
+        "beside the default's",
     );
     figure(
         "cold start through libvirt, vmlet's own time (less floor, less runc)",
         format!("{own_ms:.0} ms"),
         format!("floor {:.0} ms, runc {:.0} ms", ms(floor), ms(runc)),
         None,
-        "<= 300 ms",
+        "beside the default's",
     );
     print_vmlet_phases(stack, &runs)?;
     let _templates = TemplatesOn::new("vmlet-bench-templates-libvirt")?;
@@ -322,7 +322,7 @@ async fn starts_through_libvirt(
             floor.as_secs_f64()
         ),
         Some(t.as_secs_f64() / d.as_secs_f64()),
-        "<= 0.50 of cold, and <= the floor",
+        "beside the default's",
     );
     Ok(())
 }

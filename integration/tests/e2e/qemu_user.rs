@@ -1,5 +1,6 @@
-//! Each pod's QEMU is a principal of its own under the node's default launcher (libvirt, by
-//! the domain's static DAC label): two pods' QEMUs run as two uids of the node's
+//! Each pod's QEMU is a principal of its own under the libvirt launcher (by the domain's
+//! static DAC label; `scripts/e2e libvirt` runs this area with `launcher = "libvirt"`, and
+//! `direct_pods` attacks the default's, the shim's own launcher, on these machines): two pods' QEMUs run as two uids of the node's
 //! `pod_users`, given back with their pods. QEMU runs an attacker's code at worst (a guest
 //! that broke out of it). Attacks, as another pod's QEMU's user: connecting to a pod's
 //! sockets (vmlet's and those libvirt keeps in the domain's directory) or reading its console

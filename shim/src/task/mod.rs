@@ -87,7 +87,8 @@ impl TaskEntry {
     }
 }
 
-/// Reads the node config (`NodeConfig::load` in production).
+/// Reads the node config (`NodeConfig::load` in production, its `launcher = "auto"` resolved
+/// on the node: `crate::vmm::launcher_choice::resolved`).
 pub type ConfigSource =
     Arc<dyn Fn() -> Result<vmlet_config::NodeConfig, vmlet_config::Error> + Send + Sync>;
 

@@ -83,7 +83,7 @@ impl Shim for VmletShim {
         TaskApi(Arc::new(TaskService::new(
             &self.namespace,
             EventSink::forward_to(publisher, &self.namespace),
-            Arc::new(NodeConfig::load),
+            Arc::new(|| NodeConfig::load().map(crate::vmm::launcher_choice::resolved)),
             self.exit.clone(),
             Arc::new(LibvirtBooter),
         )))

@@ -1,6 +1,6 @@
 //! KVM or TCG: `accel` in the node config, `auto` by whether libvirt offers KVM for the
-//! config's QEMU and machine type (under `launcher = "direct"`, whether `/dev/kvm` is
-//! there) and a guest boots on it ([`kvm_probe`]). A CPU
+//! config's QEMU and machine type (where the shim starts QEMU itself, the direct launcher,
+//! whether `/dev/kvm` is there) and a guest boots on it ([`kvm_probe`]). A CPU
 //! model that passes the host's CPU through needs KVM and is refused under TCG, by name.
 
 use std::path::Path;

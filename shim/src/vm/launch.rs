@@ -144,13 +144,12 @@ pub(super) async fn start(
             log::info!("pod {pod_id}: starts through libvirt: {why}");
         }
         _ => log::info!(
-            "pod {pod_id}: starts {} ({})",
+            "pod {pod_id}: starts {}",
             if direct {
                 "without libvirt"
             } else {
                 "through libvirt"
-            },
-            launcher.why
+            }
         ),
     }
     // For the operator only: a pod starts without it.

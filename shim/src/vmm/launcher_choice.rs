@@ -46,6 +46,25 @@ pub fn choose(config: &NodeConfig) -> Choice {
     choose_with(config, NodeFacts::of_node(config))
 }
 
+/// `config` with `launcher = "auto"` turned into what it chooses on this node (logged with
+/// why), so that one create reads one answer wherever it asks (the vsock transport, the
+/// accelerator, the launch).
+pub fn resolved(mut config: NodeConfig) -> NodeConfig {
+    if config.launcher == Launcher::Auto {
+        let choice = choose(&config);
+        log::info!(
+            "launcher: {} ({})",
+            if choice.direct { "direct" } else { "libvirt" },
+            choice.why
+        );
+        config.launcher = match choice.direct {
+            true => Launcher::Direct,
+            false => Launcher::Libvirt,
+        };
+    }
+    config
+}
+
 /// The choice for `config` on a node with `facts`.
 pub fn choose_with(config: &NodeConfig, facts: NodeFacts) -> Choice {
     let choice = |direct, why: &str| Choice {

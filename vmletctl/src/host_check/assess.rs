@@ -163,10 +163,15 @@ fn libvirt(config: &NodeConfig, facts: &HostFacts) -> Vec<Finding> {
     )];
     let local = format!("/{}", crate::node_apparmor::LOCAL_LIBVIRTD);
     if host.security_models.iter().any(|m| m == "apparmor") {
+        // Under the direct launcher only what libvirt still starts (a VM image) needs them.
+        let missing = match super::launcher::choice(config, facts).direct {
+            true => Warn,
+            false => Fail,
+        };
         out.push(if facts.apparmor_rules {
-            finding(Ok, "confinement", format!("libvirt confines QEMU with AppArmor; vmlet's rules are in libvirtd's profile ({local}), and each pod's QEMU gets a profile of its own ({})", vmlet_shim::vmm::pod_apparmor::PROFILE_DIR))
+            finding(Ok, "confinement", format!("libvirt confines QEMU with AppArmor; vmlet's rules are in libvirtd's profile ({local}), and each of libvirt's VMs gets a profile of its own ({})", vmlet_shim::vmm::pod_apparmor::PROFILE_DIR))
         } else {
-            finding(Fail, "confinement", format!("libvirt confines QEMU with AppArmor, and vmlet's rules (of this version and config) are not in libvirtd's profile ({local}): libvirtd cannot start vmlet's wrapper or virtiofsd; `vmletctl install` adds them"))
+            finding(missing, "confinement", format!("libvirt confines QEMU with AppArmor, and vmlet's rules (of this version and config) are not in libvirtd's profile ({local}): libvirtd cannot start vmlet's wrapper for the VMs it starts; `vmletctl install` adds them"))
         });
     }
     if host.security_models.iter().any(|m| m == "selinux") {
@@ -568,7 +573,14 @@ pub(super) mod tests {
         if let Result::Ok(host) = &mut f.libvirt {
             host.security_models = vec!["apparmor".into(), "dac".into()];
         }
+        let libvirt = NodeConfig {
+            launcher: vmlet_config::Launcher::Libvirt,
+            ..Default::default()
+        };
+        // Only a VM image needs them where the default starts vmlet's guest itself.
         let findings = assess(&NodeConfig::default(), &f);
+        assert_eq!(line(&findings, "confinement").verdict, Verdict::Warn);
+        let findings = assess(&libvirt, &f);
         let confinement = line(&findings, "confinement");
         assert_eq!(confinement.verdict, Verdict::Fail);
         assert!(
