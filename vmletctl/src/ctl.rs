@@ -119,7 +119,7 @@ impl PodView {
 pub fn metrics(state_dir: &Path) -> String {
     use vmlet_shim::task::metrics_dir;
     let mut errors = 0;
-    let sockets = match published_sockets(state_dir) {
+    let sockets = match crate::gc_leftovers::published_sockets(state_dir) {
         Ok(sockets) => sockets,
         Err(e) => {
             log::warn!("{}: {e}", metrics_dir::path(state_dir).display());
@@ -397,41 +397,8 @@ pub fn gc(
             removed.push(removal.describe(&pod.pod_id));
         }
     }
-    // Figures sockets whose pod has no state directory: its shim was killed and its state
-    // lost (a teardown removes the socket with the directory).
-    for (pod_id, socket) in published_sockets(&config.state_dir).unwrap_or_default() {
-        let state = vmlet_shim::host::pod_paths::PodPaths::new(&config.state_dir, &pod_id).dir;
-        if state.exists() {
-            continue;
-        }
-        if !dry_run {
-            if let Err(e) = std::fs::remove_file(&socket) {
-                first.get_or_insert(Error::io(format!("remove {}", socket.display()), e));
-                continue;
-            }
-        }
-        removed.push(format!("pod {pod_id}: figures socket {}", socket.display()));
-    }
+    crate::gc_leftovers::collect(config, dry_run, &mut removed, &mut first);
     first.map_or(Ok(removed), Err)
-}
-
-/// The pods' figures sockets in the metrics directory, by pod id (other names skipped);
-/// none where no pod has served figures since the node's boot (no directory).
-fn published_sockets(state_dir: &Path) -> std::io::Result<Vec<(String, std::path::PathBuf)>> {
-    let entries = match std::fs::read_dir(vmlet_shim::task::metrics_dir::path(state_dir)) {
-        Ok(entries) => entries,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(e),
-    };
-    Ok(entries
-        .flatten()
-        .filter_map(|entry| {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            let pod_id = name.strip_suffix(".sock")?.to_owned();
-            check_pod_id(&pod_id).ok()?;
-            Some((pod_id, entry.path()))
-        })
-        .collect())
 }
 
 fn domain_of(pod: &PodView) -> String {

@@ -2,7 +2,7 @@
 //! shim left them (state directories, libvirt domains, taps) and installs a release.
 //!
 //! - [`cli`]: its command line;
-//! - [`ctl`]: `ps`, `console` and `gc`; [`pod_listing`]: `ps`'s table and a pod found by
+//! - [`ctl`]: `ps`, `console` and `gc` (what a lost state leaves outside it: [`gc_leftovers`]); [`pod_listing`]: `ps`'s table and a pod found by
 //!   `NAMESPACE/NAME`; [`operator_console`]: `console --interactive`;
 //! - [`host_check`]: `check`, what the node has and what vmlet needs of it, over
 //!   [`node_program`] (the node's programs, asked with deadlines);
@@ -18,6 +18,7 @@ pub mod containerd_config;
 pub mod containerd_imports;
 pub mod ctl;
 pub mod distro_virtiofsd;
+pub mod gc_leftovers;
 pub mod host_check;
 pub mod libvirt_dir;
 pub mod metrics_server;

@@ -251,6 +251,38 @@ pub fn left_by(pod_id: &str) -> Option<crate::host::undo::Made> {
         .map(crate::host::undo::Made::AppArmorProfile)
 }
 
+/// Where the kernel lists the loaded profiles (`NAME (MODE)`, one a line).
+const PROFILES: &str = "/sys/kernel/security/apparmor/profiles";
+/// The most of that list read.
+const PROFILES_READ_LIMIT: u64 = 16 << 20;
+
+/// The pods whose QEMU profile is loaded (none where AppArmor is off): what `vmletctl gc`
+/// removes when their state directory is gone.
+pub fn loaded_pods() -> Result<Vec<String>, Error> {
+    use std::io::Read;
+    if node_lsm() != NodeLsm::AppArmor {
+        return Ok(Vec::new());
+    }
+    let mut listed = String::new();
+    std::fs::File::open(PROFILES)
+        .and_then(|f| f.take(PROFILES_READ_LIMIT).read_to_string(&mut listed))
+        .map_err(|e| Error::io(format!("read {PROFILES}"), e))?;
+    Ok(pods_in(&listed))
+}
+
+/// The pod ids of the QEMU profiles in a list of loaded profiles.
+fn pods_in(listed: &str) -> Vec<String> {
+    listed
+        .lines()
+        .filter_map(|line| {
+            label_of(line)?
+                .strip_prefix(PROFILE_PREFIX)
+                .map(str::to_owned)
+        })
+        .filter(|pod| profile_name(pod).is_ok())
+        .collect()
+}
+
 /// Compiles and loads (or replaces) `text` with the node's `apparmor_parser`, no cache.
 pub async fn load(parser: &Path, text: &str) -> Result<(), Error> {
     if !parser.is_file() {
@@ -372,6 +404,13 @@ mod tests {
             unload("libvirt-0d5c0e2a").is_err(),
             "only vmlet's are removed"
         );
+    }
+
+    #[test]
+    fn the_pods_of_loaded_profiles_are_read_from_the_kernels_list() {
+        let listed = "vmlet-qemu-p1 (enforce)\nlibvirt-0d5c (enforce)\nvmlet-qemu-a b (complain)\n\
+                      /usr/sbin/libvirtd (enforce)\nvmlet-qemu-p2 (complain)\n";
+        assert_eq!(pods_in(listed), ["p1", "p2"]);
     }
 
     #[test]

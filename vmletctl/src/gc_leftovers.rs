@@ -1,0 +1,73 @@
+//! What a pod whose state directory is gone (its shim killed, its state lost) may have left
+//! outside that directory, which `vmletctl gc` removes: its figures socket in the metrics
+//! directory, and the AppArmor profile of its QEMU (the shim's own launcher, on an AppArmor
+//! node; removing it ends whatever still runs under it first).
+
+use std::path::{Path, PathBuf};
+
+use vmlet_config::NodeConfig;
+use vmlet_shim::host::pod_paths::PodPaths;
+use vmlet_shim::host::qemu_apparmor;
+use vmlet_shim::Error;
+
+/// Removes (or, with `dry_run`, only names) what pods without a state directory left,
+/// one line each into `removed`; the first failure into `first`.
+pub fn collect(
+    config: &NodeConfig,
+    dry_run: bool,
+    removed: &mut Vec<String>,
+    first: &mut Option<Error>,
+) {
+    let gone = |pod_id: &str| !PodPaths::new(&config.state_dir, pod_id).dir.exists();
+    // A teardown removes the socket with the directory.
+    for (pod_id, socket) in published_sockets(&config.state_dir).unwrap_or_default() {
+        if !gone(&pod_id) {
+            continue;
+        }
+        if !dry_run {
+            if let Err(e) = std::fs::remove_file(&socket) {
+                first.get_or_insert(Error::io(format!("remove {}", socket.display()), e));
+                continue;
+            }
+        }
+        removed.push(format!("pod {pod_id}: figures socket {}", socket.display()));
+    }
+    let loaded = match qemu_apparmor::loaded_pods() {
+        Ok(loaded) => loaded,
+        Err(e) => {
+            first.get_or_insert(e);
+            Vec::new()
+        }
+    };
+    for pod_id in loaded.into_iter().filter(|p| gone(p)) {
+        let Ok(name) = qemu_apparmor::profile_name(&pod_id) else {
+            continue;
+        };
+        if !dry_run {
+            if let Err(e) = qemu_apparmor::unload(&name) {
+                first.get_or_insert(e);
+                continue;
+            }
+        }
+        removed.push(format!("pod {pod_id}: AppArmor profile {name}"));
+    }
+}
+
+/// The pods' figures sockets in the metrics directory, by pod id (other names skipped);
+/// none where no pod has served figures since the node's boot (no directory).
+pub fn published_sockets(state_dir: &Path) -> std::io::Result<Vec<(String, PathBuf)>> {
+    let entries = match std::fs::read_dir(vmlet_shim::task::metrics_dir::path(state_dir)) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    Ok(entries
+        .flatten()
+        .filter_map(|entry| {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let pod_id = name.strip_suffix(".sock")?.to_owned();
+            crate::ctl::check_pod_id(&pod_id).ok()?;
+            Some((pod_id, entry.path()))
+        })
+        .collect())
+}
