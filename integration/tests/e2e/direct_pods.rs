@@ -185,10 +185,12 @@ fn pods_started_without_libvirt_reach_their_network_from_their_cgroup_and_leave_
     let with_ns = format!("network:{}", a.path().display());
     s.run_detached_with(&a_id, &["--with-ns", &with_ns], &["sleep", "1000"])
         .unwrap();
+    let vm = format!("vmlet-{a_id}");
     assert!(
-        !s.has_pod_domain(&a_id),
+        !s.vmlet_domains().unwrap().contains(&vm),
         "a domain for a pod without libvirt"
     );
+    assert!(s.pod_vms().unwrap().contains(&vm), "the pod's QEMU");
     let p = pod_processes(&s, &a_id);
     assert_eq!(parent(p.qemu), p.shim, "QEMU is the shim's child");
     pod_uid(p.qemu);
