@@ -43,7 +43,7 @@ pub struct Choice {
 
 /// The choice on this node.
 pub fn choose(config: &NodeConfig) -> Choice {
-    choose_with(config, NodeFacts::of_node(config))
+    choose_with(config, || NodeFacts::of_node(config))
 }
 
 /// `config` with `launcher = "auto"` turned into what it chooses on this node (logged with
@@ -65,12 +65,9 @@ pub fn resolved(mut config: NodeConfig) -> NodeConfig {
     config
 }
 
-/// The choice for `config` on a node with `facts`.
-pub fn choose_with(config: &NodeConfig, facts: NodeFacts) -> Choice {
-    let choice = |direct, why: &str| Choice {
-        direct,
-        why: why.to_owned(),
-    };
+/// The choice for `config` on a node with `facts`, asked only for `auto` (the shim resolves
+/// `auto` once per create: the calls after that read nothing of the node).
+pub fn choose_with(config: &NodeConfig, facts: impl FnOnce() -> NodeFacts) -> Choice {
     match config.launcher {
         Launcher::Libvirt => choice(false, "launcher = \"libvirt\" in the node config"),
         Launcher::Direct => choice(true, "launcher = \"direct\" in the node config"),
@@ -79,28 +76,40 @@ pub fn choose_with(config: &NodeConfig, facts: NodeFacts) -> Choice {
             "launcher = \"auto\" and vsock = \"vhost\": the kernel's vsock device wants a CID, \
              which libvirt allocates",
         ),
-        Launcher::Auto => match facts.lsm {
-            NodeLsm::SelinuxEnforcing => choice(
-                false,
-                "launcher = \"auto\" and SELinux enforces: libvirt labels each VM, and vmlet \
-                 has no SELinux labels of its own for QEMU",
-            ),
-            NodeLsm::AppArmor if !facts.apparmor_parser => choice(
-                false,
-                "launcher = \"auto\", AppArmor is on and helpers.apparmor_parser is missing: \
-                 the shim could not load a profile for a pod's QEMU",
-            ),
-            NodeLsm::AppArmor => choice(
-                true,
-                "launcher = \"auto\": the shim starts QEMU under an AppArmor profile of the \
-                 pod's own",
-            ),
-            NodeLsm::None => choice(
-                true,
-                "launcher = \"auto\": no AppArmor or SELinux on this node; QEMU is confined by \
-                 its own uid, mount namespace and seccomp",
-            ),
-        },
+        Launcher::Auto => on_node(facts()),
+    }
+}
+
+/// `auto`'s choice on a node with `facts`, vsock not the kernel's.
+fn on_node(facts: NodeFacts) -> Choice {
+    match facts.lsm {
+        NodeLsm::SelinuxEnforcing => choice(
+            false,
+            "launcher = \"auto\" and SELinux enforces: libvirt labels each VM, and vmlet \
+             has no SELinux labels of its own for QEMU",
+        ),
+        NodeLsm::AppArmor if !facts.apparmor_parser => choice(
+            false,
+            "launcher = \"auto\", AppArmor is on and helpers.apparmor_parser is missing: \
+             the shim could not load a profile for a pod's QEMU",
+        ),
+        NodeLsm::AppArmor => choice(
+            true,
+            "launcher = \"auto\": the shim starts QEMU under an AppArmor profile of the \
+             pod's own",
+        ),
+        NodeLsm::None => choice(
+            true,
+            "launcher = \"auto\": no AppArmor or SELinux on this node; QEMU is confined by \
+             its own uid, mount namespace and seccomp",
+        ),
+    }
+}
+
+fn choice(direct: bool, why: &str) -> Choice {
+    Choice {
+        direct,
+        why: why.to_owned(),
     }
 }
 
@@ -172,7 +181,7 @@ mod tests {
                 "SELinux enforces",
             ),
         ] {
-            let choice = choose_with(&config(launcher, vsock), facts);
+            let choice = choose_with(&config(launcher, vsock), || facts);
             assert_eq!(choice.direct, direct, "{launcher:?} {vsock:?} {facts:?}");
             assert!(choice.why.contains(says), "{says:?} in {}", choice.why);
         }

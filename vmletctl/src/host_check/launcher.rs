@@ -9,13 +9,10 @@ use super::{Finding, HostFacts, Verdict};
 
 /// The launcher the node's pods of vmlet's guest get, by the facts.
 pub fn choice(config: &NodeConfig, facts: &HostFacts) -> Choice {
-    choose_with(
-        config,
-        NodeFacts {
-            lsm: facts.lsm,
-            apparmor_parser: facts.apparmor_parser,
-        },
-    )
+    choose_with(config, || NodeFacts {
+        lsm: facts.lsm,
+        apparmor_parser: facts.apparmor_parser,
+    })
 }
 
 /// Which launcher the node's pods get, and why a pod of vmlet's guest would not start.
