@@ -35,7 +35,8 @@ pub enum VsockTransport {
     VhostUser,
 }
 
-/// What starts a pod's QEMU (vmlet's guest; a VM image always goes through libvirt).
+/// What starts a pod's QEMU (vmlet's guest or a VM image; a CPU model libvirt expands always
+/// goes through libvirt).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Launcher {

@@ -87,9 +87,10 @@ async fn vmlets_own_qemu_command_line_boots_a_pod_whose_agent_answers() {
     let share = OwnedFd::from(std::os::unix::net::UnixStream::connect(vm.share_socket()).unwrap());
     let launched = Launched {
         uuid: "4a1f3c2e-9b7d-4e1a-8c55-0d2f6b7a9e10".into(),
-        share_fd: std::os::fd::AsRawFd::as_raw_fd(&share),
+        share_fd: Some(std::os::fd::AsRawFd::as_raw_fd(&share)),
         console_fd: Some(std::os::fd::AsRawFd::as_raw_fd(&console)),
         tap_fds: Vec::new(),
+        image: None,
     };
     let args = qemu_command(&spec, &launched).unwrap();
     // What a pod's QEMU opens by path is its user's to open (the shim gives it so).

@@ -9,8 +9,10 @@
 //! which lie on the pod's log tmpfs (what the guest makes QEMU and virtiofsd write cannot
 //! fill the node); the pod's QEMU sees, in its own mount namespace, its pod's directory alone
 //! in the state directory and a `/dev` of five nodes, and reaches no abstract Unix socket of
-//! the node's from its own network namespace. These change the node's config, so
-//! the area runs alone.
+//! the node's from its own network namespace. A VM image starts so too, with libvirt out of
+//! the shim's reach: OVMF and its disks handed over as descriptors, an exec through its guest
+//! agent, QEMU without capabilities or new privileges, under seccomp. These change the node's
+//! config, so the area runs alone.
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -20,7 +22,7 @@ use crate::agent_gate::{
 };
 use crate::cni::{run_pod_reaching_gateway_and_peer, Node, Pod};
 use crate::support::{stack, text};
-use vmlet_integration::{direct_launcher, unique_id, Stack, TemplatesOn};
+use vmlet_integration::{direct_launcher, unique_id, ConfigSwap, Stack, TemplatesOn};
 
 /// The pod's QEMU, virtiofsd and shim, by the kind in their command lines.
 pub(crate) struct PodProcesses {
@@ -382,4 +384,99 @@ fn a_dead_shims_qemu_is_ended_from_its_state() {
     let _ = s.ctr_output(&["task", "delete", "-f", &id]);
     let _ = s.ctr_output(&["container", "rm", &id]);
     assert_left_nothing(&s, &id);
+}
+
+/// The UEFI test image's cloud-init: a marker once its guest agent runs.
+const IMAGE_USER_DATA: &str = r#"runcmd:
+  - echo "vmlet-marker $(hostname) $(systemctl is-active qemu-guest-agent)"
+"#;
+
+/// A VM image under the default config, with libvirt out of the shim's reach (its URI names
+/// no socket): the shim starts QEMU itself, which boots OVMF from the node's firmware
+/// descriptors and the image's root disk on virtio-scsi, all opened by the shim and handed
+/// over as descriptors; the guest agent's port runs an exec; QEMU runs as the pod's own uid,
+/// without capabilities or new privileges, under seccomp; nothing is left.
+#[tokio::test]
+#[ignore = "needs the vmlet stack: make test"]
+async fn a_vm_image_boots_with_uefi_on_its_disks_by_descriptor_and_libvirt_out_of_reach() {
+    let s = stack();
+    let unreachable = "qemu:///system?socket=/nonexistent/libvirt-sock";
+    let _no_libvirt = ConfigSwap::edited(|c| {
+        let rest: Vec<&str> = c
+            .lines()
+            .filter(|l| !l.starts_with("launcher") && !l.starts_with("libvirt_uri"))
+            .collect();
+        format!("libvirt_uri = \"{unreachable}\"\n{}\n", rest.join("\n"))
+    });
+    let log_before = s.containerd_log().len();
+    let mut p = crate::vm_mode::vm_pod(
+        &s,
+        IMAGE_USER_DATA,
+        &[
+            ("vmlet.io/firmware", "uefi"),
+            ("vmlet.io/disk-driver", "scsi"),
+        ],
+    )
+    .await;
+    let name = p.config.metadata.as_ref().unwrap().name.clone();
+    let image =
+        std::env::var("VMLET_VM_UEFI_IMAGE").expect("VMLET_VM_UEFI_IMAGE (scripts/stack env)");
+    let c = p.container("vm", &image, &[], 0).await;
+    let marker = crate::vm_mode::marker_in(&p.logs.join("vm.log"), &name, "v2").await;
+    let ran = p
+        .cri
+        .exec_sync(&c, &["cat", "/sys/class/dmi/id/bios_vendor"], 60)
+        .await;
+    let procs = s.pod_processes(&c);
+    let (qemu, cmdline) = procs
+        .iter()
+        .find(|(_, cmdline)| cmdline.contains("qemu-system"))
+        .cloned()
+        .unwrap_or_else(|| panic!("no QEMU of {c} among {procs:?}"));
+    let shim = procs
+        .iter()
+        .find(|(_, cmdline)| cmdline.contains("containerd-shim-vmlet"))
+        .map(|(pid, _)| *pid);
+    let confinement: Vec<String> = ["NoNewPrivs", "Seccomp", "CapEff"]
+        .iter()
+        .map(|key| status(qemu, key))
+        .collect();
+    let qemu_parent = parent(qemu);
+    let uid = pod_uid(qemu);
+    let pod_id = p.pod.clone();
+    p.finish(&[&c]).await;
+    let log = &s.containerd_log()[log_before..];
+    assert!(
+        marker.trim_end().ends_with(" active"),
+        "the image's agent: {marker}"
+    );
+    let ran = ran.expect("an exec through the guest agent");
+    assert_eq!(ran.exit_code, 0, "{ran:?}");
+    assert!(
+        String::from_utf8_lossy(&ran.stdout).contains("EFI Development Kit II"),
+        "OVMF did not boot it: {ran:?}"
+    );
+    assert!(
+        log.contains(&format!("pod {c}: QEMU started in")),
+        "the VM image did not start without libvirt:\n{log}"
+    );
+    assert_eq!(
+        confinement,
+        ["1", "2", "0000000000000000"],
+        "QEMU's NoNewPrivs, Seccomp, CapEff"
+    );
+    assert!(
+        shim.is_none_or(|shim| qemu_parent == shim),
+        "QEMU is the shim's child"
+    );
+    assert!(uid > 0);
+    for path in ["root.qcow2", "image-disk", "seed.iso", "OVMF", "uefi-vars"] {
+        assert!(
+            !cmdline.contains(path),
+            "QEMU opens {path} by path: {cmdline}"
+        );
+    }
+    for id in [&c, &pod_id] {
+        assert_left_nothing(&s, id);
+    }
 }

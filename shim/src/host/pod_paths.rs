@@ -38,6 +38,9 @@ pub struct PodPaths {
     /// A VM image's cloud-init seed: its files, and their ISO 9660 volume.
     pub seed_dir: PathBuf,
     pub seed_iso: PathBuf,
+    /// A VM image's copy of OVMF's variable store, when the shim starts its QEMU itself
+    /// (libvirt keeps its own).
+    pub uefi_vars: PathBuf,
 }
 
 /// A VM image's root disk, the qcow2 overlay its guest writes, in the pod's directory under
@@ -74,6 +77,7 @@ impl PodPaths {
             image_disk: dir.join(IMAGE_DISK),
             seed_dir: dir.join("seed"),
             seed_iso: dir.join("seed.iso"),
+            uefi_vars: dir.join("uefi-vars.fd"),
             dir,
         }
     }

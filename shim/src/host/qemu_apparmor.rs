@@ -23,7 +23,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use crate::vmm::pod_apparmor::{quoted, Access, PodFile};
-use crate::vmm::vm_spec::{GuestBoot, VmSpec, VsockDevice};
+use crate::vmm::vm_spec::{ConsoleTarget, GuestBoot, VmSpec, VsockDevice};
 use crate::Error;
 
 /// The name of every profile of this kind starts with it; the pod's id follows.
@@ -79,20 +79,30 @@ pub fn profile_name(pod_id: &str) -> Result<String, Error> {
 }
 
 /// What of the pod's own QEMU opens by path (vmlet's guest: its kernel and initrd, the
-/// agent's key, the vsock backend's socket; vmlet's QMP socket).
+/// agent's key, the vsock backend's socket; a VM image: the sockets of its serial console
+/// and guest agent port; vmlet's QMP socket). Everything else (the console file, the taps,
+/// the virtiofsd connection, a VM image's disks and flash) it inherits from the shim.
 pub fn pod_files(spec: &VmSpec) -> Vec<PodFile> {
     let file = |path: &str, access| PodFile {
         path: path.to_owned(),
         access,
     };
     let mut files = Vec::new();
-    if let GuestBoot::Agent(agent) = &spec.guest {
-        files.push(file(&agent.kernel, Access::Read));
-        files.push(file(&agent.initrd, Access::Read));
-        files.push(file(&agent.key_file, Access::Read));
-        if let VsockDevice::VhostUser { socket } = &agent.vsock {
-            files.push(file(socket, Access::ReadWrite));
+    match &spec.guest {
+        GuestBoot::Agent(agent) => {
+            files.push(file(&agent.kernel, Access::Read));
+            files.push(file(&agent.initrd, Access::Read));
+            files.push(file(&agent.key_file, Access::Read));
+            if let VsockDevice::VhostUser { socket } = &agent.vsock {
+                files.push(file(socket, Access::ReadWrite));
+            }
         }
+        GuestBoot::Image(image) => {
+            files.push(file(&image.guest_agent_socket, Access::ReadWrite));
+        }
+    }
+    if let ConsoleTarget::Socket(path) = &spec.console {
+        files.push(file(path, Access::ReadWrite));
     }
     files.push(file(&spec.qmp_socket, Access::ReadWrite));
     files

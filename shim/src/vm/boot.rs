@@ -155,6 +155,8 @@ pub(super) struct BootedImage {
     pub guest_agent: tokio::net::UnixStream,
     /// Port-forward to the guest's pod address.
     pub port_forward: Option<PortForward>,
+    /// QEMU, when the shim started it itself (dropped, it is killed).
+    pub qemu: Option<crate::host::qemu_process::QemuProcess>,
 }
 
 /// Boots a VM image (docs/vm-mode.md): the host side and network as for vmlet's guest,
@@ -308,6 +310,7 @@ pub(super) async fn run_image(
         guest_agent: launched.guest_agent.ok_or_else(|| {
             Error::Internal("a VM image launched without its guest agent's port".into())
         })?,
+        qemu: launched.qemu,
     })
 }
 

@@ -1,8 +1,9 @@
 //! The pod's VM started by the shim itself (`launcher = "direct"`), without libvirt: the
-//! pod's virtiofsd ([`super::pod_virtiofsd`]), then QEMU with vmlet's own command line
-//! ([`crate::vmm::qemu_command`]) as the pod's own user, in the pod's cgroup
-//! ([`crate::host::qemu_process`]), its console file, taps and connection to virtiofsd
-//! (which the shim made) handed over as descriptors.
+//! pod's virtiofsd ([`super::pod_virtiofsd`]; a VM image has one for its volumes only), then
+//! QEMU with vmlet's own command line ([`crate::vmm::qemu_command`]) as the pod's own user,
+//! in the pod's cgroup ([`crate::host::qemu_process`]), its console file, taps, connection
+//! to virtiofsd (which the shim made) and a VM image's disks and flash
+//! ([`super::direct_image`]) handed over as descriptors.
 //! Each is recorded in the journal as soon as it runs (`Made::Process`, `Made::Qemu`); the
 //! returned handle kills QEMU if it is dropped before the pod's teardown.
 //!
@@ -28,7 +29,7 @@ use crate::host::qemu_process::{self, Confinement, QemuProcess};
 use crate::host::qemu_view::MountView;
 use crate::host::undo::Made;
 use crate::vmm::qemu_command::{qemu_command, Launched};
-use crate::vmm::vm_spec::VmSpec;
+use crate::vmm::vm_spec::{ConsoleTarget, GuestBoot, VmSpec};
 use crate::Error;
 
 /// Starts the pod's virtiofsd and then QEMU for `spec`, QEMU on `tap_fds` (the NICs'
@@ -57,30 +58,44 @@ pub(super) async fn start(
         Some(cgroup) => cgroup.procs_files(),
         None => Ok(Vec::new()),
     };
-    let share = spec.guest.share().ok_or_else(|| {
-        Error::Internal(format!(
-            "pod {}: a VM the shim starts has a share",
-            req.pod_id
-        ))
-    })?;
-    let share = super::pod_virtiofsd::start(
-        config,
-        paths,
-        rec,
-        share,
-        cgroup_procs()?,
-        super::pod_virtiofsd::Client::Shim,
-    )?
-    .ok_or_else(|| Error::Internal("virtiofsd: no connection for QEMU".into()))?;
-    let console = append_only(&paths.console)?;
+    let mut inherit: Vec<OwnedFd> = Vec::new();
+    let share = match spec.guest.share() {
+        Some(share) => Some(
+            super::pod_virtiofsd::start(
+                config,
+                paths,
+                rec,
+                share,
+                cgroup_procs()?,
+                super::pod_virtiofsd::Client::Shim,
+            )?
+            .ok_or_else(|| Error::Internal("virtiofsd: no connection for QEMU".into()))?,
+        ),
+        None => None,
+    };
+    // A VM image's console is a socket QEMU connects; vmlet's guest's a file.
+    let console = match &spec.console {
+        ConsoleTarget::File(_) => Some(append_only(&paths.console)?),
+        ConsoleTarget::Socket(_) => None,
+    };
+    let image = match &spec.guest {
+        GuestBoot::Image(image) => {
+            let (fds, files) = super::direct_image::open(image, &spec.machine, paths)?;
+            inherit.extend(files);
+            Some(fds)
+        }
+        GuestBoot::Agent(_) => None,
+    };
     let launched = Launched {
         uuid: random_uuid()?,
-        share_fd: share.as_raw_fd(),
-        console_fd: Some(console.as_raw_fd()),
+        share_fd: share.as_ref().map(AsRawFd::as_raw_fd),
+        console_fd: console.as_ref().map(AsRawFd::as_raw_fd),
         tap_fds: tap_fds.iter().map(AsRawFd::as_raw_fd).collect(),
+        image,
     };
     let args = qemu_command(spec, &launched)?;
-    let mut inherit = vec![OwnedFd::from(console), share];
+    inherit.extend(console.map(OwnedFd::from));
+    inherit.extend(share);
     inherit.extend(tap_fds);
     let qemu = qemu_process::spawn(
         Path::new(&spec.qemu),

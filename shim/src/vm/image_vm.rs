@@ -37,6 +37,9 @@ pub struct ImageVm {
     /// The cgroup QEMU runs in (the container's), whose figures are the VM's stats.
     cgroup: Option<PodCgroup>,
     port_forward: Option<crate::guest::port_forward::PortForward>,
+    /// QEMU, when the shim started it itself: held for the VM's life (dropped, it is
+    /// killed).
+    _qemu: Option<crate::host::qemu_process::QemuProcess>,
 }
 
 impl ImageVm {
@@ -86,6 +89,7 @@ impl ImageVm {
             console: booted.console,
             ended: booted.ended,
             stopping: AtomicBool::new(false),
+            _qemu: booted.qemu,
         })
     }
 }

@@ -1,6 +1,6 @@
 //! The VM itself: described ([`crate::vmm::vm_spec::VmSpec`]), its taps served with their
-//! slots, its libvirt domain started (or, vmlet's guest under `launcher = "direct"`, QEMU
-//! started by the shim: [`super::direct_start`]), and vmlet's QMP monitor taken when QEMU
+//! slots, its libvirt domain started (or, under `launcher = "direct"`, QEMU started by the
+//! shim: [`super::direct_start`]), and vmlet's QMP monitor taken when QEMU
 //! connects it. QEMU's end of that monitor is how the shim learns, at once, that the VM
 //! ended. The pod's virtiofsd is the shim's under either launcher
 //! ([`super::pod_virtiofsd`]). Under libvirt, QEMU then joins the pod's cgroup (started by
@@ -297,13 +297,12 @@ pub(super) async fn start(
 
 /// Whether the shim starts the pod's QEMU itself: where the node's choice is the direct
 /// launcher ([`launcher_choice`]), unless the pod needs what only libvirt does
-/// ([`crate::vmm::qemu_command::libvirt_only`] says why, from the VM's description): a VM
-/// image, or a CPU model libvirt expands. (vsock is vhost-user's under that launcher: the
-/// config refuses the kernel's, and `auto` chooses libvirt for it.)
+/// ([`crate::vmm::qemu_command::libvirt_only`] says why, from the VM's description): a CPU
+/// model libvirt expands. (vsock is vhost-user's under that launcher: the config refuses the
+/// kernel's, and `auto` chooses libvirt for it.) VM images and vmlet's guest alike.
 pub(super) fn starts_direct(launcher: &launcher_choice::Choice, req: &BootRequest) -> bool {
     use vmlet_config::CpuModel;
     launcher.direct
-        && req.image.is_none()
         && !matches!(
             req.options.cpu_model,
             Some(CpuModel::HostModel | CpuModel::Libvirt(_))

@@ -21,6 +21,7 @@ mod agent_vm;
 mod boot;
 #[cfg(test)]
 mod boot_tests;
+mod direct_image;
 mod direct_start;
 #[cfg(test)]
 mod fake_qemu;

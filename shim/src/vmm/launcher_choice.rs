@@ -1,11 +1,11 @@
-//! Which launcher starts the pods of vmlet's guest on this node: the config's `launcher`,
-//! and for `auto` what the node allows. `auto` starts QEMU without libvirt (the shim's own
+//! Which launcher starts the pods on this node (of vmlet's guest, and VM images): the
+//! config's `launcher`, and for `auto` what the node allows. `auto` starts QEMU without libvirt (the shim's own
 //! start, docs/performance.md) wherever vmlet confines it at least as libvirt would: not
 //! where the config asks for the kernel's vsock device (its CID is libvirt's to allocate),
 //! not where SELinux enforces (libvirt labels each VM; vmlet has no labels of its own),
 //! not where AppArmor is on and its parser, with which the shim loads each pod's QEMU
-//! profile, is missing. A pod whose VM only libvirt can start (a VM image, a CPU model libvirt
-//! expands) still starts through libvirt under either choice
+//! profile, is missing. A pod whose VM only libvirt can start (a CPU model libvirt expands)
+//! still starts through libvirt under either choice
 //! ([`crate::vmm::qemu_command::libvirt_only`]). `vmletctl check` prints the choice and
 //! its reason.
 
@@ -33,7 +33,7 @@ impl NodeFacts {
     }
 }
 
-/// The launcher the node's pods of vmlet's guest get, and why.
+/// The launcher the node's pods get, and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Choice {
     /// The shim starts QEMU itself; otherwise libvirt does.

@@ -13,6 +13,8 @@ pub mod libvirt_xml;
 pub mod pci_slots;
 pub mod pod_apparmor;
 pub mod qemu_command;
+pub mod qemu_image;
+pub mod uefi_firmware;
 pub mod vm_spec;
 
 #[cfg(any(test, feature = "fakes"))]

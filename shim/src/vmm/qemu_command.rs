@@ -7,11 +7,11 @@
 //! What libvirt decides for a VM at its start, the launcher hands in ([`Launched`]): the
 //! UUID and the descriptors QEMU inherits: its connection to the virtiofsd the launcher
 //! started (connected by the shim, so that no other process of the QEMU user can take that
-//! virtiofsd), the console file's, the taps'. Only vmlet's guest on vhost-user vsock is rendered: the
-//! kernel's vsock device wants a CID libvirt allocates, a VM image wants disks and firmware
-//! libvirt sets up, and `host-model` or a libvirt `<cpu>` definition
-//! (`VirtletLibvirtCPUSetting`) is libvirt's to expand; [`libvirt_only`] names which, and
-//! such a pod starts through libvirt.
+//! virtiofsd), the console file's, the taps', and a VM image's disks and flash
+//! ([`crate::vmm::qemu_image`]). vmlet's guest on the kernel's vsock device is not rendered
+//! (it wants a CID libvirt allocates), nor `host-model` or a libvirt `<cpu>` definition
+//! (`VirtletLibvirtCPUSetting`), which are libvirt's to expand; [`libvirt_only`] names
+//! which, and such a pod starts through libvirt.
 
 use std::os::fd::RawFd;
 
@@ -19,7 +19,8 @@ use vmlet_config::CpuModel;
 
 use crate::host::taps;
 use crate::vmm::pci_slots::hex;
-use crate::vmm::vm_spec::{ConsoleTarget, GuestBoot, VmSpec, VsockDevice};
+use crate::vmm::qemu_image::{image_args, ImageFds};
+use crate::vmm::vm_spec::{AgentBoot, ConsoleTarget, GuestBoot, VmSpec, VsockDevice};
 use crate::Error;
 
 /// What the launcher made for the VM before QEMU starts.
@@ -27,13 +28,16 @@ use crate::Error;
 pub struct Launched {
     /// The VM's UUID (SMBIOS, and what a guest's tools read as its machine id).
     pub uuid: String,
-    /// A connection to the pod's virtiofsd's vhost-user socket, as QEMU inherits it.
-    pub share_fd: RawFd,
+    /// A connection to the pod's virtiofsd's vhost-user socket, as QEMU inherits it (none:
+    /// a VM image without volumes over virtio-fs).
+    pub share_fd: Option<RawFd>,
     /// The console file, opened for appending, as QEMU inherits it (a file console only).
     pub console_fd: Option<RawFd>,
     /// Each tap, as QEMU inherits it, in the NICs' order (none for a template start, whose
     /// NICs are plugged in after the load).
     pub tap_fds: Vec<RawFd>,
+    /// A VM image's disks and flash, as QEMU inherits them.
+    pub image: Option<ImageFds>,
 }
 
 /// The id of the root port the virtio-fs device sits behind, at slot 1 as libvirt puts it.
@@ -42,10 +46,11 @@ const SHARE_PORT: &str = "pci.1";
 /// What of `spec` only libvirt can start, if anything: why the pod's VM cannot start
 /// without it.
 pub fn libvirt_only(spec: &VmSpec) -> Option<&'static str> {
-    let GuestBoot::Agent(agent) = &spec.guest else {
-        return Some("a VM image's disks and firmware are set up by libvirt");
-    };
-    if !matches!(agent.vsock, VsockDevice::VhostUser { .. }) {
+    if let GuestBoot::Agent(AgentBoot {
+        vsock: VsockDevice::Vhost,
+        ..
+    }) = &spec.guest
+    {
         return Some("the kernel's vsock device wants a CID, which libvirt allocates");
     }
     match &spec.cpu_model {
@@ -59,13 +64,27 @@ pub fn libvirt_only(spec: &VmSpec) -> Option<&'static str> {
 
 /// QEMU's arguments (without the program) for `spec`'s VM as the launcher starts it.
 pub fn qemu_command(spec: &VmSpec, launched: &Launched) -> Result<Vec<String>, Error> {
-    let agent = match (&spec.guest, libvirt_only(spec)) {
-        (GuestBoot::Agent(agent), None) => agent,
-        (_, why) => {
-            return Err(Error::Unimplemented(format!(
-                "pod {}: started without libvirt, but {}",
-                spec.pod_id,
-                why.unwrap_or_default()
+    if let Some(why) = libvirt_only(spec) {
+        return Err(Error::Unimplemented(format!(
+            "pod {}: started without libvirt, but {why}",
+            spec.pod_id
+        )));
+    }
+    let image = match (&spec.guest, &launched.image) {
+        (GuestBoot::Image(image), Some(fds)) => {
+            Some(image_args(image, fds, spec.slots.vsock_or_root))
+        }
+        (GuestBoot::Agent(_), None) => None,
+        (GuestBoot::Image(_), None) => {
+            return Err(Error::Internal(format!(
+                "pod {}: no descriptors for the VM image's disks",
+                spec.pod_id
+            )))
+        }
+        (GuestBoot::Agent(_), Some(_)) => {
+            return Err(Error::Internal(format!(
+                "pod {}: disk descriptors for vmlet's guest",
+                spec.pod_id
             )))
         }
     };
@@ -81,7 +100,11 @@ pub fn qemu_command(spec: &VmSpec, launched: &Launched) -> Result<Vec<String>, E
     args.opt("-name", format!("guest={},debug-threads=on", spec.name));
     args.opt(
         "-machine",
-        format!("{},usb=off,dump-guest-core=off,acpi=on", spec.machine),
+        format!(
+            "{},usb=off,dump-guest-core=off,acpi=on{}",
+            spec.machine,
+            image.as_ref().map_or("", |i| i.machine.as_str())
+        ),
     );
     args.opt("-accel", accel(spec));
     args.opt("-cpu", cpu(spec));
@@ -143,17 +166,31 @@ pub fn qemu_command(spec: &VmSpec, launched: &Launched) -> Result<Vec<String>, E
             ),
         );
     }
-    args.opt(
-        "-chardev",
-        format!("socket,id=chr-vu-fs0,fd={}", launched.share_fd),
-    );
-    args.opt(
-        "-device",
-        format!(
-            "vhost-user-fs-pci,id=fs0,chardev=chr-vu-fs0,tag={},bus={SHARE_PORT},addr=0x0",
-            agent.share_tag
-        ),
-    );
+    match (spec.guest.share(), launched.share_fd) {
+        (Some(share), Some(fd)) => {
+            args.opt("-chardev", format!("socket,id=chr-vu-fs0,fd={fd}"));
+            args.opt(
+                "-device",
+                format!(
+                    "vhost-user-fs-pci,id=fs0,chardev=chr-vu-fs0,tag={},bus={SHARE_PORT},addr=0x0",
+                    share.tag
+                ),
+            );
+        }
+        (None, None) => {}
+        (Some(_), None) => {
+            return Err(Error::Internal(format!(
+                "pod {}: no connection to its virtiofsd",
+                spec.pod_id
+            )))
+        }
+        (None, Some(_)) => {
+            return Err(Error::Internal(format!(
+                "pod {}: a virtiofsd connection and no share",
+                spec.pod_id
+            )))
+        }
+    }
     match (&spec.console, launched.console_fd) {
         (ConsoleTarget::File(_), Some(fd)) => {
             args.opt("-add-fd", format!("set=0,fd={fd},opaque=serial0-source"));
@@ -185,7 +222,15 @@ pub fn qemu_command(spec: &VmSpec, launched: &Launched) -> Result<Vec<String>, E
             ),
         );
     }
-    args.0.extend(spec.qemu_args());
+    match image {
+        // The image's disks from their descriptors, not the NVMe root by path that
+        // `qemu_args` gives libvirt.
+        Some(image) => {
+            args.0.extend(image.args);
+            args.0.extend(spec.monitor_args());
+        }
+        None => args.0.extend(spec.qemu_args()),
+    }
     if spec.template.is_none() {
         let nics = spec.taps();
         if nics.len() != launched.tap_fds.len() {
@@ -214,15 +259,23 @@ fn interpolated<'a>(spec: &'a VmSpec, launched: &'a Launched) -> Vec<(&'static s
         ("the QMP socket", spec.qmp_socket.as_str()),
         ("the UUID", launched.uuid.as_str()),
     ];
-    if let GuestBoot::Agent(agent) = &spec.guest {
-        values.extend([
-            ("the kernel", agent.kernel.as_str()),
-            ("the initrd", agent.initrd.as_str()),
-            ("the share's tag", agent.share_tag.as_str()),
-            ("the agent's key file", agent.key_file.as_str()),
-        ]);
-        if let VsockDevice::VhostUser { socket } = &agent.vsock {
-            values.push(("the vsock backend's socket", socket.as_str()));
+    match &spec.guest {
+        GuestBoot::Agent(agent) => {
+            values.extend([
+                ("the kernel", agent.kernel.as_str()),
+                ("the initrd", agent.initrd.as_str()),
+                ("the share's tag", agent.share_tag.as_str()),
+                ("the agent's key file", agent.key_file.as_str()),
+            ]);
+            if let VsockDevice::VhostUser { socket } = &agent.vsock {
+                values.push(("the vsock backend's socket", socket.as_str()));
+            }
+        }
+        GuestBoot::Image(image) => {
+            values.push((
+                "the guest agent's socket",
+                image.guest_agent_socket.as_str(),
+            ));
         }
     }
     if let ConsoleTarget::Socket(path) = &spec.console {
@@ -282,9 +335,10 @@ mod tests {
     fn launched() -> Launched {
         Launched {
             uuid: "70752bd9-ba25-4c89-bbf2-a6806065db93".into(),
-            share_fd: 8,
+            share_fd: Some(8),
             console_fd: Some(7),
             tap_fds: vec![9, 10],
+            image: None,
         }
     }
 
@@ -437,6 +491,54 @@ mod tests {
         spec.name = "vmlet-t1,x".into();
         let err = qemu_command(&spec, &launched()).unwrap_err();
         assert!(err.message().contains("the VM's name"), "{err}");
+    }
+
+    #[test]
+    fn a_vm_image_boots_its_disks_by_descriptor_with_the_monitor_and_no_kernel() {
+        let mut spec = vhost_user();
+        let mut image = crate::vmm::qemu_image::tests::image();
+        image.firmware = vmlet_config::Firmware::Uefi;
+        spec.guest = GuestBoot::Image(image);
+        spec.console = ConsoleTarget::Socket("/run/vmlet/t1/console.sock".into());
+        let mut fds = crate::vmm::qemu_image::tests::fds();
+        fds.uefi = Some(crate::vmm::qemu_image::UefiFds { code: 23, vars: 24 });
+        let mut launched = Launched {
+            share_fd: None,
+            console_fd: None,
+            image: Some(fds),
+            ..launched()
+        };
+        let args = qemu_command(&spec, &launched).unwrap();
+        for absent in ["-kernel", "-fw_cfg", "-add-fd set=0", "vhost-user-fs-pci"] {
+            assert!(!args.join(" ").contains(absent), "{absent} in {args:?}");
+        }
+        assert!(values(&args, "-machine")[0]
+            .ends_with(",pflash0=vmlet-flash-code,pflash1=vmlet-flash-vars"));
+        assert!(values(&args, "-chardev")
+            .contains(&"socket,id=charserial0,path=/run/vmlet/t1/console.sock"));
+        let own = spec.monitor_args();
+        assert!(args.windows(own.len()).any(|w| w == own.as_slice()));
+        assert_eq!(values(&args, "-netdev").len(), 2);
+        // Volumes over virtio-fs: the share's device with its tag.
+        if let GuestBoot::Image(image) = &mut spec.guest {
+            image.volumes = Some(crate::vmm::vm_spec::VolumeShare {
+                dir: "/run/vmlet/t1/share/c1/mounts".into(),
+                socket: "/run/vmlet/t1/virtiofsd.sock".into(),
+            });
+        }
+        assert!(
+            qemu_command(&spec, &launched).is_err(),
+            "a share without its connection"
+        );
+        launched.share_fd = Some(8);
+        let args = qemu_command(&spec, &launched).unwrap();
+        assert!(values(&args, "-device")
+            .iter()
+            .any(|d| d.starts_with("vhost-user-fs-pci,")
+                && d.contains(&format!(",tag={},", crate::vm_mode::volumes::TAG))));
+        launched.image = None;
+        let err = qemu_command(&spec, &launched).unwrap_err();
+        assert!(err.message().contains("no descriptors"), "{err}");
     }
 
     #[test]

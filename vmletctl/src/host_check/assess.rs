@@ -130,12 +130,12 @@ fn vhost_net(facts: &HostFacts) -> Finding {
 fn libvirt(config: &NodeConfig, facts: &HostFacts) -> Vec<Finding> {
     let host = match &facts.libvirt {
         Result::Ok(host) => host,
-        // The shim starts vmlet's guest itself: only a VM image, or a CPU model libvirt
-        // expands, needs libvirt.
+        // The shim starts pods' QEMU itself: only a CPU model libvirt expands needs libvirt.
         Err(e) if super::launcher::choice(config, facts).direct => {
             let text = format!(
-                "{} unreachable: {e}; the shim starts vmlet's guest without it, but a VM \
-                 image, or a CPU model libvirt expands, cannot start",
+                "{} unreachable: {e}; the shim starts pods' VMs (vmlet's guest and VM images) \
+                 without it, but a pod with a CPU model libvirt expands (host-model, \
+                 VirtletLibvirtCPUSetting) cannot start",
                 config.libvirt_uri
             );
             return vec![finding(Warn, "libvirt", text)];
@@ -163,7 +163,8 @@ fn libvirt(config: &NodeConfig, facts: &HostFacts) -> Vec<Finding> {
     )];
     let local = format!("/{}", crate::node_apparmor::LOCAL_LIBVIRTD);
     if host.security_models.iter().any(|m| m == "apparmor") {
-        // Under the direct launcher only what libvirt still starts (a VM image) needs them.
+        // Under the direct launcher only what libvirt still starts (a CPU model it expands)
+        // needs them.
         let missing = match super::launcher::choice(config, facts).direct {
             true => Warn,
             false => Fail,
@@ -192,9 +193,10 @@ fn pod_users(config: &NodeConfig, facts: &HostFacts) -> Finding {
     match &facts.libvirt_dir_passable {
         Result::Ok(true) => finding(Ok, "pod-users", format!("each pod's QEMU runs as a uid of its own ({}..={last}, no user of the node's), which passes through libvirt's /{dir}", range.first_uid)),
         Result::Ok(false) => {
-            // Under the direct launcher only what libvirt still starts (a VM image) is kept out.
+            // Under the direct launcher only what libvirt still starts (a CPU model it
+            // expands) is kept out.
             let (verdict, whose) = match super::launcher::choice(config, facts).direct {
-                true => (Warn, "a VM image's QEMU (libvirt's), a user of its own,"),
+                true => (Warn, "the QEMU of a pod with a CPU model libvirt expands (libvirt's), a user of its own,"),
                 false => (Fail, "each pod's QEMU, a user of its own,"),
             };
             finding(verdict, "pod-users", format!("libvirt's /{dir} lets only its own QEMU user through: {whose} cannot open its domain's files there; `vmletctl install` gives others search permission (0751)"))
@@ -635,11 +637,13 @@ pub(super) mod tests {
         assert!(line(&findings, "accel")
             .text
             .contains("libvirt is unreachable"));
-        // The default launcher starts vmlet's guest without it: only a VM image needs it.
+        // The default launcher starts pods without it: only a CPU model libvirt expands
+        // needs it.
         let findings = assess(&NodeConfig::default(), &f);
         let libvirt = line(&findings, "libvirt");
         assert_eq!(libvirt.verdict, Verdict::Warn, "{libvirt}");
-        assert!(libvirt.text.contains("VM image"), "{libvirt}");
+        assert!(libvirt.text.contains("VM images) without it"), "{libvirt}");
+        assert!(libvirt.text.contains("host-model"), "{libvirt}");
         assert!(!line(&findings, "accel")
             .text
             .contains("libvirt is unreachable"));

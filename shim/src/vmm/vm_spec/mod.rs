@@ -198,8 +198,8 @@ impl VmSpec {
 
     /// vmlet's part of QEMU's command line (`<qemu:commandline>`): the vsock device
     /// libvirt does not make (vhost-user; for a template start its port, the NICs' ports
-    /// and vmgenid instead), the agent's key on fw_cfg, a VM image's NVMe root, vmlet's QMP monitor,
-    /// the hot-plug root ports, and `-incoming defer` for a VM that loads a template.
+    /// and vmgenid instead), the agent's key on fw_cfg, a VM image's NVMe root, then
+    /// [`VmSpec::monitor_args`].
     pub fn qemu_args(&self) -> Vec<String> {
         let mut args = Vec::new();
         match &self.guest {
@@ -251,12 +251,19 @@ impl VmSpec {
                 ),
             ]);
         }
-        args.extend([
+        args.extend(self.monitor_args());
+        args
+    }
+
+    /// What every VM gets whichever launcher starts it: vmlet's QMP monitor, the hot-plug
+    /// root ports, and `-incoming defer` for a VM that loads a template.
+    pub fn monitor_args(&self) -> Vec<String> {
+        let mut args = vec![
             "-chardev".to_string(),
             format!("socket,id=vmlet-qmp,path={}", self.qmp_socket),
             "-mon".to_string(),
             "chardev=vmlet-qmp,mode=control".to_string(),
-        ]);
+        ];
         for (i, port) in self.hotplug_ports().into_iter().enumerate() {
             args.push("-device".into());
             args.push(format!(
