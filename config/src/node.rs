@@ -234,7 +234,7 @@ pub struct NodeConfig {
     pub launcher: Launcher,
     /// The user whose groups pods' QEMUs run with (its primary group, which on Debian is
     /// `kvm`, and its supplementary ones: the device nodes'); each pod's QEMU has a uid of its
-    /// own ([`PodUsersConfig`]). A VM image's QEMU under libvirt still runs as this user.
+    /// own ([`PodUsersConfig`]), whichever launcher starts it.
     pub qemu_user: String,
     /// The uids of pods' QEMUs.
     pub pod_users: PodUsersConfig,

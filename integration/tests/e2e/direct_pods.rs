@@ -394,8 +394,9 @@ const IMAGE_USER_DATA: &str = r#"runcmd:
 /// A VM image under the default config, with libvirt out of the shim's reach (its URI names
 /// no socket): the shim starts QEMU itself, which boots OVMF from the node's firmware
 /// descriptors and the image's root disk on virtio-scsi, all opened by the shim and handed
-/// over as descriptors; the guest agent's port runs an exec; QEMU runs as the pod's own uid,
-/// without capabilities or new privileges, under seccomp; nothing is left.
+/// over as descriptors (which stay root's files); the guest agent's port runs an exec; QEMU
+/// runs as the pod's own uid, without capabilities or new privileges, under seccomp; nothing
+/// is left.
 #[tokio::test]
 #[ignore = "needs the vmlet stack: make test"]
 async fn a_vm_image_boots_with_uefi_on_its_disks_by_descriptor_and_libvirt_out_of_reach() {
@@ -443,6 +444,20 @@ async fn a_vm_image_boots_with_uefi_on_its_disks_by_descriptor_and_libvirt_out_o
         .collect();
     let qemu_parent = parent(qemu);
     let uid = pod_uid(qemu);
+    // QEMU has its disks as descriptors: they stay root's alone, not even its own uid's.
+    let dir = pod_dir(&s, &c);
+    let disks = node_config().vm_images.disk_dir.join(&c);
+    let owners: Vec<(PathBuf, u32, u32)> = [
+        dir.join("uefi-vars.fd"),
+        dir.join("seed.iso"),
+        disks.join("root.qcow2"),
+    ]
+    .into_iter()
+    .map(|path| {
+        let meta = std::fs::metadata(&path).unwrap();
+        (path, meta.uid(), meta.mode() & 0o777)
+    })
+    .collect();
     let pod_id = p.pod.clone();
     p.finish(&[&c]).await;
     let log = &s.containerd_log()[log_before..];
@@ -470,6 +485,9 @@ async fn a_vm_image_boots_with_uefi_on_its_disks_by_descriptor_and_libvirt_out_o
         "QEMU is the shim's child"
     );
     assert!(uid > 0);
+    for (path, owner, mode) in owners {
+        assert_eq!((owner, mode), (0, 0o600), "{}", path.display());
+    }
     for path in ["root.qcow2", "image-disk", "seed.iso", "OVMF", "uefi-vars"] {
         assert!(
             !cmdline.contains(path),

@@ -437,7 +437,7 @@ fn check_names_what_the_node_has_and_fails_without_libvirt_where_it_is_needed() 
         })
         .collect::<Vec<_>>()
         .join("\n");
-    // Under the default launcher, only a VM image (or a CPU model libvirt expands) needs it.
+    // Under the default launcher, only a CPU model libvirt expands needs it.
     std::fs::write(&dead, &without).unwrap();
     let out = check(&s, &dead);
     let report = text(&out.stdout);
@@ -571,7 +571,7 @@ impl Drop for DebiansLibvirtDir {
 #[ignore = "needs the vmlet stack: make test"]
 fn a_libvirt_directory_closed_to_the_pods_users_fails_check_and_the_create_by_name() {
     let s = stack();
-    // What libvirt starts: under the direct launcher only a VM image is.
+    // What libvirt starts: under the direct launcher only a CPU model libvirt expands is.
     let _libvirt = vmlet_integration::libvirt_launcher();
     let config = format!("{}/config.toml", s.dir);
     let report = text(&check(&s, &config).stdout);

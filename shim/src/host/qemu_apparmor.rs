@@ -4,9 +4,10 @@
 //! base abstraction, what QEMU reads of the node (its firmware and option ROMs, a few
 //! figures of `/proc` and `/sys`, `/dev/kvm` where the VM has KVM) and the files of this pod
 //! that QEMU opens by their path: the guest's kernel and initrd, the agent's key, the vsock
-//! backend's and vmlet's QMP sockets ([`pod_files`]). What QEMU inherits or receives over
-//! QMP (the console file, its log, the taps, the virtiofsd connection, block volumes, a
-//! template's state) the shim opened, unconfined: AppArmor lets such descriptors through
+//! backend's socket; a VM image's console and guest agent sockets; vmlet's QMP socket
+//! ([`pod_files`]). What QEMU inherits or receives over QMP (the console file, its log, the
+//! taps, the virtiofsd connection, a VM image's disks and flash, block volumes, a template's
+//! state) the shim opened, unconfined: AppArmor lets such descriptors through
 //! (it revalidates only what a confined process opened), so the profile names none of them.
 //!
 //! The shim loads the profile as `vmlet-qemu-POD` (`apparmor_parser --replace`, the text on

@@ -182,6 +182,10 @@ pub(super) async fn run_image(
         .map(crate::devices::block_devices::open_host)
         .collect::<Result<Vec<_>, _>>()?;
     let user = super::pod_user(config, req, rec).await?;
+    let for_qemu = QemuFiles {
+        user: &user,
+        by_path: !launch::starts_direct(&crate::vmm::launcher_choice::choose(config), req),
+    };
     host_setup::prepare(config, req, paths, rec)?;
     phases.mark("host_setup");
     let rootfs = crate::host::share::container_rootfs(&paths.dir, &req.container_id)?;
@@ -209,7 +213,7 @@ pub(super) async fn run_image(
     phases.mark("dhcp");
     let (overlay, root_volume) = match root {
         RootDisk::Overlay(size) => (
-            make_overlay(config, req, rec, &disk, size, &user).await?,
+            make_overlay(config, req, rec, &disk, size, &for_qemu).await?,
             None,
         ),
         RootDisk::Volume(volume) => {
@@ -223,6 +227,7 @@ pub(super) async fn run_image(
             }
             let root = crate::vmm::vm_spec::RootVolume {
                 device: root.device.to_string_lossy().into_owned(),
+                rdev: (volume.major, volume.minor),
                 offset: crate::vm_mode::persistent_root::OFFSET,
                 size: root.size,
             };
@@ -253,7 +258,7 @@ pub(super) async fn run_image(
     })?;
     let seed_iso = &paths.seed_iso;
     seed.write_iso(seed_dir, seed_iso).await?;
-    user.give_private(seed_iso)?;
+    for_qemu.give(seed_iso)?;
     phases.mark("disks");
     let guest = crate::vmm::vm_spec::GuestBoot::Image(crate::vmm::vm_spec::ImageDisks {
         overlay: overlay.to_string_lossy().into_owned(),
@@ -390,7 +395,7 @@ async fn make_overlay(
     rec: &Recorder<'_>,
     disk: &crate::vm_mode::vm_disk::DiskImage,
     size: u64,
-    user: &PodUser,
+    for_qemu: &QemuFiles<'_>,
 ) -> Result<std::path::PathBuf, Error> {
     // On the node's disk, not the state directory (a tmpfs): the guest writes it, up to
     // `size`, which the node caps.
@@ -401,7 +406,26 @@ async fn make_overlay(
     let overlay = disk_dir.join(crate::host::pod_paths::ROOT_DISK);
     crate::vm_mode::vm_disk::create_overlay(disk, &overlay, size).await?;
     drop(room);
-    // The pod's QEMU's alone (libvirt relabels nothing of a pod's).
-    user.give_private(&overlay)?;
+    for_qemu.give(&overlay)?;
     Ok(overlay)
+}
+
+/// Who a VM image's disks are for. QEMU that libvirt starts opens them by path: they are
+/// its user's alone (libvirt relabels nothing of a pod's). QEMU that the shim starts
+/// inherits them as descriptors ([`super::direct_image`]): they stay root's, so that not even
+/// the pod's QEMU reopens them (the seed holds the pod's secrets). 0600 either way.
+struct QemuFiles<'a> {
+    user: &'a PodUser,
+    by_path: bool,
+}
+
+impl QemuFiles<'_> {
+    fn give(&self, path: &std::path::Path) -> Result<(), Error> {
+        use std::os::unix::fs::PermissionsExt;
+        match self.by_path {
+            true => self.user.give_private(path),
+            false => std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+                .map_err(|e| Error::io(format!("chmod {}", path.display()), e)),
+        }
+    }
 }

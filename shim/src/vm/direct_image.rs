@@ -30,7 +30,7 @@ pub(super) fn open(
     paths: &PodPaths,
 ) -> Result<(ImageFds, Vec<OwnedFd>), Error> {
     let root = match &image.root_volume {
-        Some(volume) => open_block_device(Path::new(&volume.device))?,
+        Some(volume) => open_block_device(Path::new(&volume.device), volume.rdev)?,
         None => open_file(Path::new(&image.overlay), true)?,
     };
     let backing = match image.root_volume {
@@ -48,8 +48,14 @@ pub(super) fn open(
                 firmware.descriptor.display(),
                 firmware.code.display()
             );
-            let code = open_file(&firmware.code, false)?;
-            let vars = copy_vars(&firmware.vars_template, &paths.uefi_vars)?;
+            let named = |e: Error| {
+                e.within(&format!(
+                    "vmlet.io/firmware: uefi: OVMF as {} names it",
+                    firmware.descriptor.display()
+                ))
+            };
+            let code = open_node_file(&firmware.code).map_err(named)?;
+            let vars = copy_vars(&firmware.vars_template, &paths.uefi_vars).map_err(named)?;
             Some((code, vars))
         }
     };
@@ -70,12 +76,25 @@ pub(super) fn open(
     Ok((fds, files))
 }
 
-/// The regular file at `path`, read-write or read-only; never through a link.
+/// The regular file at `path` (in the pod's directories), read-write or read-only; never
+/// through a link.
 fn open_file(path: &Path, write: bool) -> Result<File, Error> {
+    regular(path, write, libc::O_NOFOLLOW)
+}
+
+/// The node's regular file at `path` (a firmware image a descriptor names, which a
+/// distribution may keep behind a link), read-only.
+fn open_node_file(path: &Path) -> Result<File, Error> {
+    regular(path, false, 0)
+}
+
+/// The regular file at `path`, opened with `flags` besides; nothing else (a FIFO or a device
+/// at the path does not block the open, and is refused).
+fn regular(path: &Path, write: bool, flags: i32) -> Result<File, Error> {
     let file = std::fs::OpenOptions::new()
         .read(true)
         .write(write)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .custom_flags(flags | libc::O_CLOEXEC | libc::O_NONBLOCK)
         .open(path)
         .map_err(|e| Error::io(format!("open {}", path.display()), e))?;
     let is_file = file
@@ -91,22 +110,22 @@ fn open_file(path: &Path, write: bool) -> Result<File, Error> {
     Ok(file)
 }
 
-/// The root volume's device node, read-write.
-fn open_block_device(path: &Path) -> Result<File, Error> {
+/// The root volume's device node, read-write: the device `rdev` (`major:minor`) still.
+fn open_block_device(path: &Path, rdev: (u32, u32)) -> Result<File, Error> {
+    use std::os::unix::fs::MetadataExt;
     let file = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(path)
         .map_err(|e| Error::io(format!("open the root volume {}", path.display()), e))?;
-    let is_block = file
+    let meta = file
         .metadata()
-        .map_err(|e| Error::io(format!("stat {}", path.display()), e))?
-        .file_type()
-        .is_block_device();
-    if !is_block {
+        .map_err(|e| Error::io(format!("stat {}", path.display()), e))?;
+    let (major, minor) = rdev;
+    if !meta.file_type().is_block_device() || meta.rdev() != libc::makedev(major, minor) {
         return Err(Error::FailedPrecondition(format!(
-            "the root volume {} is not a block device",
+            "the root volume {} is no longer the block device {major}:{minor} the pod names",
             path.display()
         )));
     }
@@ -115,7 +134,7 @@ fn open_block_device(path: &Path) -> Result<File, Error> {
 
 /// A new copy of the variable store `template` at `to` (root's, 0600), open read-write.
 fn copy_vars(template: &Path, to: &Path) -> Result<File, Error> {
-    let mut source = open_file(template, false)?;
+    let mut source = open_node_file(template)?;
     let mut copy = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -161,6 +180,12 @@ mod tests {
         std::os::unix::fs::symlink(&template, &link).unwrap();
         assert!(open_file(&link, false).is_err());
         assert!(open_file(dir.path(), false).is_err());
-        assert!(open_block_device(&template).is_err());
+        assert!(open_block_device(&template, (7, 0)).is_err());
+        // A FIFO is refused, without blocking.
+        let fifo = dir.path().join("fifo");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
+        assert!(open_file(&fifo, false).is_err());
+        // A node's firmware behind a link is followed.
+        assert!(open_node_file(&link).is_ok());
     }
 }

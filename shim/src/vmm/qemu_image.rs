@@ -6,8 +6,9 @@
 //! opens none by path, needs no view of the node's disk directory or `/dev`, and the
 //! overlay's backing file is the one the shim names, whatever the overlay's header says.
 //!
-//! Where each device sits on the root bus (the slots libvirt gives its own devices, below
-//! vmlet's: [`crate::vmm::pci_slots`]):
+//! Where each device sits: on the root bus itself, in the slots below vmlet's
+//! ([`crate::vmm::pci_slots`]), where libvirt would put a root port for each (so the guest
+//! sees another PCI layout under each launcher; its disks keep their names, `vda` first):
 //!
 //! | slot | device                                                                  |
 //! |------|-------------------------------------------------------------------------|
@@ -107,13 +108,13 @@ pub fn image_args(image: &ImageDisks, fds: &ImageFds, nvme_slot: usize) -> Image
             "size": volume.size,
             "file": file("host_device", root_file, false),
         }),
-        (None, backing) => {
-            let mut node = json!({
-                "driver": "qcow2",
-                "node-name": ROOT,
-                "file": file("file", root_file, false),
-            });
-            if let Some(fd) = backing {
+        // The overlay's backing file is the descriptor's, never what its header names (none
+        // at all without one).
+        (None, backing) => json!({
+            "driver": "qcow2",
+            "node-name": ROOT,
+            "file": file("file", root_file, false),
+            "backing": backing.map_or(Value::Null, |fd| {
                 let mut base = json!({
                     "driver": image.backing_format.as_str(),
                     "read-only": true,
@@ -124,10 +125,9 @@ pub fn image_args(image: &ImageDisks, fds: &ImageFds, nvme_slot: usize) -> Image
                 if image.backing_format == DiskFormat::Qcow2 {
                     base["backing"] = Value::Null;
                 }
-                node["backing"] = base;
-            }
-            node
-        }
+                base
+            }),
+        }),
     };
     blockdev(root);
     blockdev(json!({
@@ -281,12 +281,18 @@ pub(crate) mod tests {
         let nodes = blockdevs(&image_args(&raw, &fds(), 0x10).args);
         assert_eq!(nodes[0]["backing"]["driver"], "raw");
         assert!(nodes[0]["backing"].get("backing").is_none());
+        // An overlay without a backing descriptor has none: not its header's.
+        let mut fds = fds();
+        fds.backing = None;
+        let nodes = blockdevs(&image_args(&image(), &fds, 0x10).args);
+        assert_eq!(nodes[0]["backing"], Value::Null);
     }
 
     #[test]
     fn a_root_volume_is_a_raw_slice_of_its_device() {
         let mut on_volume = image();
         on_volume.root_volume = Some(RootVolume {
+            rdev: (7, 7),
             device: "/dev/loop7".into(),
             offset: 1 << 20,
             size: 8 << 30,

@@ -7,7 +7,7 @@ use vmlet_shim::vmm::launcher_choice::{choose_with, Choice, NodeFacts};
 
 use super::{Finding, HostFacts, Verdict};
 
-/// The launcher the node's pods of vmlet's guest get, by the facts.
+/// The launcher the node's pods get, by the facts.
 pub fn choice(config: &NodeConfig, facts: &HostFacts) -> Choice {
     choose_with(config, || NodeFacts {
         lsm: facts.lsm,
@@ -62,8 +62,8 @@ pub fn launcher(config: &NodeConfig, facts: &HostFacts) -> Finding {
             finding(
                 Verdict::Ok,
                 format!(
-                    "direct: the shim starts each pod's QEMU itself{profile} ({}); a VM \
-                     image, or a CPU model libvirt expands, still starts through libvirt",
+                    "direct: the shim starts each pod's QEMU itself{profile}, a VM image's \
+                     too ({}); a CPU model libvirt expands still starts through libvirt",
                     choice.why
                 ),
             )

@@ -384,6 +384,7 @@ mod tests {
         let mut guest = image_guest(RootBus::Virtio, Firmware::Bios);
         if let GuestBoot::Image(image) = &mut guest {
             image.root_volume = Some(crate::vmm::vm_spec::RootVolume {
+                rdev: (7, 3),
                 device: "/dev/loop7".into(),
                 offset: 1 << 20,
                 size: 1 << 30,

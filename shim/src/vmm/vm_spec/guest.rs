@@ -75,6 +75,9 @@ pub struct ImageDisks {
 #[derive(Debug, Clone)]
 pub struct RootVolume {
     pub device: String,
+    /// The device's number (`major:minor`), as the pod's spec named it and the shim checked
+    /// the node against it: whoever opens `device` again checks it is still that device.
+    pub rdev: (u32, u32),
     pub offset: u64,
     pub size: u64,
 }
