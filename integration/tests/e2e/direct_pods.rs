@@ -140,6 +140,55 @@ fn qemu_sees_its_pod_and_a_few_devices(s: &Stack, id: &str, other: &str) {
     qemu_reaches_no_abstract_socket_of_the_node(qemu);
 }
 
+/// Attack: a pod's QEMU (its uid and gid, in its mount namespace) leaves a file nowhere,
+/// not in the node's world-writable `/tmp` or `/var/tmp` (where a file, set-user-ID too,
+/// would outlive the pod and be the next pod's of that uid), nor in its pod's directory or
+/// its `/dev`: every mount of its view is read-only. The same write as the same user from
+/// the node's view takes.
+fn qemu_writes_nowhere(qemu: u32, pod_dir: &Path) {
+    let (uid, gid) = (pod_uid(qemu).to_string(), status(qemu, "Gid"));
+    let gid = gid.split('\t').next().unwrap().to_owned();
+    let name = format!("vmlet-e2e-qemu-file-{}", std::process::id());
+    let write = |view: Option<u32>, dir: &Path| {
+        let mut command = match view {
+            Some(pid) => {
+                let mut nsenter = std::process::Command::new("nsenter");
+                nsenter
+                    .arg(format!("--target={pid}"))
+                    .args(["--mount", "--"]);
+                nsenter.arg("setpriv");
+                nsenter
+            }
+            None => std::process::Command::new("setpriv"),
+        };
+        command
+            .arg(format!("--reuid={uid}"))
+            .arg(format!("--regid={gid}"))
+            .args(["--clear-groups", "sh", "-c", "echo x > \"$1\"", "sh"])
+            .arg(dir.join(&name))
+            .output()
+            .expect("nsenter and setpriv (util-linux)")
+    };
+    for dir in [
+        Path::new("/tmp"),
+        Path::new("/var/tmp"),
+        pod_dir,
+        Path::new("/dev"),
+    ] {
+        let out = write(Some(qemu), dir);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains("Read-only file system"),
+            "pod's QEMU wrote in {}: {err}",
+            dir.display()
+        );
+        assert!(!dir.join(&name).exists(), "{}", dir.display());
+    }
+    let node_tmp = Path::new("/tmp").join(&name);
+    assert!(write(None, Path::new("/tmp")).status.success());
+    std::fs::remove_file(&node_tmp).unwrap();
+}
+
 /// Attack: an abstract Unix socket of the node's (a daemon's, which only its network
 /// namespace scopes) is out of the reach of a pod's QEMU: QEMU has a network namespace of its
 /// own. The same connect from the node's namespace gets through.
@@ -333,6 +382,7 @@ fn only_the_pods_own_qemu_reaches_its_sockets_or_logs_without_libvirt() {
         }
     }
     qemu_sees_its_pod_and_a_few_devices(&s, &id, &other);
+    qemu_writes_nowhere(pod_processes(&s, &id).qemu, &dir);
     s.kill_and_remove(&id).unwrap();
     s.kill_and_remove(&other).unwrap();
     assert_left_nothing(&s, &id);

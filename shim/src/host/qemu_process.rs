@@ -97,9 +97,7 @@ pub fn spawn(
             if !detach(&oom_score_adj) || !join_cgroups(&cgroups) {
                 return fail();
             }
-            if view.as_ref().is_some_and(|view| !view.enter()) {
-                return fail();
-            }
+            // The request is written before the view, which leaves `/proc` read-only.
             if let Some(request) = &apparmor {
                 // The first of the attribute files that opens takes the request.
                 let asked = apparmor_paths
@@ -108,6 +106,9 @@ pub fn spawn(
                 if asked != Some(true) {
                     return fail();
                 }
+            }
+            if view.as_ref().is_some_and(|view| !view.enter()) {
+                return fail();
             }
             if libc::getuid() == 0 && libc::setgroups(groups.len(), groups.as_ptr()) != 0 {
                 return fail();
