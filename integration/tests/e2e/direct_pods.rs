@@ -14,7 +14,7 @@
 //! agent, QEMU without capabilities or new privileges, under seccomp. These change the node's
 //! config, so the area runs alone.
 
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 use crate::agent_gate::{
@@ -138,6 +138,33 @@ fn qemu_sees_its_pod_and_a_few_devices(s: &Stack, id: &str, other: &str) {
     }
     assert!(std::fs::read_dir("/dev").unwrap().count() > devices.len());
     qemu_reaches_no_abstract_socket_of_the_node(qemu);
+}
+
+/// The agent's key never was a file: QEMU read it (`-fw_cfg`) from a pipe it inherited,
+/// the pod's uid's alone (0400), through `/proc/self/fd`; the pod's directory holds no key.
+fn qemu_read_its_key_from_a_pipe(qemu: u32, pod_dir: &Path) {
+    let cmdline = std::fs::read(format!("/proc/{qemu}/cmdline")).unwrap();
+    let args: Vec<String> = cmdline
+        .split(|b| *b == 0)
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect();
+    let key = args
+        .iter()
+        .find(|a| a.starts_with("name=opt/") && a.contains(",file="))
+        .unwrap_or_else(|| panic!("no fw_cfg file in {args:?}"));
+    let fd = key
+        .split_once(",file=/proc/self/fd/")
+        .unwrap_or_else(|| panic!("the key is not read from a descriptor: {key}"))
+        .1;
+    let pipe = std::fs::metadata(format!("/proc/{qemu}/fd/{fd}")).unwrap();
+    assert!(pipe.file_type().is_fifo(), "{key}: not a pipe");
+    assert_eq!(
+        (pipe.uid(), pipe.mode() & 0o777),
+        (pod_uid(qemu), 0o400),
+        "the key's pipe"
+    );
+    assert!(!pod_dir.join("agent.key").exists());
+    assert!(!args.iter().any(|a| a.contains("agent.key")), "{args:?}");
 }
 
 /// Attack: a pod's QEMU (its uid and gid, in its mount namespace) leaves a file nowhere,
@@ -383,6 +410,7 @@ fn only_the_pods_own_qemu_reaches_its_sockets_or_logs_without_libvirt() {
     }
     qemu_sees_its_pod_and_a_few_devices(&s, &id, &other);
     qemu_writes_nowhere(pod_processes(&s, &id).qemu, &dir);
+    qemu_read_its_key_from_a_pipe(pod_processes(&s, &id).qemu, &dir);
     s.kill_and_remove(&id).unwrap();
     s.kill_and_remove(&other).unwrap();
     assert_left_nothing(&s, &id);

@@ -120,6 +120,28 @@ pub async fn output_fed(
     deadline: Duration,
     max_stdout: usize,
 ) -> io::Result<ToolOutput> {
+    output_as(program, args, input, deadline, max_stdout, None).await
+}
+
+/// Who a tool runs as and what it sees of the node: a pod's own user (not root), in the
+/// pod's cgroup, in a view of the node's files of its own.
+#[derive(Debug)]
+pub struct ToolConfinement {
+    pub uid: u32,
+    pub gid: u32,
+    /// `cgroup.procs` of each hierarchy of the pod's cgroup, opened for writing.
+    pub cgroup_procs: Vec<std::fs::File>,
+    pub view: crate::host::qemu_view::MountView,
+}
+
+async fn output_as(
+    program: &str,
+    args: &[&std::ffi::OsStr],
+    input: Vec<u8>,
+    deadline: Duration,
+    max_stdout: usize,
+    confinement: Option<ToolConfinement>,
+) -> io::Result<ToolOutput> {
     let (out_r, out_w) = pipe()?;
     let (err_r, err_w) = pipe()?;
     let mut command = Command::new(program);
@@ -137,6 +159,9 @@ pub async fn output_fed(
         })
         .stdout(Stdio::from(out_w))
         .stderr(Stdio::from(err_w));
+    if let Some(confinement) = confinement {
+        confine(&mut command, confinement)?;
+    }
     let stdout = tokio::spawn(read_head(out_r, max_stdout));
     let stderr = tokio::spawn(read_tail(err_r, ERROR_TAIL));
     let finished = match spawn_and_wait(command, input, deadline).await {
@@ -165,6 +190,56 @@ pub async fn output_fed(
     })
 }
 
+/// Makes `command`'s child, between its fork and its exec, join the cgroups, enter the view
+/// and become the user of `confinement`, with no other groups and no descriptor but its
+/// stdio.
+fn confine(command: &mut Command, confinement: ToolConfinement) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::process::CommandExt;
+    let ToolConfinement {
+        uid,
+        gid,
+        cgroup_procs,
+        view,
+    } = confinement;
+    if uid == 0 || gid == 0 {
+        return Err(io::Error::other("a confined tool runs as root"));
+    }
+    let cgroups: Vec<std::os::fd::RawFd> = cgroup_procs.iter().map(AsRawFd::as_raw_fd).collect();
+    // SAFETY: the closure makes only async-signal-safe system calls on data made before
+    // the fork, and allocates nothing. The cgroup files stay open in it until the exec.
+    unsafe {
+        command.pre_exec(move || {
+            let _open = &cgroup_procs;
+            let ok = crate::host::qemu_process::join_cgroups(&cgroups)
+                && view.enter()
+                && libc::setgroups(0, std::ptr::null()) == 0
+                && libc::setgid(gid) == 0
+                && libc::setuid(uid) == 0
+                && crate::host::qemu_process::close_all_but(&[]);
+            match ok {
+                true => Ok(()),
+                false => Err(io::Error::last_os_error()),
+            }
+        });
+    }
+    Ok(())
+}
+
+/// [`run_tool`] as a pod's user, confined ([`ToolConfinement`]).
+pub async fn run_confined_tool(
+    program: &str,
+    args: &[&std::ffi::OsStr],
+    deadline: Duration,
+    what: &str,
+    confinement: ToolConfinement,
+) -> Result<(), crate::Error> {
+    let out = output_as(program, args, Vec::new(), deadline, 4096, Some(confinement))
+        .await
+        .map_err(|e| crate::Error::io(format!("run {program} ({what})"), e))?;
+    tool_result(program, what, deadline, out)
+}
+
 /// Runs a tool with [`output`] and turns anything but exit status 0 into an error that
 /// names `what` with the end of its stderr (INTERNAL), or the deadline (DEADLINE_EXCEEDED).
 pub async fn run_tool(
@@ -187,6 +262,16 @@ pub async fn run_tool_fed(
     let out = output_fed(program, args, input, deadline, 4096)
         .await
         .map_err(|e| crate::Error::io(format!("run {program} ({what})"), e))?;
+    tool_result(program, what, deadline, out)
+}
+
+/// Exit status 0 as `Ok`, anything else as an error that names `what`.
+fn tool_result(
+    program: &str,
+    what: &str,
+    deadline: Duration,
+    out: ToolOutput,
+) -> Result<(), crate::Error> {
     match out.finished {
         Finished::Exited(0) => Ok(()),
         Finished::Exited(code) => Err(crate::Error::Internal(format!(
@@ -281,6 +366,51 @@ mod tests {
         .unwrap();
         assert_eq!(out.finished, Finished::TimedOut);
         assert!(start.elapsed() < Duration::from_secs(5));
+    }
+
+    /// A confined tool runs as its user, writes nowhere, and finds in its `/dev` the block
+    /// node it was given, its user's.
+    #[tokio::test]
+    async fn a_confined_tool_is_its_user_in_a_read_only_view_with_its_node() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: a view is made by root");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let (state, pod) = (dir.path().join("state"), dir.path().join("state/p"));
+        std::fs::create_dir_all(&pod).unwrap();
+        let confined = |script: &str| {
+            let view = crate::host::qemu_view::MountView::new(&state, &pod, false)
+                .unwrap()
+                .with_block_device("vmlet-t", libc::makedev(7, 200), 65534)
+                .unwrap();
+            let script = script.to_owned();
+            async move {
+                run_confined_tool(
+                    "sh",
+                    &args(&["-c", &script]),
+                    Duration::from_secs(10),
+                    "check",
+                    ToolConfinement {
+                        uid: 65534,
+                        gid: 65534,
+                        cgroup_procs: Vec::new(),
+                        view,
+                    },
+                )
+                .await
+            }
+        };
+        confined(
+            r#"test "$(id -u):$(id -g):$(id -G)" = 65534:65534:65534 &&
+               ! touch /tmp/vmlet-confined-tool 2>/dev/null &&
+               test "$(stat -c '%u %a %F %t:%T' /dev/vmlet-t)" = "65534 600 block special file 7:c8""#,
+        )
+        .await
+        .unwrap();
+        let err = confined("echo refused >&2; exit 3").await.unwrap_err();
+        assert!(err.message().contains("status 3: refused"), "{err}");
+        assert!(!std::path::Path::new("/tmp/vmlet-confined-tool").exists());
     }
 
     #[tokio::test]

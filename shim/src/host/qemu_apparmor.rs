@@ -3,11 +3,11 @@
 //! one ([`crate::vmm::pod_apparmor`]), but needing nothing of libvirt's. It holds AppArmor's
 //! base abstraction, what QEMU reads of the node (its firmware and option ROMs, a few
 //! figures of `/proc` and `/sys`, `/dev/kvm` where the VM has KVM) and the files of this pod
-//! that QEMU opens by their path: the guest's kernel and initrd, the agent's key, the vsock
-//! backend's socket; a VM image's console and guest agent sockets; vmlet's QMP socket
-//! ([`pod_files`]). What QEMU inherits or receives over QMP (the console file, its log, the
-//! taps, the virtiofsd connection, a VM image's disks and flash, block volumes, a template's
-//! state) the shim opened, unconfined: AppArmor lets such descriptors through
+//! that QEMU opens by their path: the guest's kernel and initrd, the vsock backend's socket; a
+//! VM image's console and guest agent sockets; vmlet's QMP socket ([`pod_files`]). What QEMU
+//! inherits or receives over QMP (the console file, its log, the taps, the virtiofsd
+//! connection, the agent key's pipe, a VM image's disks and flash, block volumes, a
+//! template's state) the shim opened, unconfined: AppArmor lets such descriptors through
 //! (it revalidates only what a confined process opened), so the profile names none of them.
 //!
 //! The shim loads the profile as `vmlet-qemu-POD` (`apparmor_parser --replace`, the text on
@@ -80,9 +80,11 @@ pub fn profile_name(pod_id: &str) -> Result<String, Error> {
 }
 
 /// What of the pod's own QEMU opens by path (vmlet's guest: its kernel and initrd, the
-/// agent's key, the vsock backend's socket; a VM image: the sockets of its serial console
-/// and guest agent port; vmlet's QMP socket). Everything else (the console file, the taps,
-/// the virtiofsd connection, a VM image's disks and flash) it inherits from the shim.
+/// vsock backend's socket; a VM image: the sockets of its serial console and guest agent
+/// port; vmlet's QMP socket). Everything else (the console file, the taps, the virtiofsd
+/// connection, a VM image's disks and flash) it inherits from the shim; the agent's key is
+/// a pipe it inherits and reopens through `/proc/self/fd`, which AppArmor does not mediate
+/// (pipes are not files of a path).
 pub fn pod_files(spec: &VmSpec) -> Vec<PodFile> {
     let file = |path: &str, access| PodFile {
         path: path.to_owned(),
@@ -93,7 +95,6 @@ pub fn pod_files(spec: &VmSpec) -> Vec<PodFile> {
         GuestBoot::Agent(agent) => {
             files.push(file(&agent.kernel, Access::Read));
             files.push(file(&agent.initrd, Access::Read));
-            files.push(file(&agent.key_file, Access::Read));
             if let VsockDevice::VhostUser { socket } = &agent.vsock {
                 files.push(file(socket, Access::ReadWrite));
             }
@@ -362,7 +363,6 @@ mod tests {
             [
                 "/img/vmlinuz",
                 "/img/initrd.img",
-                "/run/vmlet/t1/agent.key",
                 "/run/vmlet/t1/vhost-vsock.sock",
                 "/run/vmlet/t1/qmp.sock"
             ]
@@ -382,7 +382,7 @@ mod tests {
             "profile vmlet-qemu-t1 flags=(attach_disconnected) {\n",
             "  #include <abstractions/base>\n",
             "  \"/usr/bin/qemu-system-x86_64\" rm,\n",
-            "  \"/run/vmlet/t1/agent.key\" r,\n",
+            "  \"/img/initrd.img\" r,\n",
             "  \"/run/vmlet/t1/qmp.sock\" rw,\n",
         ] {
             assert!(text.contains(line), "{line:?} in {text}");

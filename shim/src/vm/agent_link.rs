@@ -1,8 +1,9 @@
-//! The agent: its key (made for each VM, given to QEMU in a file it reads as it starts),
-//! its endpoint (the vhost-user socket, or the CID libvirt gave the guest), the first
+//! The agent: its key (made for each VM, given to QEMU in a pipe or a file it reads as it
+//! starts), its endpoint (the vhost-user socket, or the CID libvirt gave the guest), the first
 //! connection (waiting for the guest's console to show the agent listening, and
 //! giving up at once when QEMU ends first), and the pod network configured in the guest.
 
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -21,17 +22,60 @@ use crate::vmm::VmManager;
 use crate::Error;
 use vmlet_protocol::auth::AgentKey;
 
-/// Makes the VM's agent key and the file QEMU reads it from (`-fw_cfg`, see
-/// [`vmlet_protocol::auth`]): created new, not following a link, readable by the pod's
-/// user only. [`KeyFile::given`] removes the file once QEMU has read it; a boot that fails
-/// before drops it, which removes it too.
+/// Makes the VM's agent key and gives it to QEMU, which reads it as it starts (`-fw_cfg`,
+/// see [`vmlet_protocol::auth`]):
+/// - QEMU the shim starts (`direct`) inherits the read end of a pipe that holds the key, its
+///   write end closed, the pod's user's, and reads it through `/proc/self/fd/N`: the key is
+///   never a file;
+/// - libvirt's QEMU, which inherits nothing of the shim's, reads a file made new in the
+///   pod's directory, not following a link, readable by the pod's user only, removed once
+///   QEMU has read it ([`GivenKey::into_parts`]); a boot that fails before drops it, which
+///   removes it too.
 pub(super) fn give_key(
     user: &crate::host::pod_user::PodUser,
     paths: &PodPaths,
-) -> Result<(AgentKey, KeyFile), Error> {
+    direct: bool,
+) -> Result<(AgentKey, GivenKey), Error> {
+    let key = crate::guest::vsock::new_agent_key()?;
+    let given = match direct {
+        true => GivenKey::Pipe(key_pipe(user, &key)?),
+        false => GivenKey::File(key_file(user, paths, &key)?),
+    };
+    Ok((key, given))
+}
+
+fn key_pipe(user: &crate::host::pod_user::PodUser, key: &AgentKey) -> Result<OwnedFd, Error> {
+    let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+        .map_err(|e| Error::io("make the agent key's pipe", e.into()))?;
+    // A pipe holds far more than a key: the write does not block.
+    nix::unistd::write(&write, key.as_bytes())
+        .map_err(|e| Error::io("write the agent key's pipe", e.into()))
+        .and_then(|n| match n == key.as_bytes().len() {
+            true => Ok(()),
+            false => Err(Error::Internal(
+                "the agent key's pipe took part of it".into(),
+            )),
+        })?;
+    drop(write);
+    // Reopened through /proc, the pipe is checked as a file: the pod's user's, 0400.
+    nix::sys::stat::fchmod(&read, nix::sys::stat::Mode::S_IRUSR)
+        .map_err(|e| Error::io("chmod the agent key's pipe", e.into()))?;
+    nix::unistd::fchown(
+        &read,
+        Some(nix::unistd::Uid::from_raw(user.uid)),
+        Some(nix::unistd::Gid::from_raw(0)),
+    )
+    .map_err(|e| Error::io("chown the agent key's pipe", e.into()))?;
+    Ok(read)
+}
+
+fn key_file(
+    user: &crate::host::pod_user::PodUser,
+    paths: &PodPaths,
+    key: &AgentKey,
+) -> Result<KeyFile, Error> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
-    let key = crate::guest::vsock::new_agent_key()?;
     let path = &paths.agent_key;
     let mut file = std::fs::OpenOptions::new()
         .write(true)
@@ -47,7 +91,33 @@ pub(super) fn give_key(
     file.write_all(key.as_bytes())
         .map_err(|e| Error::io(format!("write {}", path.display()), e))?;
     user.give_file(&file, path)?;
-    Ok((key, guard))
+    Ok(guard)
+}
+
+/// Where QEMU reads the agent's key ([`give_key`]).
+pub(super) enum GivenKey {
+    /// The read end of the key's pipe, which the shim's QEMU inherits.
+    Pipe(OwnedFd),
+    /// The key's file, for libvirt's QEMU.
+    File(KeyFile),
+}
+
+impl GivenKey {
+    /// The path QEMU reads the key from.
+    pub(super) fn qemu_path(&self) -> String {
+        match self {
+            GivenKey::Pipe(fd) => format!("/proc/self/fd/{}", fd.as_raw_fd()),
+            GivenKey::File(file) => file.path.to_string_lossy().into_owned(),
+        }
+    }
+
+    /// The pipe QEMU inherits, and the file to remove once QEMU has started.
+    pub(super) fn into_parts(self) -> (Option<OwnedFd>, Option<KeyFile>) {
+        match self {
+            GivenKey::Pipe(fd) => (Some(fd), None),
+            GivenKey::File(file) => (None, Some(file)),
+        }
+    }
 }
 
 /// The key's file in the pod's directory, removed when dropped.
@@ -245,6 +315,44 @@ pub async fn connect_agent(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The shim's QEMU reads the key from a pipe it inherits, the pod user's, 0400, through
+    /// `/proc/self/fd`, and no file is made; libvirt's reads a file of the pod's directory,
+    /// removed once given.
+    #[test]
+    fn the_key_reaches_the_shims_qemu_in_a_pipe_and_libvirts_in_a_file_it_loses() {
+        use std::os::unix::fs::{FileTypeExt, MetadataExt};
+        let dir = tempfile::tempdir().unwrap();
+        let paths = PodPaths::new(dir.path(), "p");
+        std::fs::create_dir_all(&paths.dir).unwrap();
+        let user = crate::host::pod_user::PodUser {
+            uid: 4242,
+            gid: 0,
+            groups: Vec::new(),
+        };
+        let (key, given) = give_key(&user, &paths, true).unwrap();
+        let path = given.qemu_path();
+        let (pipe, file) = given.into_parts();
+        assert!(file.is_none());
+        let pipe = pipe.unwrap();
+        assert_eq!(path, format!("/proc/self/fd/{}", pipe.as_raw_fd()));
+        let meta = std::fs::metadata(&path).unwrap();
+        assert!(meta.file_type().is_fifo());
+        assert_eq!((meta.uid(), meta.mode() & 0o777), (4242, 0o400));
+        // Root reads what QEMU will: the key, then the end.
+        assert_eq!(std::fs::read(&path).unwrap(), key.as_bytes());
+        assert!(!paths.agent_key.exists());
+
+        let (key, given) = give_key(&user, &paths, false).unwrap();
+        assert_eq!(given.qemu_path(), paths.agent_key.to_string_lossy());
+        let meta = std::fs::metadata(&paths.agent_key).unwrap();
+        assert_eq!((meta.uid(), meta.mode() & 0o777), (4242, 0o400));
+        assert_eq!(std::fs::read(&paths.agent_key).unwrap(), key.as_bytes());
+        let (pipe, file) = given.into_parts();
+        assert!(pipe.is_none());
+        file.unwrap().given().unwrap();
+        assert!(!paths.agent_key.exists());
+    }
 
     /// vhost-device-vsock that accepts CONNECT and never answers (as seen while a guest
     /// boots): the agent connection must give up in time instead of hanging.

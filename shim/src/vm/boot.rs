@@ -48,17 +48,23 @@ pub(super) async fn run(
     let (netns, mut net) = host_process_and_network(req, paths, rec, phases, &user).await?;
     let vsock = vsock_backend::start(config, paths, rec, &user).await?;
     phases.mark("vsock_backend");
-    let (key, key_file) = agent_link::give_key(&user, paths)?;
-    let guest = launch::agent_guest(config, req, paths, &vsock);
+    let direct = launch::starts_direct(config, req);
+    let (key, given_key) = agent_link::give_key(&user, paths, direct)?;
+    let guest = launch::agent_guest(config, req, paths, &vsock, given_key.qemu_path());
+    let (key_pipe, key_file) = given_key.into_parts();
     let taps = net.taps.take();
     let devices = launch::Devices {
         kvm: false,
+        direct,
         guest,
         taps,
         user,
+        key_pipe,
     };
     let mut launched = launch_domain(config, &vmm, req, paths, rec, phases, devices).await?;
-    key_file.given()?;
+    if let Some(file) = key_file {
+        file.given()?;
+    }
     let mut template = None;
     if let Some(start) = launched.template.take() {
         template = start
@@ -182,9 +188,10 @@ pub(super) async fn run_image(
         .map(crate::devices::block_devices::open_host)
         .collect::<Result<Vec<_>, _>>()?;
     let user = super::pod_user(config, req, rec).await?;
+    let direct = launch::starts_direct(config, req);
     let for_qemu = QemuFiles {
         user: &user,
-        by_path: !launch::starts_direct(&crate::vmm::launcher_choice::choose(config), req),
+        by_path: !direct,
     };
     host_setup::prepare(config, req, paths, rec)?;
     phases.mark("host_setup");
@@ -217,7 +224,16 @@ pub(super) async fn run_image(
             None,
         ),
         RootDisk::Volume(volume) => {
-            let root = crate::vm_mode::persistent_root::prepare(volume, &disk).await?;
+            let copy_as = crate::host::host_command::ToolConfinement {
+                uid: user.uid,
+                gid: user.gid,
+                cgroup_procs: match &req.cgroup {
+                    Some(cgroup) => cgroup.procs_files()?,
+                    None => Vec::new(),
+                },
+                view: crate::host::qemu_view::MountView::new(&config.state_dir, &paths.dir, false)?,
+            };
+            let root = crate::vm_mode::persistent_root::prepare(volume, &disk, copy_as).await?;
             if root.copied {
                 log::info!(
                     "pod {}: the image's disk copied onto its root volume {}",
@@ -283,9 +299,11 @@ pub(super) async fn run_image(
     });
     let devices = launch::Devices {
         kvm: false,
+        direct,
         guest,
         taps: net.taps.take(),
         user,
+        key_pipe: None,
     };
     let launched = launch_domain(config, &vmm, req, paths, rec, phases, devices).await?;
     if !image.disks.is_empty() {

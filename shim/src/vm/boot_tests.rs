@@ -227,7 +227,13 @@ fn the_guest_boots_the_nodes_kernel_with_the_share_and_the_pods_parameters() {
     let config = config(dir.path());
     let paths = PodPaths::new(&config.state_dir, "p");
     let mut req = request("p");
-    let plain = match launch::agent_guest(&config, &req, &paths, &VsockDevice::Vhost) {
+    let plain = match launch::agent_guest(
+        &config,
+        &req,
+        &paths,
+        &VsockDevice::Vhost,
+        paths.agent_key.to_string_lossy().into_owned(),
+    ) {
         crate::vmm::vm_spec::GuestBoot::Agent(guest) => guest,
         other => panic!("not vmlet's guest: {other:?}"),
     };
@@ -240,7 +246,13 @@ fn the_guest_boots_the_nodes_kernel_with_the_share_and_the_pods_parameters() {
     assert_eq!(plain.share_socket, paths.share_socket.to_string_lossy());
     assert_eq!(plain.key_file, paths.agent_key.to_string_lossy());
     req.options.kernel_params = "loglevel=7".into();
-    let tuned = match launch::agent_guest(&config, &req, &paths, &VsockDevice::Vhost) {
+    let tuned = match launch::agent_guest(
+        &config,
+        &req,
+        &paths,
+        &VsockDevice::Vhost,
+        paths.agent_key.to_string_lossy().into_owned(),
+    ) {
         crate::vmm::vm_spec::GuestBoot::Agent(guest) => guest,
         other => panic!("not vmlet's guest: {other:?}"),
     };
@@ -252,6 +264,7 @@ fn devices(paths: &PodPaths) -> launch::Devices {
     let path = |p: &Path| p.to_string_lossy().into_owned();
     launch::Devices {
         kvm: false,
+        direct: false,
         guest: crate::vmm::vm_spec::GuestBoot::Agent(crate::vmm::vm_spec::AgentBoot {
             kernel: "/boot/vmlinuz".into(),
             initrd: "/boot/initrd".into(),
@@ -265,6 +278,7 @@ fn devices(paths: &PodPaths) -> launch::Devices {
         }),
         taps: None,
         user: crate::host::pod_user::PodUser::shared(&config(Path::new("/nonexistent"))).unwrap(),
+        key_pipe: None,
     }
 }
 

@@ -2,7 +2,7 @@
 //! pod's virtiofsd ([`super::pod_virtiofsd`]; a VM image has one for its volumes only), then
 //! QEMU with vmlet's own command line ([`crate::vmm::qemu_command`]) as the pod's own user,
 //! in the pod's cgroup ([`crate::host::qemu_process`]), its console file, taps, connection
-//! to virtiofsd (which the shim made) and a VM image's disks and flash
+//! to virtiofsd (which the shim made), the agent key's pipe and a VM image's disks and flash
 //! ([`super::direct_image`]) handed over as descriptors.
 //! Each is recorded in the journal as soon as it runs (`Made::Process`, `Made::Qemu`); the
 //! returned handle kills QEMU if it is dropped before the pod's teardown.
@@ -33,7 +33,8 @@ use crate::vmm::vm_spec::{ConsoleTarget, GuestBoot, VmSpec};
 use crate::Error;
 
 /// Starts the pod's virtiofsd and then QEMU for `spec`, QEMU on `tap_fds` (the NICs'
-/// taps in `spec`'s order).
+/// taps in `spec`'s order) and `key_pipe` (the pipe vmlet's guest's key is read from,
+/// `spec`'s `key_file`).
 pub(super) async fn start(
     config: &NodeConfig,
     req: &BootRequest,
@@ -41,6 +42,7 @@ pub(super) async fn start(
     rec: &Recorder<'_>,
     spec: &VmSpec,
     tap_fds: Vec<OwnedFd>,
+    key_pipe: Option<OwnedFd>,
 ) -> Result<QemuProcess, Error> {
     let apparmor_profile = match qemu_apparmor::node_lsm() {
         NodeLsm::SelinuxEnforcing => {
@@ -97,6 +99,7 @@ pub(super) async fn start(
     inherit.extend(console.map(OwnedFd::from));
     inherit.extend(share);
     inherit.extend(tap_fds);
+    inherit.extend(key_pipe);
     let qemu = qemu_process::spawn(
         Path::new(&spec.qemu),
         &args,

@@ -41,21 +41,26 @@ const QEMU_ENDS: Duration = Duration::from_secs(2);
 /// What the earlier steps give the domain.
 pub(super) struct Devices {
     pub kvm: bool,
+    /// The shim starts QEMU itself ([`starts_direct`]); otherwise libvirt does.
+    pub direct: bool,
     /// What the VM runs ([`agent_guest`] for vmlet's guest).
     pub guest: GuestBoot,
     /// The pod's taps (none: no NIC).
     pub taps: Option<PendingTaps>,
     /// The pod's own user, which its QEMU runs as.
     pub user: PodUser,
+    /// The pipe vmlet's guest's QEMU reads the agent's key from (the shim's QEMU only).
+    pub key_pipe: Option<OwnedFd>,
 }
 
 /// vmlet's guest: the node's kernel and initrd with the pod's kernel parameters, the
-/// share over virtio-fs, the agent over `vsock`, its key in fw_cfg.
+/// share over virtio-fs, the agent over `vsock`, its key in fw_cfg (read from `key_file`).
 pub(super) fn agent_guest(
     config: &NodeConfig,
     req: &BootRequest,
     paths: &PodPaths,
     vsock: &VsockDevice,
+    key_file: String,
 ) -> GuestBoot {
     GuestBoot::Agent(AgentBoot {
         kernel: resolved(&config.guest.kernel),
@@ -66,7 +71,7 @@ pub(super) fn agent_guest(
         share_socket: paths.share_socket.to_string_lossy().into_owned(),
         share_tag: SHARE_TAG.into(),
         vsock: vsock.clone(),
-        key_file: paths.agent_key.to_string_lossy().into_owned(),
+        key_file,
     })
 }
 
@@ -108,7 +113,7 @@ pub(super) async fn start(
     req: &BootRequest,
     paths: &PodPaths,
     rec: &Recorder<'_>,
-    devices: Devices,
+    mut devices: Devices,
 ) -> Result<Launched, Error> {
     let (pod_id, shape) = (req.pod_id.as_str(), req.shape);
     // vmlet's QMP monitor connects here when QEMU starts.
@@ -130,17 +135,16 @@ pub(super) async fn start(
         None => ConsoleTarget::File(paths.console.to_string_lossy().into_owned()),
     };
     let name = domain_name(pod_id);
-    let kvm = devices.kvm;
+    let (kvm, direct) = (devices.kvm, devices.direct);
+    let key_pipe = devices.key_pipe.take();
     let (mut spec, taps) = vm_spec(config, req, paths, &name, devices, console);
-    let launcher = launcher_choice::choose(config);
-    let direct = starts_direct(&launcher, req);
     match crate::vmm::qemu_command::libvirt_only(&spec) {
         Some(why) if direct => {
             return Err(Error::Internal(format!(
                 "pod {pod_id}: chosen to start without libvirt, but {why}"
             )))
         }
-        Some(why) if launcher.direct => {
+        Some(why) if launcher_choice::choose(config).direct => {
             log::info!("pod {pod_id}: starts through libvirt: {why}");
         }
         _ => log::info!(
@@ -193,7 +197,7 @@ pub(super) async fn start(
     );
     let started = Instant::now();
     let qemu = if direct {
-        Some(super::direct_start::start(config, req, paths, rec, &spec, tap_fds).await?)
+        Some(super::direct_start::start(config, req, paths, rec, &spec, tap_fds, key_pipe).await?)
     } else {
         if let Some(share) = spec.guest.share() {
             let cgroup_procs = match &req.cgroup {
@@ -300,9 +304,9 @@ pub(super) async fn start(
 /// ([`crate::vmm::qemu_command::libvirt_only`] says why, from the VM's description): a CPU
 /// model libvirt expands. (vsock is vhost-user's under that launcher: the config refuses the
 /// kernel's, and `auto` chooses libvirt for it.) VM images and vmlet's guest alike.
-pub(super) fn starts_direct(launcher: &launcher_choice::Choice, req: &BootRequest) -> bool {
+pub(super) fn starts_direct(config: &NodeConfig, req: &BootRequest) -> bool {
     use vmlet_config::CpuModel;
-    launcher.direct
+    launcher_choice::choose(config).direct
         && !matches!(
             req.options.cpu_model,
             Some(CpuModel::HostModel | CpuModel::Libvirt(_))

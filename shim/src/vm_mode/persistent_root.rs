@@ -10,6 +10,12 @@
 //! The guest sees the volume from the MiB on as a raw disk: nothing on it is ever read as a
 //! format (a qcow2 header the pod's user wrote there names no host file), and the guest
 //! cannot reach the header. The image's own disk is only read.
+//!
+//! `qemu-img`, which parses the image (the pod author's bytes), runs as the pod's own user
+//! in the pod's cgroup, in a view of the node's files of its own
+//! ([`crate::host::qemu_view`]): the pod's directory (where the image's disk is bound) and,
+//! in a `/dev` of its own, a node of the volume alone, the pod user's; every mount read-only.
+//! It opens no other disk of the node, and nothing of another pod.
 
 use std::ffi::OsStr;
 use std::fs::File;
@@ -19,7 +25,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::devices::block_devices::BlockDevice;
-use crate::host::host_command;
+use crate::host::host_command::{self, ToolConfinement};
 use crate::vm_mode::vm_disk::DiskImage;
 use crate::Error;
 
@@ -32,6 +38,8 @@ const COPY_DEADLINE: Duration = Duration::from_secs(600);
 /// How long reading or writing the header (and the device's size) may take.
 const DEVICE_DEADLINE: Duration = Duration::from_secs(30);
 const SECTOR: u64 = 512;
+/// The volume's node in `qemu-img`'s view (its `/dev`).
+const VOLUME_NODE: &str = "vmlet-root-volume";
 
 /// The volume, ready to boot.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,11 +52,19 @@ pub struct Prepared {
     pub copied: bool,
 }
 
-/// Makes `volume` a root for `disk`: copies the image unless the volume says it holds one.
-pub async fn prepare(volume: &BlockDevice, disk: &DiskImage) -> Result<Prepared, Error> {
+/// Makes `volume` a root for `disk`: copies the image unless the volume says it holds one,
+/// `qemu-img` confined by `copy_as` (whose view gets the volume's node).
+pub async fn prepare(
+    volume: &BlockDevice,
+    disk: &DiskImage,
+    copy_as: ToolConfinement,
+) -> Result<Prepared, Error> {
     let (device, fd) = crate::devices::block_devices::open_host_node(volume)?;
     let what = format!("the root volume {} ({})", volume.path, device.display());
     let file = File::from(fd);
+    let rdev = nix::sys::stat::fstat(&file)
+        .map_err(|e| Error::io(format!("stat {what}"), e.into()))?
+        .st_rdev;
     // Whole sectors: QEMU's raw driver takes no other size.
     let image = disk.virtual_size.div_ceil(SECTOR) * SECTOR;
     let (file, end, has_header) = on_device(&what, move || {
@@ -72,7 +88,13 @@ pub async fn prepare(volume: &BlockDevice, disk: &DiskImage) -> Result<Prepared,
     if size < image {
         return Err(too_small(&what, end, image));
     }
-    copy(disk, image, &device, &what).await?;
+    let copy_as = ToolConfinement {
+        view: copy_as
+            .view
+            .with_block_device(VOLUME_NODE, rdev, copy_as.uid)?,
+        ..copy_as
+    };
+    copy(disk, image, &what, copy_as).await?;
     on_device(&what, move || {
         file.write_all_at(HEADER, 0)?;
         file.sync_all()
@@ -108,17 +130,16 @@ fn too_small(what: &str, end: u64, image: u64) -> Error {
     ))
 }
 
-/// The image's disk, as the guest sees it, onto `device` from [`OFFSET`] on.
+/// The image's disk, as the guest sees it, onto the volume (`/dev/VOLUME_NODE` in
+/// `copy_as`'s view) from [`OFFSET`] on.
 async fn copy(
     disk: &DiskImage,
     size: u64,
-    device: &std::path::Path,
     what: &str,
+    copy_as: ToolConfinement,
 ) -> Result<(), Error> {
-    // QEMU's option syntax: a comma in a value is doubled.
     let target = format!(
-        "driver=raw,offset={OFFSET},size={size},file.driver=host_device,file.filename={}",
-        device.to_string_lossy().replace(',', ",,")
+        "driver=raw,offset={OFFSET},size={size},file.driver=host_device,file.filename=/dev/{VOLUME_NODE}"
     );
     let args: Vec<&OsStr> = vec![
         OsStr::new("convert"),
@@ -130,11 +151,12 @@ async fn copy(
         OsStr::new("--target-image-opts"),
         OsStr::new(&target),
     ];
-    host_command::run_tool(
+    host_command::run_confined_tool(
         "qemu-img",
         &args,
         COPY_DEADLINE,
         &format!("copy the image onto {what}"),
+        copy_as,
     )
     .await
 }
