@@ -18,7 +18,8 @@
 //!   vsock backend;
 //! - [`templates`]: saved template VMs, one per VM shape, within the node's limits;
 //! - [`pod_record`]: what an operator knows a pod by (`vmletctl ps`); [`pod_user`]: the
-//!   pod's own uid, which its QEMU runs as.
+//!   pod's own uid, which its QEMU runs as;
+//! - [`unix_accept`]: accepting on a socket the shim keeps serving, past an error.
 
 pub(crate) mod cgroup_stats;
 pub(crate) mod fd_mount;
@@ -41,5 +42,6 @@ pub mod state;
 pub mod taps;
 pub mod templates;
 pub mod undo;
+pub(crate) mod unix_accept;
 pub mod vhost_device_vsock;
 pub(crate) mod virtiofsd;

@@ -65,9 +65,7 @@ pub fn serve(
         };
         let mut fds = Some(fds);
         while let Some(held) = fds.take() {
-            let Ok((stream, _)) = listener.accept().await else {
-                return;
-            };
+            let stream = crate::host::unix_accept::next(&listener, "tap socket").await;
             match stream.peer_cred() {
                 Ok(cred) if cred.uid() == peer_uid => {}
                 other => {

@@ -134,7 +134,8 @@ impl PodMeter {
         let meter = Arc::downgrade(self);
         let answering = Arc::new(tokio::sync::Semaphore::new(MAX_ANSWERS));
         let server = tokio::spawn(async move {
-            while let Ok((mut stream, _)) = listener.accept().await {
+            loop {
+                let mut stream = crate::host::unix_accept::next(&listener, "pod figures").await;
                 let Some(meter) = meter.upgrade() else { return };
                 // Beyond the bound a connection is closed unanswered.
                 let Ok(permit) = Arc::clone(&answering).try_acquire_owned() else {

@@ -89,7 +89,8 @@ impl SerialConsole {
         let server = tokio::spawn(async move {
             // The sessions end with the server (dropped with the console).
             let mut sessions = tokio::task::JoinSet::new();
-            while let Ok((mut stream, _)) = listener.accept().await {
+            loop {
+                let mut stream = crate::host::unix_accept::next(&listener, "console input").await;
                 while sessions.try_join_next().is_some() {}
                 match stream.peer_cred() {
                     Ok(cred) if cred.uid() == 0 => {}
