@@ -55,15 +55,6 @@ struct OpenHow {
     resolve: u64,
 }
 
-/// `struct mount_attr` of `mount_setattr(2)`.
-#[repr(C)]
-struct MountAttr {
-    attr_set: u64,
-    attr_clr: u64,
-    propagation: u64,
-    userns_fd: u64,
-}
-
 fn c_path(path: &Path) -> io::Result<CString> {
     CString::new(path.as_os_str().as_bytes())
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path with a NUL byte"))
@@ -248,7 +239,7 @@ pub fn set_propagation(mount: BorrowedFd, propagation: Propagation) -> io::Resul
 
 fn setattr(mount: BorrowedFd, set: u64, propagation: Option<Propagation>) -> io::Result<()> {
     let empty = c_path(Path::new(""))?;
-    let attr = MountAttr {
+    let attr = libc::mount_attr {
         attr_set: set,
         attr_clr: 0,
         propagation: propagation.map_or(0, Propagation::flag),
@@ -262,8 +253,8 @@ fn setattr(mount: BorrowedFd, set: u64, propagation: Option<Propagation>) -> io:
             mount.as_raw_fd(),
             empty.as_ptr(),
             (libc::AT_EMPTY_PATH | libc::AT_RECURSIVE) as libc::c_uint,
-            &attr as *const MountAttr,
-            std::mem::size_of::<MountAttr>(),
+            &attr as *const libc::mount_attr,
+            std::mem::size_of::<libc::mount_attr>(),
         )
     })
 }

@@ -190,9 +190,10 @@ async fn output_as(
     })
 }
 
-/// Makes `command`'s child, between its fork and its exec, join the cgroups, enter the view
-/// and become the user of `confinement`, with no other groups and no descriptor but its
-/// stdio.
+/// Makes `command`'s child, between its fork and its exec, join the cgroups, leave the
+/// shim's session, OOM score and core dumps ([`crate::host::qemu_process::detach`]), gain
+/// no privileges at its exec, enter the view and become the user of `confinement`, with no
+/// other groups and no descriptor but its stdio.
 fn confine(command: &mut Command, confinement: ToolConfinement) -> io::Result<()> {
     use std::os::fd::AsRawFd;
     use std::os::unix::process::CommandExt;
@@ -206,12 +207,16 @@ fn confine(command: &mut Command, confinement: ToolConfinement) -> io::Result<()
         return Err(io::Error::other("a confined tool runs as root"));
     }
     let cgroups: Vec<std::os::fd::RawFd> = cgroup_procs.iter().map(AsRawFd::as_raw_fd).collect();
+    let oom_score_adj = crate::host::qemu_process::oom_score_adj_path();
     // SAFETY: the closure makes only async-signal-safe system calls on data made before
     // the fork, and allocates nothing. The cgroup files stay open in it until the exec.
     unsafe {
         command.pre_exec(move || {
             let _open = &cgroup_procs;
+            // The OOM score is written before the view leaves `/proc` read-only.
             let ok = crate::host::qemu_process::join_cgroups(&cgroups)
+                && crate::host::qemu_process::detach(&oom_score_adj)
+                && libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0
                 && view.enter()
                 && libc::setgroups(0, std::ptr::null()) == 0
                 && libc::setgid(gid) == 0
@@ -226,7 +231,9 @@ fn confine(command: &mut Command, confinement: ToolConfinement) -> io::Result<()
     Ok(())
 }
 
-/// [`run_tool`] as a pod's user, confined ([`ToolConfinement`]).
+/// [`run_tool`] as a pod's user, confined ([`ToolConfinement`]); then every process of
+/// that user is ended ([`end_every_process_of`]): nothing the tool forked outlives it. No
+/// other process may run as that user meanwhile (the pod's QEMU is not started yet).
 pub async fn run_confined_tool(
     program: &str,
     args: &[&std::ffi::OsStr],
@@ -234,10 +241,56 @@ pub async fn run_confined_tool(
     what: &str,
     confinement: ToolConfinement,
 ) -> Result<(), crate::Error> {
-    let out = output_as(program, args, Vec::new(), deadline, 4096, Some(confinement))
-        .await
-        .map_err(|e| crate::Error::io(format!("run {program} ({what})"), e))?;
+    let (uid, gid) = (confinement.uid, confinement.gid);
+    let out = output_as(program, args, Vec::new(), deadline, 4096, Some(confinement)).await;
+    let ended = end_every_process_of(uid, gid).await;
+    let out = out.map_err(|e| crate::Error::io(format!("run {program} ({what})"), e))?;
+    ended.map_err(|e| {
+        crate::Error::io(
+            format!("end what {program} ({what}) left running as uid {uid}"),
+            e,
+        )
+    })?;
     tool_result(program, what, deadline, out)
+}
+
+/// How long ending a user's processes may take.
+const END_DEADLINE: Duration = Duration::from_secs(5);
+
+/// Ends every process of `uid` (not root's): a child of the shim's becomes `uid` (and `gid`)
+/// and sends SIGKILL to every process it may signal, which are that user's
+/// (`kill(-1, SIGKILL)`, which spares the sender). A process that forks meanwhile has the
+/// signal pending and cannot fork any more.
+pub async fn end_every_process_of(uid: u32, gid: u32) -> io::Result<()> {
+    use std::os::unix::process::CommandExt;
+    if uid == 0 || gid == 0 {
+        return Err(io::Error::other("not root's processes"));
+    }
+    let mut command = Command::new("/bin/true");
+    command
+        .env_clear()
+        .current_dir("/")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    // SAFETY: the closure makes only async-signal-safe system calls and allocates nothing;
+    // it ends the child without an exec.
+    unsafe {
+        command.pre_exec(move || {
+            let ok = libc::setgroups(0, std::ptr::null()) == 0
+                && libc::setgid(gid) == 0
+                && libc::setuid(uid) == 0;
+            if !ok {
+                return Err(io::Error::last_os_error());
+            }
+            let _ = libc::kill(-1, libc::SIGKILL);
+            libc::_exit(0)
+        });
+    }
+    match spawn_and_wait(command, Vec::new(), END_DEADLINE).await? {
+        Finished::Exited(0) => Ok(()),
+        other => Err(io::Error::other(format!("the signalling child: {other:?}"))),
+    }
 }
 
 /// Runs a tool with [`output`] and turns anything but exit status 0 into an error that
@@ -368,21 +421,23 @@ mod tests {
         assert!(start.elapsed() < Duration::from_secs(5));
     }
 
-    /// A confined tool runs as its user, writes nowhere, and finds in its `/dev` the block
-    /// node it was given, its user's.
+    /// A confined tool runs as its user, writes nowhere, finds in its `/dev` the block node
+    /// it was given, its user's, and leaves no process of that user behind.
     #[tokio::test]
     async fn a_confined_tool_is_its_user_in_a_read_only_view_with_its_node() {
         if !nix::unistd::geteuid().is_root() {
             eprintln!("skipped: a view is made by root");
             return;
         }
+        // A uid no one else runs as.
+        const ID: u32 = 3_999_917;
         let dir = tempfile::tempdir().unwrap();
         let (state, pod) = (dir.path().join("state"), dir.path().join("state/p"));
         std::fs::create_dir_all(&pod).unwrap();
         let confined = |script: &str| {
             let view = crate::host::qemu_view::MountView::new(&state, &pod, false)
                 .unwrap()
-                .with_block_device("vmlet-t", libc::makedev(7, 200), 65534)
+                .with_block_device("vmlet-t", libc::makedev(7, 200), ID)
                 .unwrap();
             let script = script.to_owned();
             async move {
@@ -392,8 +447,8 @@ mod tests {
                     Duration::from_secs(10),
                     "check",
                     ToolConfinement {
-                        uid: 65534,
-                        gid: 65534,
+                        uid: ID,
+                        gid: ID,
                         cgroup_procs: Vec::new(),
                         view,
                     },
@@ -401,16 +456,45 @@ mod tests {
                 .await
             }
         };
-        confined(
-            r#"test "$(id -u):$(id -g):$(id -G)" = 65534:65534:65534 &&
+        confined(&format!(
+            r#"test "$(id -u):$(id -g):$(id -G)" = {ID}:{ID}:{ID} &&
                ! touch /tmp/vmlet-confined-tool 2>/dev/null &&
-               test "$(stat -c '%u %a %F %t:%T' /dev/vmlet-t)" = "65534 600 block special file 7:c8""#,
-        )
+               test "$(stat -c '%u %a %F %t:%T' /dev/vmlet-t)" = "{ID} 600 block special file 7:c8" &&
+               grep -q '^NoNewPrivs:.*1' /proc/self/status &&
+               (sleep 1000 >/dev/null 2>&1 &)"#
+        ))
         .await
         .unwrap();
         let err = confined("echo refused >&2; exit 3").await.unwrap_err();
         assert!(err.message().contains("status 3: refused"), "{err}");
         assert!(!std::path::Path::new("/tmp/vmlet-confined-tool").exists());
+        // Killed processes take a moment to go (and are zombies until reaped).
+        let of_id = || -> Vec<std::ffi::OsString> {
+            std::fs::read_dir("/proc")
+                .unwrap()
+                .filter_map(|e| e.ok())
+                .filter(|e| {
+                    std::fs::read_to_string(e.path().join("status")).is_ok_and(|s| {
+                        s.lines()
+                            .any(|l| l == format!("Uid:\t{ID}\t{ID}\t{ID}\t{ID}"))
+                            && !s.lines().any(|l| l.starts_with("State:\tZ"))
+                    })
+                })
+                .map(|e| e.file_name())
+                .collect()
+        };
+        let mut left = of_id();
+        for _ in 0..40 {
+            if left.is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            left = of_id();
+        }
+        assert!(
+            left.is_empty(),
+            "processes of the tool's user left: {left:?}"
+        );
     }
 
     #[tokio::test]

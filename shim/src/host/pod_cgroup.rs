@@ -1,7 +1,7 @@
 //! The pod's host cgroup: the sandbox spec's `linux.cgroupsPath`, made in every cgroup
 //! hierarchy of the host (v1 controllers and the unified v2 one), and every host process
 //! of the pod's VM moved into it (QEMU, virtiofsd, vhost-device-vsock, the pod's host
-//! process), as Kata's `sandbox_cgroup_only` does: kubelet's limits, eviction and stats
+//! process, `qemu-img` copying a VM image onto a persistent root), as Kata's `sandbox_cgroup_only` does: kubelet's limits, eviction and stats
 //! then see the VM. The sandbox's own resources (a pause container's) are not applied:
 //! the pod's limits are on the parent cgroup kubelet made.
 
@@ -310,9 +310,14 @@ fn end_members(dir: &Path) {
     }
 }
 
+/// [`PodCgroup::procs_files`] of `cgroup`; none for a pod without a cgroup.
+pub fn procs_files_of(cgroup: Option<&PodCgroup>) -> Result<Vec<std::fs::File>, Error> {
+    cgroup.map_or(Ok(Vec::new()), PodCgroup::procs_files)
+}
+
 /// The programs the shim starts for a pod, by their executables' names, beside QEMU
 /// (`qemu-system-ARCH`).
-const HELPERS: [&str; 3] = ["virtiofsd", "vhost-device-vsock", "vmlet-netns"];
+const HELPERS: [&str; 4] = ["virtiofsd", "vhost-device-vsock", "vmlet-netns", "qemu-img"];
 
 fn is_helper(program: &str) -> bool {
     HELPERS.contains(&program)

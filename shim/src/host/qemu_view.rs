@@ -135,7 +135,8 @@ impl MountView {
     ///
     /// # Safety
     /// Only what `unshare(2)`, `mount(2)`, `umount2(2)`, `mkdir(2)`, `rmdir(2)`,
-    /// `mknod(2)`, `chown(2)` and `chmod(2)` require; it allocates nothing.
+    /// `mknod(2)`, `chown(2)`, `chmod(2)` and `mount_setattr(2)` require; it allocates
+    /// nothing.
     pub unsafe fn enter(&self) -> bool {
         let none = std::ptr::null::<libc::c_char>();
         let tmpfs = c"tmpfs".as_ptr();

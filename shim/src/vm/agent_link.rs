@@ -322,6 +322,10 @@ mod tests {
     #[test]
     fn the_key_reaches_the_shims_qemu_in_a_pipe_and_libvirts_in_a_file_it_loses() {
         use std::os::unix::fs::{FileTypeExt, MetadataExt};
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: the key is given to another user by root");
+            return;
+        }
         let dir = tempfile::tempdir().unwrap();
         let paths = PodPaths::new(dir.path(), "p");
         std::fs::create_dir_all(&paths.dir).unwrap();

@@ -227,10 +227,7 @@ pub(super) async fn run_image(
             let copy_as = crate::host::host_command::ToolConfinement {
                 uid: user.uid,
                 gid: user.gid,
-                cgroup_procs: match &req.cgroup {
-                    Some(cgroup) => cgroup.procs_files()?,
-                    None => Vec::new(),
-                },
+                cgroup_procs: crate::host::pod_cgroup::procs_files_of(req.cgroup.as_ref())?,
                 view: crate::host::qemu_view::MountView::new(&config.state_dir, &paths.dir, false)?,
             };
             let root = crate::vm_mode::persistent_root::prepare(volume, &disk, copy_as).await?;

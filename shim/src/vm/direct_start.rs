@@ -56,10 +56,7 @@ pub(super) async fn start(
         NodeLsm::AppArmor => Some(load_profile(config, rec, spec).await?),
         NodeLsm::None => None,
     };
-    let cgroup_procs = || match &req.cgroup {
-        Some(cgroup) => cgroup.procs_files(),
-        None => Ok(Vec::new()),
-    };
+    let cgroup_procs = || crate::host::pod_cgroup::procs_files_of(req.cgroup.as_ref());
     let mut inherit: Vec<OwnedFd> = Vec::new();
     let share = match spec.guest.share() {
         Some(share) => Some(

@@ -200,10 +200,7 @@ pub(super) async fn start(
         Some(super::direct_start::start(config, req, paths, rec, &spec, tap_fds, key_pipe).await?)
     } else {
         if let Some(share) = spec.guest.share() {
-            let cgroup_procs = match &req.cgroup {
-                Some(cgroup) => cgroup.procs_files()?,
-                None => Vec::new(),
-            };
+            let cgroup_procs = crate::host::pod_cgroup::procs_files_of(req.cgroup.as_ref())?;
             super::pod_virtiofsd::start(
                 config,
                 paths,

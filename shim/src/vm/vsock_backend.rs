@@ -38,10 +38,7 @@ pub(super) async fn start(
         return Ok(VsockDevice::Vhost);
     }
     let binary = config.helpers.vhost_device_vsock.clone();
-    let cgroup_procs = match &rec.cgroup {
-        Some(cgroup) => cgroup.procs_files()?,
-        None => Vec::new(),
-    };
+    let cgroup_procs = crate::host::pod_cgroup::procs_files_of(rec.cgroup)?;
     let pid = vhost_device_vsock::spawn(
         &binary,
         &paths.vhost_socket,

@@ -52,6 +52,24 @@ pub struct Prepared {
     pub copied: bool,
 }
 
+/// Fails a copy of the image's disk `disk` that the pod's own user could not read: a disk
+/// that is not world-readable.
+fn check_copyable(disk: &DiskImage) -> Result<(), Error> {
+    use std::os::unix::fs::MetadataExt;
+    let mode = std::fs::metadata(&disk.path)
+        .map_err(|e| Error::io(format!("stat {}", disk.path.display()), e))?
+        .mode();
+    match mode & 0o004 {
+        0 => Err(Error::FailedPrecondition(format!(
+            "vmlet.io/root-volume: the image's disk under /disk is mode {:04o}: it is copied \
+             onto the volume as the pod's own user, so it must be readable by others (e.g. \
+             0644)",
+            mode & 0o7777
+        ))),
+        _ => Ok(()),
+    }
+}
+
 /// Makes `volume` a root for `disk`: copies the image unless the volume says it holds one,
 /// `qemu-img` confined by `copy_as` (whose view gets the volume's node).
 pub async fn prepare(
@@ -88,6 +106,7 @@ pub async fn prepare(
     if size < image {
         return Err(too_small(&what, end, image));
     }
+    check_copyable(disk)?;
     let copy_as = ToolConfinement {
         view: copy_as
             .view
@@ -159,4 +178,33 @@ async fn copy(
         copy_as,
     )
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::vm_mode::vm_disk::DiskFormat;
+
+    #[test]
+    fn a_disk_only_root_reads_is_refused_by_its_mode_before_a_copy() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let disk = DiskImage {
+            path: dir.path().join("disk.img"),
+            format: DiskFormat::Raw,
+            virtual_size: 512,
+        };
+        std::fs::write(&disk.path, [0u8; 512]).unwrap();
+        let chmod = |mode| {
+            std::fs::set_permissions(&disk.path, std::fs::Permissions::from_mode(mode)).unwrap()
+        };
+        chmod(0o600);
+        let err = check_copyable(&disk).unwrap_err();
+        assert!(
+            matches!(err, Error::FailedPrecondition(_)) && err.message().contains("mode 0600"),
+            "{err}"
+        );
+        chmod(0o644);
+        check_copyable(&disk).unwrap();
+    }
 }
