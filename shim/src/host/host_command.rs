@@ -241,9 +241,9 @@ pub async fn run_confined_tool(
     what: &str,
     confinement: ToolConfinement,
 ) -> Result<(), crate::Error> {
-    let (uid, gid) = (confinement.uid, confinement.gid);
+    let uid = confinement.uid;
     let out = output_as(program, args, Vec::new(), deadline, 4096, Some(confinement)).await;
-    let ended = end_every_process_of(uid, gid).await;
+    let ended = end_every_process_of(uid).await;
     let out = out.map_err(|e| crate::Error::io(format!("run {program} ({what})"), e))?;
     ended.map_err(|e| {
         crate::Error::io(
@@ -257,40 +257,40 @@ pub async fn run_confined_tool(
 /// How long ending a user's processes may take.
 const END_DEADLINE: Duration = Duration::from_secs(5);
 
-/// Ends every process of `uid` (not root's): a child of the shim's becomes `uid` (and `gid`)
-/// and sends SIGKILL to every process it may signal, which are that user's
-/// (`kill(-1, SIGKILL)`, which spares the sender). A process that forks meanwhile has the
-/// signal pending and cannot fork any more.
-pub async fn end_every_process_of(uid: u32, gid: u32) -> io::Result<()> {
-    use std::os::unix::process::CommandExt;
-    if uid == 0 || gid == 0 {
+/// Ends every process of `uid` (not root's): the shim sends each SIGKILL through a pidfd
+/// taken while it is still that user's, again until none is left (a process that forked
+/// meanwhile has the signal pending and cannot fork any more; root's signal no process of
+/// the user can hold off). Fails past [`END_DEADLINE`].
+pub async fn end_every_process_of(uid: u32) -> io::Result<()> {
+    if uid == 0 {
         return Err(io::Error::other("not root's processes"));
     }
-    let mut command = Command::new("/bin/true");
-    command
-        .env_clear()
-        .current_dir("/")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    // SAFETY: the closure makes only async-signal-safe system calls and allocates nothing;
-    // it ends the child without an exec.
-    unsafe {
-        command.pre_exec(move || {
-            let ok = libc::setgroups(0, std::ptr::null()) == 0
-                && libc::setgid(gid) == 0
-                && libc::setuid(uid) == 0;
-            if !ok {
-                return Err(io::Error::last_os_error());
+    tokio::task::spawn_blocking(move || {
+        let deadline = std::time::Instant::now() + END_DEADLINE;
+        loop {
+            let live = crate::host::pod_user::processes_of(uid);
+            if live.is_empty() {
+                return Ok(());
             }
-            let _ = libc::kill(-1, libc::SIGKILL);
-            libc::_exit(0)
-        });
-    }
-    match spawn_and_wait(command, Vec::new(), END_DEADLINE).await? {
-        Finished::Exited(0) => Ok(()),
-        other => Err(io::Error::other(format!("the signalling child: {other:?}"))),
-    }
+            if std::time::Instant::now() >= deadline {
+                return Err(io::Error::other(format!(
+                    "processes {live:?} of uid {uid} outlived SIGKILL"
+                )));
+            }
+            for pid in live {
+                let Ok(Some(pidfd)) = crate::host::pidfd::open_if_running(pid) else {
+                    continue;
+                };
+                // Still that user's once the descriptor holds it: the descriptor's process is.
+                if crate::host::pod_user::runs_as(pid, uid) {
+                    let _ = crate::host::pidfd::signal(&pidfd, libc::SIGKILL, "a tool's process");
+                }
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    })
+    .await
+    .map_err(io::Error::other)?
 }
 
 /// Runs a tool with [`output`] and turns anything but exit status 0 into an error that

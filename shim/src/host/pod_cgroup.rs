@@ -1,7 +1,8 @@
 //! The pod's host cgroup: the sandbox spec's `linux.cgroupsPath`, made in every cgroup
 //! hierarchy of the host (v1 controllers and the unified v2 one), and every host process
 //! of the pod's VM moved into it (QEMU, virtiofsd, vhost-device-vsock, the pod's host
-//! process, `qemu-img` copying a VM image onto a persistent root), as Kata's `sandbox_cgroup_only` does: kubelet's limits, eviction and stats
+//! process, `qemu-img` copying a VM image onto a persistent root), as Kata's
+//! `sandbox_cgroup_only` does: kubelet's limits, eviction and stats
 //! then see the VM. The sandbox's own resources (a pause container's) are not applied:
 //! the pod's limits are on the parent cgroup kubelet made.
 

@@ -249,27 +249,54 @@ fn start_in(pod_id: &str, count: u32) -> u32 {
 
 /// The real and effective uids of every process of the node.
 fn uids_running() -> std::collections::HashSet<u32> {
-    let mut uids = std::collections::HashSet::new();
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return uids;
-    };
-    for entry in entries.flatten() {
-        let name = entry.file_name();
-        if !name.to_string_lossy().bytes().all(|b| b.is_ascii_digit()) {
-            continue;
-        }
-        let Ok(status) = std::fs::read_to_string(entry.path().join("status")) else {
-            continue;
-        };
-        if let Some(line) = status.lines().find(|l| l.starts_with("Uid:")) {
-            uids.extend(
-                line[4..]
-                    .split_whitespace()
-                    .filter_map(|u| u.parse::<u32>().ok()),
-            );
-        }
-    }
-    uids
+    statuses().flat_map(|(_, status)| ids(&status)).collect()
+}
+
+/// The processes (not zombies) any of whose user ids (real, effective, saved, file system)
+/// is `uid`.
+pub fn processes_of(uid: u32) -> Vec<u32> {
+    statuses()
+        .filter(|(_, status)| ids(status).contains(&uid) && !is_zombie(status))
+        .map(|(pid, _)| pid)
+        .collect()
+}
+
+/// Whether `pid` is a process (not a zombie) one of whose user ids is `uid`.
+pub fn runs_as(pid: u32, uid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .is_ok_and(|status| ids(&status).contains(&uid) && !is_zombie(&status))
+}
+
+/// Each process's PID and its `/proc/PID/status`.
+fn statuses() -> impl Iterator<Item = (u32, String)> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| {
+            let pid = entry.file_name().to_str()?.parse().ok()?;
+            Some((
+                pid,
+                std::fs::read_to_string(entry.path().join("status")).ok()?,
+            ))
+        })
+}
+
+/// The user ids of a `/proc/PID/status`.
+fn ids(status: &str) -> Vec<u32> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .map(|ids| {
+            ids.split_whitespace()
+                .filter_map(|u| u.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn is_zombie(status: &str) -> bool {
+    status.lines().any(|l| l.starts_with("State:\tZ"))
 }
 
 #[cfg(test)]

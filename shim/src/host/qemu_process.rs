@@ -2,9 +2,9 @@
 //! `vm/direct_start.rs` with the command line of [`crate::vmm::qemu_command`]), confined as libvirt
 //! confines it: before it executes QEMU, the child joins the pod's cgroup, asks for the
 //! pod's AppArmor profile at the exec where the node has AppArmor, makes its own view of the
-//! node's files ([`crate::host::qemu_view`], which leaves `/proc` read-only: last), and
-//! becomes the pod's own user with the node's QEMU user's groups (`kvm` among them, for
-//! `/dev/kvm`), as libvirt makes it. It keeps only the descriptors it is handed (each under
+//! node's files ([`crate::host::qemu_view`], after every write to `/proc`, which it leaves
+//! read-only), and becomes the pod's own user with the node's QEMU user's groups (`kvm`
+//! among them, for `/dev/kvm`), as libvirt makes it. It keeps only the descriptors it is handed (each under
 //! its number, which the command line names; every other one is closed at the exec); its stdout and stderr go to a log
 //! file of the pod's. It runs in a session of its own, from `/`, with an environment of its
 //! own and the OOM score a process starts with (not the shim's, which containerd lowers). It
