@@ -227,9 +227,9 @@ fn the_guest_boots_the_nodes_kernel_with_the_share_and_the_pods_parameters() {
     let config = config(dir.path());
     let paths = PodPaths::new(&config.state_dir, "p");
     let mut req = request("p");
-    let plain = match launch::agent_guest(
+    let guest = |req: &BootRequest| match launch::agent_guest(
         &config,
-        &req,
+        req,
         &paths,
         &VsockDevice::Vhost,
         paths.agent_key.to_string_lossy().into_owned(),
@@ -237,6 +237,7 @@ fn the_guest_boots_the_nodes_kernel_with_the_share_and_the_pods_parameters() {
         crate::vmm::vm_spec::GuestBoot::Agent(guest) => guest,
         other => panic!("not vmlet's guest: {other:?}"),
     };
+    let plain = guest(&req);
     assert!(
         plain.cmdline.ends_with("vmlet.share=vmlet"),
         "{}",
@@ -246,16 +247,7 @@ fn the_guest_boots_the_nodes_kernel_with_the_share_and_the_pods_parameters() {
     assert_eq!(plain.share_socket, paths.share_socket.to_string_lossy());
     assert_eq!(plain.key_file, paths.agent_key.to_string_lossy());
     req.options.kernel_params = "loglevel=7".into();
-    let tuned = match launch::agent_guest(
-        &config,
-        &req,
-        &paths,
-        &VsockDevice::Vhost,
-        paths.agent_key.to_string_lossy().into_owned(),
-    ) {
-        crate::vmm::vm_spec::GuestBoot::Agent(guest) => guest,
-        other => panic!("not vmlet's guest: {other:?}"),
-    };
+    let tuned = guest(&req);
     assert!(tuned.cmdline.ends_with("vmlet.share=vmlet loglevel=7"));
 }
 
