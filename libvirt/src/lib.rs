@@ -188,6 +188,10 @@ impl VmManager for Libvirt {
         })
     }
 
+    fn qemu_pid_file(&self, name: &str) -> Result<std::path::PathBuf, Error> {
+        vmlet_shim::vmm::libvirt_daemon::qemu_pid_file(&self.uri, name)
+    }
+
     fn is_active(&self, name: &str) -> Result<bool, Error> {
         self.with_conn(|conn| match Domain::lookup_by_name(conn, name) {
             Ok(d) => d

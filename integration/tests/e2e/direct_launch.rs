@@ -34,6 +34,8 @@ async fn vmlets_own_qemu_command_line_boots_a_pod_whose_agent_answers() {
     vm.start_virtiofsd().await.unwrap();
     vm.start_vsock_backend().await.unwrap();
     let path = |p: std::path::PathBuf| p.to_string_lossy().into_owned();
+    // QEMU gets the shim's connection to the vsock backend, as the launcher gives it.
+    let vsock = vmlet_shim::host::vhost_device_vsock::connect(&vm.vsock_backend_socket()).unwrap();
     let qmp_socket = vm.path("qmp.sock");
     let qmp_listener = tokio::net::UnixListener::bind(&qmp_socket).unwrap();
     let spec = VmSpec {
@@ -57,6 +59,7 @@ async fn vmlets_own_qemu_command_line_boots_a_pod_whose_agent_answers() {
             share_tag: "vmlet".into(),
             vsock: VsockDevice::VhostUser {
                 socket: path(vm.vsock_backend_socket()),
+                connection: Some(std::os::fd::AsRawFd::as_raw_fd(&vsock)),
             },
             key_file: path(vm.path("agent.key")),
         }),
@@ -104,7 +107,7 @@ async fn vmlets_own_qemu_command_line_boots_a_pod_whose_agent_answers() {
     let groups = nix::unistd::getgrouplist(&CString::new(name).unwrap(), user.gid).unwrap();
     std::fs::set_permissions(vm.path(""), std::fs::Permissions::from_mode(0o711)).unwrap();
     // The directory lets others through (0711), so each file is the QEMU user's alone.
-    for file in ["qmp.sock", "vhost.sock", "agent.key"] {
+    for file in ["qmp.sock", "agent.key"] {
         std::os::unix::fs::chown(vm.path(file), Some(user.uid.as_raw()), None).unwrap();
         std::fs::set_permissions(vm.path(file), std::fs::Permissions::from_mode(0o600)).unwrap();
     }
@@ -113,7 +116,7 @@ async fn vmlets_own_qemu_command_line_boots_a_pod_whose_agent_answers() {
     let qemu = qemu_process::spawn(
         Path::new(QEMU),
         &args,
-        vec![console, share],
+        vec![console, share, vsock],
         Confinement {
             uid: user.uid.as_raw(),
             gid: user.gid.as_raw(),

@@ -167,6 +167,29 @@ fn qemu_read_its_key_from_a_pipe(qemu: u32, pod_dir: &Path) {
     assert!(!args.iter().any(|a| a.contains("agent.key")), "{args:?}");
 }
 
+/// QEMU was handed the shim's connection to the vsock backend (a socket it inherited) and
+/// names no socket of the backend's to connect.
+fn qemu_was_handed_its_vsock_connection(qemu: u32) {
+    let cmdline = std::fs::read(format!("/proc/{qemu}/cmdline")).unwrap();
+    let args: Vec<String> = cmdline
+        .split(|b| *b == 0)
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect();
+    let chardev = args
+        .iter()
+        .find(|a| a.starts_with("socket,id=vmlet-vsock,"))
+        .unwrap_or_else(|| panic!("no vsock chardev in {args:?}"));
+    let fd = chardev
+        .strip_prefix("socket,id=vmlet-vsock,fd=")
+        .unwrap_or_else(|| panic!("the vsock backend is not a descriptor: {chardev}"));
+    let socket = std::fs::metadata(format!("/proc/{qemu}/fd/{fd}")).unwrap();
+    assert!(socket.file_type().is_socket(), "{chardev}: not a socket");
+    assert!(
+        !args.iter().any(|a| a.contains("vhost-vsock.sock")),
+        "{args:?}"
+    );
+}
+
 /// Attack: a pod's QEMU (its uid and gid, in its mount namespace) leaves a file nowhere,
 /// not in the node's world-writable `/tmp` or `/var/tmp` (where a file, set-user-ID too,
 /// would outlive the pod and be the next pod's of that uid), nor in its pod's directory or
@@ -367,13 +390,14 @@ fn only_the_pods_own_qemu_reaches_its_sockets_or_logs_without_libvirt() {
     let other_gid = status(pod_processes(&s, &other).qemu, "Gid");
     let other_gid = other_gid.split('\t').next().unwrap().to_owned();
     let dir = pod_dir(&s, &id);
-    // virtiofsd's and the vsock backend's are root's (the shim connects them), vmlet's QMP
-    // monitor and the vsock backend's QEMU side the pod's user's; none is anybody else's.
+    // virtiofsd's and the vsock backend's, both sides, are root's (the shim connects them
+    // and hands QEMU its side), vmlet's QMP monitor the pod's user's; none is anybody
+    // else's.
     for (socket, owner) in [
         ("virtiofsd.sock", 0),
         ("vsock.sock", 0),
         ("qmp.sock", uid),
-        ("vhost-vsock.sock", uid),
+        ("vhost-vsock.sock", 0),
     ] {
         let path = dir.join(socket);
         let meta = match std::fs::metadata(&path) {
@@ -411,6 +435,7 @@ fn only_the_pods_own_qemu_reaches_its_sockets_or_logs_without_libvirt() {
     qemu_sees_its_pod_and_a_few_devices(&s, &id, &other);
     qemu_writes_nowhere(pod_processes(&s, &id).qemu, &dir);
     qemu_read_its_key_from_a_pipe(pod_processes(&s, &id).qemu, &dir);
+    qemu_was_handed_its_vsock_connection(pod_processes(&s, &id).qemu);
     s.kill_and_remove(&id).unwrap();
     s.kill_and_remove(&other).unwrap();
     assert_left_nothing(&s, &id);

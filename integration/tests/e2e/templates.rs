@@ -98,7 +98,12 @@ async fn a_guest_loaded_from_a_template_becomes_a_pod_of_its_own() {
             .unwrap();
         let loaded = ms(started);
         vm.start_vsock_backend().await.unwrap();
-        identity::plug_vsock(&qmp, &vm.vsock_backend_socket(), HOTPLUG_PORT)
+        // The shim's connection to the backend, handed over the monitor, as the shim's
+        // launcher plugs it.
+        let backend = vmlet_shim::host::vhost_device_vsock::connect(&vm.vsock_backend_socket())
+            .map(identity::VsockBackend::Connection)
+            .unwrap();
+        identity::plug_vsock(&qmp, backend, HOTPLUG_PORT)
             .await
             .unwrap();
         // It serves only once it mounted the share (or it powers off).

@@ -5,7 +5,7 @@
 //! NIC carries the pod's MAC, on a tap of the pod's network namespace.
 
 use std::os::fd::OwnedFd;
-use std::path::Path;
+use std::path::PathBuf;
 
 use serde_json::json;
 
@@ -16,35 +16,67 @@ use crate::Error;
 /// The QMP ids of the plugged vsock device and its chardev.
 pub const VSOCK_DEVICE: &str = "vmlet-vsock";
 const VSOCK_CHARDEV: &str = "vmlet-vsock-backend";
+/// The monitor's name of the shim's connection to the backend, until the chardev takes it.
+const VSOCK_FD: &str = "vmlet-vsock-connection";
 
-/// Plugs a `vhost-user-vsock-pci` device into the hot-plug root port `port`, served by the
-/// vhost-user backend listening at `backend` (which knows the pod's CID). An error names
-/// the device.
-pub async fn plug_vsock(qmp: &Qmp, backend: &Path, port: &str) -> Result<(), Error> {
-    plug_vsock_device(qmp, backend, port).await.map_err(|e| {
-        e.within(&format!(
-            "plug the vsock device (backend {}) into {port}",
-            backend.display()
-        ))
-    })
+/// How the plugged vsock device reaches the pod's vhost-device-vsock (which knows the pod's
+/// CID).
+#[derive(Debug)]
+pub enum VsockBackend {
+    /// QEMU connects the backend's socket itself (libvirt's QEMU).
+    Socket(PathBuf),
+    /// The shim's connection to it, handed over the monitor (QEMU the shim started).
+    Connection(OwnedFd),
 }
 
-async fn plug_vsock_device(qmp: &Qmp, backend: &Path, port: &str) -> Result<(), Error> {
-    let path = backend
-        .to_str()
-        .ok_or_else(|| Error::Internal(format!("{} is not UTF-8", backend.display())))?;
-    qmp.execute(
-        "chardev-add",
-        json!({
-            "id": VSOCK_CHARDEV,
-            "backend": {"type": "socket", "data": {
-                "addr": {"type": "unix", "data": {"path": path}},
-                "server": false,
-            }},
-        }),
-        Vec::new(),
-    )
-    .await?;
+/// Plugs a `vhost-user-vsock-pci` device into the hot-plug root port `port`, served by
+/// `backend`. An error names the device.
+pub async fn plug_vsock(qmp: &Qmp, backend: VsockBackend, port: &str) -> Result<(), Error> {
+    let what = match &backend {
+        VsockBackend::Socket(path) => format!("backend {}", path.display()),
+        VsockBackend::Connection(_) => "the shim's connection to its backend".to_owned(),
+    };
+    plug_vsock_device(qmp, backend, port)
+        .await
+        .map_err(|e| e.within(&format!("plug the vsock device ({what}) into {port}")))
+}
+
+async fn plug_vsock_device(qmp: &Qmp, backend: VsockBackend, port: &str) -> Result<(), Error> {
+    let handed = matches!(backend, VsockBackend::Connection(_));
+    let addr = match backend {
+        VsockBackend::Socket(path) => {
+            let path = path
+                .to_str()
+                .ok_or_else(|| Error::Internal(format!("{} is not UTF-8", path.display())))?
+                .to_owned();
+            json!({"type": "unix", "data": {"path": path}})
+        }
+        VsockBackend::Connection(fd) => {
+            // The chardev takes the descriptor from the monitor (no connect of its own).
+            qmp.execute("getfd", json!({"fdname": VSOCK_FD}), vec![fd])
+                .await?;
+            json!({"type": "fd", "data": {"str": VSOCK_FD}})
+        }
+    };
+    let added = qmp
+        .execute(
+            "chardev-add",
+            json!({
+                "id": VSOCK_CHARDEV,
+                "backend": {"type": "socket", "data": {"addr": addr, "server": false}},
+            }),
+            Vec::new(),
+        )
+        .await;
+    if let Err(e) = added {
+        // A descriptor the chardev did not take stays the monitor's until closed.
+        if handed {
+            let _ = qmp
+                .execute("closefd", json!({"fdname": VSOCK_FD}), Vec::new())
+                .await;
+        }
+        return Err(e);
+    }
     let plugged = qmp
         .execute(
             "device_add",
@@ -141,9 +173,8 @@ mod tests {
     async fn the_vsock_device_is_plugged_into_the_port_named() {
         let (stream, server) = fake_qemu(|_| vec![json!({"return": {}})]);
         let qmp = Qmp::handshake(stream).await.unwrap();
-        plug_vsock(&qmp, Path::new("/run/vmlet/p/vhost.sock"), "hotplug1")
-            .await
-            .unwrap();
+        let backend = VsockBackend::Socket(PathBuf::from("/run/vmlet/p/vhost.sock"));
+        plug_vsock(&qmp, backend, "hotplug1").await.unwrap();
         drop(qmp);
         let seen = finished(server).await;
         let chardev = &seen[1].0["arguments"];
@@ -155,6 +186,47 @@ mod tests {
         assert_eq!(device["driver"], "vhost-user-vsock-pci");
         assert_eq!(device["bus"], "hotplug1");
         assert_eq!(device["chardev"], chardev["id"]);
+    }
+
+    #[tokio::test]
+    async fn the_shims_connection_to_the_backend_is_handed_to_the_chardev() {
+        let (stream, server) = fake_qemu(|_| vec![json!({"return": {}})]);
+        let qmp = Qmp::handshake(stream).await.unwrap();
+        let (ours, _backend) = std::os::unix::net::UnixStream::pair().unwrap();
+        plug_vsock(&qmp, VsockBackend::Connection(ours.into()), "hotplug1")
+            .await
+            .unwrap();
+        drop(qmp);
+        let seen = finished(server).await;
+        let commands: Vec<_> = seen[1..]
+            .iter()
+            .map(|(c, _)| c["execute"].clone())
+            .collect();
+        assert_eq!(commands, ["getfd", "chardev-add", "device_add"]);
+        assert_eq!(seen[1].1, 1, "the connection travels with getfd");
+        let (getfd, chardev) = (&seen[1].0["arguments"], &seen[2].0["arguments"]);
+        let addr = &chardev["backend"]["data"]["addr"];
+        assert_eq!(addr["type"], "fd");
+        assert_eq!(addr["data"]["str"], getfd["fdname"]);
+        assert_eq!(chardev["backend"]["data"]["server"], false);
+        assert_eq!(seen[3].0["arguments"]["chardev"], chardev["id"]);
+    }
+
+    #[tokio::test]
+    async fn a_refused_chardev_gives_the_connection_back() {
+        let (stream, server) = fake_qemu(|c| match c["execute"].as_str().unwrap() {
+            "chardev-add" => vec![json!({"error": {"class": "GenericError", "desc": "no"}})],
+            _ => vec![json!({"return": {}})],
+        });
+        let qmp = Qmp::handshake(stream).await.unwrap();
+        let (ours, _backend) = std::os::unix::net::UnixStream::pair().unwrap();
+        let err = plug_vsock(&qmp, VsockBackend::Connection(ours.into()), "hotplug1")
+            .await
+            .unwrap_err();
+        assert!(err.message().contains("the shim's connection"), "{err}");
+        drop(qmp);
+        let seen: Vec<Value> = finished(server).await.into_iter().map(|s| s.0).collect();
+        assert_eq!(seen.last().unwrap()["execute"], "closefd");
     }
 
     #[tokio::test]
@@ -224,7 +296,7 @@ mod tests {
             _ => vec![json!({"return": {}})],
         });
         let qmp = Qmp::handshake(stream).await.unwrap();
-        let err = plug_vsock(&qmp, Path::new("/x"), "hotplug1")
+        let err = plug_vsock(&qmp, VsockBackend::Socket(PathBuf::from("/x")), "hotplug1")
             .await
             .unwrap_err();
         assert!(err.message().contains("no port"), "{err}");

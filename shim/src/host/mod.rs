@@ -33,6 +33,7 @@ pub mod pod_paths;
 pub mod pod_record;
 pub mod pod_user;
 pub mod qemu_apparmor;
+pub mod qemu_peer;
 pub mod qemu_process;
 pub mod qemu_view;
 pub mod reclaim;

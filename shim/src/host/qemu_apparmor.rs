@@ -79,10 +79,10 @@ pub fn profile_name(pod_id: &str) -> Result<String, Error> {
     Ok(format!("{PROFILE_PREFIX}{pod_id}"))
 }
 
-/// What of the pod's own QEMU opens by path (vmlet's guest: its kernel and initrd, the
-/// vsock backend's socket; a VM image: the sockets of its serial console and guest agent
-/// port; vmlet's QMP socket). Everything else (the console file, the taps, the virtiofsd
-/// connection, a VM image's disks and flash) it inherits from the shim; the agent's key is
+/// What of the pod's own QEMU opens by path (vmlet's guest: its kernel and initrd; a VM
+/// image: the sockets of its serial console and guest agent port; vmlet's QMP socket).
+/// Everything else (the console file, the taps, the virtiofsd and vsock backend
+/// connections, a VM image's disks and flash) it inherits from the shim; the agent's key is
 /// a pipe it inherits and reopens through `/proc/self/fd`, which AppArmor does not mediate
 /// (pipes are not files of a path).
 pub fn pod_files(spec: &VmSpec) -> Vec<PodFile> {
@@ -95,7 +95,12 @@ pub fn pod_files(spec: &VmSpec) -> Vec<PodFile> {
         GuestBoot::Agent(agent) => {
             files.push(file(&agent.kernel, Access::Read));
             files.push(file(&agent.initrd, Access::Read));
-            if let VsockDevice::VhostUser { socket } = &agent.vsock {
+            // The shim connects vhost-device-vsock itself (QEMU inherits the connection).
+            if let VsockDevice::VhostUser {
+                socket,
+                connection: None,
+            } = &agent.vsock
+            {
                 files.push(file(socket, Access::ReadWrite));
             }
         }
@@ -351,6 +356,7 @@ mod tests {
     fn files() -> Vec<PodFile> {
         let spec = crate::vmm::vm_spec::tests::spec(VsockDevice::VhostUser {
             socket: "/run/vmlet/t1/vhost-vsock.sock".into(),
+            connection: Some(9),
         });
         pod_files(&spec)
     }
@@ -360,12 +366,7 @@ mod tests {
         let paths: Vec<_> = files().into_iter().map(|f| f.path).collect();
         assert_eq!(
             paths,
-            [
-                "/img/vmlinuz",
-                "/img/initrd.img",
-                "/run/vmlet/t1/vhost-vsock.sock",
-                "/run/vmlet/t1/qmp.sock"
-            ]
+            ["/img/vmlinuz", "/img/initrd.img", "/run/vmlet/t1/qmp.sock"]
         );
         let name = profile_name("t1").unwrap();
         let text = profile(

@@ -12,6 +12,7 @@ use std::path::Path;
 use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags, UnixAddr};
 use serde::{Deserialize, Serialize};
 
+use crate::host::qemu_peer::QemuPeer;
 use crate::Error;
 
 /// Environment variable naming the tap socket in the domain's `<qemu:env>`.
@@ -45,15 +46,15 @@ pub fn qemu_args(taps: &[TapDescription], fds: &[RawFd]) -> Vec<String> {
     args
 }
 
-/// Hands `taps` with their `fds` to the first connection on `listener` made by a process
-/// running as `peer_uid` (the QEMU user: the domain's wrapper about to become its QEMU),
-/// then closes the listener and the shim's copies of the fds: nothing else ever gets them.
-/// A connection by any other user gets nothing and is logged.
+/// Hands `taps` with their `fds` to the first connection on `listener` made by `qemu` (the
+/// domain's wrapper about to become its QEMU, in the same process), then closes the
+/// listener and the shim's copies of the fds: nothing else ever gets them. A connection by
+/// any other process gets nothing and is logged.
 pub fn serve(
     listener: tokio::net::UnixListener,
     taps: Vec<TapDescription>,
     fds: Vec<OwnedFd>,
-    peer_uid: u32,
+    qemu: QemuPeer,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let payload = match serde_json::to_vec(&taps) {
@@ -66,17 +67,14 @@ pub fn serve(
         let mut fds = Some(fds);
         while let Some(held) = fds.take() {
             let stream = crate::host::unix_accept::next(&listener, "tap socket").await;
-            match stream.peer_cred() {
-                Ok(cred) if cred.uid() == peer_uid => {}
-                other => {
-                    let who = other.map_or_else(
-                        |e| format!("an unknown peer ({e})"),
-                        |c| format!("uid {} (pid {:?})", c.uid(), c.pid()),
-                    );
-                    log::warn!("tap socket: refused a connection by {who}");
-                    fds = Some(held);
-                    continue;
-                }
+            let admitted = stream
+                .peer_cred()
+                .map_err(|e| format!("an unknown peer ({e})"))
+                .and_then(|cred| qemu.admits(&cred));
+            if let Err(why) = admitted {
+                log::warn!("tap socket: refused a connection: {why}");
+                fds = Some(held);
+                continue;
             }
             let sent = tokio::task::spawn_blocking(move || send(stream, &payload, &held)).await;
             if let Ok(Err(e)) = sent {
@@ -145,6 +143,7 @@ pub fn fetch(socket: &Path) -> Result<(Vec<TapDescription>, Vec<RawFd>), Error> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::host::qemu_peer::QemuPid;
     use std::path::PathBuf;
 
     #[test]
@@ -177,6 +176,14 @@ mod tests {
         );
     }
 
+    /// This process, as the QEMU the taps are for.
+    fn this_process() -> QemuPeer {
+        QemuPeer {
+            uid: nix::unistd::geteuid().as_raw(),
+            pid: QemuPid::Is(std::process::id()),
+        }
+    }
+
     fn one_tap() -> Vec<TapDescription> {
         vec![TapDescription {
             mac: "0a:00:00:00:00:01".into(),
@@ -185,13 +192,13 @@ mod tests {
         }]
     }
 
-    /// A tap server (one fd: /dev/null) for `peer_uid` on a socket in a new directory.
-    fn tap_server(name: &str, peer_uid: u32) -> (PathBuf, tokio::task::JoinHandle<()>) {
+    /// A tap server (one fd: /dev/null) for `qemu` on a socket in a new directory.
+    fn tap_server(name: &str, qemu: QemuPeer) -> (PathBuf, tokio::task::JoinHandle<()>) {
         let dir = std::env::temp_dir().join(format!("vmlet-taps-{name}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let listener = tokio::net::UnixListener::bind(dir.join("taps.sock")).unwrap();
         let file = std::fs::File::open("/dev/null").unwrap();
-        let server = serve(listener, one_tap(), vec![OwnedFd::from(file)], peer_uid);
+        let server = serve(listener, one_tap(), vec![OwnedFd::from(file)], qemu);
         (dir, server)
     }
 
@@ -204,7 +211,7 @@ mod tests {
 
     #[tokio::test]
     async fn fds_and_descriptions_travel_together() {
-        let (dir, server) = tap_server("once", nix::unistd::geteuid().as_raw());
+        let (dir, server) = tap_server("once", this_process());
         let (got, fds) = fetch_from(&dir).await.unwrap();
         assert_eq!(got, one_tap());
         assert_eq!(fds.len(), 1);
@@ -224,7 +231,10 @@ mod tests {
 
     #[tokio::test]
     async fn another_user_gets_nothing() {
-        let other = nix::unistd::geteuid().as_raw().wrapping_add(1);
+        let other = QemuPeer {
+            uid: nix::unistd::geteuid().as_raw().wrapping_add(1),
+            pid: QemuPid::Is(std::process::id()),
+        };
         let (dir, server) = tap_server("uid", other);
         assert!(
             fetch_from(&dir).await.is_err(),
@@ -233,5 +243,30 @@ mod tests {
         assert!(!server.is_finished(), "still waiting for the QEMU user");
         server.abort();
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[tokio::test]
+    async fn only_the_process_libvirt_started_gets_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let pid_file = dir.path().join("vmlet-p1.pid");
+        let libvirts = QemuPeer {
+            uid: nix::unistd::geteuid().as_raw(),
+            pid: QemuPid::InFile(pid_file.clone()),
+        };
+        let (sockets, server) = tap_server("pid", libvirts);
+        // The QEMU uid, before libvirt started anything, then beside another PID.
+        assert!(fetch_from(&sockets).await.is_err(), "taken before QEMU ran");
+        std::fs::write(&pid_file, "1\n").unwrap();
+        assert!(fetch_from(&sockets).await.is_err(), "taken by another PID");
+        std::fs::write(&pid_file, format!("{}\n", std::process::id())).unwrap();
+        let (got, fds) = fetch_from(&sockets).await.unwrap();
+        assert_eq!(got, one_tap());
+        // SAFETY: the fd was just received and is owned by nobody else.
+        drop(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fds[0]) });
+        tokio::time::timeout(std::time::Duration::from_secs(5), server)
+            .await
+            .expect("the server ends after one hand-over")
+            .unwrap();
+        std::fs::remove_dir_all(&sockets).unwrap();
     }
 }

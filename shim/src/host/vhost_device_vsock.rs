@@ -101,6 +101,25 @@ pub fn wait_ready(binary: &Path, vhost_socket: &Path, uds: &Path) -> Result<(), 
         .map_err(|e| Error::io(format!("chmod {}", uds.display()), e))
 }
 
+/// The shim's connection to the backend's vhost-user socket, for the pod's QEMU (the one
+/// connection the backend serves): made within [`READY_WAIT`] (a socket bound but not yet
+/// listening refuses it).
+pub fn connect(vhost_socket: &Path) -> Result<std::os::fd::OwnedFd, Error> {
+    let deadline = Instant::now() + READY_WAIT;
+    loop {
+        match std::os::unix::net::UnixStream::connect(vhost_socket) {
+            Ok(stream) => return Ok(stream.into()),
+            Err(e)
+                if e.kind() == std::io::ErrorKind::ConnectionRefused
+                    && Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) => return Err(Error::io(format!("connect {}", vhost_socket.display()), e)),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -46,9 +46,9 @@ pub(super) async fn run(
     host_setup::prepare(config, req, paths, rec)?;
     phases.mark("host_setup");
     let (netns, mut net) = host_process_and_network(req, paths, rec, phases, &user).await?;
-    let vsock = vsock_backend::start(config, paths, rec, &user).await?;
-    phases.mark("vsock_backend");
     let direct = launch::starts_direct(config, req);
+    let (vsock, vsock_connection) = vsock_backend::start(config, paths, rec, &user, direct).await?;
+    phases.mark("vsock_backend");
     let (key, given_key) = agent_link::give_key(&user, paths, direct)?;
     let guest = launch::agent_guest(config, req, paths, &vsock, given_key.qemu_path());
     let (key_pipe, key_file) = given_key.into_parts();
@@ -60,6 +60,7 @@ pub(super) async fn run(
         taps,
         user,
         key_pipe,
+        vsock_connection,
     };
     let mut launched = launch_domain(config, &vmm, req, paths, rec, phases, devices).await?;
     if let Some(file) = key_file {
@@ -301,6 +302,7 @@ pub(super) async fn run_image(
         taps: net.taps.take(),
         user,
         key_pipe: None,
+        vsock_connection: None,
     };
     let launched = launch_domain(config, &vmm, req, paths, rec, phases, devices).await?;
     if !image.disks.is_empty() {

@@ -214,10 +214,11 @@ async fn the_kernels_vsock_needs_no_backend_process() {
         rec,
     } = scratch_pod();
     let user = crate::host::pod_user::PodUser::shared(&config).unwrap();
-    let device = vsock_backend::start(&config, &paths, &rec, &user)
+    let (device, connection) = vsock_backend::start(&config, &paths, &rec, &user, false)
         .await
         .unwrap();
     assert_eq!(device, VsockDevice::Vhost);
+    assert!(connection.is_none());
     assert!(rec.state.lock().unwrap().made.is_empty());
 }
 
@@ -271,6 +272,7 @@ fn devices(paths: &PodPaths) -> launch::Devices {
         taps: None,
         user: crate::host::pod_user::PodUser::shared(&config(Path::new("/nonexistent"))).unwrap(),
         key_pipe: None,
+        vsock_connection: None,
     }
 }
 
@@ -339,9 +341,8 @@ async fn the_taps_are_served_with_their_slots_before_qemu_starts() {
     let fds = (0..2)
         .map(|_| std::fs::File::open("/dev/null").unwrap().into())
         .collect();
-    let uid = nix::unistd::geteuid().as_raw();
     let mut devices = devices(&paths);
-    devices.taps = Some(super::net::PendingTaps::new(network, listener, fds, uid));
+    devices.taps = Some(super::net::PendingTaps::new(network, listener, fds));
     let launched = launch::start(&config, &vmm, &request("p"), &paths, &rec, devices)
         .await
         .unwrap();

@@ -33,8 +33,9 @@ use crate::vmm::vm_spec::{ConsoleTarget, GuestBoot, VmSpec};
 use crate::Error;
 
 /// Starts the pod's virtiofsd and then QEMU for `spec`, QEMU on `tap_fds` (the NICs'
-/// taps in `spec`'s order) and `key_pipe` (the pipe vmlet's guest's key is read from,
-/// `spec`'s `key_file`).
+/// taps in `spec`'s order) and `made` (what else of the shim's `spec` names by descriptor:
+/// the pipe vmlet's guest's key is read from, `spec`'s `key_file`, and the vsock backend's
+/// connection).
 pub(super) async fn start(
     config: &NodeConfig,
     req: &BootRequest,
@@ -42,7 +43,7 @@ pub(super) async fn start(
     rec: &Recorder<'_>,
     spec: &VmSpec,
     tap_fds: Vec<OwnedFd>,
-    key_pipe: Option<OwnedFd>,
+    made: Vec<OwnedFd>,
 ) -> Result<QemuProcess, Error> {
     let apparmor_profile = match qemu_apparmor::node_lsm() {
         NodeLsm::SelinuxEnforcing => {
@@ -96,7 +97,7 @@ pub(super) async fn start(
     inherit.extend(console.map(OwnedFd::from));
     inherit.extend(share);
     inherit.extend(tap_fds);
-    inherit.extend(key_pipe);
+    inherit.extend(made);
     let qemu = qemu_process::spawn(
         Path::new(&spec.qemu),
         &args,

@@ -14,7 +14,9 @@ use crate::Error;
 
 /// A VM manager whose `start` runs a "QEMU": a thread that connects vmlet's QMP monitor at
 /// `qmp_socket`, greets and answers the capabilities' negotiation, then holds the
-/// connection until `quit` is dropped. `fail` makes the start fail instead.
+/// connection until `quit` is dropped. `fail` makes the start fail instead. As libvirt
+/// does, it writes its "QEMU"'s PID (the test's process) before that QEMU runs, beside the
+/// monitor's socket.
 pub(super) struct FakeQemu {
     qmp_socket: PathBuf,
     fail: bool,
@@ -40,6 +42,10 @@ impl FakeQemu {
             quit: Mutex::new(Some(rx)),
         });
         (qemu.clone(), qemu, tx)
+    }
+
+    fn pid_file(&self) -> PathBuf {
+        self.qmp_socket.with_file_name("fake-libvirt-qemu.pid")
     }
 
     /// What the wrapper does as QEMU starts: fetches the taps from `socket` (within 5 s: a
@@ -71,6 +77,8 @@ impl VmManager for FakeQemu {
             return Err(Error::Internal("libvirt refused the domain".into()));
         }
         self.started.lock().unwrap().push(domain.xml.clone());
+        std::fs::write(self.pid_file(), format!("{}\n", std::process::id()))
+            .map_err(|e| Error::io("write the fake QEMU's PID", e))?;
         // The wrapper, before QEMU runs: the taps from the socket the domain names.
         let tap_socket = domain
             .xml
@@ -115,5 +123,9 @@ impl VmManager for FakeQemu {
 
     fn vmlet_domains(&self) -> Result<Vec<VmletDomain>, Error> {
         Ok(Vec::new())
+    }
+
+    fn qemu_pid_file(&self, _: &str) -> Result<PathBuf, Error> {
+        Ok(self.pid_file())
     }
 }

@@ -19,6 +19,7 @@ use super::{block, BootRequest, Recorder};
 use crate::devices::hotplug::Hotplug;
 use crate::host::pod_paths::{domain_name, PodPaths};
 use crate::host::pod_user::PodUser;
+use crate::host::qemu_peer::{QemuPeer, QemuPid};
 use crate::host::qemu_process::QemuProcess;
 use crate::vm_mode::serial_console::SerialConsole;
 use crate::vmm::launcher_choice;
@@ -51,6 +52,9 @@ pub(super) struct Devices {
     pub user: PodUser,
     /// The pipe vmlet's guest's QEMU reads the agent's key from (the shim's QEMU only).
     pub key_pipe: Option<OwnedFd>,
+    /// The shim's connection to the vsock backend (the shim's QEMU only): inherited by a
+    /// cold start's QEMU, handed over the monitor by a template start.
+    pub vsock_connection: Option<OwnedFd>,
 }
 
 /// vmlet's guest: the node's kernel and initrd with the pod's kernel parameters, the
@@ -137,6 +141,7 @@ pub(super) async fn start(
     let name = domain_name(pod_id);
     let (kvm, direct) = (devices.kvm, devices.direct);
     let key_pipe = devices.key_pipe.take();
+    let vsock_connection = devices.vsock_connection.take();
     let (mut spec, taps) = vm_spec(config, req, paths, &name, devices, console);
     match crate::vmm::qemu_command::libvirt_only(&spec) {
         Some(why) if direct => {
@@ -163,6 +168,25 @@ pub(super) async fn start(
     // None for a VM image, which has no agent to wait for a restore.
     let mut template = super::template_start::choose(config, &spec, direct).await?;
     spec.template = template.as_ref().map(TemplateStart::role);
+    // What QEMU the shim starts inherits beside the taps.
+    let mut made: Vec<OwnedFd> = key_pipe.into_iter().collect();
+    match (&mut template, vsock_connection) {
+        (Some(template), Some(connection)) => template.hand_vsock_connection(connection),
+        (None, connection) => made.extend(connection),
+        (Some(_), None) => {}
+    }
+    // Under libvirt, the process libvirt starts for the domain: the PID libvirt writes
+    // before it runs vmlet's wrapper, which executes QEMU in the same process.
+    let libvirts_qemu = if direct {
+        None
+    } else {
+        let (vmm, name) = (vmm.clone(), name.clone());
+        let file = block(move || vmm.qemu_pid_file(&name)).await??;
+        Some(QemuPeer {
+            uid: qemu_uid,
+            pid: QemuPid::InFile(file),
+        })
+    };
     let mut tap_fds: Vec<OwnedFd> = Vec::new();
     let tap_server = match (&mut template, taps) {
         // A template start plugs the NICs in after the load.
@@ -179,8 +203,14 @@ pub(super) async fn start(
                 .collect();
             None
         }
-        // Served before QEMU starts: the wrapper fetches the taps before it executes QEMU.
-        (None, Some(taps)) => Some(taps.serve(spec.taps())?),
+        // Served before QEMU starts: the wrapper fetches the taps before it executes QEMU
+        // (in QEMU's process: libvirt has written its PID by then).
+        (None, Some(taps)) => {
+            let qemu = libvirts_qemu
+                .clone()
+                .ok_or_else(|| Error::Internal("taps served to a QEMU the shim starts".into()))?;
+            Some(taps.serve(spec.taps(), qemu)?)
+        }
         (_, None) => None,
     };
     log::info!(
@@ -197,7 +227,7 @@ pub(super) async fn start(
     );
     let started = Instant::now();
     let qemu = if direct {
-        Some(super::direct_start::start(config, req, paths, rec, &spec, tap_fds, key_pipe).await?)
+        Some(super::direct_start::start(config, req, paths, rec, &spec, tap_fds, made).await?)
     } else {
         if let Some(share) = spec.guest.share() {
             let cgroup_procs = crate::host::pod_cgroup::procs_files_of(req.cgroup.as_ref())?;
@@ -221,9 +251,13 @@ pub(super) async fn start(
         if direct { "QEMU" } else { "domain" },
         started.elapsed().as_millis()
     );
-    let peer = Peer {
-        uid: qemu_uid,
-        pid: qemu.as_ref().map(|q| q.pid),
+    let peer = match (&qemu, libvirts_qemu) {
+        (Some(qemu), _) => QemuPeer {
+            uid: qemu_uid,
+            pid: QemuPid::Is(qemu.pid),
+        },
+        (None, Some(libvirts)) => libvirts,
+        (None, None) => return Err(Error::Internal("no QEMU started".into())),
     };
     let accepted = accept_qmp(qmp_listener, &spec, req.options.disk_driver, peer);
     let (hotplug, ended, qemu_pid) = match &qemu {
@@ -256,13 +290,13 @@ pub(super) async fn start(
     };
     // The console and the guest agent's port are this pod's QEMU's alone (by its uid, and
     // by its PID).
-    let ours = Peer {
+    let ours = QemuPeer {
         uid: qemu_uid,
-        pid: Some(qemu_pid),
+        pid: QemuPid::Is(qemu_pid),
     };
     let console = match console_listener {
         Some(listener) => {
-            let (stream, _) = accept_qemu(&listener, ours, "the serial console").await?;
+            let (stream, _) = accept_qemu(&listener, &ours, "the serial console").await?;
             let console = SerialConsole::start(stream, &paths.console)?;
             console.serve_operator(&paths.console_input)?;
             Some(console)
@@ -271,7 +305,7 @@ pub(super) async fn start(
     };
     let guest_agent = match agent_listener {
         Some(listener) => Some(
-            accept_qemu(&listener, ours, "the QEMU guest agent's port")
+            accept_qemu(&listener, &ours, "the QEMU guest agent's port")
                 .await?
                 .0,
         ),
@@ -386,28 +420,20 @@ async fn accept_qmp(
     listener: tokio::net::UnixListener,
     spec: &VmSpec,
     driver: vmlet_config::DiskDriver,
-    peer: Peer,
+    qemu: QemuPeer,
 ) -> Result<(Hotplug, tokio::sync::watch::Receiver<bool>, u32), Error> {
-    let (stream, qemu_pid) = accept_qemu(&listener, peer, "vmlet's QMP monitor").await?;
+    let (stream, qemu_pid) = accept_qemu(&listener, &qemu, "vmlet's QMP monitor").await?;
     let qmp = crate::devices::qmp::Qmp::handshake(stream).await?;
     let ended = qmp.ended();
     let ports = spec.hotplug_ports().into_iter().map(|p| p.id).collect();
     Ok((Hotplug::new(qmp, driver, ports), ended, qemu_pid))
 }
 
-/// Who may connect as QEMU: a process of the pod's own user, and where the shim started
-/// QEMU itself, that process alone.
-#[derive(Debug, Clone, Copy)]
-struct Peer {
-    uid: u32,
-    pid: Option<u32>,
-}
-
 /// Takes QEMU's connection to `listener` (`what` it is), within [`QEMU_CONNECT_WAIT`].
-/// Only `peer` is taken for QEMU; its PID is returned.
+/// Only `qemu` is taken; its PID is returned.
 async fn accept_qemu(
     listener: &tokio::net::UnixListener,
-    peer: Peer,
+    qemu: &QemuPeer,
     what: &str,
 ) -> Result<(tokio::net::UnixStream, u32), Error> {
     let accept = async {
@@ -416,19 +442,13 @@ async fn accept_qemu(
                 .accept()
                 .await
                 .map_err(|e| Error::io(format!("accept {what}"), e))?;
-            match stream.peer_cred() {
-                Ok(cred)
-                    if cred.uid() == peer.uid
-                        && peer.pid.is_none_or(|pid| cred.pid() == Some(pid as i32)) =>
-                {
-                    // Linux always reports the peer's PID; without it QEMU could not be
-                    // placed in the pod's cgroup (0 would name the shim itself).
-                    let pid = cred.pid().filter(|p| *p > 0).ok_or_else(|| {
-                        Error::Internal(format!("the PID of {what}'s peer is unknown"))
-                    })?;
-                    return Ok::<_, Error>((stream, pid as u32));
-                }
-                other => log::warn!("{what}: refused a connection not by QEMU ({other:?})"),
+            let admitted = stream
+                .peer_cred()
+                .map_err(|e| format!("an unknown peer ({e})"))
+                .and_then(|cred| qemu.admits(&cred));
+            match admitted {
+                Ok(pid) => return Ok::<_, Error>((stream, pid)),
+                Err(why) => log::warn!("{what}: refused a connection not by QEMU: {why}"),
             }
         }
     };

@@ -9,6 +9,7 @@ use super::host_setup::PodNetns;
 use super::{block, Recorder};
 use crate::host::pod_paths::PodPaths;
 use crate::host::pod_user::PodUser;
+use crate::host::qemu_peer::QemuPeer;
 use crate::host::taps::TapDescription;
 use crate::vmm::vm_spec::{Network, Nic};
 use crate::Error;
@@ -46,7 +47,6 @@ pub(super) struct PendingTaps {
     pub network: Network,
     listener: tokio::net::UnixListener,
     fds: Vec<OwnedFd>,
-    qemu_uid: u32,
 }
 
 impl PendingTaps {
@@ -61,18 +61,12 @@ impl PendingTaps {
         Ok(())
     }
 
-    /// Taps `fds` described by `network`, for `listener`'s first connection by `qemu_uid`.
-    pub fn new(
-        network: Network,
-        listener: tokio::net::UnixListener,
-        fds: Vec<OwnedFd>,
-        qemu_uid: u32,
-    ) -> Self {
+    /// Taps `fds` described by `network`, to serve on `listener`.
+    pub fn new(network: Network, listener: tokio::net::UnixListener, fds: Vec<OwnedFd>) -> Self {
         PendingTaps {
             network,
             listener,
             fds,
-            qemu_uid,
         }
     }
 
@@ -87,14 +81,14 @@ impl PendingTaps {
     }
 
     /// Serves the taps as `described` (the VM's NICs, each with its slot) to the first
-    /// connection of the QEMU user; a description per fd, or an error.
-    pub fn serve(self, described: Vec<TapDescription>) -> Result<TapServer, Error> {
+    /// connection of the pod's QEMU (`qemu`); a description per fd, or an error.
+    pub fn serve(self, described: Vec<TapDescription>, qemu: QemuPeer) -> Result<TapServer, Error> {
         self.check(&described)?;
         Ok(TapServer(crate::host::taps::serve(
             self.listener,
             described,
             self.fds,
-            self.qemu_uid,
+            qemu,
         )))
     }
 }
@@ -152,7 +146,6 @@ pub(super) async fn wire(
     let listener = tokio::net::UnixListener::bind(&paths.tap_socket)
         .map_err(|e| Error::io(format!("bind {}", paths.tap_socket.display()), e))?;
     user.give_private(&paths.tap_socket)?;
-    let qemu_uid = user.uid;
     Ok(PodNet {
         interfaces,
         tap_names,
@@ -163,7 +156,6 @@ pub(super) async fn wire(
             },
             listener,
             wired.taps,
-            qemu_uid,
         )),
     })
 }

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use vmlet_config::NodeConfig;
 
-use crate::devices::identity;
+use crate::devices::identity::{self, VsockBackend};
 use crate::devices::qmp::Qmp;
 use crate::devices::snapshot::{self, Loaded};
 use crate::host::taps::TapDescription;
@@ -34,7 +34,7 @@ const STATE_OVERHEAD: u64 = 16 << 20;
 /// plugged in with afterwards, and the NICs plugged in before that (each on its tap).
 pub(super) struct TemplateStart {
     key: String,
-    vsock: PathBuf,
+    vsock: VsockBackend,
     nics: Vec<(TapDescription, OwnedFd)>,
     action: Action,
 }
@@ -60,7 +60,10 @@ pub(super) async fn choose(
     if !config.templates.enabled {
         return Ok(None);
     }
-    let Some(vsock) = spec.vhost_user_vsock().map(PathBuf::from) else {
+    let Some(vsock) = spec
+        .vhost_user_vsock()
+        .map(|socket| VsockBackend::Socket(PathBuf::from(socket)))
+    else {
         log::info!("pod {}: boots cold: {}", spec.pod_id, why_cold(spec));
         return Ok(None);
     };
@@ -175,6 +178,12 @@ impl TemplateStart {
         }
     }
 
+    /// Has the pod's vsock device served by the shim's `connection` to its backend (QEMU
+    /// the shim started), not by QEMU's own connection to the backend's socket.
+    pub fn hand_vsock_connection(&mut self, connection: OwnedFd) {
+        self.vsock = VsockBackend::Connection(connection);
+    }
+
     /// Has the pod's NICs (each with its tap's fd) plugged in after the load.
     pub fn plug_nics(&mut self, nics: Vec<(TapDescription, OwnedFd)>) {
         self.nics = nics;
@@ -234,7 +243,7 @@ impl TemplateStart {
                 (store, Some(file))
             }
         };
-        match (plug_devices(qmp, nics, &vsock).await, file) {
+        match (plug_devices(qmp, nics, vsock).await, file) {
             (Ok(()), file) => Ok(file.map(|file| Used { store, key, file })),
             (Err(e), Some(file)) if blames_the_template(&e) => {
                 let discarded = discard(&store, &key, &file, pod_id).await;
@@ -302,7 +311,7 @@ async fn save(qmp: &Qmp, reserved: Reserved, pod_id: &str, key: &str) -> Option<
 async fn plug_devices(
     qmp: &Qmp,
     nics: Vec<(TapDescription, OwnedFd)>,
-    vsock: &Path,
+    vsock: VsockBackend,
 ) -> Result<(), Error> {
     for (i, (tap, fd)) in nics.into_iter().enumerate() {
         identity::plug_nic(qmp, i, &tap, fd, &nic_port(i)).await?;
@@ -356,6 +365,7 @@ mod tests {
     fn pod(dir: &Path) -> VmSpec {
         let mut spec = spec(VsockDevice::VhostUser {
             socket: "/run/vmlet/t1/vsock.sock".into(),
+            connection: None,
         });
         spec.network = None;
         for (name, file) in [
@@ -482,7 +492,7 @@ mod tests {
         let file = store.open(&key).unwrap().unwrap();
         let start = TemplateStart {
             key: key.clone(),
-            vsock: dir.path().join("vsock.sock"),
+            vsock: VsockBackend::Socket(dir.path().join("vsock.sock")),
             nics: vec![(
                 TapDescription {
                     mac: "0a:58:0a:00:00:07".into(),

@@ -226,6 +226,10 @@ impl VmManager for LibvirtHelper {
         yes_no(&self.call(&["is-active", name], b"")?, "is-active")
     }
 
+    fn qemu_pid_file(&self, name: &str) -> Result<PathBuf, Error> {
+        super::libvirt_daemon::qemu_pid_file(&self.uri, name)
+    }
+
     fn vmlet_domains(&self) -> Result<Vec<VmletDomain>, Error> {
         let answer = self.call(&["vmlet-domains"], b"")?;
         serde_json::from_str(&answer)

@@ -8,6 +8,7 @@
 pub(crate) mod domain;
 pub mod kvm_probe;
 pub mod launcher_choice;
+pub mod libvirt_daemon;
 pub mod libvirt_helper;
 pub mod libvirt_xml;
 pub mod pci_slots;
@@ -38,6 +39,11 @@ pub trait VmManager: Send + Sync + 'static {
     /// Every domain (running or only defined) carrying vmlet's pod metadata: its name,
     /// pod id and whether it runs. Domains without the mark are not vmlet's.
     fn vmlet_domains(&self) -> Result<Vec<VmletDomain>, Error>;
+    /// The file where libvirt keeps the PID of domain `name`'s QEMU once it started it
+    /// (written before QEMU's program runs), as the shim reaches it: the connections the
+    /// shim takes for that QEMU are pinned to that PID
+    /// ([`crate::host::qemu_peer::QemuPid::InFile`]).
+    fn qemu_pid_file(&self, name: &str) -> Result<std::path::PathBuf, Error>;
 }
 
 /// What starting a pod's domain takes ([`domain::start_request`]).
@@ -123,5 +129,10 @@ impl VmManager for FakeVmm {
                 })
             })
             .collect())
+    }
+
+    /// The fake starts no QEMU: a file no one writes.
+    fn qemu_pid_file(&self, name: &str) -> Result<std::path::PathBuf, Error> {
+        Ok(std::path::Path::new("/nonexistent/vmlet-fake-vmm").join(format!("{name}.pid")))
     }
 }

@@ -267,7 +267,11 @@ fn interpolated<'a>(spec: &'a VmSpec, launched: &'a Launched) -> Vec<(&'static s
                 ("the share's tag", agent.share_tag.as_str()),
                 ("the agent's key file", agent.key_file.as_str()),
             ]);
-            if let VsockDevice::VhostUser { socket } = &agent.vsock {
+            if let VsockDevice::VhostUser {
+                socket,
+                connection: None,
+            } = &agent.vsock
+            {
                 values.push(("the vsock backend's socket", socket.as_str()));
             }
         }
@@ -345,6 +349,7 @@ mod tests {
     fn vhost_user() -> VmSpec {
         let mut spec = spec(VsockDevice::VhostUser {
             socket: "/run/vmlet/t1/vsock.sock".into(),
+            connection: Some(11),
         });
         spec.console = ConsoleTarget::File("/run/vmlet/t1/console.log".into());
         spec
@@ -383,6 +388,13 @@ mod tests {
         assert!(devices
             .iter()
             .any(|d| d.starts_with("vhost-user-vsock-pci,") && d.ends_with("addr=0x10")));
+        // The vsock backend is the shim's connection, which QEMU inherits: no path.
+        let chardevs = values(&args, "-chardev");
+        assert!(
+            chardevs.contains(&"socket,id=vmlet-vsock,fd=11"),
+            "{chardevs:?}"
+        );
+        assert!(!args.join(" ").contains("vsock.sock"), "{args:?}");
         assert!(devices
             .iter()
             .any(|d| d.starts_with("virtio-balloon-pci,") && d.ends_with("addr=0x1e")));

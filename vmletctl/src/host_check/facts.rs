@@ -164,58 +164,11 @@ fn users_in(passwd: &str, range: vmlet_config::PodUsersConfig) -> Vec<String> {
 /// host's root has it where the system daemon's socket is not found (a socket started by
 /// systemd names PID 1, whose root is the host's too).
 fn libvirt_dir_passable(uri: &str) -> Result<bool, String> {
-    let root = match libvirt_daemon(uri)? {
+    let root = match vmlet_shim::vmm::libvirt_daemon::daemon_pid(uri)? {
         Some(pid) => std::path::PathBuf::from(format!("/proc/{pid}/root")),
         None => std::path::PathBuf::from("/"),
     };
     crate::libvirt_dir::passable(&root).map_err(|e| e.message())
-}
-
-/// How long the daemon's socket may take to take a connection.
-const DAEMON_CONNECT: std::time::Duration = std::time::Duration::from_secs(2);
-
-/// The PID of the daemon listening on `uri`'s local socket: its `socket=` parameter, or the
-/// system daemon's (virtqemud's, or libvirtd's); none where neither is there. A remote URI
-/// is an error: its QEMU is not this node's.
-fn libvirt_daemon(uri: &str) -> Result<Option<i32>, String> {
-    use nix::sys::socket::{getsockopt, sockopt::PeerCredentials};
-    let scheme = uri.split("://").next().unwrap_or_default();
-    if scheme
-        .split_once('+')
-        .is_some_and(|(_, transport)| transport != "unix")
-    {
-        return Err(format!("{uri} is another host's libvirt"));
-    }
-    let socket = match uri.split_once("socket=") {
-        Some((_, rest)) => std::path::PathBuf::from(rest.split('&').next().unwrap_or_default()),
-        None => match ["/run/libvirt/virtqemud-sock", "/run/libvirt/libvirt-sock"]
-            .into_iter()
-            .map(std::path::PathBuf::from)
-            .find(|p| p.exists())
-        {
-            Some(socket) => socket,
-            None => return Ok(None),
-        },
-    };
-    // On a thread of its own: a daemon whose backlog is full would hold the connect.
-    let (tx, rx) = std::sync::mpsc::channel();
-    let asked = socket.clone();
-    std::thread::spawn(move || {
-        let pid = std::os::unix::net::UnixStream::connect(&asked)
-            .map_err(|e| e.to_string())
-            .and_then(|stream| getsockopt(&stream, PeerCredentials).map_err(|e| e.to_string()))
-            .map(|cred| cred.pid());
-        let _ = tx.send(pid);
-    });
-    match rx.recv_timeout(DAEMON_CONNECT) {
-        Ok(Ok(pid)) if pid > 0 => Ok(Some(pid)),
-        Ok(Ok(pid)) => Err(format!("{} names PID {pid}", socket.display())),
-        Ok(Err(e)) => Err(format!("connect {}: {e}", socket.display())),
-        Err(_) => Err(format!(
-            "{} took no connection within {DAEMON_CONNECT:?}",
-            socket.display()
-        )),
-    }
 }
 
 /// The guest kernel and initrd, checked against the `manifest.json` beside them when there
@@ -304,26 +257,6 @@ mod tests {
 
     const VMLET_V3: &str = include_str!("../../../deploy/containerd-vmlet-v3.toml");
     const VMLET_V2: &str = include_str!("../../../deploy/containerd-vmlet-v2.toml");
-
-    #[test]
-    fn libvirts_daemon_is_asked_only_where_it_is_this_nodes() {
-        let remote = libvirt_daemon("qemu+ssh://node-2/system").unwrap_err();
-        assert!(remote.contains("another host's"), "{remote}");
-        let dir = tempfile::tempdir().unwrap();
-        let missing = format!(
-            "qemu:///system?socket={}/none&mode=direct",
-            dir.path().display()
-        );
-        let err = libvirt_daemon(&missing).unwrap_err();
-        assert!(err.contains("/none"), "{err}");
-        let listener = std::os::unix::net::UnixListener::bind(dir.path().join("sock")).unwrap();
-        let uri = format!("qemu+unix:///system?socket={}/sock", dir.path().display());
-        assert_eq!(
-            libvirt_daemon(&uri).unwrap(),
-            Some(std::process::id() as i32)
-        );
-        drop(listener);
-    }
 
     #[test]
     fn the_users_in_the_pod_range_are_named() {

@@ -291,6 +291,7 @@ mod tests {
     fn renders_tcg_domain_with_vhost_user_vsock() {
         let xml = Domain::new(&spec(VsockDevice::VhostUser {
             socket: "/run/vmlet/t1/vhost.sock".into(),
+            connection: None,
         }))
         .to_xml()
         .unwrap();
@@ -333,6 +334,7 @@ mod tests {
         assert!(start_request(&image).is_err());
         let mut user = spec(VsockDevice::VhostUser {
             socket: "/run/vmlet/t1/vsock.sock".into(),
+            connection: None,
         });
         user.template = Some(crate::vmm::vm_spec::TemplateRole::Load);
         let xml = start_request(&user).unwrap().xml;
@@ -616,6 +618,7 @@ mod tests {
     fn the_start_request_carries_the_profiles_files_beside_the_xml() {
         let request = start_request(&spec(VsockDevice::VhostUser {
             socket: "/run/vmlet/t1/vhost.sock".into(),
+            connection: None,
         }))
         .unwrap();
         assert_eq!(request.pod_id, "t1");

@@ -189,5 +189,11 @@ pub enum VsockDevice {
     /// Kernel vhost-vsock, CID chosen by libvirt.
     Vhost,
     /// `vhost-user-vsock-pci` connected to a `vhost-device-vsock` socket.
-    VhostUser { socket: String },
+    VhostUser {
+        socket: String,
+        /// The shim's connection to `socket`, as QEMU inherits it (QEMU the shim starts:
+        /// a template start hands it over the monitor instead); none: QEMU connects
+        /// `socket` itself (libvirt's).
+        connection: Option<i32>,
+    },
 }

@@ -166,7 +166,7 @@ impl VmSpec {
     pub fn vhost_user_vsock(&self) -> Option<&str> {
         match &self.guest {
             GuestBoot::Agent(AgentBoot {
-                vsock: VsockDevice::VhostUser { socket },
+                vsock: VsockDevice::VhostUser { socket, .. },
                 ..
             }) => Some(socket),
             _ => None,
@@ -225,10 +225,13 @@ impl VmSpec {
                 }
             }
             GuestBoot::Agent(agent) => {
-                if let VsockDevice::VhostUser { socket } = &agent.vsock {
+                if let VsockDevice::VhostUser { socket, connection } = &agent.vsock {
                     args.extend([
                         "-chardev".to_string(),
-                        format!("socket,id=vmlet-vsock,path={socket}"),
+                        match connection {
+                            Some(fd) => format!("socket,id=vmlet-vsock,fd={fd}"),
+                            None => format!("socket,id=vmlet-vsock,path={socket}"),
+                        },
                         "-device".to_string(),
                         format!(
                             "vhost-user-vsock-pci,chardev=vmlet-vsock,bus=pcie.0,addr={}",
@@ -303,7 +306,12 @@ impl VmSpec {
                 files.push(file(kernel, Access::Read));
                 files.push(file(initrd, Access::Read));
                 files.push(file(key_file, Access::Read));
-                if let VsockDevice::VhostUser { socket } = vsock {
+                // QEMU connects the socket itself only where the shim did not.
+                if let VsockDevice::VhostUser {
+                    socket,
+                    connection: None,
+                } = vsock
+                {
                     files.push(file(socket, Access::ReadWrite));
                 }
             }
@@ -419,6 +427,7 @@ pub(crate) mod tests {
         let socket = "/run/vmlet/t1/vsock.sock".to_string();
         let cold = spec(VsockDevice::VhostUser {
             socket: socket.clone(),
+            connection: None,
         });
         let mut saved = cold.clone();
         saved.template = Some(TemplateRole::Save);
