@@ -9,6 +9,7 @@ use std::path::Path;
 use vmlet_config::NodeConfig;
 use vmlet_netns::MarkedTap;
 
+use vmlet_shim::host::pod_lock::{self, HeldLock};
 use vmlet_shim::host::pod_record::PodRecord;
 use vmlet_shim::host::state::PodState;
 use vmlet_shim::host::vhost_device_vsock;
@@ -359,9 +360,11 @@ impl Removal {
         }
     }
 
-    fn run(&self, config: &NodeConfig, vmm: &dyn VmManager) -> Result<(), Error> {
+    fn run(&self, config: &NodeConfig, vmm: &dyn VmManager, lock: &HeldLock) -> Result<(), Error> {
         match self {
-            Removal::State(id) => vmlet_shim::host::reclaim::cleanup_after_shim(config, vmm, id),
+            Removal::State(id) => {
+                vmlet_shim::host::reclaim::cleanup_locked(config, vmm, id, lock.clone())
+            }
             Removal::Domain(name) => vmm.remove(name),
             Removal::Tap(tap) => vmlet_netns::remove_marked_tap(tap).map_err(Error::Network),
             Removal::Helper(pid, pod_id) => vhost_device_vsock::kill_if_serving(
@@ -373,8 +376,11 @@ impl Removal {
 }
 
 /// Removes what orphaned pods left: everything a state directory lists (as `shim delete`
-/// does), or the bare domain, and the pod's marked taps. Returns what was (or, with
-/// `dry_run`, would be) removed, one line each.
+/// does), or the bare domain, and the pod's marked taps. Each pod is removed with its lock
+/// held ([`vmlet_shim::host::pod_lock`]) and looked at again once it is: a pod whose lock is
+/// held (being made, served or removed) is left alone, so that a pod made while `gc`
+/// looked is not taken for an orphan. Returns what was (or, with `dry_run`, would be)
+/// removed, one line each.
 pub fn gc(
     config: &NodeConfig,
     netns_dir: &Path,
@@ -383,18 +389,41 @@ pub fn gc(
 ) -> Result<Vec<String>, Error> {
     let mut removed = Vec::new();
     let mut first = None;
-    for pod in survey(&config.state_dir, netns_dir, vmm)?
+    for found in survey(&config.state_dir, netns_dir, vmm)?
         .into_iter()
         .filter(PodView::is_orphan)
     {
-        for removal in Removal::of(&pod) {
+        let id = &found.pod_id;
+        if let Err(e) = check_pod_id(id) {
+            first.get_or_insert(e);
+            continue;
+        }
+        let Some(lock) = pod_lock::try_take(&config.state_dir, id)? else {
+            log::info!(
+                "pod {id}: its lock is held (the pod is being made, served or removed): left alone"
+            );
+            continue;
+        };
+        let lock = HeldLock::new(lock);
+        let again = survey(&config.state_dir, netns_dir, vmm)?
+            .into_iter()
+            .find(|p| p.pod_id == *id && p.is_orphan());
+        let mut failed = false;
+        for removal in again.iter().flat_map(Removal::of) {
             if !dry_run {
-                if let Err(e) = removal.run(config, vmm) {
+                if let Err(e) = removal.run(config, vmm, &lock) {
                     first.get_or_insert(e);
+                    failed = true;
                     continue;
                 }
             }
-            removed.push(removal.describe(&pod.pod_id));
+            removed.push(removal.describe(id));
+        }
+        // Its lock's file, which taking the lock may have made, goes with the pod.
+        if !failed {
+            if let Err(e) = lock.remove_file() {
+                first.get_or_insert(e);
+            }
         }
     }
     crate::gc_leftovers::collect(config, dry_run, &mut removed, &mut first);
@@ -493,6 +522,34 @@ mod tests {
         assert!(vmm.running.lock().unwrap().is_empty());
         assert!(!orphan.dir.exists());
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_pod_whose_lock_is_held_is_left_alone_until_it_is_let_go() {
+        let dir = tempfile::tempdir().unwrap();
+        let vmm = FakeVmm::default();
+        // A pod being made: its shim holds its lock and has started its domain, and its
+        // state directory is not there yet (or `gc` looked before it was).
+        vmm.start(&vmlet_shim::vmm::StartDomain::named("vmlet-new", "new"))
+            .unwrap();
+        let config = NodeConfig {
+            state_dir: dir.path().to_owned(),
+            ..Default::default()
+        };
+        let no_netns = dir.path().join("netns");
+        let held = pod_lock::try_take(dir.path(), "new").unwrap().unwrap();
+        assert!(gc(&config, &no_netns, &vmm, false).unwrap().is_empty());
+        assert_eq!(*vmm.running.lock().unwrap(), ["vmlet-new"]);
+        // Let go (its shim died): an orphan, removed with its lock's file.
+        drop(held);
+        let removed = gc(&config, &no_netns, &vmm, false).unwrap();
+        assert_eq!(removed, ["pod new: domain vmlet-new"]);
+        assert!(vmm.running.lock().unwrap().is_empty());
+        assert!(!pod_lock::path(dir.path(), "new").exists());
+        // A lock file no pod has is swept.
+        drop(pod_lock::try_take(dir.path(), "stale").unwrap().unwrap());
+        gc(&config, &no_netns, &vmm, false).unwrap();
+        assert!(!pod_lock::path(dir.path(), "stale").exists());
     }
 
     #[test]

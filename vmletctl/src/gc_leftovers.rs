@@ -1,7 +1,7 @@
 //! What a pod whose state directory is gone (its shim killed, its state lost) may have left
 //! outside that directory, which `vmletctl gc` removes: its figures socket in the metrics
-//! directory, and the AppArmor profile of its QEMU (the shim's own launcher, on an AppArmor
-//! node; removing it ends whatever still runs under it first).
+//! directory, the AppArmor profile of its QEMU (the shim's own launcher, on an AppArmor
+//! node; removing it ends whatever still runs under it first), and its lock's file.
 
 use std::path::{Path, PathBuf};
 
@@ -51,6 +51,37 @@ pub fn collect(
         }
         removed.push(format!("pod {pod_id}: AppArmor profile {name}"));
     }
+    if !dry_run {
+        if let Err(e) = unused_locks(&config.state_dir) {
+            first.get_or_insert(e);
+        }
+    }
+}
+
+/// Removes the lock files of pods with no state directory that no one holds (a pod's
+/// teardown removes its own; one whose teardown failed leaves it).
+fn unused_locks(state_dir: &Path) -> Result<(), Error> {
+    use vmlet_shim::host::pod_lock;
+    let entries = match std::fs::read_dir(state_dir.join(pod_lock::LOCKS_DIR)) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(Error::io(format!("list {}", pod_lock::LOCKS_DIR), e)),
+    };
+    for entry in entries.flatten() {
+        let pod_id = entry.file_name().to_string_lossy().into_owned();
+        if crate::ctl::check_pod_id(&pod_id).is_err()
+            || PodPaths::new(state_dir, &pod_id).dir.exists()
+        {
+            continue;
+        }
+        if let Some(lock) = pod_lock::try_take(state_dir, &pod_id)? {
+            // Looked at again with the lock held: a pod made since has its directory.
+            if !PodPaths::new(state_dir, &pod_id).dir.exists() {
+                lock.remove_file()?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The pods' figures sockets in the metrics directory, by pod id (other names skipped);

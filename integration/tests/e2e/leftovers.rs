@@ -83,6 +83,17 @@ fn survey(s: &Stack) -> BTreeSet<String> {
             }
             continue;
         }
+        // The pods' locks: the directory stays, a pod's lock goes with its pod.
+        if name == vmlet_shim::host::pod_lock::LOCKS_DIR {
+            let locks = format!("{}/state/{}", s.dir, name.to_string_lossy());
+            for lock in std::fs::read_dir(&locks).expect("the pods' locks") {
+                found.insert(format!(
+                    "pod lock {}: a pod's lock file left (vmlet's shim)",
+                    lock.expect("a lock").file_name().to_string_lossy()
+                ));
+            }
+            continue;
+        }
         // The pods' uid claims: the directory, its lock and where the next claim starts
         // stay, a claim goes with its pod.
         if name == vmlet_shim::host::pod_user::CLAIMS_DIR {

@@ -27,6 +27,7 @@ mod guest_privileges;
 mod k8s;
 mod k8s_token;
 mod leftovers;
+mod libvirt_outage;
 mod metrics;
 mod nerdctl;
 mod netns;

@@ -29,6 +29,7 @@ pub(crate) mod log_dir;
 pub(crate) mod netns_holder;
 pub(crate) mod pidfd;
 pub mod pod_cgroup;
+pub mod pod_lock;
 pub mod pod_paths;
 pub mod pod_record;
 pub mod pod_user;

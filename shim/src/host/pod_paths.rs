@@ -124,6 +124,30 @@ pub fn make_passable(dir: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Makes `dir` (mode 0700), or checks that the one there is a directory of the shim's
+/// user closed to others.
+pub fn make_private_dir(dir: &Path) -> Result<(), crate::Error> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            let meta = std::fs::symlink_metadata(dir)
+                .map_err(|e| crate::Error::io(format!("stat {}", dir.display()), e))?;
+            if !meta.is_dir()
+                || meta.uid() != nix::unistd::geteuid().as_raw()
+                || meta.mode() & 0o077 != 0
+            {
+                return Err(crate::Error::FailedPrecondition(format!(
+                    "{} must be a directory of the shim's user closed to others",
+                    dir.display()
+                )));
+            }
+            Ok(())
+        }
+        Err(e) => Err(crate::Error::io(format!("create {}", dir.display()), e)),
+    }
+}
+
 #[cfg(test)]
 mod passable_tests {
     #[test]

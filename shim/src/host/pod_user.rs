@@ -101,7 +101,7 @@ pub async fn claim(
 ) -> Result<PodUser, Error> {
     let (_, gid, _) = qemu_user(config)?;
     let dir = claims_dir(&config.state_dir);
-    make_claims_dir(&dir)?;
+    crate::host::pod_paths::make_private_dir(&dir)?;
     let _lock = crate::host::file_lock::exclusive(&dir.join(LOCK_FILE), LOCK_WAIT).await?;
     let running = uids_running();
     let range = config.pod_users;
@@ -161,29 +161,6 @@ pub fn release(pod_dir: &Path, uid: u32) -> Result<(), Error> {
 
 fn claims_dir(state_dir: &Path) -> PathBuf {
     state_dir.join(CLAIMS_DIR)
-}
-
-/// The claims' directory, root's and closed to others.
-fn make_claims_dir(dir: &Path) -> Result<(), Error> {
-    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
-    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-            let meta = std::fs::symlink_metadata(dir)
-                .map_err(|e| Error::io(format!("stat {}", dir.display()), e))?;
-            if !meta.is_dir()
-                || meta.uid() != nix::unistd::geteuid().as_raw()
-                || meta.mode() & 0o077 != 0
-            {
-                return Err(Error::FailedPrecondition(format!(
-                    "{} must be a directory of the shim's user closed to others",
-                    dir.display()
-                )));
-            }
-            Ok(())
-        }
-        Err(e) => Err(Error::io(format!("create {}", dir.display()), e)),
-    }
 }
 
 /// The pod a claim names (none: no claim).

@@ -13,7 +13,10 @@ use crate::Error;
 
 /// Undoes `state`'s journal: the VM first (the domain, or QEMU started without libvirt),
 /// then the rest, the last made first; then removes the directory, and gives the pod's uid
-/// back when nothing failed. Goes on past failures and reports the first.
+/// back when nothing failed. Goes on past failures and reports the first, but stops at
+/// once, keeping the directory and its journal, when the VM could not be removed (libvirt
+/// down): what the VM still uses stays for a later teardown (`shim delete`, `vmletctl gc`,
+/// or the task's delete again) to remove, the VM first.
 pub fn teardown(vmm: &dyn VmManager, state: &PodState) -> Result<(), Error> {
     let mut first: Option<Error> = None;
     let note = |first: &mut Option<Error>, r: Result<(), Error>| {
@@ -29,7 +32,16 @@ pub fn teardown(vmm: &dyn VmManager, state: &PodState) -> Result<(), Error> {
     let (users, rest): (Vec<&Made>, Vec<&Made>) = rest
         .into_iter()
         .partition(|m| matches!(m, Made::PodUser(_)));
-    for made in vm.into_iter().chain(rest.into_iter().rev()) {
+    for made in vm {
+        if let Err(e) = made.undo(vmm, &state.dir) {
+            log::warn!("teardown: {}", e.message());
+            return Err(e.within(&format!(
+                "the pod's VM was not removed; {} and its journal are kept for the next try",
+                state.dir.display()
+            )));
+        }
+    }
+    for made in rest.into_iter().rev() {
         note(&mut first, made.undo(vmm, &state.dir));
     }
     // The pod's figures socket, which a killed shim leaves in the metrics directory.
@@ -52,9 +64,14 @@ pub fn teardown(vmm: &dyn VmManager, state: &PodState) -> Result<(), Error> {
     // left (libvirt gives what it relabelled back to the uid it found) would be open to
     // the next pod given it. Kept, the claim goes when the pod's directory does.
     if first.is_none() {
-        for made in users {
+        for made in &users {
             note(&mut first, made.undo(vmm, &state.dir));
         }
+    }
+    // Nothing of the pod is left: the lock's file goes too (held until the state's last
+    // copy is dropped).
+    if first.is_none() {
+        note(&mut first, state.lock.remove_file());
     } else if !users.is_empty() {
         log::warn!(
             "teardown: {}'s uid stays claimed while something of the pod is left",
@@ -76,8 +93,12 @@ pub fn live_shim(pid: u32, pod_id: &str) -> bool {
             .any(|w| w[0] == b"-id" && w[1] == pod_id.as_bytes())
 }
 
-/// `shim delete`: containerd's cleanup after the shim is gone. Removes whatever the pod's
-/// state file lists.
+/// How long `shim delete` waits for the pod's lock: its shim, killed, lets go at once; a
+/// `vmletctl gc` removing the pod is done within seconds.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// `shim delete`: containerd's cleanup after the shim is gone. Stops a shim containerd gave
+/// up on, takes the pod's lock, then removes whatever the pod's state file lists.
 pub fn cleanup_after_shim(
     config: &NodeConfig,
     vmm: &dyn VmManager,
@@ -86,6 +107,45 @@ pub fn cleanup_after_shim(
     let dir = crate::host::pod_paths::PodPaths::new(&config.state_dir, pod_id).dir;
     if !dir.exists() {
         return Ok(());
+    }
+    if let Ok(state) = PodState::load(&dir) {
+        stop_given_up_shim(&state, pod_id);
+    }
+    let lock = crate::host::pod_lock::take_blocking(&config.state_dir, pod_id, LOCK_WAIT)?;
+    cleanup_locked(
+        config,
+        vmm,
+        pod_id,
+        crate::host::pod_lock::HeldLock::new(lock),
+    )
+}
+
+/// Kills the shim `state` names if it still runs (containerd gave up on it: nothing will
+/// talk to it again).
+fn stop_given_up_shim(state: &PodState, pod_id: &str) {
+    if let Some(pid) = state.shim_pid.filter(|p| *p != std::process::id()) {
+        if live_shim(pid, &state.shim_id()) {
+            log::warn!("pod {pod_id}: stopping its shim {pid}, which containerd gave up on");
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+}
+
+/// Removes whatever pod `pod_id`'s state file lists (what any pod of that id may have left,
+/// where it has none), with the pod's `lock` held ([`crate::host::pod_lock`]): read after
+/// the lock is taken, so that it is what the pod's last holder left.
+pub fn cleanup_locked(
+    config: &NodeConfig,
+    vmm: &dyn VmManager,
+    pod_id: &str,
+    lock: crate::host::pod_lock::HeldLock,
+) -> Result<(), Error> {
+    let dir = crate::host::pod_paths::PodPaths::new(&config.state_dir, pod_id).dir;
+    if !dir.exists() {
+        return lock.remove_file();
     }
     // Without its state file, what any pod of that id may have left outside its directory.
     let state = PodState::load(&dir).unwrap_or_else(|_| PodState {
@@ -102,16 +162,7 @@ pub fn cleanup_after_shim(
         .collect(),
         ..Default::default()
     });
-    if let Some(pid) = state.shim_pid.filter(|p| *p != std::process::id()) {
-        // A shim containerd gave up on while it still ran: nothing will talk to it again.
-        if live_shim(pid, &state.shim_id()) {
-            log::warn!("pod {pod_id}: stopping its shim {pid}, which containerd gave up on");
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid as i32),
-                nix::sys::signal::Signal::SIGKILL,
-            );
-        }
-    }
+    let state = PodState { lock, ..state };
     teardown(vmm, &state)
 }
 
@@ -184,14 +235,105 @@ mod tests {
                 _ => unreachable!(),
             };
             std::fs::write(claims.join(uid.to_string()), pod).unwrap();
+            let lock = crate::host::pod_lock::try_take(dir.path(), pod)
+                .unwrap()
+                .unwrap();
             let state = PodState {
                 dir: pod_dir.clone(),
                 made,
+                lock: crate::host::pod_lock::HeldLock::new(lock),
                 ..Default::default()
             };
             assert_eq!(teardown(&vmm, &state).is_ok(), given_back, "{pod}");
             assert_eq!(!claims.join(uid.to_string()).exists(), given_back, "{pod}");
+            // The lock's file goes with the uid: what is left is removed under it later.
+            let lock_file = crate::host::pod_lock::path(dir.path(), pod);
+            assert_eq!(!lock_file.exists(), given_back, "{pod}");
         }
+    }
+
+    #[test]
+    fn a_vm_not_removed_keeps_the_pods_directory_and_journal() {
+        let dir = tempfile::tempdir().unwrap();
+        let pod_dir = dir.path().join("p");
+        std::fs::create_dir(&pod_dir).unwrap();
+        let share = pod_dir.join("share");
+        std::fs::create_dir(&share).unwrap();
+        // libvirt down: the domain's removal fails.
+        struct Down;
+        impl VmManager for Down {
+            fn kvm_usable(&self, _: &str, _: &str) -> bool {
+                false
+            }
+            fn start(&self, _: &crate::vmm::StartDomain) -> Result<(), Error> {
+                unreachable!()
+            }
+            fn remove(&self, name: &str) -> Result<(), Error> {
+                Err(Error::Libvirt(format!("remove {name}: libvirt is down")))
+            }
+            fn live_xml(&self, _: &str) -> Result<String, Error> {
+                unreachable!()
+            }
+            fn is_active(&self, _: &str) -> Result<bool, Error> {
+                unreachable!()
+            }
+            fn vmlet_domains(&self) -> Result<Vec<crate::vmm::VmletDomain>, Error> {
+                unreachable!()
+            }
+            fn qemu_pid_file(&self, _: &str) -> Result<std::path::PathBuf, Error> {
+                unreachable!()
+            }
+        }
+        let lock = crate::host::pod_lock::try_take(dir.path(), "p")
+            .unwrap()
+            .unwrap();
+        let state = PodState {
+            dir: pod_dir.clone(),
+            made: vec![Made::Domain("vmlet-p".into())],
+            lock: crate::host::pod_lock::HeldLock::new(lock),
+            ..Default::default()
+        };
+        state.save().unwrap();
+        let err = teardown(&Down, &state).unwrap_err();
+        assert!(err.message().contains("libvirt is down"), "{err:?}");
+        assert!(err.message().contains("kept"), "{err:?}");
+        assert!(share.is_dir(), "nothing else undone");
+        assert_eq!(PodState::load(&pod_dir).unwrap().made, state.made);
+        assert!(crate::host::pod_lock::path(dir.path(), "p").exists());
+        // libvirt back: the next teardown removes it all.
+        let vmm = crate::vmm::FakeVmm::default();
+        teardown(&vmm, &state).unwrap();
+        assert!(!pod_dir.exists());
+    }
+
+    #[test]
+    fn shim_delete_waits_for_the_pods_lock() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = NodeConfig {
+            state_dir: dir.path().to_owned(),
+            ..Default::default()
+        };
+        let pod_dir = dir.path().join("p");
+        std::fs::create_dir(&pod_dir).unwrap();
+        PodState {
+            dir: pod_dir.clone(),
+            ..Default::default()
+        }
+        .save()
+        .unwrap();
+        let held = crate::host::pod_lock::try_take(dir.path(), "p")
+            .unwrap()
+            .unwrap();
+        let started = std::time::Instant::now();
+        let letting_go = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            drop(held);
+        });
+        cleanup_after_shim(&config, &crate::vmm::FakeVmm::default(), "p").unwrap();
+        assert!(started.elapsed() >= std::time::Duration::from_millis(200));
+        letting_go.join().unwrap();
+        assert!(!pod_dir.exists());
+        assert!(!crate::host::pod_lock::path(dir.path(), "p").exists());
     }
 
     #[test]

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::host::pod_lock::HeldLock;
 use crate::host::undo::Made;
 use crate::Error;
 
@@ -28,6 +29,8 @@ pub struct PodState {
     pub shim_id: Option<String>,
     /// What the pod made, in the order it made it ([`Made`]: the undo journal).
     pub made: Vec<Made>,
+    /// The pod's lock ([`crate::host::pod_lock`]), while this process holds it.
+    pub lock: HeldLock,
 }
 
 /// The state file: [`PodState`]'s journal, and beside it the record an earlier version of
@@ -80,6 +83,7 @@ impl TryFrom<StateFile> for PodState {
                 shim_pid: f.shim_pid,
                 shim_id: f.shim_id,
                 made,
+                lock: HeldLock::default(),
             });
         }
         // Undone last first: the domain, the network, the host process, the vsock backend,
@@ -99,6 +103,7 @@ impl TryFrom<StateFile> for PodState {
             shim_pid: f.shim_pid,
             shim_id: f.shim_id,
             made,
+            lock: HeldLock::default(),
         })
     }
 }
@@ -251,6 +256,7 @@ mod tests {
             dir: dir.clone(),
             shim_pid: Some(44),
             shim_id: Some("p".into()),
+            lock: HeldLock::default(),
             made: vec![
                 Made::Cgroup("/kubepods/pod1/p".into()),
                 Made::Mount(dir.join("share/c/rootfs")),
@@ -334,6 +340,7 @@ mod tests {
             dir: "/run/vmlet/p".into(),
             shim_pid: Some(44),
             shim_id: None,
+            lock: HeldLock::default(),
             made: vec![
                 Made::Cgroup("/kubepods/p".into()),
                 Made::Mount("/run/vmlet/p/log".into()),

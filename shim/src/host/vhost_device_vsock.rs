@@ -1,7 +1,8 @@
 //! The pod's vsock backend when the VM's vsock is vhost-user: a `vhost-device-vsock` process
 //! per pod, as root, serving the guest's CID [`crate::guest::vsock::HYBRID_GUEST_CID`] on two
-//! sockets: the vhost-user one QEMU connects (given to the pod's QEMU's user by the caller)
-//! and the shim's own, where the shim reaches the guest's ports (hybrid vsock). Before its
+//! sockets: the vhost-user one QEMU's side is on (the shim connects it where it starts QEMU,
+//! [`connect`]; under libvirt it is given to the pod's QEMU's user, which connects it) and
+//! the shim's own, where the shim reaches the guest's ports (hybrid vsock). Before its
 //! exec it joins the pod's cgroup, takes a session of its own, the OOM score a process
 //! starts with and no core dumps, makes its sockets 0600 (umask 077) and keeps no
 //! descriptor but stdio ([`qemu_process::helper_command`]); its output goes to a file of

@@ -9,8 +9,8 @@ use vmlet_config::{Accel, CpuModel, NodeConfig, VmOptions, VmShape, VsockTranspo
 
 use super::fake_qemu::FakeQemu;
 use super::{
-    accel, host_setup, launch, new_pod_state, power_off_and_reclaim, reclaim_failed_boot,
-    vsock_backend, BootRequest, Recorder,
+    accel, host_setup, launch, made_pod_state, new_pod_state, power_off_and_reclaim,
+    prepare_state_dir, reclaim_failed_boot, refuse_existing, vsock_backend, BootRequest, Recorder,
 };
 use crate::devices::memory::PodMemory;
 use crate::host::pod_paths::PodPaths;
@@ -77,10 +77,27 @@ fn request(pod_id: &str) -> BootRequest {
 /// A new pod's state directory, its share and log directory made (as the host's setup
 /// makes them), and the recorder the steps save into.
 fn pod(config: &NodeConfig, pod_id: &str) -> (PodPaths, Arc<Mutex<PodState>>) {
-    let (paths, state) = new_pod_state(config, pod_id, None).unwrap();
+    let (paths, state) = pod_state_now(config, pod_id, None).unwrap();
     std::fs::create_dir_all(&paths.share).unwrap();
     std::fs::create_dir_all(paths.virtiofsd_log.parent().unwrap()).unwrap();
     (paths, state)
+}
+
+/// [`new_pod_state`] without a runtime.
+fn pod_state_now(
+    config: &NodeConfig,
+    pod_id: &str,
+    sandbox_id: Option<&str>,
+) -> Result<(PodPaths, Arc<Mutex<PodState>>), Error> {
+    let paths = PodPaths::new(&config.state_dir, pod_id);
+    refuse_existing(&paths)?;
+    prepare_state_dir(config)?;
+    let lock = crate::host::pod_lock::take_blocking(
+        &config.state_dir,
+        pod_id,
+        std::time::Duration::from_secs(1),
+    )?;
+    made_pod_state(paths, sandbox_id, lock)
 }
 
 /// Pod `p` with its state under a temporary directory (removed when dropped), no cgroup.
@@ -150,17 +167,52 @@ async fn a_host_cpu_model_under_tcg_is_refused_by_name() {
         .unwrap());
 }
 
-#[test]
-fn a_pods_state_is_new_or_refused() {
+#[tokio::test]
+async fn a_pods_state_is_new_or_refused() {
     let dir = tempfile::tempdir().unwrap();
     let config = config(dir.path());
-    let (paths, state) = new_pod_state(&config, "p", Some("sandbox")).unwrap();
+    let (paths, state) = new_pod_state(&config, "p", Some("sandbox")).await.unwrap();
     assert!(paths.dir.is_dir());
     let state = state.lock().unwrap().clone();
     assert_eq!(state.shim_pid, Some(std::process::id()));
     assert_eq!(state.shim_id(), "sandbox");
-    let again = new_pod_state(&config, "p", None).unwrap_err();
+    // Refused at once, not after waiting for the live pod's lock.
+    let again = new_pod_state(&config, "p", None).await.unwrap_err();
     assert!(matches!(again, Error::AlreadyExists(_)), "{again:?}");
+    // The pod's lock is held while its state lives: a removal of leftovers waits.
+    assert!(crate::host::pod_lock::try_take(&config.state_dir, "p")
+        .unwrap()
+        .is_none());
+    drop(state);
+}
+
+#[tokio::test]
+async fn a_new_pod_waits_for_a_removal_of_its_ids_leftovers() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path());
+    std::fs::create_dir_all(&config.state_dir).unwrap();
+    // `vmletctl gc` at work on what an earlier pod "q" left.
+    let gc = crate::host::pod_lock::take(&config.state_dir, "q", std::time::Duration::ZERO)
+        .await
+        .unwrap();
+    let err =
+        crate::host::pod_lock::take(&config.state_dir, "q", std::time::Duration::from_millis(50))
+            .await
+            .unwrap_err();
+    assert!(matches!(err, Error::Timeout(_)), "{err:?}");
+    let waiting = tokio::spawn({
+        let config = config.clone();
+        async move {
+            new_pod_state(&config, "q", None)
+                .await
+                .map(|(paths, _)| paths)
+        }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    assert!(!waiting.is_finished(), "the create waits for the removal");
+    drop(gc);
+    let paths = waiting.await.unwrap().unwrap();
+    assert!(paths.dir.is_dir());
 }
 
 #[test]
@@ -342,7 +394,8 @@ async fn the_taps_are_served_with_their_slots_before_qemu_starts() {
         .map(|_| std::fs::File::open("/dev/null").unwrap().into())
         .collect();
     let mut devices = devices(&paths);
-    devices.taps = Some(super::net::PendingTaps::new(network, listener, fds));
+    let user = devices.user.clone();
+    devices.taps = Some(super::net::PendingTaps::new(network, listener, fds, user));
     let launched = launch::start(&config, &vmm, &request("p"), &paths, &rec, devices)
         .await
         .unwrap();

@@ -55,7 +55,7 @@ impl ImageVm {
             .image
             .clone()
             .ok_or_else(|| Error::Internal("a VM image's boot without an image".into()))?;
-        let (paths, state) = new_pod_state(config, &req.pod_id, req.sandbox_id.as_deref())?;
+        let (paths, state) = new_pod_state(config, &req.pod_id, req.sandbox_id.as_deref()).await?;
         let recorder = Recorder {
             state: state.clone(),
             cgroup: req.cgroup.as_ref(),

@@ -173,6 +173,12 @@ pub(super) async fn start(
     match (&mut template, vsock_connection) {
         (Some(template), Some(connection)) => template.hand_vsock_connection(connection),
         (None, connection) => made.extend(connection),
+        // QEMU the shim starts connects no socket of the backend's itself.
+        (Some(_), None) if direct => {
+            return Err(Error::Internal(format!(
+                "pod {pod_id}: a template start without the shim's connection to its vsock backend"
+            )))
+        }
         (Some(_), None) => {}
     }
     // Under libvirt, the process libvirt starts for the domain: the PID libvirt writes

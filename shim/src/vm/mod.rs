@@ -198,7 +198,7 @@ impl Vm {
         req: BootRequest,
         phases: &Phases,
     ) -> Result<Vm, Error> {
-        let (paths, state) = new_pod_state(config, &req.pod_id, req.sandbox_id.as_deref())?;
+        let (paths, state) = new_pod_state(config, &req.pod_id, req.sandbox_id.as_deref()).await?;
         let recorder = Recorder {
             state: state.clone(),
             cgroup: req.cgroup.as_ref(),
@@ -232,28 +232,58 @@ impl Vm {
     }
 }
 
-/// Makes the pod's state directory (which must not exist) and the state recorded in it;
-/// `sandbox_id` names the pod whose shim serves it, when that is not `pod_id`'s.
-fn new_pod_state(
+/// How long a new pod waits for its lock: held by a removal of what an earlier pod of the
+/// id left (`shim delete`, `vmletctl gc`), which is quick, or by a live pod of the id
+/// (then the state directory is there and the create is refused).
+const POD_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Takes the pod's lock (held by the state until the pod is gone: [`crate::host::pod_lock`]),
+/// then makes the pod's state directory (which must not exist) and the state recorded in
+/// it; `sandbox_id` names the pod whose shim serves it, when that is not `pod_id`'s.
+async fn new_pod_state(
     config: &NodeConfig,
     pod_id: &str,
     sandbox_id: Option<&str>,
 ) -> Result<(PodPaths, Arc<Mutex<PodState>>), Error> {
     let paths = PodPaths::new(&config.state_dir, pod_id);
+    // A live pod of the id holds its lock: refused at once, not after the wait.
+    refuse_existing(&paths)?;
+    prepare_state_dir(config)?;
+    let lock = crate::host::pod_lock::take(&config.state_dir, pod_id, POD_LOCK_WAIT).await?;
+    made_pod_state(paths, sandbox_id, lock)
+}
+
+/// The state directory, passable and closed as pods' need it.
+fn prepare_state_dir(config: &NodeConfig) -> Result<(), Error> {
+    crate::host::pod_paths::make_passable(&config.state_dir)
+        .and_then(|()| crate::host::pod_paths::close_state_dir(&config.state_dir))
+        .map_err(|e| Error::io(format!("prepare {}", config.state_dir.display()), e))
+}
+
+fn refuse_existing(paths: &PodPaths) -> Result<(), Error> {
     if paths.dir.exists() {
         return Err(Error::AlreadyExists(format!(
             "pod state {}",
             paths.dir.display()
         )));
     }
-    crate::host::pod_paths::make_passable(&config.state_dir)
-        .and_then(|()| crate::host::pod_paths::close_state_dir(&config.state_dir))
-        .and_then(|()| std::fs::create_dir(&paths.dir))
+    Ok(())
+}
+
+/// [`new_pod_state`] once the pod's `lock` is held.
+fn made_pod_state(
+    paths: PodPaths,
+    sandbox_id: Option<&str>,
+    lock: crate::host::pod_lock::PodLock,
+) -> Result<(PodPaths, Arc<Mutex<PodState>>), Error> {
+    refuse_existing(&paths)?;
+    std::fs::create_dir(&paths.dir)
         .map_err(|e| Error::io(format!("create {}", paths.dir.display()), e))?;
     let state = Arc::new(Mutex::new(PodState {
         dir: paths.dir.clone(),
         shim_pid: Some(std::process::id()),
         shim_id: sandbox_id.map(str::to_owned),
+        lock: crate::host::pod_lock::HeldLock::new(lock),
         ..Default::default()
     }));
     Ok((paths, state))

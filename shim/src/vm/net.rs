@@ -47,6 +47,9 @@ pub(super) struct PendingTaps {
     pub network: Network,
     listener: tokio::net::UnixListener,
     fds: Vec<OwnedFd>,
+    /// The pod's QEMU's user, given the socket only as it is served: nothing of that uid
+    /// that runs before QEMU (`qemu-img` on a VM image's disk) can connect it.
+    user: PodUser,
 }
 
 impl PendingTaps {
@@ -61,12 +64,19 @@ impl PendingTaps {
         Ok(())
     }
 
-    /// Taps `fds` described by `network`, to serve on `listener`.
-    pub fn new(network: Network, listener: tokio::net::UnixListener, fds: Vec<OwnedFd>) -> Self {
+    /// Taps `fds` described by `network`, to serve on `listener` (root's until served) to
+    /// `user`'s QEMU.
+    pub fn new(
+        network: Network,
+        listener: tokio::net::UnixListener,
+        fds: Vec<OwnedFd>,
+        user: PodUser,
+    ) -> Self {
         PendingTaps {
             network,
             listener,
             fds,
+            user,
         }
     }
 
@@ -84,6 +94,8 @@ impl PendingTaps {
     /// connection of the pod's QEMU (`qemu`); a description per fd, or an error.
     pub fn serve(self, described: Vec<TapDescription>, qemu: QemuPeer) -> Result<TapServer, Error> {
         self.check(&described)?;
+        self.user
+            .give_private(std::path::Path::new(&self.network.tap_socket))?;
         Ok(TapServer(crate::host::taps::serve(
             self.listener,
             described,
@@ -143,9 +155,9 @@ pub(super) async fn wire(
             ..PodNet::default()
         });
     }
+    // Bound under the shim's umask (077): root's alone until it is served.
     let listener = tokio::net::UnixListener::bind(&paths.tap_socket)
         .map_err(|e| Error::io(format!("bind {}", paths.tap_socket.display()), e))?;
-    user.give_private(&paths.tap_socket)?;
     Ok(PodNet {
         interfaces,
         tap_names,
@@ -156,6 +168,7 @@ pub(super) async fn wire(
             },
             listener,
             wired.taps,
+            user.clone(),
         )),
     })
 }

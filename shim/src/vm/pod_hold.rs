@@ -46,7 +46,7 @@ impl HeldPod {
         vmm: Arc<dyn VmManager>,
         req: PodHold,
     ) -> Result<HeldPod, Error> {
-        let (paths, state) = new_pod_state(config, &req.pod_id, None)?;
+        let (paths, state) = new_pod_state(config, &req.pod_id, None).await?;
         let recorder = Recorder {
             state: state.clone(),
             cgroup: req.cgroup.as_ref(),

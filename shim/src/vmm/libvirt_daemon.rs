@@ -1,9 +1,11 @@
-//! The libvirt daemon of a connection URI, as the node's processes see it: its PID (the peer
-//! of its local socket), and the file where it keeps a domain's QEMU's PID, read through the
-//! daemon's own root (`/proc/PID/root`, which sees the daemon's mounts) so that a daemon in
-//! a mount namespace of its own is read as it wrote it. The shim pins the connections it
-//! takes for a libvirt domain's QEMU to that PID; `vmletctl check` looks at the daemon's
-//! directories.
+//! The libvirt daemon of a connection URI, as the node's processes see it: the PID of the
+//! process that holds its local socket (the daemon, or under systemd's socket activation
+//! PID 1, which shares the daemon's mounts), and the file where the daemon keeps a
+//! domain's QEMU's PID, read through that process's root (`/proc/PID/root`, which sees its
+//! mounts) so that a daemon in a mount namespace of its own (a private stack's) is read as
+//! it wrote it. A daemon in a PID namespace of its own is refused by name: the PIDs it
+//! writes are not the node's. The shim pins the connections it takes for a libvirt
+//! domain's QEMU to that PID; `vmletctl check` looks at the daemon's directories.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -86,6 +88,18 @@ fn pid_file_of(uri: &str, name: &str) -> Result<PathBuf, String> {
         return Err(format!("{name:?} is not a domain name"));
     }
     let pid = daemon_pid(uri)?.ok_or_else(|| format!("no libvirt daemon listens for {uri}"))?;
+    // The PIDs it writes must be the node's as the shim sees them.
+    let namespace = |of: &str| std::fs::read_link(format!("/proc/{of}/ns/pid"));
+    match (namespace(&pid.to_string()), namespace("self")) {
+        (Ok(its), Ok(ours)) if its == ours => {}
+        (Ok(_), Ok(_)) => {
+            return Err(format!(
+                "libvirt's daemon (PID {pid}) runs in a PID namespace of its own: the PIDs it \
+                 writes are not the node's"
+            ))
+        }
+        (Err(e), _) | (_, Err(e)) => return Err(format!("PID namespace of {pid}: {e}")),
+    }
     Ok(in_root(&PathBuf::from(format!("/proc/{pid}/root")), name))
 }
 
