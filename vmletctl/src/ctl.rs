@@ -394,28 +394,45 @@ pub fn gc(
         .filter(PodView::is_orphan)
     {
         let id = &found.pod_id;
-        if let Err(e) = check_pod_id(id) {
-            first.get_or_insert(e);
+        // A dry run takes no lock (nothing of a create waits for it) and lists what it found.
+        // An id no containerd id can be (a tap's mark a pod's container wrote, say) has no
+        // shim that could be making it, nor a lock.
+        if dry_run || check_pod_id(id).is_err() {
+            for removal in Removal::of(&found) {
+                if !dry_run {
+                    if let Err(e) = removal.run(config, vmm, &HeldLock::default()) {
+                        first.get_or_insert(e);
+                        continue;
+                    }
+                }
+                removed.push(removal.describe(id));
+            }
             continue;
         }
-        let Some(lock) = pod_lock::try_take(&config.state_dir, id)? else {
-            log::info!(
-                "pod {id}: its lock is held (the pod is being made, served or removed): left alone"
-            );
-            continue;
+        let lock = match pod_lock::try_take(&config.state_dir, id) {
+            Ok(Some(lock)) => HeldLock::new(lock),
+            Ok(None) => {
+                log::info!("pod {id}: its lock is held (the pod is being made, served or removed): left alone");
+                continue;
+            }
+            Err(e) => {
+                first.get_or_insert(e);
+                continue;
+            }
         };
-        let lock = HeldLock::new(lock);
-        let again = survey(&config.state_dir, netns_dir, vmm)?
-            .into_iter()
-            .find(|p| p.pod_id == *id && p.is_orphan());
+        let again = match survey(&config.state_dir, netns_dir, vmm) {
+            Ok(pods) => pods.into_iter().find(|p| p.pod_id == *id && p.is_orphan()),
+            Err(e) => {
+                first.get_or_insert(e);
+                continue;
+            }
+        };
         let mut failed = false;
         for removal in again.iter().flat_map(Removal::of) {
-            if !dry_run {
-                if let Err(e) = removal.run(config, vmm, &lock) {
-                    first.get_or_insert(e);
-                    failed = true;
-                    continue;
-                }
+            if let Err(e) = removal.run(config, vmm, &lock) {
+                first.get_or_insert(e);
+                failed = true;
+                continue;
             }
             removed.push(removal.describe(id));
         }

@@ -18,6 +18,18 @@ use crate::Error;
 /// down): what the VM still uses stays for a later teardown (`shim delete`, `vmletctl gc`,
 /// or the task's delete again) to remove, the VM first.
 pub fn teardown(vmm: &dyn VmManager, state: &PodState) -> Result<(), Error> {
+    undo_journal(vmm, state, true)
+}
+
+/// [`teardown`] of a create that failed: goes on past a VM that could not be removed too,
+/// as nothing would retry it (the pod has no task to delete, and containerd's one `shim
+/// delete` may meet libvirt as it is); the domain, marked as vmlet's, is what `vmletctl
+/// gc` finds then.
+pub fn teardown_failed_create(vmm: &dyn VmManager, state: &PodState) -> Result<(), Error> {
+    undo_journal(vmm, state, false)
+}
+
+fn undo_journal(vmm: &dyn VmManager, state: &PodState, keep_for_the_vm: bool) -> Result<(), Error> {
     let mut first: Option<Error> = None;
     let note = |first: &mut Option<Error>, r: Result<(), Error>| {
         if let Err(e) = r {
@@ -33,12 +45,15 @@ pub fn teardown(vmm: &dyn VmManager, state: &PodState) -> Result<(), Error> {
         .into_iter()
         .partition(|m| matches!(m, Made::PodUser(_)));
     for made in vm {
-        if let Err(e) = made.undo(vmm, &state.dir) {
-            log::warn!("teardown: {}", e.message());
-            return Err(e.within(&format!(
-                "the pod's VM was not removed; {} and its journal are kept for the next try",
-                state.dir.display()
-            )));
+        match made.undo(vmm, &state.dir) {
+            Err(e) if keep_for_the_vm => {
+                log::warn!("teardown: {}", e.message());
+                return Err(e.within(&format!(
+                    "the pod's VM was not removed; {} and its journal are kept for the next try",
+                    state.dir.display()
+                )));
+            }
+            result => note(&mut first, result),
         }
     }
     for made in rest.into_iter().rev() {
@@ -93,9 +108,11 @@ pub fn live_shim(pid: u32, pod_id: &str) -> bool {
             .any(|w| w[0] == b"-id" && w[1] == pod_id.as_bytes())
 }
 
-/// How long `shim delete` waits for the pod's lock: its shim, killed, lets go at once; a
-/// `vmletctl gc` removing the pod is done within seconds.
-const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+/// How long `shim delete` waits for the pod's lock: its shim, killed, lets go at once. Well
+/// inside containerd's own deadline for the cleanup (`io.containerd.timeout.shim.cleanup`,
+/// 5 s), so that the teardown gets the rest; a pod a `vmletctl gc` is removing meanwhile is
+/// left to it (the delete fails with a timeout that says so).
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// `shim delete`: containerd's cleanup after the shim is gone. Stops a shim containerd gave
 /// up on, takes the pod's lock, then removes whatever the pod's state file lists.
@@ -303,6 +320,11 @@ mod tests {
         // libvirt back: the next teardown removes it all.
         let vmm = crate::vmm::FakeVmm::default();
         teardown(&vmm, &state).unwrap();
+        assert!(!pod_dir.exists());
+        // A failed create's teardown goes on past it: nothing would try again.
+        std::fs::create_dir_all(&share).unwrap();
+        let err = teardown_failed_create(&Down, &state).unwrap_err();
+        assert!(err.message().contains("libvirt is down"), "{err:?}");
         assert!(!pod_dir.exists());
     }
 

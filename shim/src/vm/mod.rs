@@ -298,7 +298,9 @@ async fn reclaim_failed_boot(
 ) -> Error {
     let state = state.lock().unwrap().clone();
     let vmm = vmm.clone();
-    if let Ok(Err(cleanup)) = block(move || crate::host::reclaim::teardown(&*vmm, &state)).await {
+    if let Ok(Err(cleanup)) =
+        block(move || crate::host::reclaim::teardown_failed_create(&*vmm, &state)).await
+    {
         log::error!(
             "cleanup after failed boot of {pod_id}: {}",
             cleanup.message()
