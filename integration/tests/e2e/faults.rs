@@ -171,14 +171,7 @@ fn containerd_restarted_finds_the_pod_running_and_manages_it() {
     let id = unique_id("cdrestart");
     s.run_detached(&id, &["sleep", "1000"]).unwrap();
 
-    let stack_script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/stack");
-    let restarted = bounded::output(
-        std::process::Command::new(stack_script)
-            .arg("restart-containerd")
-            .env("VMLET_STACK_DIR", &s.dir),
-    )
-    .unwrap();
-    assert!(restarted.status.success(), "{}", text(&restarted.stderr));
+    crate::support::stack_script(&s, "restart-containerd");
 
     s.wait_status(&id, "RUNNING", Duration::from_secs(30))
         .unwrap();

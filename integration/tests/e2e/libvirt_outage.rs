@@ -4,26 +4,11 @@
 //! record of what the pod still had); the shim then gone (containerd gave up on it),
 //! containerd's cleanup after the dead shim removes everything once libvirt is back.
 
-use crate::support::{stack, text};
+use crate::support::{stack, stack_script, text};
 use std::path::Path;
 use std::time::Duration;
 
-use vmlet_integration::{bounded, libvirt_launcher, unique_id, Stack};
-
-fn stack_script(s: &Stack, command: &str) {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/stack");
-    let out = bounded::output(
-        std::process::Command::new(script)
-            .arg(command)
-            .env("VMLET_STACK_DIR", &s.dir),
-    )
-    .unwrap();
-    assert!(
-        out.status.success(),
-        "stack {command}: {}",
-        text(&out.stderr)
-    );
-}
+use vmlet_integration::{libvirt_launcher, unique_id, Stack};
 
 /// Starts the stack's libvirtd again when dropped (a failed assertion too).
 struct LibvirtBack<'a>(&'a Stack);

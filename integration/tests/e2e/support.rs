@@ -149,3 +149,15 @@ impl PodUnderTest {
         self.finished = true;
     }
 }
+
+/// `scripts/stack COMMAND` against the test's stack; it must succeed.
+pub fn stack_script(s: &Stack, command: &str) {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/stack");
+    let out = vmlet_integration::bounded::output(
+        std::process::Command::new(script)
+            .arg(command)
+            .env("VMLET_STACK_DIR", &s.dir),
+    )
+    .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}

@@ -9,8 +9,8 @@ use vmlet_config::{Accel, CpuModel, NodeConfig, VmOptions, VmShape, VsockTranspo
 
 use super::fake_qemu::FakeQemu;
 use super::{
-    accel, host_setup, launch, made_pod_state, new_pod_state, power_off_and_reclaim,
-    prepare_state_dir, reclaim_failed_boot, refuse_existing, vsock_backend, BootRequest, Recorder,
+    accel, host_setup, launch, made_pod_state, new_pod_paths, new_pod_state, power_off_and_reclaim,
+    reclaim_failed_boot, vsock_backend, BootRequest, Recorder,
 };
 use crate::devices::memory::PodMemory;
 use crate::host::pod_paths::PodPaths;
@@ -89,9 +89,7 @@ fn pod_state_now(
     pod_id: &str,
     sandbox_id: Option<&str>,
 ) -> Result<(PodPaths, Arc<Mutex<PodState>>), Error> {
-    let paths = PodPaths::new(&config.state_dir, pod_id);
-    refuse_existing(&paths)?;
-    prepare_state_dir(config)?;
+    let paths = new_pod_paths(config, pod_id)?;
     let lock = crate::host::pod_lock::take_blocking(
         &config.state_dir,
         pod_id,

@@ -245,19 +245,21 @@ async fn new_pod_state(
     pod_id: &str,
     sandbox_id: Option<&str>,
 ) -> Result<(PodPaths, Arc<Mutex<PodState>>), Error> {
-    let paths = PodPaths::new(&config.state_dir, pod_id);
-    // A live pod of the id holds its lock: refused at once, not after the wait.
-    refuse_existing(&paths)?;
-    prepare_state_dir(config)?;
+    let paths = new_pod_paths(config, pod_id)?;
     let lock = crate::host::pod_lock::take(&config.state_dir, pod_id, POD_LOCK_WAIT).await?;
     made_pod_state(paths, sandbox_id, lock)
 }
 
-/// The state directory, passable and closed as pods' need it.
-fn prepare_state_dir(config: &NodeConfig) -> Result<(), Error> {
+/// Where pod `pod_id`'s state goes, refused at once where it exists (a live pod of the id
+/// holds its lock: not after the wait), with the state directory made passable and closed
+/// as pods' need it.
+fn new_pod_paths(config: &NodeConfig, pod_id: &str) -> Result<PodPaths, Error> {
+    let paths = PodPaths::new(&config.state_dir, pod_id);
+    refuse_existing(&paths)?;
     crate::host::pod_paths::make_passable(&config.state_dir)
         .and_then(|()| crate::host::pod_paths::close_state_dir(&config.state_dir))
-        .map_err(|e| Error::io(format!("prepare {}", config.state_dir.display()), e))
+        .map_err(|e| Error::io(format!("prepare {}", config.state_dir.display()), e))?;
+    Ok(paths)
 }
 
 fn refuse_existing(paths: &PodPaths) -> Result<(), Error> {
