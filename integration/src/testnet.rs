@@ -53,14 +53,18 @@ pub fn tcp_exchange(ns: &str, addr: &str, port: u16, message: &str) -> Option<St
         .stderr(Stdio::null())
         .spawn()
         .expect("run busybox nc in a test namespace");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(message.as_bytes())
-        .unwrap();
+    // nc ends at once when nothing listens yet: its stdin is then a broken pipe.
+    let sent = child.stdin.take().unwrap().write_all(message.as_bytes());
     let out = crate::bounded::output_within(child, crate::bounded::COMMAND_TIMEOUT, "busybox nc")
         .unwrap();
+    if let Err(e) = sent {
+        assert_eq!(
+            e.kind(),
+            std::io::ErrorKind::BrokenPipe,
+            "write to busybox nc: {e}"
+        );
+        return None;
+    }
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     (!text.is_empty()).then_some(text)
 }

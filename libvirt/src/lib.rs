@@ -69,6 +69,43 @@ impl Libvirt {
         let _ = conn.close();
         result
     }
+
+    /// [`VmManager::remove`] on an open connection.
+    fn remove_on(&self, conn: &Connect, name: &str) -> Result<(), Error> {
+        let domain = match Domain::lookup_by_name(conn, name) {
+            Ok(d) => d,
+            Err(e) if is_no_domain(&e) => return Ok(()),
+            Err(e) => return Err(Error::Libvirt(format!("look up {name}: {e}"))),
+        };
+        // Its profile (if vmlet wrote one) goes with it: libvirt unloads it but leaves
+        // the file.
+        let uuid = domain.get_uuid_string().ok();
+        if domain.is_active().unwrap_or(false) {
+            if let Err(e) = domain.destroy() {
+                // A concurrent removal (a kill of the pod) may have ended it first, and
+                // may undefine it between any two of these calls.
+                let running = Domain::lookup_by_name(conn, name).and_then(|d| d.is_active());
+                match running {
+                    Err(gone) if is_no_domain(&gone) => return Ok(()),
+                    Ok(false) => {}
+                    _ => return Err(Error::Libvirt(format!("destroy {name}: {e}"))),
+                }
+            }
+        }
+        match domain.undefine_flags(UNDEFINE_WITH_NVRAM) {
+            Ok(()) => {}
+            Err(e) if is_no_domain(&e) => {}
+            Err(e) => return Err(Error::Libvirt(format!("undefine {name}: {e}"))),
+        }
+        uuid.map_or(Ok(()), |uuid| self.profiles.remove(&uuid))
+    }
+}
+
+/// The domain's name in vmlet's own domain XML (its first `<name>`).
+fn name_in(xml: &str) -> Option<&str> {
+    let start = xml.find("<name>")? + "<name>".len();
+    let len = xml[start..].find("</name>")?;
+    Some(&xml[start..start + len])
 }
 
 /// What a start error of libvirt's means for vmlet's node, where it says more than libvirt.
@@ -104,6 +141,15 @@ impl VmManager for Libvirt {
 
     fn start(&self, start: &StartDomain) -> Result<(), Error> {
         self.with_conn(|conn| {
+            // A domain of this name is an earlier pod's of the same id whose teardown never
+            // ran (its shim was killed, or the node rebooted: libvirt keeps definitions). The
+            // shim holds the pod's lock and made its state directory new, so no live pod has
+            // it: removed first, else the define would fail on the name.
+            if let Some(name) = name_in(&start.xml) {
+                if Domain::lookup_by_name(conn, name).is_ok() {
+                    self.remove_on(conn, name)?;
+                }
+            }
             let domain = Domain::define_xml(conn, &start.xml)
                 .map_err(|e| Error::Libvirt(format!("define domain: {e}")))?;
             let profile = match self.write_profile(conn, &domain, start) {
@@ -128,34 +174,7 @@ impl VmManager for Libvirt {
     }
 
     fn remove(&self, name: &str) -> Result<(), Error> {
-        self.with_conn(|conn| {
-            let domain = match Domain::lookup_by_name(conn, name) {
-                Ok(d) => d,
-                Err(e) if is_no_domain(&e) => return Ok(()),
-                Err(e) => return Err(Error::Libvirt(format!("look up {name}: {e}"))),
-            };
-            // Its profile (if vmlet wrote one) goes with it: libvirt unloads it but leaves
-            // the file.
-            let uuid = domain.get_uuid_string().ok();
-            if domain.is_active().unwrap_or(false) {
-                if let Err(e) = domain.destroy() {
-                    // A concurrent removal (a kill of the pod) may have ended it first, and
-                    // may undefine it between any two of these calls.
-                    let running = Domain::lookup_by_name(conn, name).and_then(|d| d.is_active());
-                    match running {
-                        Err(gone) if is_no_domain(&gone) => return Ok(()),
-                        Ok(false) => {}
-                        _ => return Err(Error::Libvirt(format!("destroy {name}: {e}"))),
-                    }
-                }
-            }
-            match domain.undefine_flags(UNDEFINE_WITH_NVRAM) {
-                Ok(()) => {}
-                Err(e) if is_no_domain(&e) => {}
-                Err(e) => return Err(Error::Libvirt(format!("undefine {name}: {e}"))),
-            }
-            uuid.map_or(Ok(()), |uuid| self.profiles.remove(&uuid))
-        })
+        self.with_conn(|conn| self.remove_on(conn, name))
     }
 
     fn live_xml(&self, name: &str) -> Result<String, Error> {

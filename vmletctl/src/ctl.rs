@@ -169,29 +169,7 @@ pub fn metrics(state_dir: &Path) -> String {
     vmlet_shim::task::pod_metrics::render(&figures, node.as_ref(), errors)
 }
 
-/// Checks a pod id given on the command line before it names a path: containerd's
-/// identifier rules (letters and digits, single `.`, `_` or `-` between them, at most 76).
-pub fn check_pod_id(id: &str) -> Result<(), Error> {
-    let well_formed = !id.is_empty()
-        && id.len() <= 76
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
-        && id.starts_with(|c: char| c.is_ascii_alphanumeric())
-        && id.ends_with(|c: char| c.is_ascii_alphanumeric())
-        && !id
-            .as_bytes()
-            .windows(2)
-            .any(|w| b"._-".contains(&w[0]) && b"._-".contains(&w[1]));
-    if well_formed {
-        Ok(())
-    } else {
-        Err(Error::InvalidArgument(format!(
-            "pod id {id:?}: expected a containerd id (letters, digits and single '.', '_' \
-             or '-' between them, at most 76 characters)"
-        )))
-    }
-}
+pub use vmlet_shim::host::pod_paths::check_pod_id;
 
 /// Where `ip netns` and CNI (through containerd's CRI) keep named network namespaces.
 pub const NAMED_NETNS_DIR: &str = "/run/netns";
@@ -456,13 +434,21 @@ mod tests {
     use super::*;
     use vmlet_shim::vmm::FakeVmm;
 
+    /// A node config of `state_dir`, whose VM images' disks are beside it too (never the
+    /// node's own: gc removes the disks no pod has).
+    fn config_of(state_dir: &Path) -> NodeConfig {
+        let mut config = NodeConfig {
+            state_dir: state_dir.to_owned(),
+            ..Default::default()
+        };
+        config.vm_images.disk_dir = state_dir.join(".test-disks");
+        config
+    }
+
     #[test]
     fn a_figures_socket_without_its_pods_state_is_collected() {
         let dir = tempfile::tempdir().unwrap();
-        let config = NodeConfig {
-            state_dir: dir.path().to_owned(),
-            ..Default::default()
-        };
+        let config = config_of(dir.path());
         let published = vmlet_shim::task::metrics_dir::path(dir.path());
         std::fs::create_dir(&published).unwrap();
         for name in ["gone.sock", "node-counters.json"] {
@@ -518,10 +504,11 @@ mod tests {
         // A domain without a state directory.
         vmm.start(&vmlet_shim::vmm::StartDomain::named("vmlet-bare", "bare"))
             .unwrap();
-        let config = NodeConfig {
-            state_dir: dir.clone(),
-            ..Default::default()
-        };
+        let config = config_of(&dir);
+        // The disks of both pods (of a VM image): a reboot left the bare one's.
+        for pod in ["gone", "bare"] {
+            std::fs::create_dir_all(config.vm_images.disk_dir.join(pod)).unwrap();
+        }
         let no_netns = dir.join("netns");
         let pods = survey(&dir, &no_netns, &vmm).unwrap();
         let ids: Vec<_> = pods.iter().map(|p| p.pod_id.as_str()).collect();
@@ -529,7 +516,8 @@ mod tests {
         assert!(pods.iter().all(PodView::is_orphan));
 
         let would = gc(&config, &no_netns, &vmm, true).unwrap();
-        assert_eq!(would.len(), 2);
+        assert_eq!(would.len(), 3, "{would:?}");
+        assert!(would[2].starts_with("pod bare: disk "), "{would:?}");
         assert_eq!(
             vmm.running.lock().unwrap().len(),
             2,
@@ -538,6 +526,10 @@ mod tests {
         gc(&config, &no_netns, &vmm, false).unwrap();
         assert!(vmm.running.lock().unwrap().is_empty());
         assert!(!orphan.dir.exists());
+        let disks = std::fs::read_dir(&config.vm_images.disk_dir)
+            .unwrap()
+            .count();
+        assert_eq!(disks, 0, "the disks of both pods are gone");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -549,10 +541,7 @@ mod tests {
         // state directory is not there yet (or `gc` looked before it was).
         vmm.start(&vmlet_shim::vmm::StartDomain::named("vmlet-new", "new"))
             .unwrap();
-        let config = NodeConfig {
-            state_dir: dir.path().to_owned(),
-            ..Default::default()
-        };
+        let config = config_of(dir.path());
         let no_netns = dir.path().join("netns");
         let held = pod_lock::try_take(dir.path(), "new").unwrap().unwrap();
         assert!(gc(&config, &no_netns, &vmm, false).unwrap().is_empty());
@@ -567,26 +556,5 @@ mod tests {
         drop(pod_lock::try_take(dir.path(), "stale").unwrap().unwrap());
         gc(&config, &no_netns, &vmm, false).unwrap();
         assert!(!pod_lock::path(dir.path(), "stale").exists());
-    }
-
-    #[test]
-    fn pod_ids_are_containerd_ids() {
-        for good in ["a", "pod-1", "0f3c.a_b", &"x".repeat(76)] {
-            check_pod_id(good).unwrap();
-        }
-        for bad in [
-            "",
-            "..",
-            "a/b",
-            "../x",
-            "-a",
-            "a-",
-            "a..b",
-            " a",
-            &"x".repeat(77),
-        ] {
-            let err = check_pod_id(bad).unwrap_err().message();
-            assert!(err.contains("pod id"), "{err}");
-        }
     }
 }

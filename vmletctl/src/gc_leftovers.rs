@@ -1,13 +1,16 @@
 //! What a pod whose state directory is gone (its shim killed, its state lost) may have left
 //! outside that directory, which `vmletctl gc` removes: its figures socket in the metrics
 //! directory, the AppArmor profile of its QEMU (the shim's own launcher, on an AppArmor
-//! node; removing it ends whatever still runs under it first), and its lock's file.
+//! node; removing it ends whatever still runs under it first), its lock's file, and a VM
+//! image's disk under `vm_images.disk_dir` (which, unlike the state directory, outlives a
+//! reboot).
 
 use std::path::{Path, PathBuf};
 
 use vmlet_config::NodeConfig;
 use vmlet_shim::host::pod_paths::PodPaths;
 use vmlet_shim::host::qemu_apparmor;
+use vmlet_shim::vm_mode::disk_dir;
 use vmlet_shim::Error;
 
 /// Removes (or, with `dry_run`, only names) what pods without a state directory left,
@@ -51,9 +54,45 @@ pub fn collect(
         }
         removed.push(format!("pod {pod_id}: AppArmor profile {name}"));
     }
+    orphan_disks(config, dry_run, removed, first);
     if !dry_run {
         if let Err(e) = unused_locks(&config.state_dir) {
             first.get_or_insert(e);
+        }
+    }
+}
+
+/// VM images' disks whose pods have no state directory (nor a held lock): see
+/// [`disk_dir::reclaim_orphans`].
+fn orphan_disks(
+    config: &NodeConfig,
+    dry_run: bool,
+    removed: &mut Vec<String>,
+    first: &mut Option<Error>,
+) {
+    let disks = &config.vm_images.disk_dir;
+    let describe = |pod_id: &str| format!("pod {pod_id}: disk {}", disks.join(pod_id).display());
+    if dry_run {
+        let Ok(entries) = std::fs::read_dir(disks) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let pod_id = entry.file_name().to_string_lossy().into_owned();
+            if crate::ctl::check_pod_id(&pod_id).is_ok()
+                && entry.file_type().is_ok_and(|t| t.is_dir())
+                && !PodPaths::new(&config.state_dir, &pod_id).dir.exists()
+            {
+                removed.push(describe(&pod_id));
+            }
+        }
+        return;
+    }
+    for (pod_id, result) in disk_dir::reclaim_orphans(disks, &config.state_dir) {
+        match result {
+            Ok(()) => removed.push(describe(&pod_id)),
+            Err(e) => {
+                first.get_or_insert(e);
+            }
         }
     }
 }

@@ -3,6 +3,31 @@
 use std::path::{Path, PathBuf};
 
 use crate::host::share;
+use crate::Error;
+
+/// Checks a pod id (given on the command line, or read as a name on the node) before it names a path: containerd's
+/// identifier rules (letters and digits, single `.`, `_` or `-` between them, at most 76).
+pub fn check_pod_id(id: &str) -> Result<(), Error> {
+    let well_formed = !id.is_empty()
+        && id.len() <= 76
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+        && id.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && id.ends_with(|c: char| c.is_ascii_alphanumeric())
+        && !id
+            .as_bytes()
+            .windows(2)
+            .any(|w| b"._-".contains(&w[0]) && b"._-".contains(&w[1]));
+    if well_formed {
+        Ok(())
+    } else {
+        Err(Error::InvalidArgument(format!(
+            "pod id {id:?}: expected a containerd id (letters, digits and single '.', '_' \
+             or '-' between them, at most 76 characters)"
+        )))
+    }
+}
 
 pub fn domain_name(pod_id: &str) -> String {
     format!("vmlet-{pod_id}")
@@ -175,5 +200,31 @@ mod passable_tests {
         assert_eq!(mode(&deep), 0o711);
         assert_eq!(mode(dir.path()), old);
         super::make_passable(&deep).unwrap();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pod_ids_are_containerd_ids() {
+        for good in ["a", "pod-1", "0f3c.a_b", &"x".repeat(76)] {
+            check_pod_id(good).unwrap();
+        }
+        for bad in [
+            "",
+            "..",
+            "a/b",
+            "../x",
+            "-a",
+            "a-",
+            "a..b",
+            " a",
+            &"x".repeat(77),
+        ] {
+            let err = check_pod_id(bad).unwrap_err().message();
+            assert!(err.contains("pod id"), "{err}");
+        }
     }
 }

@@ -99,13 +99,36 @@ fn undo_journal(vmm: &dyn VmManager, state: &PodState, keep_for_the_vm: bool) ->
 /// Whether `pid` is the running shim of `pod_id` (checked by its command line, so that a
 /// recycled PID is never taken for it).
 pub fn live_shim(pid: u32, pod_id: &str) -> bool {
-    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    shim_arg(pid, pod_id, b"-namespace").is_some()
+}
+
+/// The value of `flag` on the command line of `pid`, when `pid` is the running shim of
+/// `pod_id` (containerd starts each with `-namespace NS -id ID`); an empty one where the
+/// shim has no such flag.
+fn shim_arg(pid: u32, pod_id: &str, flag: &[u8]) -> Option<String> {
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
     let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
-    args.first()
+    let is_shim = args
+        .first()
         .is_some_and(|a| a.ends_with(b"containerd-shim-vmlet-v2"))
         && args
             .windows(2)
-            .any(|w| w[0] == b"-id" && w[1] == pod_id.as_bytes())
+            .any(|w| w[0] == b"-id" && w[1] == pod_id.as_bytes());
+    if !is_shim {
+        return None;
+    }
+    let value = args.windows(2).find(|w| w[0] == flag).map(|w| w[1]);
+    Some(String::from_utf8_lossy(value.unwrap_or_default()).into_owned())
+}
+
+/// The containerd namespace of the live shim `state` names, when it is not `namespace`:
+/// vmlet names a pod by its id alone, so the same id in a second namespace finds the first
+/// one's pod (its create is refused: the state directory exists), and that namespace's
+/// cleanup must leave it alone.
+fn shim_of_another_namespace(state: &PodState, namespace: &str) -> Option<(u32, String)> {
+    let pid = state.shim_pid.filter(|p| *p != std::process::id())?;
+    let theirs = shim_arg(pid, &state.shim_id(), b"-namespace")?;
+    (!theirs.is_empty() && theirs != namespace).then_some((pid, theirs))
 }
 
 /// How long `shim delete` waits for the pod's lock: its shim, killed, lets go at once. Well
@@ -114,11 +137,14 @@ pub fn live_shim(pid: u32, pod_id: &str) -> bool {
 /// left to it (the delete fails with a timeout that says so).
 const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
 
-/// `shim delete`: containerd's cleanup after the shim is gone. Stops a shim containerd gave
-/// up on, takes the pod's lock, then removes whatever the pod's state file lists.
+/// `shim delete` in containerd namespace `namespace`: containerd's cleanup after the shim
+/// is gone. Leaves alone a pod whose live shim is another namespace's (the same id there);
+/// else stops a shim containerd gave up on, takes the pod's lock, then removes whatever the
+/// pod's state file lists.
 pub fn cleanup_after_shim(
     config: &NodeConfig,
     vmm: &dyn VmManager,
+    namespace: &str,
     pod_id: &str,
 ) -> Result<(), Error> {
     let dir = crate::host::pod_paths::PodPaths::new(&config.state_dir, pod_id).dir;
@@ -126,6 +152,12 @@ pub fn cleanup_after_shim(
         return Ok(());
     }
     if let Ok(state) = PodState::load(&dir) {
+        if let Some((pid, theirs)) = shim_of_another_namespace(&state, namespace) {
+            log::warn!(
+                "pod {pod_id}: served by shim {pid} of containerd namespace {theirs}, not {namespace}: the cleanup of {namespace}/{pod_id} leaves it alone"
+            );
+            return Ok(());
+        }
         stop_given_up_shim(&state, pod_id);
     }
     let lock = crate::host::pod_lock::take_blocking(&config.state_dir, pod_id, LOCK_WAIT)?;
@@ -351,7 +383,7 @@ mod tests {
             std::thread::sleep(std::time::Duration::from_millis(200));
             drop(held);
         });
-        cleanup_after_shim(&config, &crate::vmm::FakeVmm::default(), "p").unwrap();
+        cleanup_after_shim(&config, &crate::vmm::FakeVmm::default(), "default", "p").unwrap();
         assert!(started.elapsed() >= std::time::Duration::from_millis(200));
         letting_go.join().unwrap();
         assert!(!pod_dir.exists());

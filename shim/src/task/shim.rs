@@ -49,11 +49,11 @@ impl Shim for VmletShim {
     }
 
     async fn delete_shim(&mut self) -> Result<api::DeleteResponse, ShimError> {
-        let id = self.id.clone();
+        let (namespace, id) = (self.namespace.clone(), self.id.clone());
         let result = tokio::task::spawn_blocking(move || {
             let config = NodeConfig::load().map_err(|e| e.to_string())?;
             let vmm = LibvirtHelper::new(&config.helpers.libvirt, &config.libvirt_uri);
-            cleanup_after_shim(&config, &vmm, &id).map_err(|e| e.message())
+            cleanup_after_shim(&config, &vmm, &namespace, &id).map_err(|e| e.message())
         })
         .await
         .map_err(|e| ShimError::Other(e.to_string()))?;

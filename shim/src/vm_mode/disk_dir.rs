@@ -4,6 +4,13 @@
 //! new one is made only when the file system has room for it and for what every overlay
 //! already there may still write, so that VM-image pods together cannot fill it. The check
 //! and the new overlay are made under a lock on the directory.
+//!
+//! The disk directory outlives the state directory (a tmpfs): after a node's reboot, or a
+//! shim killed where nothing ran `shim delete`, a pod's disk stays with no pod to remove
+//! it. Each check of the room first removes such disks (a directory whose pod has no state
+//! directory and whose lock no one holds), so the first VM-image pod made after a reboot
+//! finds the room whole again; and a pod's own directory found already there (its id used
+//! before the reboot) is the earlier pod's, removed before the new one is made.
 
 use std::io::Read;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
@@ -25,10 +32,19 @@ fn with_metadata(size: u64) -> u64 {
 
 /// Makes `dir`, a VM-image pod's directory for its root disk under the node's `disks`
 /// (made root's, mode 0711, where missing: QEMU's user reaches its own disk by name, nobody
-/// lists them). `dir` is made new: a directory already there is an error, never reused.
+/// lists them). `dir` is made new, never reused: one already there is an earlier pod's of
+/// the same id (whose teardown never ran: its shim was killed, or the node rebooted), and
+/// is removed first. The caller holds the pod's lock, and made the pod's state directory.
 pub fn make(disks: &Path, dir: &Path) -> Result<(), Error> {
     use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
     make_disks(disks)?;
+    if std::fs::symlink_metadata(dir).is_ok() {
+        log::warn!(
+            "{}: left by an earlier pod of this id (its teardown never ran): removed",
+            dir.display()
+        );
+        remove(dir)?;
+    }
     std::fs::DirBuilder::new()
         .mode(0o711)
         .create(dir)
@@ -72,13 +88,22 @@ pub struct RoomLock {
     _lock: nix::fcntl::Flock<std::fs::File>,
 }
 
-/// Waits (at most [`LOCK_DEADLINE`]) for the disk directory's lock, then checks that its
-/// file system has room for a new disk of `size` bytes besides what every overlay already
-/// there may still write. The lock is held until the returned value is dropped: make the
-/// overlay before.
-pub async fn room_for(disks: &Path, size: u64) -> Result<RoomLock, Error> {
+/// Waits (at most [`LOCK_DEADLINE`]) for the disk directory's lock, removes the disks no
+/// pod has ([`reclaim_orphans`]), then checks that its file system has room for a new disk
+/// of `size` bytes besides what every overlay already there may still write. The lock is
+/// held until the returned value is dropped: make the overlay before.
+pub async fn room_for(disks: &Path, state_dir: &Path, size: u64) -> Result<RoomLock, Error> {
     make_disks(disks)?;
     let lock = crate::host::file_lock::exclusive(&disks.join(LOCK_FILE), LOCK_DEADLINE).await?;
+    for (pod_id, removed) in reclaim_orphans(disks, state_dir) {
+        match removed {
+            Ok(()) => log::info!(
+                "pod {pod_id}: its disk under {} had no pod (its shim was killed, or the node rebooted): removed",
+                disks.display()
+            ),
+            Err(e) => log::warn!("pod {pod_id}: its disk has no pod and could not be removed: {e}"),
+        }
+    }
     let st = nix::sys::statvfs::statvfs(disks)
         .map_err(|e| Error::io(format!("statvfs {}", disks.display()), e.into()))?;
     let free = st.blocks_available() as u64 * st.fragment_size() as u64;
@@ -94,6 +119,47 @@ pub async fn room_for(disks: &Path, size: u64) -> Result<RoomLock, Error> {
         )));
     }
     Ok(RoomLock { _lock: lock })
+}
+
+/// Removes the pods' directories under `disks` whose pod has no state directory under
+/// `state_dir` and whose lock ([`crate::host::pod_lock`]) no one holds: a pod's teardown
+/// removes its own, so these were left by a shim killed before its teardown ran, or by the
+/// pods of an earlier boot. A pod being made or torn down holds its lock (from before its
+/// state directory exists until its teardown is done); one that runs has its state
+/// directory. Each is looked at again with its lock held, so this needs no disk directory
+/// lock (`vmletctl gc` calls it too). Returns each pod whose directory was found so, and
+/// whether its removal worked.
+pub fn reclaim_orphans(disks: &Path, state_dir: &Path) -> Vec<(String, Result<(), Error>)> {
+    use crate::host::pod_lock;
+    let Ok(entries) = std::fs::read_dir(disks) else {
+        return Vec::new();
+    };
+    let has_state = |pod_id: &str| std::fs::symlink_metadata(state_dir.join(pod_id)).is_ok();
+    let mut found = Vec::new();
+    for entry in entries.flatten() {
+        let pod_id = entry.file_name().to_string_lossy().into_owned();
+        if crate::host::pod_paths::check_pod_id(&pod_id).is_err()
+            || !entry.file_type().is_ok_and(|t| t.is_dir())
+            || has_state(&pod_id)
+        {
+            continue;
+        }
+        let lock = match pod_lock::try_take(state_dir, &pod_id) {
+            Ok(Some(lock)) => lock,
+            // Held: its pod is being made or removed.
+            Ok(None) => continue,
+            Err(e) => {
+                found.push((pod_id, Err(e)));
+                continue;
+            }
+        };
+        if has_state(&pod_id) {
+            continue;
+        }
+        let removed = remove(&entry.path()).and_then(|()| lock.remove_file());
+        found.push((pod_id, removed));
+    }
+    found
 }
 
 /// What the overlays under `disks` (`*/root.qcow2`) may still write: each one's size (its
@@ -145,10 +211,10 @@ mod tests {
         make(&disks, &dir).unwrap();
         let mode = std::fs::metadata(&dir).unwrap().permissions().mode() & 0o7777;
         assert_eq!(mode, 0o711);
-        assert!(
-            make(&disks, &dir).is_err(),
-            "a directory there is not reused"
-        );
+        // One there already (an earlier pod of the id, before a reboot) is not reused.
+        std::fs::write(dir.join(ROOT_DISK), "earlier").unwrap();
+        make(&disks, &dir).unwrap();
+        assert!(!dir.join(ROOT_DISK).exists());
         std::fs::write(dir.join(ROOT_DISK), "qcow2").unwrap();
         remove(&dir).unwrap();
         assert!(!dir.exists());
@@ -170,20 +236,55 @@ mod tests {
     #[tokio::test]
     async fn no_room_is_refused_by_name_and_room_is_given_under_the_lock() {
         let tmp = tempfile::tempdir().unwrap();
+        let state = tempfile::tempdir().unwrap();
         // The node's first VM image makes the directory.
         let fresh = tmp.path().join("var/lib/vmlet/disks");
-        drop(room_for(&fresh, 1 << 20).await.unwrap());
+        drop(room_for(&fresh, state.path(), 1 << 20).await.unwrap());
         assert!(fresh.is_dir());
-        let lock = room_for(tmp.path(), 1 << 20).await.unwrap();
+        let lock = room_for(tmp.path(), state.path(), 1 << 20).await.unwrap();
         drop(lock);
-        // Pods that may still write more than any test machine's disk holds.
+        // A running pod that may still write more than any test machine's disk holds.
         overlay(tmp.path(), "big", 1 << 60);
-        let err = room_for(tmp.path(), 1 << 20).await.err().expect("no room");
+        std::fs::create_dir(state.path().join("big")).unwrap();
+        let err = room_for(tmp.path(), state.path(), 1 << 20)
+            .await
+            .err()
+            .expect("no room");
         assert!(matches!(err, Error::ResourceExhausted(_)), "{err:?}");
         assert!(
             err.message().contains("may still write"),
             "{}",
             err.message()
         );
+    }
+
+    /// After a reboot (or a shim killed with nothing to run its delete), disks whose pods
+    /// have no state directory are removed by the next check of the room, and the room is
+    /// whole again; a running pod's disk, and one whose pod holds its lock (being made),
+    /// are kept.
+    #[tokio::test]
+    async fn the_next_pods_room_check_removes_the_disks_no_pod_has() {
+        use crate::host::pod_lock;
+        let disks = tempfile::tempdir().unwrap();
+        let state = tempfile::tempdir().unwrap();
+        overlay(disks.path(), "before-reboot", 1 << 60);
+        overlay(disks.path(), "running", 1 << 20);
+        std::fs::create_dir(state.path().join("running")).unwrap();
+        overlay(disks.path(), "being-made", 1 << 20);
+        let held = pod_lock::try_take(state.path(), "being-made")
+            .unwrap()
+            .unwrap();
+        drop(room_for(disks.path(), state.path(), 1 << 20).await.unwrap());
+        assert!(!disks.path().join("before-reboot").exists());
+        assert!(!pod_lock::path(state.path(), "before-reboot").exists());
+        assert!(disks.path().join("running").join(ROOT_DISK).exists());
+        assert!(disks.path().join("being-made").join(ROOT_DISK).exists());
+        drop(held);
+        // Let go without a state directory (its shim died while it was made): removed.
+        let found = reclaim_orphans(disks.path(), state.path());
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(found[0].0, "being-made");
+        assert!(!disks.path().join("being-made").exists());
+        assert!(disks.path().join("running").exists());
     }
 }

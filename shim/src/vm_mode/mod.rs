@@ -4,7 +4,7 @@
 //! cloud-init seed ([`nocloud`], with the pod's DNS: [`pod_dns`]), which mounts its filesystem volumes ([`volumes`]), and its
 //! serial console as its stdio ([`serial_console`]).
 
-pub(crate) mod disk_dir;
+pub mod disk_dir;
 pub(crate) mod nocloud;
 pub(crate) mod persistent_root;
 pub(crate) mod pod_dns;
