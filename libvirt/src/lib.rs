@@ -141,12 +141,17 @@ impl VmManager for Libvirt {
 
     fn start(&self, start: &StartDomain) -> Result<(), Error> {
         self.with_conn(|conn| {
-            // A domain of this name is an earlier pod's of the same id whose teardown never
-            // ran (its shim was killed, or the node rebooted: libvirt keeps definitions). The
-            // shim holds the pod's lock and made its state directory new, so no live pod has
-            // it: removed first, else the define would fail on the name.
+            // A domain of this name that vmlet marked as this pod id's is an earlier pod's of
+            // the id whose teardown never ran (the node rebooted: libvirt keeps definitions).
+            // The shim holds the id's lock and made its state directory new, so no live pod
+            // has it: removed first, else the define would fail on the name. Any other
+            // domain of the name is left for the define to refuse.
             if let Some(name) = name_in(&start.xml) {
-                if Domain::lookup_by_name(conn, name).is_ok() {
+                let earlier = Domain::lookup_by_name(conn, name)
+                    .and_then(|d| d.get_xml_desc(0))
+                    .ok()
+                    .and_then(|xml| libvirt_xml::pod_id_in(&xml));
+                if earlier.as_deref() == Some(start.pod_id.as_str()) {
                     self.remove_on(conn, name)?;
                 }
             }

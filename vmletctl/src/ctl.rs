@@ -507,7 +507,10 @@ mod tests {
         let config = config_of(&dir);
         // The disks of both pods (of a VM image): a reboot left the bare one's.
         for pod in ["gone", "bare"] {
-            std::fs::create_dir_all(config.vm_images.disk_dir.join(pod)).unwrap();
+            use std::os::unix::fs::PermissionsExt;
+            let disk = config.vm_images.disk_dir.join(pod);
+            std::fs::create_dir_all(&disk).unwrap();
+            std::fs::set_permissions(&disk, std::fs::Permissions::from_mode(0o711)).unwrap();
         }
         let no_netns = dir.join("netns");
         let pods = survey(&dir, &no_netns, &vmm).unwrap();

@@ -73,17 +73,8 @@ fn orphan_disks(
     let disks = &config.vm_images.disk_dir;
     let describe = |pod_id: &str| format!("pod {pod_id}: disk {}", disks.join(pod_id).display());
     if dry_run {
-        let Ok(entries) = std::fs::read_dir(disks) else {
-            return;
-        };
-        for entry in entries.flatten() {
-            let pod_id = entry.file_name().to_string_lossy().into_owned();
-            if crate::ctl::check_pod_id(&pod_id).is_ok()
-                && entry.file_type().is_ok_and(|t| t.is_dir())
-                && !PodPaths::new(&config.state_dir, &pod_id).dir.exists()
-            {
-                removed.push(describe(&pod_id));
-            }
+        for pod_id in disk_dir::orphans(disks, &config.state_dir) {
+            removed.push(describe(&pod_id));
         }
         return;
     }

@@ -513,6 +513,10 @@ fn the_same_id_in_a_second_namespace_is_refused_and_leaves_the_first_pod_alone()
     assert!(!second.status.success(), "the second create is refused");
     let said = text(&second.stderr);
     assert!(said.contains("already exists"), "{said}");
+    assert!(
+        said.contains("containerd namespace default"),
+        "the refusal names the namespace whose pod has the id: {said}"
+    );
     // containerd's cleanup of the second has run by the time ctr returns; its container
     // record goes too.
     in_k8s(&["container", "rm", &id]);

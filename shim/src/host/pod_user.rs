@@ -244,6 +244,15 @@ pub fn runs_as(pid: u32, uid: u32) -> bool {
         .is_ok_and(|status| ids(&status).contains(&uid) && !is_zombie(&status))
 }
 
+/// Whether `pid` is a process (not a zombie) all of whose user ids (real, effective, saved,
+/// file system) are `uid`: what only that user (or root) can make of its own processes.
+pub fn runs_only_as(pid: u32, uid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|status| {
+        let ids = ids(&status);
+        !ids.is_empty() && ids.iter().all(|id| *id == uid) && !is_zombie(&status)
+    })
+}
+
 /// Each process's PID and its `/proc/PID/status`.
 fn statuses() -> impl Iterator<Item = (u32, String)> {
     std::fs::read_dir("/proc")
@@ -279,6 +288,16 @@ fn is_zombie(status: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What `shim delete` takes for a live shim is a process all of whose user ids are
+    /// root's: one that is only non-dumpable (its `/proc` entry root's) is not.
+    #[test]
+    fn a_process_runs_only_as_a_user_when_all_its_ids_are_that_users() {
+        let me = nix::unistd::getuid().as_raw();
+        assert!(runs_only_as(std::process::id(), me));
+        assert!(!runs_only_as(std::process::id(), me.wrapping_add(1)));
+        assert!(!runs_only_as(0, 0), "no process has PID 0");
+    }
 
     fn config(state_dir: &Path, first_uid: u32, count: u32) -> NodeConfig {
         let me = nix::unistd::User::from_uid(nix::unistd::geteuid())

@@ -103,9 +103,13 @@ pub fn live_shim(pid: u32, pod_id: &str) -> bool {
 }
 
 /// The value of `flag` on the command line of `pid`, when `pid` is the running shim of
-/// `pod_id` (containerd starts each with `-namespace NS -id ID`); an empty one where the
-/// shim has no such flag.
+/// `pod_id` (containerd starts each with `-namespace NS -id ID`, as root); an empty one
+/// where the shim has no such flag. A process any of whose user ids is not root's is never
+/// taken for a shim, whatever its command line says.
 fn shim_arg(pid: u32, pod_id: &str, flag: &[u8]) -> Option<String> {
+    if !crate::host::pod_user::runs_only_as(pid, 0) {
+        return None;
+    }
     let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
     let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
     let is_shim = args
@@ -121,14 +125,19 @@ fn shim_arg(pid: u32, pod_id: &str, flag: &[u8]) -> Option<String> {
     Some(String::from_utf8_lossy(value.unwrap_or_default()).into_owned())
 }
 
-/// The containerd namespace of the live shim `state` names, when it is not `namespace`:
-/// vmlet names a pod by its id alone, so the same id in a second namespace finds the first
-/// one's pod (its create is refused: the state directory exists), and that namespace's
-/// cleanup must leave it alone.
-fn shim_of_another_namespace(state: &PodState, namespace: &str) -> Option<(u32, String)> {
+/// The live shim `state` names, other than this process: its PID and its containerd
+/// namespace (empty where its command line names none).
+pub fn serving_shim(state: &PodState) -> Option<(u32, String)> {
     let pid = state.shim_pid.filter(|p| *p != std::process::id())?;
-    let theirs = shim_arg(pid, &state.shim_id(), b"-namespace")?;
-    (!theirs.is_empty() && theirs != namespace).then_some((pid, theirs))
+    Some((pid, shim_arg(pid, &state.shim_id(), b"-namespace")?))
+}
+
+/// The live shim `state` names, when its containerd namespace is not `namespace`: vmlet
+/// names a pod by its id alone, so the same id in a second namespace finds the first one's
+/// pod (its create is refused: the state directory exists), and that namespace's cleanup
+/// must leave it alone.
+fn shim_of_another_namespace(state: &PodState, namespace: &str) -> Option<(u32, String)> {
+    serving_shim(state).filter(|(_, theirs)| !theirs.is_empty() && theirs != namespace)
 }
 
 /// How long `shim delete` waits for the pod's lock: its shim, killed, lets go at once. Well

@@ -418,9 +418,13 @@ async fn make_overlay(
     // `size`, which the node caps.
     let disk_dir = crate::host::pod_paths::disk_dir(&config.vm_images.disk_dir, &req.pod_id);
     rec.record(crate::host::undo::Made::DiskDir(disk_dir.clone()))?;
-    let room =
-        crate::vm_mode::disk_dir::room_for(&config.vm_images.disk_dir, &config.state_dir, size)
-            .await?;
+    let room = crate::vm_mode::disk_dir::room_for(
+        &config.vm_images.disk_dir,
+        &config.state_dir,
+        &disk_dir,
+        size,
+    )
+    .await?;
     crate::vm_mode::disk_dir::make(&config.vm_images.disk_dir, &disk_dir)?;
     let overlay = disk_dir.join(crate::host::pod_paths::ROOT_DISK);
     crate::vm_mode::vm_disk::create_overlay(disk, &overlay, size).await?;

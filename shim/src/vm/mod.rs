@@ -148,7 +148,9 @@ impl Recorder<'_> {
 }
 
 /// Runs a blocking call (libvirt, mounts) off the async executor.
-async fn block<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, Error> {
+pub(crate) async fn block<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, Error> {
     tokio::task::spawn_blocking(f)
         .await
         .map_err(|e| Error::Internal(format!("blocking task: {e}")))
@@ -262,14 +264,22 @@ fn new_pod_paths(config: &NodeConfig, pod_id: &str) -> Result<PodPaths, Error> {
     Ok(paths)
 }
 
+/// ALREADY_EXISTS where the pod's state directory is there; naming the live shim of the
+/// pod that has the id, and its containerd namespace (vmlet names a pod by its id alone).
 fn refuse_existing(paths: &PodPaths) -> Result<(), Error> {
-    if paths.dir.exists() {
-        return Err(Error::AlreadyExists(format!(
-            "pod state {}",
-            paths.dir.display()
-        )));
+    if !paths.dir.exists() {
+        return Ok(());
     }
-    Ok(())
+    let serving = PodState::load(&paths.dir)
+        .ok()
+        .and_then(|state| crate::host::reclaim::serving_shim(&state));
+    Err(Error::AlreadyExists(match serving {
+        Some((pid, namespace)) if !namespace.is_empty() => format!(
+            "pod state {}: a pod of this id runs (shim {pid}, containerd namespace {namespace}); vmlet names a pod by its id alone, so an id serves one pod per node whatever its namespace",
+            paths.dir.display()
+        ),
+        _ => format!("pod state {}", paths.dir.display()),
+    }))
 }
 
 /// [`new_pod_state`] once the pod's `lock` is held.
