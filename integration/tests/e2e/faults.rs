@@ -173,23 +173,28 @@ fn containerd_restarted_finds_the_pod_running_and_manages_it() {
 
     crate::support::stack_script(&s, "restart-containerd");
 
-    s.wait_status(&id, "RUNNING", Duration::from_secs(30))
-        .unwrap();
+    still_runs_then_goes(&s, &id, Duration::from_secs(30));
+}
+
+/// `id` is RUNNING (within `within`) and execs; then it is killed and removed, leaving
+/// nothing.
+fn still_runs_then_goes(s: &Stack, id: &str, within: Duration) {
+    s.wait_status(id, "RUNNING", within).unwrap();
     let exec = s
         .ctr_output(&[
             "task",
             "exec",
             "--exec-id",
             "after",
-            &id,
+            id,
             "echo",
             "still-here",
         ])
         .unwrap();
     assert!(exec.status.success(), "{}", text(&exec.stderr));
     assert_eq!(text(&exec.stdout).trim(), "still-here");
-    s.kill_and_remove(&id).unwrap();
-    assert_nothing_left(&s, &id);
+    s.kill_and_remove(id).unwrap();
+    assert_nothing_left(s, id);
 }
 
 #[test]
@@ -522,21 +527,5 @@ fn the_same_id_in_a_second_namespace_is_refused_and_leaves_the_first_pod_alone()
     in_k8s(&["container", "rm", &id]);
     let left = text(&in_k8s(&["container", "ls", "-q"]).stdout);
     assert!(!left.lines().any(|l| l == id), "{left}");
-    s.wait_status(&id, "RUNNING", Duration::from_secs(5))
-        .unwrap();
-    let exec = s
-        .ctr_output(&[
-            "task",
-            "exec",
-            "--exec-id",
-            "after",
-            &id,
-            "echo",
-            "still-here",
-        ])
-        .unwrap();
-    assert!(exec.status.success(), "{}", text(&exec.stderr));
-    assert_eq!(text(&exec.stdout).trim(), "still-here");
-    s.kill_and_remove(&id).unwrap();
-    assert_nothing_left(&s, &id);
+    still_runs_then_goes(&s, &id, Duration::from_secs(5));
 }
