@@ -7,7 +7,9 @@
 //!   kernel and initramfs, with its own vhost-device-vsock, until the agent answers a ping,
 //!   then powered off through the agent.
 //! - runc: median of 5 `ctr run --rm ... true` of the same image under runc, on the same
-//!   containerd: vmlet's own time is vmlet's less the floor's less runc's.
+//!   containerd: vmlet's own time is vmlet's less the floor's less runc's (the medians'),
+//!   printed beside the median of each run's own difference (the runs take turns, so that
+//!   the machine's drift over the runs cancels out of that one) and their spread.
 //! - kernels: boot to the agent's answer (the floor's `guest_boot`) of the lean kernel and of
 //!   the Debian cloud kernel (`VMLET_CLOUD_GUEST_DIR`, which `scripts/stack` builds), both with
 //!   the cloud image's initramfs (the lean kernel finds no module list for its release in it
@@ -207,7 +209,8 @@ async fn main() -> anyhow::Result<()> {
         }
     }
     let vmlet: Vec<Duration> = vmlet_runs.iter().map(|(v, _)| *v).collect();
-    let (v, f) = (median(vmlet), median(floor));
+    let floor_runs = floor.clone();
+    let (v, f) = (median(vmlet.clone()), median(floor));
     println!(
         "bench-start: vmlet ctr run --rm true median {:.3} s",
         v.as_secs_f64()
@@ -227,7 +230,7 @@ async fn main() -> anyhow::Result<()> {
     // vmlet's own time: what its start adds to the VM's boot (the floor) and to what
     // containerd and ctr cost anyway (runc's run of the same image).
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
-    let r = median(runc);
+    let r = median(runc.clone());
     let (v_ms, f_ms, r_ms) = (ms(v), ms(f), ms(r));
     let own_ms = v_ms - f_ms - r_ms;
     println!(
@@ -240,6 +243,7 @@ async fn main() -> anyhow::Result<()> {
         None,
         "<= 300 ms",
     );
+    paired_own_time(&vmlet, &floor_runs, &runc);
     print_vmlet_phases(&stack, &vmlet_runs)?;
     println!(
         "bench-start: floor phases (median ms): {}",
@@ -249,6 +253,35 @@ async fn main() -> anyhow::Result<()> {
     let cold_pss = idle_pod_memory(&stack)?;
     template_starts(&stack, v, f, cold_pss).await?;
     starts_through_libvirt(&stack, v, f, r).await
+}
+
+/// vmlet's own time run by run (each run's vmlet less its floor less its runc, in ms), their
+/// median and spread: beside the figure of the medians.
+fn paired_own_time(vmlet: &[Duration], floor: &[Duration], runc: &[Duration]) {
+    let mut own: Vec<i64> = vmlet
+        .iter()
+        .zip(floor)
+        .zip(runc)
+        .map(|((v, f), r)| v.as_millis() as i64 - f.as_millis() as i64 - r.as_millis() as i64)
+        .collect();
+    let runs = own
+        .iter()
+        .map(|ms| format!("{ms}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    own.sort_unstable();
+    let (low, high) = (own[0], own[own.len() - 1]);
+    let paired = median(own);
+    println!(
+        "bench-start: vmlet's own time run by run (vmlet - floor - runc of the same run): {runs} ms; median {paired} ms"
+    );
+    figure(
+        "cold start, vmlet's own time, median of each run's",
+        format!("{paired} ms"),
+        format!("runs {low} to {high} ms"),
+        None,
+        "<= 300 ms",
+    );
 }
 
 /// RUNS `ctr run --rm ... true` (blocking, on a thread of their own).
