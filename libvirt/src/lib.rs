@@ -101,13 +101,6 @@ impl Libvirt {
     }
 }
 
-/// The domain's name in vmlet's own domain XML (its first `<name>`).
-fn name_in(xml: &str) -> Option<&str> {
-    let start = xml.find("<name>")? + "<name>".len();
-    let len = xml[start..].find("</name>")?;
-    Some(&xml[start..start + len])
-}
-
 /// What a start error of libvirt's means for vmlet's node, where it says more than libvirt.
 fn start_hint(e: &virt::error::Error) -> &'static str {
     let message = e.message();
@@ -146,14 +139,13 @@ impl VmManager for Libvirt {
             // The shim holds the id's lock and made its state directory new, so no live pod
             // has it: removed first, else the define would fail on the name. Any other
             // domain of the name is left for the define to refuse.
-            if let Some(name) = name_in(&start.xml) {
-                let earlier = Domain::lookup_by_name(conn, name)
-                    .and_then(|d| d.get_xml_desc(0))
-                    .ok()
-                    .and_then(|xml| libvirt_xml::pod_id_in(&xml));
-                if earlier.as_deref() == Some(start.pod_id.as_str()) {
-                    self.remove_on(conn, name)?;
-                }
+            let name = vmlet_shim::host::pod_paths::domain_name(&start.pod_id);
+            let earlier = Domain::lookup_by_name(conn, &name)
+                .and_then(|d| d.get_xml_desc(0))
+                .ok()
+                .and_then(|xml| libvirt_xml::pod_id_in(&xml));
+            if earlier.as_deref() == Some(start.pod_id.as_str()) {
+                self.remove_on(conn, &name)?;
             }
             let domain = Domain::define_xml(conn, &start.xml)
                 .map_err(|e| Error::Libvirt(format!("define domain: {e}")))?;

@@ -70,12 +70,19 @@ pub(crate) fn assert_nothing_left(s: &Stack, pod: &str) {
         !std::path::Path::new(&format!("{}/state/.pod-locks/{pod}", s.dir)).exists(),
         "lock of {pod} left"
     );
-    let mounts: Vec<String> = s
-        .state_mounts()
+    assert_eq!(
+        pod_mounts(s, pod),
+        Vec::<String>::new(),
+        "mounts of {pod} left"
+    );
+}
+
+/// The mounts below the shim's state directory that name `pod`.
+fn pod_mounts(s: &Stack, pod: &str) -> Vec<String> {
+    s.state_mounts()
         .into_iter()
         .filter(|m| m.contains(pod))
-        .collect();
-    assert_eq!(mounts, Vec::<String>::new(), "mounts of {pod} left");
+        .collect()
 }
 
 #[test]
@@ -405,11 +412,7 @@ fn reboot_under(s: &Stack, id: &str) {
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    let mut mounts: Vec<String> = s
-        .state_mounts()
-        .into_iter()
-        .filter(|m| m.contains(id))
-        .collect();
+    let mut mounts = pod_mounts(s, id);
     mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
     for mount in mounts {
         // One below another is detached with it.
@@ -418,12 +421,11 @@ fn reboot_under(s: &Stack, id: &str) {
             Err(e) => panic!("umount {mount}: {e}"),
         }
     }
-    let left: Vec<String> = s
-        .state_mounts()
-        .into_iter()
-        .filter(|m| m.contains(id))
-        .collect();
-    assert_eq!(left, Vec::<String>::new(), "mounts of {id} left");
+    assert_eq!(
+        pod_mounts(s, id),
+        Vec::<String>::new(),
+        "mounts of {id} left"
+    );
     let state = std::path::PathBuf::from(format!("{}/state", s.dir));
     std::fs::remove_dir_all(state.join(id)).unwrap();
     let _ = std::fs::remove_file(state.join(".pod-locks").join(id));

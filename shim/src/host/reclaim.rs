@@ -99,37 +99,34 @@ fn undo_journal(vmm: &dyn VmManager, state: &PodState, keep_for_the_vm: bool) ->
 /// Whether `pid` is the running shim of `pod_id` (checked by its command line, so that a
 /// recycled PID is never taken for it).
 pub fn live_shim(pid: u32, pod_id: &str) -> bool {
-    shim_arg(pid, pod_id, b"-namespace").is_some()
+    shim_namespace(pid, pod_id).is_some()
 }
 
-/// The value of `flag` on the command line of `pid`, when `pid` is the running shim of
-/// `pod_id` (containerd starts each with `-namespace NS -id ID`, as root); an empty one
-/// where the shim has no such flag. A process any of whose user ids is not root's is never
-/// taken for a shim, whatever its command line says.
-fn shim_arg(pid: u32, pod_id: &str, flag: &[u8]) -> Option<String> {
+/// The containerd namespace of `pid`, when `pid` is the running shim of `pod_id`
+/// (containerd starts each with `-namespace NS -id ID`, as root); an empty one where its
+/// command line names none. A process any of whose user ids is not root's is never taken
+/// for a shim, whatever its command line says.
+fn shim_namespace(pid: u32, pod_id: &str) -> Option<String> {
     if !crate::host::pod_user::runs_only_as(pid, 0) {
         return None;
     }
     let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
     let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+    let flag = |name: &[u8]| args.windows(2).find(|w| w[0] == name).map(|w| w[1]);
     let is_shim = args
         .first()
         .is_some_and(|a| a.ends_with(b"containerd-shim-vmlet-v2"))
         && args
             .windows(2)
             .any(|w| w[0] == b"-id" && w[1] == pod_id.as_bytes());
-    if !is_shim {
-        return None;
-    }
-    let value = args.windows(2).find(|w| w[0] == flag).map(|w| w[1]);
-    Some(String::from_utf8_lossy(value.unwrap_or_default()).into_owned())
+    is_shim.then(|| String::from_utf8_lossy(flag(b"-namespace").unwrap_or_default()).into_owned())
 }
 
 /// The live shim `state` names, other than this process: its PID and its containerd
 /// namespace (empty where its command line names none).
 pub fn serving_shim(state: &PodState) -> Option<(u32, String)> {
     let pid = state.shim_pid.filter(|p| *p != std::process::id())?;
-    Some((pid, shim_arg(pid, &state.shim_id(), b"-namespace")?))
+    Some((pid, shim_namespace(pid, &state.shim_id())?))
 }
 
 /// The live shim `state` names, when its containerd namespace is not `namespace`: vmlet
